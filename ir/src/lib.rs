@@ -1,0 +1,25 @@
+//! autopar's intermediate representation: a dataflow graph of tensor ops, its types, the
+//! device mesh and placements attached to its values, a verifier, and the text (`.air`),
+//! Graphviz and JSON forms in which graphs are dumped.
+//!
+//! This crate does no I/O: dumps are produced as strings and parsed from strings.
+
+pub mod dot;
+pub mod error;
+pub mod graph;
+pub mod infer;
+pub mod json;
+pub mod mesh;
+pub mod op;
+pub mod placement;
+pub mod text;
+pub mod types;
+pub mod verify;
+
+pub use error::IrError;
+pub use graph::{Graph, Node, NodeId, Value, ValueId};
+pub use mesh::{DeviceMesh, MeshAxis};
+pub use op::{BinaryOp, CompareOp, EinsumSpec, Init, InputRole, Op, OpKind, ReduceOp, UnaryOp};
+pub use placement::{Placement, ReduceKind, Sharding, ShardingOrigin};
+pub use types::{DType, Shape, TensorType};
+pub use verify::verify;

@@ -1,0 +1,1 @@
+//! Text format (printer and parser) for `.air` files.
