@@ -12,6 +12,7 @@ pub mod json;
 pub mod mesh;
 pub mod op;
 pub mod placement;
+pub mod schedule;
 pub mod text;
 pub mod types;
 pub mod verify;

@@ -1,0 +1,1 @@
+//! Pipeline schedules as data (placeholder until the schedule work lands).
