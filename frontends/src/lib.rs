@@ -29,6 +29,7 @@
 pub mod builder;
 pub mod error;
 pub mod tensor;
+pub mod zoo;
 
 pub use autopar_ir::{DType, Init, InputRole, Placement};
 pub use builder::{ModelBuilder, ONES, ZEROS, normal};
