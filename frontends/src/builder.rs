@@ -32,8 +32,8 @@ struct State {
     /// Length of `scope` before each open segment was pushed.
     scope_marks: Vec<usize>,
     error: Option<FrontendError>,
-    parameter_names: HashSet<String>,
-    input_names: HashSet<String>,
+    /// `(kind, name)` of every parameter, input and output declared so far.
+    declared: HashSet<(&'static str, String)>,
 }
 
 impl State {
@@ -69,6 +69,20 @@ impl State {
         t.value()
     }
 
+    /// Records the declaration of a parameter, input or output (`kind`) called `name`;
+    /// false, with the error recorded, if that name is taken.
+    fn declare(&mut self, kind: &'static str, name: &str) -> bool {
+        if self.declared.insert((kind, name.to_string())) {
+            return true;
+        }
+        self.fail(|scope| FrontendError::DuplicateName {
+            scope,
+            kind,
+            name: name.to_string(),
+        });
+        false
+    }
+
     fn scope_attr(&self) -> Option<String> {
         (!self.scope.is_empty()).then(|| self.scope.clone())
     }
@@ -92,8 +106,7 @@ impl ModelBuilder {
                 scope: String::new(),
                 scope_marks: Vec::new(),
                 error: None,
-                parameter_names: HashSet::new(),
-                input_names: HashSet::new(),
+                declared: HashSet::new(),
             }),
         }
     }
@@ -146,12 +159,7 @@ impl ModelBuilder {
             } else {
                 format!("{}.{}", st.scope, name.as_ref())
             };
-            if !st.parameter_names.insert(name.clone()) {
-                st.fail(|scope| FrontendError::DuplicateName {
-                    scope,
-                    kind: "parameter",
-                    name,
-                });
+            if !st.declare("parameter", &name) {
                 return self.inert();
             }
             name
@@ -169,16 +177,8 @@ impl ModelBuilder {
         role: InputRole,
     ) -> Tensor<'_> {
         let name = name.into();
-        {
-            let mut st = self.state.borrow_mut();
-            if !st.input_names.insert(name.clone()) {
-                st.fail(|scope| FrontendError::DuplicateName {
-                    scope,
-                    kind: "input",
-                    name,
-                });
-                return self.inert();
-            }
+        if !self.state.borrow_mut().declare("input", &name) {
+            return self.inert();
         }
         let ty = TensorType::new(dtype, shape);
         self.apply1(Op::Input { name, ty, role }, &[])
@@ -211,13 +211,10 @@ impl ModelBuilder {
         let Some(v) = st.operand(self, &t, "output", 0) else {
             return;
         };
-        if st.graph.output(&name).is_some() {
-            st.fail(|scope| FrontendError::DuplicateName {
-                scope,
-                kind: "output",
-                name,
-            });
-        } else if let Err(error) = st.graph.add_output(name, v) {
+        if !st.declare("output", &name) {
+            return;
+        }
+        if let Err(error) = st.graph.add_output(name, v) {
             st.fail(|scope| FrontendError::Op {
                 scope,
                 op: "output",

@@ -1,10 +1,9 @@
 //! GPT (GPT-2/GPT-3 style): learned positions, pre-LN blocks, GELU MLP with biases, and an
 //! output layer tied to the token embedding; optionally with mixture-of-experts MLPs.
 
-use autopar_ir::{DType, InputRole};
-
 use crate::builder::{ModelBuilder, ONES, ZEROS, normal};
 use crate::tensor::Tensor;
+use crate::zoo::lm;
 use crate::zoo::moe::{self, ExpertMlp, MoeConfig, MoeLayer};
 use crate::zoo::{INIT_STD, NORM_EPS, residual_std};
 
@@ -60,13 +59,7 @@ impl GptConfig {
 /// Builds the model for `batch` sequences and returns the scalar loss.
 pub(crate) fn build<'m>(m: &'m ModelBuilder, c: &GptConfig, batch: usize) -> Tensor<'m> {
     let (b, s, h, v) = (batch, c.seq_len, c.hidden, c.vocab);
-    let tokens = m.input("tokens", DType::I32, [b, s], InputRole::Tokens { vocab: v });
-    let targets = m.input(
-        "targets",
-        DType::I32,
-        [b, s],
-        InputRole::NextTokens { vocab: v },
-    );
+    let (tokens, targets) = lm::token_inputs(m, b, s, v);
     // The token embedding is split over the vocabulary (Megatron's vocab-parallel embedding).
     let wte = m.param("wte", [v, h], normal(INIT_STD)).shard(0, "tp");
     let wpe = m.param("wpe", [s, h], normal(0.01));
@@ -78,8 +71,7 @@ pub(crate) fn build<'m>(m: &'m ModelBuilder, c: &GptConfig, batch: usize) -> Ten
         x = m.scope(format!("h.{layer_idx}"), || block(m, c, b, x));
     }
     let x = m.scope("ln_f", || layer_norm(m, x, h));
-    let logits = m.scope("head", || x.einsum("bsh,vh->bsv", wte));
-    m.scope("loss", || logits.cross_entropy(targets).mean([0, 1]))
+    lm::next_token_loss(m, x, wte, targets)
 }
 
 /// One pre-LN transformer block.

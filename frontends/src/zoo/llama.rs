@@ -1,10 +1,9 @@
 //! Llama (Llama-3 style): RMSNorm, rotary positions, grouped-query attention, SwiGLU MLP, no
 //! biases and an untied output layer; with MoE MLPs it is Mixtral.
 
-use autopar_ir::{DType, InputRole};
-
 use crate::builder::{ModelBuilder, ONES, normal};
 use crate::tensor::Tensor;
+use crate::zoo::lm;
 use crate::zoo::moe::{self, ExpertMlp, MoeConfig, MoeLayer};
 use crate::zoo::{INIT_STD, NORM_EPS, residual_std};
 
@@ -64,13 +63,7 @@ impl LlamaConfig {
 /// Builds the model for `batch` sequences and returns the scalar loss.
 pub(crate) fn build<'m>(m: &'m ModelBuilder, c: &LlamaConfig, batch: usize) -> Tensor<'m> {
     let (b, s, h, v) = (batch, c.seq_len, c.hidden, c.vocab);
-    let tokens = m.input("tokens", DType::I32, [b, s], InputRole::Tokens { vocab: v });
-    let targets = m.input(
-        "targets",
-        DType::I32,
-        [b, s],
-        InputRole::NextTokens { vocab: v },
-    );
+    let (tokens, targets) = lm::token_inputs(m, b, s, v);
     let tok_embeddings = m
         .param("tok_embeddings", [v, h], normal(INIT_STD))
         .shard(0, "tp");
@@ -81,8 +74,7 @@ pub(crate) fn build<'m>(m: &'m ModelBuilder, c: &LlamaConfig, batch: usize) -> T
         x = m.scope(format!("h.{layer_idx}"), || block(m, c, b, x));
     }
     let x = m.scope("norm_f", || rms_norm(m, x, h));
-    let logits = m.scope("head", || x.einsum("bsh,vh->bsv", lm_head));
-    m.scope("loss", || logits.cross_entropy(targets).mean([0, 1]))
+    lm::next_token_loss(m, x, lm_head, targets)
 }
 
 /// One pre-norm transformer block.

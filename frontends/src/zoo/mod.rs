@@ -18,6 +18,7 @@
 
 mod gpt;
 mod llama;
+mod lm;
 mod mlp;
 mod moe;
 mod presets;
