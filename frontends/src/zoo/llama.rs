@@ -1,0 +1,132 @@
+//! Llama (Llama-3 style): RMSNorm, rotary positions, grouped-query attention, SwiGLU MLP, no
+//! biases and an untied output layer; with MoE MLPs it is Mixtral.
+
+use crate::builder::{ModelBuilder, ONES, normal};
+use crate::tensor::Tensor;
+use crate::zoo::lm;
+use crate::zoo::moe::{self, ExpertMlp, MoeConfig, MoeLayer};
+use crate::zoo::{INIT_STD, NORM_EPS, residual_std};
+
+/// Sizes of a Llama model. Spec keys are given in parentheses.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LlamaConfig {
+    /// Transformer blocks (`layers`).
+    pub n_layers: usize,
+    /// Model width (`hidden`).
+    pub hidden: usize,
+    /// Query heads (`heads`); the head dim is `hidden / heads`.
+    pub n_heads: usize,
+    /// Key/value heads (`kv_heads`), dividing `heads`; fewer than `heads` is GQA.
+    pub n_kv_heads: usize,
+    /// SwiGLU width, or each expert's width with MoE (`ffn`).
+    pub ffn: usize,
+    /// Sequence length (`seq`).
+    pub seq_len: usize,
+    /// Vocabulary size (`vocab`).
+    pub vocab: usize,
+    /// Rotary frequency base (`rope_base`).
+    pub rope_base: f64,
+    /// Mixture-of-experts MLPs instead of dense ones.
+    pub moe: Option<MoeConfig>,
+}
+
+impl LlamaConfig {
+    /// The width of one attention head.
+    pub fn head_dim(&self) -> usize {
+        self.hidden / self.n_heads
+    }
+
+    /// Number of trainable parameters, counted from the sizes (in `u128`: never overflows).
+    pub(crate) fn num_parameters(&self) -> u128 {
+        let (h, f, v, l) = (
+            self.hidden as u128,
+            self.ffn as u128,
+            self.vocab as u128,
+            self.n_layers as u128,
+        );
+        let (n, kv, d) = (
+            self.n_heads as u128,
+            self.n_kv_heads as u128,
+            self.head_dim() as u128,
+        );
+        let attention = h * n * d + 2 * h * kv * d + n * d * h;
+        let mlp = match &self.moe {
+            None => 3 * h * f,
+            Some(moe) => moe::num_parameters(moe, ExpertMlp::SwiGlu, h, f),
+        };
+        let norms = 2 * h;
+        // Untied input and output embeddings, and the final norm.
+        2 * v * h + l * (attention + mlp + norms) + h
+    }
+}
+
+/// Builds the model for `batch` sequences and returns the scalar loss.
+pub(crate) fn build<'m>(m: &'m ModelBuilder, c: &LlamaConfig, batch: usize) -> Tensor<'m> {
+    let (b, s, h, v) = (batch, c.seq_len, c.hidden, c.vocab);
+    let (tokens, targets) = lm::token_inputs(m, b, s, v);
+    let tok_embeddings = m
+        .param("tok_embeddings", [v, h], normal(INIT_STD))
+        .shard(0, "tp");
+    let lm_head = m.param("lm_head", [v, h], normal(INIT_STD)).shard(0, "tp");
+
+    let mut x = m.scope("embed", || tok_embeddings.gather(tokens));
+    for layer_idx in 0..c.n_layers {
+        x = m.scope(format!("h.{layer_idx}"), || block(m, c, b, x));
+    }
+    let x = m.scope("norm_f", || rms_norm(m, x, h));
+    lm::next_token_loss(m, x, lm_head, targets)
+}
+
+/// One pre-norm transformer block.
+fn block<'m>(m: &'m ModelBuilder, c: &LlamaConfig, batch: usize, x: Tensor<'m>) -> Tensor<'m> {
+    let a = m.scope("attn_norm", || rms_norm(m, x, c.hidden));
+    let x = x + m.scope("attn", || self_attention(m, c, a));
+    let a = m.scope("mlp_norm", || rms_norm(m, x, c.hidden));
+    x + m.scope("mlp", || mlp(m, c, batch, a))
+}
+
+/// RMS norm with its scale `g`, declared in the current scope.
+fn rms_norm<'m>(m: &'m ModelBuilder, x: Tensor<'m>, hidden: usize) -> Tensor<'m> {
+    let gamma = m.param("g", [hidden], ONES);
+    x.rms_norm(gamma, NORM_EPS)
+}
+
+/// Causal grouped-query self-attention with rotary positions, split over heads on `tp`.
+fn self_attention<'m>(m: &'m ModelBuilder, c: &LlamaConfig, x: Tensor<'m>) -> Tensor<'m> {
+    let (h, n, kv, d) = (c.hidden, c.n_heads, c.n_kv_heads, c.head_dim());
+    let wq = m.param("wq", [h, n, d], normal(INIT_STD)).shard(1, "tp");
+    let wk = m.param("wk", [h, kv, d], normal(INIT_STD)).shard(1, "tp");
+    let wv = m.param("wv", [h, kv, d], normal(INIT_STD)).shard(1, "tp");
+    let wo = m
+        .param("wo", [n, d, h], normal(residual_std(c.n_layers)))
+        .shard(0, "tp");
+    let q = x.einsum("bsh,hnd->bsnd", wq).rotary(c.rope_base);
+    let k = x.einsum("bsh,hnd->bsnd", wk).rotary(c.rope_base);
+    let v = x.einsum("bsh,hnd->bsnd", wv);
+    q.causal_attention(k, v, 1.0 / (d as f64).sqrt())
+        .einsum("bsnd,ndh->bsh", wo)
+}
+
+/// The dense SwiGLU MLP (split Megatron-style on `tp`), or the Mixtral MoE MLP.
+fn mlp<'m>(m: &'m ModelBuilder, c: &LlamaConfig, batch: usize, x: Tensor<'m>) -> Tensor<'m> {
+    let (h, f) = (c.hidden, c.ffn);
+    let out_std = residual_std(c.n_layers);
+    if let Some(moe) = &c.moe {
+        let layer = MoeLayer {
+            moe,
+            experts: ExpertMlp::SwiGlu,
+            batch,
+            seq: c.seq_len,
+            hidden: h,
+            ffn: f,
+            out_std,
+        };
+        return moe::moe_mlp(m, &layer, x);
+    }
+    let w1 = m.param("w1", [h, f], normal(INIT_STD)).shard(1, "tp");
+    let w3 = m.param("w3", [h, f], normal(INIT_STD)).shard(1, "tp");
+    let w2 = m.param("w2", [f, h], normal(out_std)).shard(0, "tp");
+    let gate = x.einsum("bsh,hf->bsf", w1).silu();
+    let up = x.einsum("bsh,hf->bsf", w3);
+    (gate * up).einsum("bsf,fh->bsh", w2)
+}
