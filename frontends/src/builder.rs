@@ -10,6 +10,7 @@ use std::collections::HashSet;
 use std::fmt;
 
 use autopar_ir::infer::num_results;
+use autopar_ir::mesh::is_identifier;
 use autopar_ir::{
     DType, Graph, Init, InputRole, IrError, Op, Placement, Shape, Sharding, ShardingOrigin,
     TensorType, ValueId, verify,
@@ -379,13 +380,6 @@ impl fmt::Debug for ModelBuilder {
             Err(_) => f.write_str("ModelBuilder { <in use> }"),
         }
     }
-}
-
-/// Mesh axis names follow the IR's identifier rule (`tp`, `dp_outer`).
-fn is_identifier(s: &str) -> bool {
-    let mut chars = s.chars();
-    matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
-        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
 }
 
 /// `Init::Normal { std }`, for model code: `m.param("w", [h, f], normal(0.02))`.

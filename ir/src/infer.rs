@@ -198,7 +198,7 @@ pub fn infer(
             };
             arity(name, inputs, 1 + n_params)?;
             let x = float(name, inputs[0])?;
-            if !(*eps >= 0.0) {
+            if eps.is_nan() || *eps < 0.0 {
                 return Err(IrError::attr(
                     name,
                     "eps",
@@ -364,7 +364,7 @@ pub fn infer(
                 ));
             }
             let x = float(name, inputs[0])?;
-            if !(*base > 0.0) {
+            if base.is_nan() || *base <= 0.0 {
                 return Err(IrError::attr(
                     name,
                     "base",
@@ -629,7 +629,7 @@ fn divisible(
     n: usize,
     axes: &[String],
 ) -> Result<(), IrError> {
-    if t.dims()[dim] % n == 0 {
+    if t.dims()[dim].is_multiple_of(n) {
         Ok(())
     } else {
         Err(IrError::ty(

@@ -178,8 +178,8 @@ impl fmt::Display for DeviceMesh {
     }
 }
 
-/// True for `[A-Za-z_][A-Za-z0-9_]*`.
-pub(crate) fn is_identifier(s: &str) -> bool {
+/// True for `[A-Za-z_][A-Za-z0-9_]*`, the form of mesh axis names.
+pub fn is_identifier(s: &str) -> bool {
     let mut chars = s.chars();
     matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
         && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')

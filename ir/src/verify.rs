@@ -109,7 +109,7 @@ pub fn check_sharding(g: &Graph, v: ValueId, ty: &TensorType, s: &Sharding) -> R
         let mut ways = 1;
         for axis in s.axes_sharding_dim(d) {
             ways *= mesh.axis_size(axis).unwrap_or(1);
-            if ty.dims()[d] % ways != 0 {
+            if !ty.dims()[d].is_multiple_of(ways) {
                 return Err(err(format!(
                     "dim {d} (size {}) does not split evenly over mesh axis `{axis}` ({ways} ways in all)",
                     ty.dims()[d]

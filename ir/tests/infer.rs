@@ -1,3 +1,4 @@
+#![allow(clippy::unwrap_used)]
 //! Shape and dtype inference: for every op kind, one well-typed case with its exact result
 //! types and one ill-typed case whose error names the op and the offending shapes.
 
