@@ -1,1 +1,162 @@
-//! autopar
+//! The `autopar` facade: resolves model arguments (zoo names, specs, `.air` and `.json`
+//! files) into graphs and ties the workspace crates together for the command line.
+//!
+//! The crates themselves are re-exported so that one dependency gives the whole compiler.
+
+use std::path::Path;
+
+use thiserror::Error;
+
+pub use autopar_cost_model as cost_model;
+pub use autopar_frontends as frontends;
+pub use autopar_ir as ir;
+pub use autopar_passes as passes;
+pub use autopar_runtime as runtime;
+
+use autopar_ir::Graph;
+
+/// Errors of the facade: each wraps the failing crate's error with what was being done.
+#[derive(Debug, Error)]
+pub enum Error {
+    /// A file could not be read or written.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: String,
+        /// What the OS said.
+        source: std::io::Error,
+    },
+    /// A `.air` file does not parse.
+    #[error("{path}:{error}")]
+    Parse {
+        /// The file.
+        path: String,
+        /// Line, column and message.
+        error: autopar_ir::text::ParseError,
+    },
+    /// A graph file is not valid (JSON syntax, typing or verifier).
+    #[error("{path}: {error}")]
+    GraphFile {
+        /// The file.
+        path: String,
+        /// What is wrong.
+        error: autopar_ir::IrError,
+    },
+    /// A model argument or model code is wrong.
+    #[error(transparent)]
+    Frontend(#[from] autopar_frontends::FrontendError),
+    /// Executing a graph failed.
+    #[error(transparent)]
+    Runtime(#[from] autopar_runtime::RuntimeError),
+    /// An option does not apply.
+    #[error("{0}")]
+    Usage(String),
+}
+
+/// Where a model comes from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ModelSource {
+    /// A zoo name or spec, built at a batch size.
+    Zoo(String),
+    /// A text IR file.
+    AirFile(String),
+    /// A JSON graph file.
+    JsonFile(String),
+}
+
+impl ModelSource {
+    /// Classifies a model argument: a path ending in `.air` or `.json` (or any existing file)
+    /// is a file; anything else is a zoo name or spec.
+    pub fn classify(arg: &str) -> ModelSource {
+        let lower = arg.to_ascii_lowercase();
+        if lower.ends_with(".json") {
+            ModelSource::JsonFile(arg.to_string())
+        } else if lower.ends_with(".air") || (Path::new(arg).is_file() && !arg.contains(':')) {
+            ModelSource::AirFile(arg.to_string())
+        } else {
+            ModelSource::Zoo(arg.to_string())
+        }
+    }
+}
+
+/// Loads the graph a model argument names. `batch` applies to zoo models only (default
+/// [`autopar_frontends::zoo::DEFAULT_BATCH`]); a file's shapes are fixed, so giving a batch
+/// size with a file is an error rather than silently ignored.
+pub fn load_model(arg: &str, batch: Option<usize>) -> Result<Graph, Error> {
+    match ModelSource::classify(arg) {
+        ModelSource::Zoo(name) => {
+            let batch = batch.unwrap_or(autopar_frontends::zoo::DEFAULT_BATCH);
+            Ok(autopar_frontends::zoo::build(&name, batch)?)
+        }
+        ModelSource::AirFile(path) => {
+            no_batch(&path, batch)?;
+            let src = read(&path)?;
+            autopar_ir::text::parse(&src).map_err(|error| Error::Parse { path, error })
+        }
+        ModelSource::JsonFile(path) => {
+            no_batch(&path, batch)?;
+            let src = read(&path)?;
+            autopar_ir::json::from_json(&src).map_err(|error| Error::GraphFile { path, error })
+        }
+    }
+}
+
+fn no_batch(path: &str, batch: Option<usize>) -> Result<(), Error> {
+    match batch {
+        Some(_) => Err(Error::Usage(format!(
+            "--batch applies to zoo models; the shapes of `{path}` are fixed by the file"
+        ))),
+        None => Ok(()),
+    }
+}
+
+fn read(path: &str) -> Result<String, Error> {
+    std::fs::read_to_string(path).map_err(|source| Error::Io {
+        path: path.to_string(),
+        source,
+    })
+}
+
+/// Output formats of `autopar dump`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DumpFormat {
+    /// The `.air` text IR.
+    Text,
+    /// Graphviz DOT.
+    Dot,
+    /// JSON (schema in `autopar_ir::json`).
+    Json,
+}
+
+/// Renders a graph in a dump format.
+pub fn dump(g: &Graph, format: DumpFormat) -> String {
+    match format {
+        DumpFormat::Text => autopar_ir::text::print(g),
+        DumpFormat::Dot => autopar_ir::dot::to_dot(g),
+        DumpFormat::Json => autopar_ir::json::to_json(g),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classify_model_arguments() {
+        assert_eq!(ModelSource::classify("gpt-tiny"), ModelSource::Zoo("gpt-tiny".into()));
+        assert_eq!(
+            ModelSource::classify("gpt:layers=2,hidden=64,heads=4,seq=32,vocab=256"),
+            ModelSource::Zoo("gpt:layers=2,hidden=64,heads=4,seq=32,vocab=256".into())
+        );
+        assert_eq!(ModelSource::classify("a/b.AIR"), ModelSource::AirFile("a/b.AIR".into()));
+        assert_eq!(ModelSource::classify("g.json"), ModelSource::JsonFile("g.json".into()));
+    }
+
+    #[test]
+    fn batch_with_a_file_is_a_usage_error() {
+        let err = load_model("missing.air", Some(4)).unwrap_err();
+        assert!(err.to_string().contains("--batch applies to zoo models"), "{err}");
+        let err = load_model("missing.air", None).unwrap_err();
+        assert!(err.to_string().starts_with("missing.air: "), "{err}");
+    }
+}
