@@ -178,16 +178,22 @@ fn regression_features<'a>(
     }
 }
 
+/// The teacher matrix `W[features, outputs]` (row-major) behind the regression targets:
+/// normal entries scaled by `1/sqrt(features)`, fixed by the seed.
+pub fn regression_teacher(seed: u64, features: usize, outputs: usize) -> Vec<f64> {
+    let teacher = Stream::new(seed, "data/teacher")
+        .derive(features as u64)
+        .derive(outputs as u64);
+    let scale = 1.0 / (features as f64).sqrt();
+    (0..features * outputs)
+        .map(|i| scale * teacher.normal(i as u64))
+        .collect()
+}
+
 /// `tanh(x @ W)` for the seeded teacher `W[f, o]`.
 fn regression_targets(ty: &TensorType, x: &Tensor, seed: u64) -> Result<Tensor, RuntimeError> {
     let (b, f, o) = (x.dims()[0], x.dims()[1], ty.dims()[1]);
-    let teacher = Stream::new(seed, "data/teacher")
-        .derive(f as u64)
-        .derive(o as u64);
-    let scale = 1.0 / (f as f64).sqrt();
-    let w: Vec<f64> = (0..f * o)
-        .map(|i| scale * teacher.normal(i as u64))
-        .collect();
+    let w = regression_teacher(seed, f, o);
     let xs = x.to_f64_vec();
     let mut y = vec![0.0; b * o];
     for row in 0..b {

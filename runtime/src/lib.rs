@@ -15,7 +15,7 @@ pub mod tensor;
 
 use std::collections::BTreeMap;
 
-pub use data::{bigram_permutation, synthetic_batch, token_loss_floor};
+pub use data::{bigram_permutation, regression_teacher, synthetic_batch, token_loss_floor};
 pub use error::{Feed, RuntimeError};
 pub use init::{element_init, init_parameter, init_parameters};
 pub use interp::{Communicator, RunOptions, RunOutput, SingleDevice, run, run_with_communicator};

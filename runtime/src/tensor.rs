@@ -292,10 +292,19 @@ impl Tensor {
     /// The tensor with its float elements rounded to the declared dtype.
     pub fn rounded(mut self) -> Tensor {
         let dtype = self.ty.dtype;
-        if let Data::Float(v) = &mut self.data {
-            for x in v {
-                *x = round_to_dtype(*x, dtype);
+        match (&mut self.data, dtype) {
+            // The common case, kept free of per-element dispatch.
+            (Data::Float(v), DType::F32) => {
+                for x in v {
+                    *x = *x as f32 as f64;
+                }
             }
+            (Data::Float(v), _) => {
+                for x in v {
+                    *x = round_to_dtype(*x, dtype);
+                }
+            }
+            (Data::Int(_) | Data::Bool(_), _) => {}
         }
         self
     }

@@ -4,7 +4,7 @@
 use autopar_ir::TensorType;
 
 use super::normalize::softmax_in_place;
-use super::{floats, ints};
+use super::{floats, ints, matmul, strided_copy};
 use crate::error::RuntimeError;
 use crate::tensor::{Data, Tensor};
 
@@ -69,29 +69,35 @@ pub(crate) fn attention(
         return Err(bad_rank(v));
     };
     let group = hq / hkv.max(1);
+    // Per-head contiguous matrices: Q_h [s, d], K_h transposed [d, t], V_h [t, dv].
+    let q_heads = strided_copy(qv, &[b, hq, s, d], &[s * hq * d, d, hq * d, 1]);
+    let k_heads_t = strided_copy(kv, &[b, hkv, d, t], &[t * hkv * d, d, 1, hkv * d]);
+    let v_heads = strided_copy(vv, &[b, hkv, t, dv], &[t * hkv * dv, dv, hkv * dv, 1]);
     let mut result = vec![0.0; b * s * hq * dv];
-    let mut weights = vec![0.0; t];
+    let (mut probs, mut head_out) = (vec![0.0; s * t], vec![0.0; s * dv]);
     for bi in 0..b {
         for h in 0..hq {
             let kh = h / group.max(1);
-            for i in 0..s {
+            let q_h = &q_heads[(bi * hq + h) * s * d..][..s * d];
+            let k_t = &k_heads_t[(bi * hkv + kh) * d * t..][..d * t];
+            let v_h = &v_heads[(bi * hkv + kh) * t * dv..][..t * dv];
+            matmul(s, t, d, q_h, k_t, &mut probs);
+            for (i, row) in probs.chunks_exact_mut(t.max(1)).enumerate().take(s) {
+                // Keys past `visible` get weight 0: masked, as `exp(-inf)` would be.
                 let visible = if causal { t.min(i + 1) } else { t };
-                if visible == 0 {
-                    continue;
+                let (seen, masked) = row.split_at_mut(visible);
+                for x in seen.iter_mut() {
+                    *x *= scale;
                 }
-                let q_row = &qv[((bi * s + i) * hq + h) * d..][..d];
-                for (j, w) in weights[..visible].iter_mut().enumerate() {
-                    let k_row = &kv[((bi * t + j) * hkv + kh) * d..][..d];
-                    *w = scale * q_row.iter().zip(k_row).map(|(x, y)| x * y).sum::<f64>();
+                if !seen.is_empty() {
+                    softmax_in_place(seen);
                 }
-                softmax_in_place(&mut weights[..visible]);
-                let o_row = &mut result[((bi * s + i) * hq + h) * dv..][..dv];
-                for (j, &w) in weights[..visible].iter().enumerate() {
-                    let v_row = &vv[((bi * t + j) * hkv + kh) * dv..][..dv];
-                    for (o, &x) in o_row.iter_mut().zip(v_row) {
-                        *o += w * x;
-                    }
-                }
+                masked.fill(0.0);
+            }
+            matmul(s, dv, t, &probs, v_h, &mut head_out);
+            for i in 0..s {
+                result[((bi * s + i) * hq + h) * dv..][..dv]
+                    .copy_from_slice(&head_out[i * dv..][..dv]);
             }
         }
     }

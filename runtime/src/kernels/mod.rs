@@ -188,6 +188,50 @@ fn strided_copy<T: Copy>(src: &[T], dims: &[usize], strides: &[usize]) -> Vec<T>
     out
 }
 
+/// `dst[m×n] = lhs[m×k] · rhs[k×n]`, all row-major and contiguous, with `gemm`.
+#[allow(unsafe_code)]
+fn matmul(m: usize, n: usize, k: usize, lhs: &[f64], rhs: &[f64], dst: &mut [f64]) {
+    assert!(
+        lhs.len() == m * k && rhs.len() == k * n && dst.len() == m * n,
+        "matmul buffers do not match {m}x{k} · {k}x{n}"
+    );
+    if k == 0 {
+        dst.fill(0.0);
+        return;
+    }
+    if m == 0 || n == 0 {
+        return;
+    }
+    // SAFETY: the slices hold exactly m*k, k*n and m*n elements (asserted above) and the
+    // strides below (column stride 1, row stride = row length) stay inside them. `dst` is a
+    // unique borrow, so it aliases neither operand. With `read_dst = false` the old contents
+    // of `dst` are not read; gemm's `alpha` (the factor on `dst`) is then unused and `beta`
+    // (the factor on the product) is 1.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst.as_mut_ptr(),
+            1,
+            n as isize,
+            false,
+            lhs.as_ptr(),
+            1,
+            k as isize,
+            rhs.as_ptr(),
+            1,
+            n as isize,
+            0.0,
+            1.0,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        );
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
