@@ -97,6 +97,14 @@ pub fn run_with_communicator(
     comm: &mut dyn Communicator,
 ) -> Result<RunOutput, RuntimeError> {
     let order = graph.topo_order()?;
+    // Check every feed before computing anything, so that a bad one fails fast.
+    for &n in &order {
+        match &graph.node(n).op {
+            Op::Parameter { name, ty, .. } => fed(Feed::Parameter, params, name, ty).map(drop)?,
+            Op::Input { name, ty, .. } => fed(Feed::Input, inputs, name, ty).map(drop)?,
+            _ => {}
+        }
+    }
     // Position in `order` of each value's last user; graph outputs live to the end.
     let mut last_use: HashMap<ValueId, usize> = HashMap::new();
     for (pos, &n) in order.iter().enumerate() {
@@ -159,11 +167,16 @@ pub fn run_with_communicator(
     }
 
     let mut outputs = TensorMap::new();
-    for (name, v) in graph.outputs() {
-        let t = live
-            .get(v)
-            .ok_or_else(|| IrError::UnknownValue(v.to_string()))?;
-        outputs.insert(name.clone(), t.as_ref().clone());
+    let named = graph.outputs();
+    for (i, (name, v)) in named.iter().enumerate() {
+        // Move each output out, copying only a value that a later name also exports.
+        let t = if named[i + 1..].iter().any(|(_, w)| w == v) {
+            live.get(v).cloned()
+        } else {
+            live.remove(v)
+        };
+        let t = t.ok_or_else(|| IrError::UnknownValue(v.to_string()))?;
+        outputs.insert(name.clone(), t.into_owned());
     }
     Ok(RunOutput {
         outputs,
@@ -182,25 +195,13 @@ fn eval_node<'a>(
     options: RunOptions,
     comm: &mut dyn Communicator,
 ) -> Result<Vec<Cow<'a, Tensor>>, RuntimeError> {
-    let fed = |feed: Feed, map: &'a TensorMap, name: &str, ty: &TensorType| {
-        let t = map.get(name).ok_or_else(|| RuntimeError::Missing {
-            feed,
-            name: name.into(),
-            expected: ty.clone(),
-        })?;
-        if t.ty() != ty {
-            return Err(RuntimeError::WrongType {
-                feed,
-                name: name.into(),
-                expected: ty.clone(),
-                actual: t.ty().clone(),
-            });
-        }
-        Ok(vec![Cow::Borrowed(t)])
-    };
     match &node.op {
-        Op::Parameter { name, ty, .. } => return fed(Feed::Parameter, params, name, ty),
-        Op::Input { name, ty, .. } => return fed(Feed::Input, inputs, name, ty),
+        Op::Parameter { name, ty, .. } => {
+            return Ok(vec![Cow::Borrowed(fed(Feed::Parameter, params, name, ty)?)]);
+        }
+        Op::Input { name, ty, .. } => {
+            return Ok(vec![Cow::Borrowed(fed(Feed::Input, inputs, name, ty)?)]);
+        }
         _ => {}
     }
     let mut operands = Vec::with_capacity(node.inputs.len());
@@ -216,4 +217,27 @@ fn eval_node<'a>(
         eval_op(&node.op, &operands, options.precision)?
     };
     Ok(results.into_iter().map(Cow::Owned).collect())
+}
+
+/// The tensor supplied for a parameter or input, checked against its declared type.
+fn fed<'a>(
+    feed: Feed,
+    map: &'a TensorMap,
+    name: &str,
+    ty: &TensorType,
+) -> Result<&'a Tensor, RuntimeError> {
+    let t = map.get(name).ok_or_else(|| RuntimeError::Missing {
+        feed,
+        name: name.into(),
+        expected: ty.clone(),
+    })?;
+    if t.ty() != ty {
+        return Err(RuntimeError::WrongType {
+            feed,
+            name: name.into(),
+            expected: ty.clone(),
+            actual: t.ty().clone(),
+        });
+    }
+    Ok(t)
 }

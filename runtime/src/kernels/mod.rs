@@ -30,6 +30,7 @@ pub fn eval_op(
     operands: &[&Tensor],
     precision: Precision,
 ) -> Result<Vec<Tensor>, RuntimeError> {
+    // Refused before typing, because the typing rules of communication ops need the mesh.
     if op.is_communication() {
         return Err(RuntimeError::NeedsMultiRank { op: op.name() });
     }
@@ -54,38 +55,44 @@ fn dispatch(
     result_types: &[TensorType],
 ) -> Result<Vec<Tensor>, RuntimeError> {
     let name = op.name();
-    let out = &result_types[0];
+    // Every op that reaches a kernel has at least one result (only `send` has none).
+    let out = || &result_types[0];
     let one = |t: Tensor| Ok(vec![t]);
     match op {
         Op::Parameter { .. } | Op::Input { .. } => Err(RuntimeError::NotAKernel { op: name }),
         Op::Constant { ty, value } => one(Tensor::full(ty.clone(), *value)),
-        Op::Einsum { spec } => one(einsum::einsum(spec, x[0], x[1], out)?),
+        Op::Einsum { spec } => one(einsum::einsum(spec, x[0], x[1], out())?),
         Op::Unary { func } => one(elementwise::unary(*func, x[0])?),
         Op::Binary { func } => one(elementwise::binary(*func, x[0], x[1])?),
         Op::Compare { func } => one(elementwise::compare(*func, x[0], x[1])?),
         Op::Select => one(elementwise::select(x[0], x[1], x[2])?),
         Op::Cast { to } => one(elementwise::cast(x[0], *to)),
-        Op::Reduce { func, dims } => one(normalize::reduce(name, *func, dims, x[0], out)?),
+        Op::Reduce { func, dims } => one(normalize::reduce(name, *func, dims, x[0], out())?),
         Op::Softmax { dim } => one(normalize::softmax(*dim, x[0])?),
         Op::LayerNorm { eps } => one(normalize::layer_norm(*eps, x[0], x[1], x[2])?),
         Op::RmsNorm { eps } => one(normalize::rms_norm(*eps, x[0], x[1])?),
-        Op::Gather => one(layout::gather(x[0], x[1], out)?),
-        Op::ScatterAdd { num_rows } => one(layout::scatter_add(*num_rows, x[0], x[1], out)?),
-        Op::Reshape { .. } => one(x[0].clone().retyped(out.clone())),
-        Op::Transpose { perm } => one(layout::transpose(perm, x[0], out)),
-        Op::Slice { dim, start, end } => one(layout::slice(*dim, *start, *end, x[0], out)),
-        Op::Concat { dim } => one(layout::concat(*dim, x, out)?),
-        Op::Broadcast { dims, .. } => one(layout::broadcast(dims, x[0], out)),
+        Op::Gather => one(layout::gather(x[0], x[1], out())?),
+        Op::ScatterAdd { num_rows } => one(layout::scatter_add(*num_rows, x[0], x[1], out())?),
+        Op::Reshape { .. } => one(x[0].clone().retyped(out().clone())),
+        Op::Transpose { perm } => one(layout::transpose(perm, x[0], out())),
+        Op::Slice { dim, start, end } => one(layout::slice(*dim, *start, *end, x[0], out())),
+        Op::Concat { dim } => one(layout::concat(*dim, x, out())?),
+        Op::Broadcast { dims, .. } => one(layout::broadcast(dims, x[0], out())),
         Op::Rotary { base } => one(attention::rotary(*base, x[0], x.get(1).copied())?),
         Op::Attention { causal, scale } => one(attention::attention(
-            *causal, *scale, x[0], x[1], x[2], out,
+            *causal,
+            *scale,
+            x[0],
+            x[1],
+            x[2],
+            out(),
         )?),
         Op::MoeRoute {
             top_k,
             capacity,
             normalize,
-        } => moe::moe_route(*top_k, *capacity, *normalize, x[0], out),
-        Op::CrossEntropy => one(normalize::cross_entropy(x[0], x[1], out)?),
+        } => moe::moe_route(*top_k, *capacity, *normalize, x[0], out()),
+        Op::CrossEntropy => one(normalize::cross_entropy(x[0], x[1], out())?),
         Op::SgdUpdate {
             lr,
             momentum,
