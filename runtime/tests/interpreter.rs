@@ -422,22 +422,28 @@ fn token_batches_are_deterministic_and_follow_the_bigram_rule() -> TestResult {
     Ok(())
 }
 
-#[test]
-fn regression_targets_follow_the_teacher() -> TestResult {
-    let (b, f, o) = (4, 6, 3);
+/// Features `x` and regression targets `y` of the given shapes.
+fn regression_graph(x: [usize; 2], y: [usize; 2]) -> Graph {
     let mut g = Graph::new("regression");
     input(
         &mut g,
         "x",
-        TensorType::new(DType::F32, [b, f]),
+        TensorType::new(DType::F32, x),
         InputRole::Features,
     );
     input(
         &mut g,
         "y",
-        TensorType::new(DType::F32, [b, o]),
+        TensorType::new(DType::F32, y),
         InputRole::RegressionTargets,
     );
+    g
+}
+
+#[test]
+fn regression_targets_follow_the_teacher() -> TestResult {
+    let (b, f, o) = (4, 6, 3);
+    let g = regression_graph([b, f], [b, o]);
     let batch = synthetic_batch(&g, 9, 2)?;
     assert_eq!(batch, synthetic_batch(&g, 9, 2)?);
     assert_ne!(batch["x"], synthetic_batch(&g, 9, 3)?["x"]);
@@ -451,19 +457,7 @@ fn regression_targets_follow_the_teacher() -> TestResult {
     }
 
     // Targets without features of a matching batch size are an error naming the input.
-    let mut g = Graph::new("no_features");
-    input(
-        &mut g,
-        "x",
-        TensorType::new(DType::F32, [b + 1, f]),
-        InputRole::Features,
-    );
-    input(
-        &mut g,
-        "y",
-        TensorType::new(DType::F32, [b, o]),
-        InputRole::RegressionTargets,
-    );
+    let g = regression_graph([b + 1, f], [b, o]);
     let err = synthetic_batch(&g, 0, 0).expect_err("this must fail");
     assert!(
         matches!(err, RuntimeError::Data { ref name, .. } if name == "y"),

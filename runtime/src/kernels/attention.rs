@@ -3,7 +3,7 @@
 
 use autopar_ir::TensorType;
 
-use super::normalize::softmax_in_place;
+use super::reduction::softmax_in_place;
 use super::{floats, ints, matmul, strided_copy};
 use crate::error::RuntimeError;
 use crate::tensor::{Data, Tensor};

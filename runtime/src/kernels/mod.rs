@@ -10,8 +10,8 @@ mod einsum;
 mod elementwise;
 mod layout;
 mod moe;
-mod normalize;
 mod optim;
+mod reduction;
 
 use autopar_ir::infer::infer;
 use autopar_ir::{Op, TensorType};
@@ -67,10 +67,10 @@ fn dispatch(
         Op::Compare { func } => one(elementwise::compare(*func, x[0], x[1])?),
         Op::Select => one(elementwise::select(x[0], x[1], x[2])?),
         Op::Cast { to } => one(elementwise::cast(x[0], *to)),
-        Op::Reduce { func, dims } => one(normalize::reduce(name, *func, dims, x[0], out())?),
-        Op::Softmax { dim } => one(normalize::softmax(*dim, x[0])?),
-        Op::LayerNorm { eps } => one(normalize::layer_norm(*eps, x[0], x[1], x[2])?),
-        Op::RmsNorm { eps } => one(normalize::rms_norm(*eps, x[0], x[1])?),
+        Op::Reduce { func, dims } => one(reduction::reduce(name, *func, dims, x[0], out())?),
+        Op::Softmax { dim } => one(reduction::softmax(*dim, x[0])?),
+        Op::LayerNorm { eps } => one(reduction::layer_norm(*eps, x[0], x[1], x[2])?),
+        Op::RmsNorm { eps } => one(reduction::rms_norm(*eps, x[0], x[1])?),
         Op::Gather => one(layout::gather(x[0], x[1], out())?),
         Op::ScatterAdd { num_rows } => one(layout::scatter_add(*num_rows, x[0], x[1], out())?),
         Op::Reshape { .. } => one(x[0].clone().retyped(out().clone())),
@@ -92,7 +92,7 @@ fn dispatch(
             capacity,
             normalize,
         } => moe::moe_route(*top_k, *capacity, *normalize, x[0], out()),
-        Op::CrossEntropy => one(normalize::cross_entropy(x[0], x[1], out())?),
+        Op::CrossEntropy => one(reduction::cross_entropy(x[0], x[1], out())?),
         Op::SgdUpdate {
             lr,
             momentum,
