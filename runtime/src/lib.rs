@@ -1,1 +1,55 @@
-//! placeholder
+//! autopar's runtime: the single-device reference interpreter that defines the semantics of
+//! every IR op, its kernels, deterministic parameter initialisation and a synthetic data set.
+//!
+//! Typical use: draw parameters with [`init_parameters`], a batch with [`synthetic_batch`],
+//! then [`run`] the graph and read the loss with [`RunOutput::scalar`]:
+//!
+//! ```
+//! use autopar_ir::{BinaryOp, DType, Graph, Init, InputRole, Op, ReduceOp, TensorType, UnaryOp};
+//! use autopar_runtime::{RunOptions, init_parameters, run, synthetic_batch};
+//!
+//! let f32_ty = |dims: [usize; 2]| TensorType::new(DType::F32, dims);
+//! let mut g = Graph::new("linear_regression");
+//! let x = g.add(Op::Input { name: "x".into(), ty: f32_ty([8, 3]), role: InputRole::Features }, &[])?;
+//! let y = g.add(
+//!     Op::Input { name: "y".into(), ty: f32_ty([8, 2]), role: InputRole::RegressionTargets },
+//!     &[],
+//! )?;
+//! let w = g.add(
+//!     Op::Parameter { name: "w".into(), ty: f32_ty([3, 2]), init: Init::Normal { std: 0.1 } },
+//!     &[],
+//! )?;
+//! let pred = g.add(Op::Einsum { spec: "bf,fo->bo".parse()? }, &[x, w])?;
+//! let err = g.add(Op::Binary { func: BinaryOp::Sub }, &[pred, y])?;
+//! let sq = g.add(Op::Unary { func: UnaryOp::Square }, &[err])?;
+//! let loss = g.add(Op::Reduce { func: ReduceOp::Mean, dims: vec![0, 1] }, &[sq])?;
+//! g.add_output("loss", loss)?;
+//!
+//! let params = init_parameters(&g, 0)?;
+//! let batch = synthetic_batch(&g, 0, 0)?;
+//! let out = run(&g, &params, &batch, RunOptions::default())?;
+//! assert!(out.scalar("loss")? > 0.0);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+pub mod data;
+pub mod error;
+pub mod init;
+pub mod interp;
+pub mod kernels;
+pub mod reference;
+pub mod rng;
+pub mod tensor;
+
+use std::collections::BTreeMap;
+
+pub use data::{bigram_permutation, regression_teacher, synthetic_batch, token_loss_floor};
+pub use error::{Feed, RuntimeError};
+pub use init::{element_init, init_parameter, init_parameters};
+pub use interp::{Communicator, RunOptions, RunOutput, SingleDevice, run, run_with_communicator};
+pub use kernels::eval_op;
+pub use reference::decomposed_attention;
+pub use tensor::{Data, Precision, Tensor, round_to_dtype};
+
+/// Named tensors: parameters, inputs or outputs, by name.
+pub type TensorMap = BTreeMap<String, Tensor>;

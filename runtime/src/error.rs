@@ -1,0 +1,163 @@
+//! The error type of the runtime: everything that can go wrong while feeding, initialising
+//! or executing a graph, with the op, value or name involved.
+
+use autopar_ir::{IrError, NodeId, TensorType};
+use thiserror::Error;
+
+/// Which kind of named tensor a caller supplies to the interpreter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Feed {
+    /// A trainable parameter (`Op::Parameter`).
+    Parameter,
+    /// A per-step data input (`Op::Input`).
+    Input,
+}
+
+impl std::fmt::Display for Feed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Feed::Parameter => "parameter",
+            Feed::Input => "input",
+        })
+    }
+}
+
+/// Errors raised by the runtime. Variants carry structured fields so that callers can match
+/// on them; the messages name the op, tensor and types involved.
+#[derive(Debug, Clone, PartialEq, Error)]
+pub enum RuntimeError {
+    /// The graph names a parameter or input that the caller did not supply.
+    #[error("missing {feed} `{name}` (expected {expected})")]
+    Missing {
+        /// Parameter or input.
+        feed: Feed,
+        /// Its name in the graph.
+        name: String,
+        /// The type the graph declares.
+        expected: TensorType,
+    },
+    /// A supplied parameter or input does not have the declared type.
+    #[error("{feed} `{name}` has type {actual}, but the graph declares {expected}")]
+    WrongType {
+        /// Parameter or input.
+        feed: Feed,
+        /// Its name in the graph.
+        name: String,
+        /// The type the graph declares.
+        expected: TensorType,
+        /// The type of the supplied tensor.
+        actual: TensorType,
+    },
+    /// An index operand (token id, target, gather/scatter id) lies outside its range.
+    #[error("`{op}`: id {id} is out of range 0..{bound}")]
+    IndexOutOfRange {
+        /// Text name of the op.
+        op: &'static str,
+        /// The offending id.
+        id: i64,
+        /// The exclusive upper bound.
+        bound: usize,
+    },
+    /// Integer division by zero.
+    #[error("`{op}`: integer division by zero")]
+    DivisionByZero {
+        /// Text name of the op.
+        op: &'static str,
+    },
+    /// A max or min reduction over no elements.
+    #[error("`{op}`: reduction over an empty dim has no value")]
+    EmptyReduction {
+        /// Text name of the op.
+        op: &'static str,
+    },
+    /// The op has no kernel for this operand dtype (a case the typing rules leave open).
+    #[error("`{op}`: no kernel for operand dtype {dtype}")]
+    UnsupportedDType {
+        /// Text name of the op.
+        op: &'static str,
+        /// The operand's dtype.
+        dtype: autopar_ir::DType,
+    },
+    /// A collective or point-to-point op reached an executor without a communicator.
+    #[error(
+        "`{op}` communicates between ranks and needs a multi-rank executor; the single-device interpreter cannot run it"
+    )]
+    NeedsMultiRank {
+        /// Text name of the op.
+        op: &'static str,
+    },
+    /// A parameter or input op was handed to the kernel dispatcher, which computes values
+    /// only; the executor supplies source values itself.
+    #[error("`{op}` is supplied by the executor, not computed by a kernel")]
+    NotAKernel {
+        /// Text name of the op.
+        op: &'static str,
+    },
+    /// A tensor's element data does not fit its declared type.
+    #[error("tensor of type {ty}: {detail}")]
+    BadTensor {
+        /// The declared type.
+        ty: TensorType,
+        /// What is wrong (element count, storage kind, value range).
+        detail: String,
+    },
+    /// A graph output that does not exist.
+    #[error("the graph has no output `{name}`")]
+    UnknownOutput {
+        /// The name asked for.
+        name: String,
+    },
+    /// An output read as a scalar is not a one-element float or integer tensor.
+    #[error("output `{name}` of type {ty} is not a scalar")]
+    NotScalar {
+        /// The output name.
+        name: String,
+        /// Its type.
+        ty: TensorType,
+    },
+    /// A parameter's initialiser does not fit its dtype (e.g. a normal draw for integers).
+    #[error("cannot initialise parameter `{name}` of type {ty}: {detail}")]
+    Init {
+        /// The parameter.
+        name: String,
+        /// Its type.
+        ty: TensorType,
+        /// What is wrong.
+        detail: String,
+    },
+    /// The synthetic data set cannot fill an input as declared.
+    #[error("cannot synthesise input `{name}` of type {ty}: {detail}")]
+    Data {
+        /// The input.
+        name: String,
+        /// Its type.
+        ty: TensorType,
+        /// What is wrong.
+        detail: String,
+    },
+    /// Operands rejected by the op's typing rule, or a malformed graph.
+    #[error(transparent)]
+    Ir(#[from] IrError),
+    /// An error raised while executing one node, with the node's id and scope for context.
+    #[error("at {node} ({op}{}): {source}", scope.as_deref().map(|s| format!(" in `{s}`")).unwrap_or_default())]
+    AtNode {
+        /// The node.
+        node: NodeId,
+        /// Text name of its op.
+        op: &'static str,
+        /// Its scope (layer path), if any.
+        scope: Option<String>,
+        /// The underlying error.
+        source: Box<RuntimeError>,
+    },
+}
+
+impl RuntimeError {
+    /// The error without the [`RuntimeError::AtNode`] context around it.
+    pub fn innermost(&self) -> &RuntimeError {
+        match self {
+            RuntimeError::AtNode { source, .. } => source.innermost(),
+            other => other,
+        }
+    }
+}

@@ -1,0 +1,243 @@
+//! The reference interpreter: runs a whole [`Graph`] on one device in topological order,
+//! freeing every value after its last use and recording the peak bytes of live tensors.
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+
+use autopar_ir::{Graph, IrError, Node, Op, TensorType, ValueId};
+
+use crate::TensorMap;
+use crate::error::{Feed, RuntimeError};
+use crate::kernels::eval_op;
+use crate::tensor::{Precision, Tensor};
+
+/// Options of a run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RunOptions {
+    /// Whether float results are rounded to their declared dtypes.
+    pub precision: Precision,
+}
+
+/// What a run produces: the named graph outputs and the memory it needed.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RunOutput {
+    /// The graph's outputs, by name.
+    pub outputs: TensorMap,
+    /// The largest total size of the tensors alive at one time, in bytes at their declared
+    /// dtypes. A value is alive from the moment its node runs until its last user has run
+    /// (graph outputs until the end); during a node, its operands and results are all alive.
+    /// Parameters and inputs count from their own nodes on, like any other value.
+    pub peak_bytes: u64,
+}
+
+impl RunOutput {
+    /// The output called `name`.
+    pub fn output(&self, name: &str) -> Result<&Tensor, RuntimeError> {
+        self.outputs
+            .get(name)
+            .ok_or_else(|| RuntimeError::UnknownOutput { name: name.into() })
+    }
+
+    /// The value of a one-element output, such as the loss.
+    pub fn scalar(&self, name: &str) -> Result<f64, RuntimeError> {
+        let t = self.output(name)?;
+        t.scalar_value().ok_or_else(|| RuntimeError::NotScalar {
+            name: name.into(),
+            ty: t.ty().clone(),
+        })
+    }
+}
+
+/// Carries out the communication ops (collectives, send and recv) of a rank's program.
+///
+/// The interpreter hands every communication op to its communicator with the operands and the
+/// declared result types; everything else it computes itself.
+pub trait Communicator {
+    /// Executes `op` on this rank's `operands`, returning tensors of `result_types`.
+    fn communicate(
+        &mut self,
+        op: &Op,
+        operands: &[&Tensor],
+        result_types: &[&TensorType],
+    ) -> Result<Vec<Tensor>, RuntimeError>;
+}
+
+/// The communicator of a lone device: every communication op is an error.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SingleDevice;
+
+impl Communicator for SingleDevice {
+    fn communicate(
+        &mut self,
+        op: &Op,
+        _operands: &[&Tensor],
+        _result_types: &[&TensorType],
+    ) -> Result<Vec<Tensor>, RuntimeError> {
+        Err(RuntimeError::NeedsMultiRank { op: op.name() })
+    }
+}
+
+/// Runs `graph` on one device with the given parameters and inputs (by name; extra entries
+/// are ignored). Communication ops are errors ([`RuntimeError::NeedsMultiRank`]).
+pub fn run(
+    graph: &Graph,
+    params: &TensorMap,
+    inputs: &TensorMap,
+    options: RunOptions,
+) -> Result<RunOutput, RuntimeError> {
+    run_with_communicator(graph, params, inputs, options, &mut SingleDevice)
+}
+
+/// Like [`run`], handing communication ops to `comm`.
+pub fn run_with_communicator(
+    graph: &Graph,
+    params: &TensorMap,
+    inputs: &TensorMap,
+    options: RunOptions,
+    comm: &mut dyn Communicator,
+) -> Result<RunOutput, RuntimeError> {
+    let order = graph.topo_order()?;
+    // Check every feed before computing anything, so that a bad one fails fast.
+    for &n in &order {
+        match &graph.node(n).op {
+            Op::Parameter { name, ty, .. } => fed(Feed::Parameter, params, name, ty).map(drop)?,
+            Op::Input { name, ty, .. } => fed(Feed::Input, inputs, name, ty).map(drop)?,
+            _ => {}
+        }
+    }
+    // Position in `order` of each value's last user; graph outputs live to the end.
+    let mut last_use: HashMap<ValueId, usize> = HashMap::new();
+    for (pos, &n) in order.iter().enumerate() {
+        for &v in &graph.node(n).inputs {
+            last_use.insert(v, pos);
+        }
+    }
+    for &(_, v) in graph.outputs() {
+        last_use.insert(v, usize::MAX);
+    }
+
+    let mut live: HashMap<ValueId, Cow<'_, Tensor>> = HashMap::new();
+    let (mut live_bytes, mut peak_bytes) = (0u64, 0u64);
+    for (pos, &n) in order.iter().enumerate() {
+        let node = graph.node(n);
+        let result_types = node
+            .outputs
+            .iter()
+            .map(|&v| Ok(&graph.value_checked(v)?.ty))
+            .collect::<Result<Vec<_>, IrError>>()?;
+        let context = |e| match e {
+            RuntimeError::Missing { .. } | RuntimeError::WrongType { .. } => e,
+            other => RuntimeError::AtNode {
+                node: n,
+                op: node.op.name(),
+                scope: node.scope.clone(),
+                source: Box::new(other),
+            },
+        };
+        let results = eval_node(node, &result_types, &live, params, inputs, options, comm)
+            .map_err(context)?;
+        if results.len() != result_types.len() {
+            return Err(IrError::Verify(format!(
+                "{n} ({}) has {} results but evaluated to {}",
+                node.op,
+                node.outputs.len(),
+                results.len()
+            ))
+            .into());
+        }
+        for ((&v, declared), t) in node.outputs.iter().zip(result_types).zip(results) {
+            if t.ty() != declared {
+                return Err(IrError::Verify(format!(
+                    "{v} is declared {declared} but evaluates to {}",
+                    t.ty()
+                ))
+                .into());
+            }
+            live_bytes += declared.size_bytes();
+            live.insert(v, t);
+        }
+        peak_bytes = peak_bytes.max(live_bytes);
+        for v in node.inputs.iter().chain(&node.outputs) {
+            if last_use.get(v).is_none_or(|&last| last == pos)
+                && let Some(t) = live.remove(v)
+            {
+                live_bytes -= t.size_bytes();
+            }
+        }
+    }
+
+    let mut outputs = TensorMap::new();
+    let named = graph.outputs();
+    for (i, (name, v)) in named.iter().enumerate() {
+        // Move each output out, copying only a value that a later name also exports.
+        let t = if named[i + 1..].iter().any(|(_, w)| w == v) {
+            live.get(v).cloned()
+        } else {
+            live.remove(v)
+        };
+        let t = t.ok_or_else(|| IrError::UnknownValue(v.to_string()))?;
+        outputs.insert(name.clone(), t.into_owned());
+    }
+    Ok(RunOutput {
+        outputs,
+        peak_bytes,
+    })
+}
+
+/// The results of one node: parameters and inputs are looked up (and checked), communication
+/// goes to `comm`, everything else to its kernel.
+fn eval_node<'a>(
+    node: &Node,
+    result_types: &[&TensorType],
+    live: &HashMap<ValueId, Cow<'a, Tensor>>,
+    params: &'a TensorMap,
+    inputs: &'a TensorMap,
+    options: RunOptions,
+    comm: &mut dyn Communicator,
+) -> Result<Vec<Cow<'a, Tensor>>, RuntimeError> {
+    match &node.op {
+        Op::Parameter { name, ty, .. } => {
+            return Ok(vec![Cow::Borrowed(fed(Feed::Parameter, params, name, ty)?)]);
+        }
+        Op::Input { name, ty, .. } => {
+            return Ok(vec![Cow::Borrowed(fed(Feed::Input, inputs, name, ty)?)]);
+        }
+        _ => {}
+    }
+    let mut operands = Vec::with_capacity(node.inputs.len());
+    for v in &node.inputs {
+        let t = live
+            .get(v)
+            .ok_or_else(|| IrError::UnknownValue(v.to_string()))?;
+        operands.push(t.as_ref());
+    }
+    let results = if node.op.is_communication() {
+        comm.communicate(&node.op, &operands, result_types)?
+    } else {
+        eval_op(&node.op, &operands, options.precision)?
+    };
+    Ok(results.into_iter().map(Cow::Owned).collect())
+}
+
+/// The tensor supplied for a parameter or input, checked against its declared type.
+fn fed<'a>(
+    feed: Feed,
+    map: &'a TensorMap,
+    name: &str,
+    ty: &TensorType,
+) -> Result<&'a Tensor, RuntimeError> {
+    let t = map.get(name).ok_or_else(|| RuntimeError::Missing {
+        feed,
+        name: name.into(),
+        expected: ty.clone(),
+    })?;
+    if t.ty() != ty {
+        return Err(RuntimeError::WrongType {
+            feed,
+            name: name.into(),
+            expected: ty.clone(),
+            actual: t.ty().clone(),
+        });
+    }
+    Ok(t)
+}

@@ -1,0 +1,112 @@
+//! Position and attention kernels: rotary embedding and fused scaled dot-product attention
+//! (whose decomposition into IR ops is [`crate::reference::decomposed_attention`]).
+
+use autopar_ir::TensorType;
+
+use super::reduction::softmax_in_place;
+use super::{floats, ints, matmul, strided_copy};
+use crate::error::RuntimeError;
+use crate::tensor::{Data, Tensor};
+
+/// Rotate-half rotary embedding of `x[..., s, heads, d]`: for row position `p` and `i < d/2`,
+/// `theta = p * base^(-2i/d)`, `out[i] = x[i] cos - x[i + d/2] sin` and
+/// `out[i + d/2] = x[i + d/2] cos + x[i] sin`. Positions come from `positions[s]`, else `0..s`.
+pub(crate) fn rotary(
+    base: f64,
+    x: &Tensor,
+    positions: Option<&Tensor>,
+) -> Result<Tensor, RuntimeError> {
+    let op = "rotary";
+    let v = floats(op, x)?;
+    let r = x.dims().len();
+    let (s, heads, d) = (x.dims()[r - 3], x.dims()[r - 2], x.dims()[r - 1]);
+    let half = d / 2;
+    let pos: Vec<f64> = match positions {
+        Some(p) => ints(op, p)?.iter().map(|&q| q as f64).collect(),
+        None => (0..s).map(|q| q as f64).collect(),
+    };
+    // cos and sin of every (row, frequency) pair, computed once.
+    let mut cos_sin = Vec::with_capacity(s * half);
+    for &p in &pos {
+        for i in 0..half {
+            let theta = p * base.powf(-2.0 * i as f64 / d as f64);
+            cos_sin.push((theta.cos(), theta.sin()));
+        }
+    }
+    let mut out = v.to_vec();
+    for (vec_idx, (src, dst)) in v
+        .chunks_exact(d.max(1))
+        .zip(out.chunks_exact_mut(d.max(1)))
+        .enumerate()
+    {
+        let row = (vec_idx / heads) % s;
+        for i in 0..half {
+            let (c, sn) = cos_sin[row * half + i];
+            let (lo, hi) = (src[i], src[i + half]);
+            dst[i] = lo * c - hi * sn;
+            dst[i + half] = hi * c + lo * sn;
+        }
+    }
+    Ok(Tensor::from_parts(x.ty().clone(), Data::Float(out)))
+}
+
+/// Scaled dot-product attention of `q[b, s, hq, d]`, `k[b, t, hkv, d]`, `v[b, t, hkv, dv]`:
+/// query head `h` uses kv head `h / (hq / hkv)`, and with `causal` query `i` sees keys `0..=i`.
+pub(crate) fn attention(
+    causal: bool,
+    scale: f64,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    out: &TensorType,
+) -> Result<Tensor, RuntimeError> {
+    let op = "attention";
+    let (qv, kv, vv) = (floats(op, q)?, floats(op, k)?, floats(op, v)?);
+    let &[b, s, hq, d] = q.dims() else {
+        return Err(bad_rank(q));
+    };
+    let &[_, t, hkv, dv] = v.dims() else {
+        return Err(bad_rank(v));
+    };
+    let group = hq / hkv.max(1);
+    // Per-head contiguous matrices: Q_h [s, d], K_h transposed [d, t], V_h [t, dv].
+    let q_heads = strided_copy(qv, &[b, hq, s, d], &[s * hq * d, d, hq * d, 1]);
+    let k_heads_t = strided_copy(kv, &[b, hkv, d, t], &[t * hkv * d, d, 1, hkv * d]);
+    let v_heads = strided_copy(vv, &[b, hkv, t, dv], &[t * hkv * dv, dv, hkv * dv, 1]);
+    let mut result = vec![0.0; b * s * hq * dv];
+    let (mut probs, mut head_out) = (vec![0.0; s * t], vec![0.0; s * dv]);
+    for bi in 0..b {
+        for h in 0..hq {
+            let kh = h / group.max(1);
+            let q_h = &q_heads[(bi * hq + h) * s * d..][..s * d];
+            let k_t = &k_heads_t[(bi * hkv + kh) * d * t..][..d * t];
+            let v_h = &v_heads[(bi * hkv + kh) * t * dv..][..t * dv];
+            matmul(s, t, d, q_h, k_t, &mut probs);
+            for (i, row) in probs.chunks_exact_mut(t.max(1)).enumerate().take(s) {
+                // Keys past `visible` get weight 0: masked, as `exp(-inf)` would be.
+                let visible = if causal { t.min(i + 1) } else { t };
+                let (seen, masked) = row.split_at_mut(visible);
+                for x in seen.iter_mut() {
+                    *x *= scale;
+                }
+                if !seen.is_empty() {
+                    softmax_in_place(seen);
+                }
+                masked.fill(0.0);
+            }
+            matmul(s, dv, t, &probs, v_h, &mut head_out);
+            for i in 0..s {
+                result[((bi * s + i) * hq + h) * dv..][..dv]
+                    .copy_from_slice(&head_out[i * dv..][..dv]);
+            }
+        }
+    }
+    Ok(Tensor::from_parts(out.clone(), Data::Float(result)))
+}
+
+fn bad_rank(t: &Tensor) -> RuntimeError {
+    RuntimeError::BadTensor {
+        ty: t.ty().clone(),
+        detail: "attention operands must have rank 4".into(),
+    }
+}

@@ -1,0 +1,259 @@
+//! Kernels: one free function per op over host tensors, and [`eval_op`], the single place
+//! where an [`Op`] is mapped to its kernel.
+//!
+//! Kernels compute in `f64` and leave rounding to [`eval_op`], which rounds every float
+//! result to its declared dtype under [`Precision::Declared`]. Communication ops have no
+//! kernel here: an executor hands them to a [`crate::Communicator`].
+
+mod attention;
+mod einsum;
+mod elementwise;
+mod layout;
+mod moe;
+mod optim;
+mod reduction;
+
+use autopar_ir::infer::infer;
+use autopar_ir::{Op, TensorType};
+
+use crate::error::RuntimeError;
+use crate::tensor::{Precision, Tensor};
+
+/// Computes `op` on `operands` and returns its results, rounded as `precision` says.
+///
+/// The operands are checked against the op's typing rule first, so a kernel never sees
+/// operands of the wrong shape. Parameters and inputs are not computed
+/// ([`RuntimeError::NotAKernel`]); communication ops need a multi-rank executor
+/// ([`RuntimeError::NeedsMultiRank`]).
+pub fn eval_op(
+    op: &Op,
+    operands: &[&Tensor],
+    precision: Precision,
+) -> Result<Vec<Tensor>, RuntimeError> {
+    // Refused before typing, because the typing rules of communication ops need the mesh.
+    if op.is_communication() {
+        return Err(RuntimeError::NeedsMultiRank { op: op.name() });
+    }
+    let types: Vec<&TensorType> = operands.iter().map(|t| t.ty()).collect();
+    let result_types = infer(op, &types, None)?;
+    let results = dispatch(op, operands, &result_types)?;
+    debug_assert!(
+        results.iter().map(Tensor::ty).eq(result_types.iter()),
+        "`{op}` kernel results disagree with its typing rule"
+    );
+    Ok(match precision {
+        Precision::Declared => results.into_iter().map(Tensor::rounded).collect(),
+        Precision::F64 => results,
+    })
+}
+
+/// The kernel of every op, on operands that satisfy its typing rule (with `result_types` the
+/// types that rule gives). No wildcard arm: a new op must get a kernel or an explicit refusal.
+fn dispatch(
+    op: &Op,
+    x: &[&Tensor],
+    result_types: &[TensorType],
+) -> Result<Vec<Tensor>, RuntimeError> {
+    let name = op.name();
+    // Every op that reaches a kernel has at least one result (only `send` has none).
+    let out = || &result_types[0];
+    let one = |t: Tensor| Ok(vec![t]);
+    match op {
+        Op::Parameter { .. } | Op::Input { .. } => Err(RuntimeError::NotAKernel { op: name }),
+        Op::Constant { ty, value } => one(Tensor::full(ty.clone(), *value)),
+        Op::Einsum { spec } => one(einsum::einsum(spec, x[0], x[1], out())?),
+        Op::Unary { func } => one(elementwise::unary(*func, x[0])?),
+        Op::Binary { func } => one(elementwise::binary(*func, x[0], x[1])?),
+        Op::Compare { func } => one(elementwise::compare(*func, x[0], x[1])?),
+        Op::Select => one(elementwise::select(x[0], x[1], x[2])?),
+        Op::Cast { to } => one(elementwise::cast(x[0], *to)),
+        Op::Reduce { func, dims } => one(reduction::reduce(name, *func, dims, x[0], out())?),
+        Op::Softmax { dim } => one(reduction::softmax(*dim, x[0])?),
+        Op::LayerNorm { eps } => one(reduction::layer_norm(*eps, x[0], x[1], x[2])?),
+        Op::RmsNorm { eps } => one(reduction::rms_norm(*eps, x[0], x[1])?),
+        Op::Gather => one(layout::gather(x[0], x[1], out())?),
+        Op::ScatterAdd { num_rows } => one(layout::scatter_add(*num_rows, x[0], x[1], out())?),
+        Op::Reshape { .. } => one(x[0].clone().retyped(out().clone())),
+        Op::Transpose { perm } => one(layout::transpose(perm, x[0], out())),
+        Op::Slice { dim, start, end } => one(layout::slice(*dim, *start, *end, x[0], out())),
+        Op::Concat { dim } => one(layout::concat(*dim, x, out())?),
+        Op::Broadcast { dims, .. } => one(layout::broadcast(dims, x[0], out())),
+        Op::Rotary { base } => one(attention::rotary(*base, x[0], x.get(1).copied())?),
+        Op::Attention { causal, scale } => one(attention::attention(
+            *causal,
+            *scale,
+            x[0],
+            x[1],
+            x[2],
+            out(),
+        )?),
+        Op::MoeRoute {
+            top_k,
+            capacity,
+            normalize,
+        } => moe::moe_route(*top_k, *capacity, *normalize, x[0], out()),
+        Op::CrossEntropy => one(reduction::cross_entropy(x[0], x[1], out())?),
+        Op::SgdUpdate {
+            lr,
+            momentum,
+            weight_decay,
+        } => optim::sgd_update(*lr, *momentum, *weight_decay, x[0], x[1], x[2]),
+        Op::AdamWUpdate {
+            lr,
+            beta1,
+            beta2,
+            eps,
+            weight_decay,
+        } => optim::adamw_update(
+            optim::AdamW {
+                lr: *lr,
+                beta1: *beta1,
+                beta2: *beta2,
+                eps: *eps,
+                weight_decay: *weight_decay,
+            },
+            [x[0], x[1], x[2], x[3]],
+            x[4],
+        ),
+        Op::AllReduce { .. }
+        | Op::AllGather { .. }
+        | Op::ReduceScatter { .. }
+        | Op::AllToAll { .. }
+        | Op::CollectiveBroadcast { .. }
+        | Op::Send { .. }
+        | Op::Recv { .. } => Err(RuntimeError::NeedsMultiRank { op: name }),
+    }
+}
+
+/// The float elements of an operand, or an error naming the op.
+fn floats<'a>(op: &'static str, t: &'a Tensor) -> Result<&'a [f64], RuntimeError> {
+    t.floats().ok_or(RuntimeError::UnsupportedDType {
+        op,
+        dtype: t.dtype(),
+    })
+}
+
+/// The integer elements of an operand, or an error naming the op.
+fn ints<'a>(op: &'static str, t: &'a Tensor) -> Result<&'a [i64], RuntimeError> {
+    t.ints().ok_or(RuntimeError::UnsupportedDType {
+        op,
+        dtype: t.dtype(),
+    })
+}
+
+/// Ids as row indices, each checked against `0..bound`.
+fn checked_ids(op: &'static str, ids: &[i64], bound: usize) -> Result<Vec<usize>, RuntimeError> {
+    ids.iter()
+        .map(|&id| match usize::try_from(id) {
+            Ok(row) if row < bound => Ok(row),
+            _ => Err(RuntimeError::IndexOutOfRange { op, id, bound }),
+        })
+        .collect()
+}
+
+/// Calls `f` with the offset `sum(index[i] * strides[i])` of every index of `dims`, in
+/// row-major order.
+fn for_each_offset(dims: &[usize], strides: &[usize], mut f: impl FnMut(usize)) {
+    debug_assert_eq!(dims.len(), strides.len());
+    if dims.contains(&0) {
+        return;
+    }
+    let Some(last) = dims.len().checked_sub(1) else {
+        f(0);
+        return;
+    };
+    let (inner_len, inner_stride) = (dims[last], strides[last]);
+    let mut index = vec![0usize; last];
+    let mut base = 0usize;
+    loop {
+        for j in 0..inner_len {
+            f(base + j * inner_stride);
+        }
+        // Advance the outer dims like an odometer.
+        let mut d = last;
+        loop {
+            if d == 0 {
+                return;
+            }
+            d -= 1;
+            index[d] += 1;
+            base += strides[d];
+            if index[d] < dims[d] {
+                break;
+            }
+            base -= strides[d] * dims[d];
+            index[d] = 0;
+        }
+    }
+}
+
+/// The elements of `src` read at the offsets [`for_each_offset`] gives: a strided view
+/// (transposed, broadcast, ...) made contiguous with shape `dims`.
+fn strided_copy<T: Copy>(src: &[T], dims: &[usize], strides: &[usize]) -> Vec<T> {
+    let mut out = Vec::with_capacity(dims.iter().product());
+    for_each_offset(dims, strides, |off| out.push(src[off]));
+    out
+}
+
+/// `dst[m×n] = lhs[m×k] · rhs[k×n]`, all row-major and contiguous, with `gemm`.
+#[allow(unsafe_code)]
+fn matmul(m: usize, n: usize, k: usize, lhs: &[f64], rhs: &[f64], dst: &mut [f64]) {
+    assert!(
+        lhs.len() == m * k && rhs.len() == k * n && dst.len() == m * n,
+        "matmul buffers do not match {m}x{k} · {k}x{n}"
+    );
+    if k == 0 {
+        dst.fill(0.0);
+        return;
+    }
+    if m == 0 || n == 0 {
+        return;
+    }
+    // SAFETY: the slices hold exactly m*k, k*n and m*n elements (asserted above) and the
+    // strides below (column stride 1, row stride = row length) stay inside them. `dst` is a
+    // unique borrow, so it aliases neither operand. With `read_dst = false` the old contents
+    // of `dst` are not read; gemm's `alpha` (the factor on `dst`) is then unused and `beta`
+    // (the factor on the product) is 1.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst.as_mut_ptr(),
+            1,
+            n as isize,
+            false,
+            lhs.as_ptr(),
+            1,
+            k as isize,
+            rhs.as_ptr(),
+            1,
+            n as isize,
+            0.0,
+            1.0,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn offsets_walk_row_major() {
+        let mut seen = Vec::new();
+        for_each_offset(&[2, 3], &[1, 2], |o| seen.push(o));
+        assert_eq!(seen, vec![0, 2, 4, 1, 3, 5]);
+        seen.clear();
+        for_each_offset(&[], &[], |o| seen.push(o));
+        assert_eq!(seen, vec![0]);
+        seen.clear();
+        for_each_offset(&[2, 0, 3], &[0, 0, 0], |o| seen.push(o));
+        assert!(seen.is_empty());
+        assert_eq!(strided_copy(&[1, 2], &[2, 2], &[0, 1]), vec![1, 2, 1, 2]);
+    }
+}
