@@ -319,6 +319,11 @@ fn integer_overflow_in_dims_is_an_error() {
         "graph \"g\" {{\n  mesh dp=2\n  %0: f32[{max},2] = parameter {{name=\"a\", init=zeros}}\n  %1: f32[{max},1] = all_to_all %0 {{axes=[\"dp\"], split_dim=1, concat_dim=0}}\n}}"
     );
     assert!(err(&src).message.contains("overflows"));
+    // Splitting and joining the same dim does not grow it, even when it is huge.
+    let src = format!(
+        "graph \"g\" {{\n  mesh dp=3\n  %0: f32[{max}] = parameter {{name=\"a\", init=zeros}}\n  %1: f32[{max}] = all_to_all %0 {{axes=[\"dp\"], split_dim=0, concat_dim=0}}\n}}\n"
+    );
+    assert_eq!(autopar_ir::text::print(&parse(&src).unwrap()), src);
 }
 
 #[test]

@@ -307,6 +307,7 @@ impl<'a> Lexer<'a> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

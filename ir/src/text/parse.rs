@@ -874,6 +874,13 @@ fn check_dim_arithmetic(
             }
             Ok(())
         }
+        // All-to-all divides `split_dim` before multiplying `concat_dim`, so when they are
+        // the same dim nothing grows.
+        Op::AllToAll {
+            split_dim,
+            concat_dim,
+            ..
+        } if split_dim == concat_dim => Ok(()),
         Op::AllGather { axes, dim: d }
         | Op::AllToAll {
             axes,
