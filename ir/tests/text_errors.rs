@@ -411,6 +411,22 @@ fn structure_errors() {
 }
 
 #[test]
+fn messages_stay_short_whatever_the_input() {
+    let long = "x".repeat(10_000);
+    let e = err(&format!("{HEAD}  %2: f32[] = {long} %0\n}}"));
+    assert_eq!(e.message, format!("unknown op `{}...`", "x".repeat(40)));
+    let e = err(&format!("{HEAD}  %2: f32[] = exp %0 \"{long}\"\n}}"));
+    assert!(e.message.len() < 200, "{}", e.message);
+    let digits = "9".repeat(10_000);
+    assert!(
+        err(&format!("{HEAD}  %2: f32[{digits}] = exp %0\n}}"))
+            .message
+            .len()
+            < 200
+    );
+}
+
+#[test]
 fn list_lengths_are_bounded() {
     let dims = vec!["1"; MAX_LIST_LEN + 1].join(",");
     let src =

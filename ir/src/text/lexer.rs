@@ -66,21 +66,26 @@ impl TokKind {
     }
 }
 
-/// Longest string literal shown in full in an error message.
-const MAX_SHOWN_STRING: usize = 32;
+/// Longest literal or word shown in full in an error message.
+const MAX_SHOWN: usize = 40;
+
+/// `s`, cut to [`MAX_SHOWN`] characters (with `...`) so that messages stay short whatever
+/// the input.
+pub(crate) fn shorten(s: &str) -> String {
+    let mut out: String = s.chars().take(MAX_SHOWN).collect();
+    if s.chars().nth(MAX_SHOWN).is_some() {
+        out.push_str("...");
+    }
+    out
+}
 
 impl fmt::Display for TokKind {
     /// The token as "found X" messages show it.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            TokKind::Ident(s) | TokKind::Number(s) => write!(f, "`{s}`"),
+            TokKind::Ident(s) | TokKind::Number(s) => write!(f, "`{}`", shorten(s)),
             TokKind::Value(n) => write!(f, "`%{n}`"),
-            TokKind::Str(s) => {
-                let shown: String = s.chars().take(MAX_SHOWN_STRING).collect();
-                let truncated = s.chars().nth(MAX_SHOWN_STRING).is_some();
-                let ellipsis = if truncated { "..." } else { "" };
-                write!(f, "`{}{ellipsis}`", super::print::quote(&shown))
-            }
+            TokKind::Str(s) => write!(f, "`{}`", shorten(&super::print::quote(s))),
             TokKind::Eof => f.write_str("end of input"),
             other => write!(f, "`{}`", other.punct().unwrap_or("?")),
         }
@@ -209,7 +214,7 @@ impl<'a> Lexer<'a> {
         }
         digits
             .parse::<u32>()
-            .map_err(|_| start.error(format!("value number `%{digits}` is too large")))
+            .map_err(|_| start.error(format!("value number `%{}` is too large", shorten(&digits))))
     }
 
     /// A number literal whose first digit `first` is consumed. Decimal integers, decimals

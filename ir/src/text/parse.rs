@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use super::lexer::{Lexer, Pos, TokKind, Token};
+use super::lexer::{Lexer, Pos, TokKind, Token, shorten};
 use super::schema::{attr_names, prototypes};
 use super::{MAX_DEVICES, MAX_LIST_LEN, MAX_VALUE_NUMBER, ParseError};
 use crate::graph::{Graph, ValueId};
@@ -143,7 +143,8 @@ impl<'a> Parser<'a> {
         }
         let n = s.parse::<usize>().map_err(|_| {
             self.tok.pos.error(format!(
-                "integer `{s}` is too large (the maximum is {})",
+                "integer `{}` is too large (the maximum is {})",
+                shorten(s),
                 usize::MAX
             ))
         })?;
@@ -162,9 +163,12 @@ impl<'a> Parser<'a> {
             return Err(self.expected("an integer"));
         }
         let text = if neg { format!("-{s}") } else { s.clone() };
-        let n = text
-            .parse::<i64>()
-            .map_err(|_| start.error(format!("integer `{text}` does not fit in 64 bits")))?;
+        let n = text.parse::<i64>().map_err(|_| {
+            start.error(format!(
+                "integer `{}` does not fit in 64 bits",
+                shorten(&text)
+            ))
+        })?;
         self.advance()?;
         Ok(n)
     }
@@ -182,7 +186,9 @@ impl<'a> Parser<'a> {
                     .parse::<f64>()
                     .ok()
                     .filter(|x| x.is_finite())
-                    .ok_or_else(|| start.error(format!("float `{text}` is out of range")))?;
+                    .ok_or_else(|| {
+                        start.error(format!("float `{}` is out of range", shorten(&text)))
+                    })?;
                 self.advance()?;
                 Ok(x)
             }
@@ -201,7 +207,9 @@ impl<'a> Parser<'a> {
                         .ok()
                         .map(f64::from_bits)
                         .filter(|x| x.is_nan())
-                        .ok_or_else(|| bits_pos.error(format!("`{s}` is not the bits of a NaN")))?,
+                        .ok_or_else(|| {
+                            bits_pos.error(format!("`{}` is not the bits of a NaN", shorten(s)))
+                        })?,
                     _ => return Err(self.expected("the bits of a NaN, like `0x7ff8000000000001`")),
                 };
                 self.advance()?;
@@ -265,7 +273,8 @@ impl<'a> Parser<'a> {
         DType::from_name(&name).ok_or_else(|| {
             let all: Vec<&str> = DType::ALL.iter().map(|d| d.name()).collect();
             pos.error(format!(
-                "unknown dtype `{name}` (expected one of {})",
+                "unknown dtype `{}` (expected one of {})",
+                shorten(&name),
                 all.join(", ")
             ))
         })
@@ -283,7 +292,8 @@ impl<'a> Parser<'a> {
         let (name, pos) = self.ident("`sum`, `max` or `min`")?;
         ReduceKind::from_name(&name).ok_or_else(|| {
             pos.error(format!(
-                "unknown reduction `{name}` (expected `sum`, `max` or `min`)"
+                "unknown reduction `{}` (expected `sum`, `max` or `min`)",
+                shorten(&name)
             ))
         })
     }
@@ -301,7 +311,8 @@ impl<'a> Parser<'a> {
             "zeros" => Ok(Init::Zeros),
             "ones" => Ok(Init::Ones),
             _ => Err(pos.error(format!(
-                "unknown initialiser `{name}` (expected `normal(std)`, `zeros` or `ones`)"
+                "unknown initialiser `{}` (expected `normal(std)`, `zeros` or `ones`)",
+                shorten(&name)
             ))),
         }
     }
@@ -325,8 +336,9 @@ impl<'a> Parser<'a> {
             "features" => Ok(InputRole::Features),
             "regression_targets" => Ok(InputRole::RegressionTargets),
             _ => Err(pos.error(format!(
-                "unknown input role `{name}` (expected `tokens(vocab)`, `next_tokens(vocab)`, \
-                 `features` or `regression_targets`)"
+                "unknown input role `{}` (expected `tokens(vocab)`, `next_tokens(vocab)`, \
+                 `features` or `regression_targets`)",
+                shorten(&name)
             ))),
         }
     }
@@ -343,7 +355,12 @@ impl<'a> Parser<'a> {
         let origin = match word.as_str() {
             "user" => ShardingOrigin::User,
             "inferred" => ShardingOrigin::Inferred,
-            _ => return Err(pos.error(format!("expected `user` or `inferred`, found `{word}`"))),
+            _ => {
+                return Err(pos.error(format!(
+                    "expected `user` or `inferred`, found `{}`",
+                    shorten(&word)
+                )));
+            }
         };
         self.expect(&TokKind::LBrace)?;
         let mut axes = Vec::new();
@@ -556,7 +573,7 @@ impl<'a> Parser<'a> {
 
         let (mnemonic, op_pos) = self.ident("an op mnemonic")?;
         let Some(mut op) = self.protos.iter().find(|p| p.name() == mnemonic).cloned() else {
-            return Err(op_pos.error(format!("unknown op `{mnemonic}`")));
+            return Err(op_pos.error(format!("unknown op `{}`", shorten(&mnemonic))));
         };
 
         let mut operands = Vec::new();
@@ -668,7 +685,8 @@ impl<'a> Parser<'a> {
                     format!("expected {}", list.join(", "))
                 };
                 return Err(key_pos.error(format!(
-                    "unknown attribute `{key}` for `{}` ({expected})",
+                    "unknown attribute `{}` for `{}` ({expected})",
+                    shorten(&key),
                     op.name()
                 )));
             };
