@@ -1,10 +1,10 @@
 //! The text format of graphs (`.air` files): a printer and a parser that round-trip exactly.
 //!
-//! [`print`] writes a [`Graph`](crate::Graph) in one canonical layout; [`parse`] reads any
+//! [`print()`] writes a [`Graph`](crate::Graph) in one canonical layout; [`parse`] reads any
 //! spacing of the same tokens back, type-checking every node as it goes, and reports the
-//! first problem as a [`ParseError`] with its line and column. For any graph `g`,
-//! `parse(&print(&g))` equals `g`, and printing a parsed file reproduces it byte for byte
-//! when the file was itself printed.
+//! first problem as a [`ParseError`] with its line and column. For any graph `g` that passes
+//! [`verify`](crate::verify()), `parse(&print(&g))` equals `g` (value numbers included), and
+//! printing a parsed file reproduces it byte for byte when the file was itself printed.
 //!
 //! # Example
 //!
@@ -71,8 +71,9 @@
 //!   - `scope="h.0.attn"`: the node's scope, when it has one.
 //! - `output` lines come after all nodes.
 //! - The parser accepts any whitespace, including line breaks, between tokens. The printer
-//!   indents by two spaces, separates list items by `, ` (attribute lists and dims by `,`)
-//!   and ends the file with one newline.
+//!   indents by two spaces; separates results, operands, attributes, mesh axes and sharding
+//!   entries by `, ` and the items of bracketed lists (`[8,32]`, `["dp","tp"]`) by a bare
+//!   `,`; and ends the file with one newline. Comments are not kept.
 //!
 //! Attribute values:
 //!
