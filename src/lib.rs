@@ -137,25 +137,47 @@ pub fn dump(g: &Graph, format: DumpFormat) -> String {
     }
 }
 
+/// Runs one forward pass of `g` on the reference interpreter, with parameters initialised and
+/// a synthetic batch drawn from `seed`, and returns the `loss` output.
+pub fn forward_loss(g: &Graph, seed: u64) -> Result<f64, Error> {
+    use autopar_runtime as rt;
+    let params = rt::init_parameters(g, seed)?;
+    let batch = rt::synthetic_batch(g, seed, 0)?;
+    let out = rt::run(g, &params, &batch, rt::RunOptions::default())?;
+    Ok(out.scalar("loss")?)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn classify_model_arguments() {
-        assert_eq!(ModelSource::classify("gpt-tiny"), ModelSource::Zoo("gpt-tiny".into()));
+        assert_eq!(
+            ModelSource::classify("gpt-tiny"),
+            ModelSource::Zoo("gpt-tiny".into())
+        );
         assert_eq!(
             ModelSource::classify("gpt:layers=2,hidden=64,heads=4,seq=32,vocab=256"),
             ModelSource::Zoo("gpt:layers=2,hidden=64,heads=4,seq=32,vocab=256".into())
         );
-        assert_eq!(ModelSource::classify("a/b.AIR"), ModelSource::AirFile("a/b.AIR".into()));
-        assert_eq!(ModelSource::classify("g.json"), ModelSource::JsonFile("g.json".into()));
+        assert_eq!(
+            ModelSource::classify("a/b.AIR"),
+            ModelSource::AirFile("a/b.AIR".into())
+        );
+        assert_eq!(
+            ModelSource::classify("g.json"),
+            ModelSource::JsonFile("g.json".into())
+        );
     }
 
     #[test]
     fn batch_with_a_file_is_a_usage_error() {
         let err = load_model("missing.air", Some(4)).unwrap_err();
-        assert!(err.to_string().contains("--batch applies to zoo models"), "{err}");
+        assert!(
+            err.to_string().contains("--batch applies to zoo models"),
+            "{err}"
+        );
         let err = load_model("missing.air", None).unwrap_err();
         assert!(err.to_string().starts_with("missing.air: "), "{err}");
     }

@@ -79,7 +79,12 @@ fn main() -> ExitCode {
 fn execute(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Models { json } => models(json),
-        Command::Dump { model, format, output, batch } => {
+        Command::Dump {
+            model,
+            format,
+            output,
+            batch,
+        } => {
             let g = load_model(&model, batch)?;
             let format = match format {
                 Format::Text => DumpFormat::Text,
@@ -88,7 +93,9 @@ fn execute(cli: Cli) -> Result<()> {
             };
             let text = dump(&g, format);
             match output {
-                Some(path) => std::fs::write(&path, text).with_context(|| format!("cannot write `{path}`")),
+                Some(path) => {
+                    std::fs::write(&path, text).with_context(|| format!("cannot write `{path}`"))
+                }
                 None => print_stdout(&text),
             }
         }
@@ -119,14 +126,33 @@ fn models(json: bool) -> Result<()> {
             .collect();
         return print_stdout(&(serde_json::to_string_pretty(&list)? + "\n"));
     }
-    let width = rows.iter().map(|(e, _)| e.name.len()).max().unwrap_or(4).max(5);
-    let mut out = format!("{:<width$}  {:>16}  {:>8}  DESCRIPTION\n", "MODEL", "PARAMETERS", "");
-    for (e, p) in &rows {
-        let (exact, short) = match p {
-            Some(n) => (group_digits(*n), human_count(*n)),
-            None => ("-".to_string(), String::new()),
-        };
-        out += &format!("{:<width$}  {exact:>16}  {short:>8}  {}\n", e.name, e.description);
+    let models: Vec<_> = rows
+        .iter()
+        .filter(|(e, _)| e.kind == EntryKind::Preset)
+        .collect();
+    let width = models
+        .iter()
+        .map(|(e, _)| e.name.len())
+        .max()
+        .unwrap_or(0)
+        .max(5);
+    let mut out = format!(
+        "{:<width$}  {:>16}  {:>7}  DESCRIPTION\n",
+        "MODEL", "PARAMETERS", ""
+    );
+    for (e, p) in &models {
+        let n = p.unwrap_or(0);
+        out += &format!(
+            "{:<width$}  {:>16}  {:>7}  {}\n",
+            e.name,
+            group_digits(n),
+            human_count(n),
+            e.description
+        );
+    }
+    out += "\nGeneric specs (also: a zoo name with overrides, e.g. llama3-8b:seq=4096):\n";
+    for (e, _) in rows.iter().filter(|(e, _)| e.kind == EntryKind::Family) {
+        out += &format!("  {}\n      {}\n", e.name, e.description);
     }
     print_stdout(&out)
 }

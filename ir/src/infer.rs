@@ -44,7 +44,7 @@ pub fn infer(
         }
         Op::Einsum { spec } => {
             arity(name, inputs, 2)?;
-            let (a, b) = (inputs[0], inputs[1]);
+            let (a, b) = (float(name, inputs[0])?, inputs[1]);
             same_dtype(name, a, b)?;
             if spec.lhs.len() != a.rank() || spec.rhs.len() != b.rank() {
                 return Err(IrError::ty(
@@ -237,7 +237,7 @@ pub fn infer(
         }
         Op::ScatterAdd { num_rows } => {
             arity(name, inputs, 2)?;
-            let (ids, upd) = (inputs[0], inputs[1]);
+            let (ids, upd) = (inputs[0], float(name, inputs[1])?);
             int(name, ids)?;
             if !upd.dims().starts_with(ids.dims()) {
                 return Err(IrError::ty(
@@ -323,7 +323,7 @@ pub fn infer(
                         format!("operands {first} and {t} differ outside dim {dim}"),
                     ));
                 }
-                total += t.dims()[*dim];
+                total = grow(name, total, t.dims()[*dim], 1)?;
             }
             let mut out = first.dims().to_vec();
             out[*dim] = total;
@@ -506,7 +506,7 @@ pub fn infer(
             let t = inputs[0];
             check_dim(name, "dim", *dim, t)?;
             let mut out = t.dims().to_vec();
-            out[*dim] *= n;
+            out[*dim] = grow(name, 0, out[*dim], n)?;
             one(TensorType::new(t.dtype, out))
         }
         Op::ReduceScatter { axes, dim, .. } => {
@@ -532,7 +532,7 @@ pub fn infer(
             divisible(name, t, *split_dim, n, axes)?;
             let mut out = t.dims().to_vec();
             out[*split_dim] /= n;
-            out[*concat_dim] *= n;
+            out[*concat_dim] = grow(name, 0, out[*concat_dim], n)?;
             one(TensorType::new(t.dtype, out))
         }
         Op::Send { axis, .. } => {
@@ -551,6 +551,13 @@ pub fn num_results(op: &Op) -> usize {
         Op::AdamWUpdate { .. } => 3,
         _ => 1,
     }
+}
+
+/// `acc + d * n`, or an error when the dim would not fit in a `usize`.
+fn grow(op: &'static str, acc: usize, d: usize, n: usize) -> Result<usize, IrError> {
+    d.checked_mul(n)
+        .and_then(|x| x.checked_add(acc))
+        .ok_or_else(|| IrError::ty(op, format!("result dim overflows ({acc} + {d} x {n})")))
 }
 
 fn arity(op: &'static str, inputs: &[&TensorType], n: usize) -> Result<(), IrError> {

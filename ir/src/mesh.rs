@@ -45,7 +45,7 @@ impl DeviceMesh {
                 size,
             })
             .collect();
-        let n = axes.iter().map(|a| a.size).product();
+        let n = num_coords(&axes)?;
         Self::with_devices(axes, (0..n).collect())
     }
 
@@ -68,7 +68,7 @@ impl DeviceMesh {
                 )));
             }
         }
-        let n: usize = axes.iter().map(|a| a.size).product();
+        let n = num_coords(&axes)?;
         if devices.len() != n {
             return Err(IrError::Mesh(format!(
                 "mesh has {n} coordinates but the device map lists {} devices",
@@ -178,6 +178,18 @@ impl fmt::Display for DeviceMesh {
     }
 }
 
+/// The most devices a mesh may have (a sanity bound far above any real cluster).
+pub const MAX_DEVICES: usize = 1 << 24;
+
+/// Number of coordinates of a mesh with these axes, bounded by [`MAX_DEVICES`].
+fn num_coords(axes: &[MeshAxis]) -> Result<usize, IrError> {
+    axes.iter()
+        .try_fold(1usize, |acc, a| {
+            acc.checked_mul(a.size).filter(|&n| n <= MAX_DEVICES)
+        })
+        .ok_or_else(|| IrError::Mesh(format!("more than {MAX_DEVICES} devices")))
+}
+
 /// True for `[A-Za-z_][A-Za-z0-9_]*`, the form of mesh axis names.
 pub fn is_identifier(s: &str) -> bool {
     let mut chars = s.chars();
@@ -205,6 +217,7 @@ mod tests {
         assert!(DeviceMesh::parse("dp=2,dp=2").is_err());
         assert!(DeviceMesh::parse("dp").is_err());
         assert!(DeviceMesh::parse("1x=2").is_err());
+        assert!(DeviceMesh::parse("a=65536,b=65536,c=65536,d=65536").is_err());
         let axes = vec![MeshAxis {
             name: "a".into(),
             size: 2,

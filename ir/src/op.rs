@@ -357,7 +357,7 @@ pub enum Op {
     },
 
     // ---- compute -------------------------------------------------------------------------
-    /// Two-operand einsum (matmul with batch and contracting dims).
+    /// Two-operand einsum (matmul with batch and contracting dims) on float operands of one dtype.
     Einsum {
         /// The labels.
         spec: EinsumSpec,
