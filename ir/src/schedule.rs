@@ -211,7 +211,7 @@ impl Schedule {
             ScheduleKind::GPipe | ScheduleKind::OneFOneB if vpp != 1 => {
                 return Err(ScheduleError::VirtualStagesNeedInterleaved { kind, vpp });
             }
-            ScheduleKind::Interleaved if vpp > 1 && micro_batches % pp != 0 => {
+            ScheduleKind::Interleaved if vpp > 1 && !micro_batches.is_multiple_of(pp) => {
                 return Err(ScheduleError::InterleavedMicroBatches { micro_batches, pp });
             }
             _ => {}
@@ -539,6 +539,7 @@ fn interleaved_order(pp: usize, vpp: usize, rank: usize, m: usize) -> Vec<(bool,
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
