@@ -15,6 +15,13 @@ fn estimate(c: &mut Criterion) {
     c.bench_function("estimate gpt3-175b dp8 tp8 pp16 vpp2", |b| {
         b.iter(|| model.estimate(black_box(&cfg), black_box(&plan)))
     });
+    // What a search pays when it reuses the schedule across plans.
+    let schedule =
+        autopar_ir::schedule::Schedule::new(plan.schedule, plan.pp, plan.vpp, plan.micro_batches())
+            .expect("schedule");
+    c.bench_function("estimate gpt3-175b, schedule reused", |b| {
+        b.iter(|| model.estimate_with_schedule(black_box(&cfg), black_box(&plan), &schedule))
+    });
 }
 
 criterion_group!(benches, estimate);

@@ -217,11 +217,34 @@ impl CostModel {
 
     /// Estimates one training step of `cfg` under `plan`.
     pub fn estimate(&self, cfg: &TransformerConfig, plan: &Plan) -> Result<Estimate, CostError> {
-        self.check_plan(cfg, plan)?;
-        let mapping = MeshMapping::new(&plan.mesh_axes(), &self.cluster)?;
         let schedule = Schedule::new(plan.schedule, plan.pp, plan.vpp, plan.micro_batches())?;
+        self.estimate_with_schedule(cfg, plan, &schedule)
+    }
+
+    /// As [`CostModel::estimate`], with the plan's schedule built by the caller: a search
+    /// that scores many plans sharing `(schedule, pp, vpp, micro-batches)` builds it once.
+    pub fn estimate_with_schedule(
+        &self,
+        cfg: &TransformerConfig,
+        plan: &Plan,
+        schedule: &Schedule,
+    ) -> Result<Estimate, CostError> {
+        self.check_plan(cfg, plan)?;
+        if (
+            schedule.kind,
+            schedule.pp,
+            schedule.vpp,
+            schedule.micro_batches,
+        ) != (plan.schedule, plan.pp, plan.vpp, plan.micro_batches())
+        {
+            return Err(CostError::PlanMismatch(format!(
+                "schedule {} pp={} vpp={} m={} is not the plan's",
+                schedule.kind, schedule.pp, schedule.vpp, schedule.micro_batches
+            )));
+        }
+        let mapping = MeshMapping::new(&plan.mesh_axes(), &self.cluster)?;
         let ctx = Ctx::new(self, cfg, plan, &mapping)?;
-        Ok(ctx.run(&schedule))
+        Ok(ctx.run(schedule))
     }
 }
 

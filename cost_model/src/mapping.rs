@@ -2,8 +2,6 @@
 //! over some mesh axes, whether its groups stay inside a node or span nodes and how many of
 //! them share each NIC.
 
-use std::collections::{BTreeMap, BTreeSet};
-
 use serde::{Deserialize, Serialize};
 
 use autopar_ir::{DeviceMesh, MeshAxis};
@@ -144,16 +142,29 @@ impl MeshMapping {
                     .ok_or_else(|| CostError::UnknownAxis(a.clone()))
             })
             .collect::<Result<_, _>>()?;
-        let size: usize = idx.iter().map(|&i| self.mesh.axes()[i].size).product();
-        // Group key of a coordinate: its coordinates on the other axes.
-        let mut groups: BTreeMap<Vec<usize>, Vec<usize>> = BTreeMap::new();
-        for linear in 0..self.mesh.num_devices() {
-            let mut c = self.mesh.coords(linear);
-            for &i in &idx {
-                c[i] = 0;
-            }
-            groups.entry(c).or_default().push(self.device(linear));
+        let mesh_axes = self.mesh.axes();
+        // Row-major strides: the last axis varies fastest.
+        let mut strides = vec![1usize; mesh_axes.len()];
+        for i in (0..mesh_axes.len().saturating_sub(1)).rev() {
+            strides[i] = strides[i + 1] * mesh_axes[i + 1].size;
         }
+        let size: usize = idx.iter().map(|&i| mesh_axes[i].size).product();
+        // (group key, node, nic) of every coordinate; the key is the linear index with the
+        // group's axes zeroed.
+        let mut rows: Vec<(usize, usize, usize)> = (0..self.mesh.num_devices())
+            .map(|linear| {
+                let key = idx.iter().fold(linear, |k, &i| {
+                    k - (linear / strides[i]) % mesh_axes[i].size * strides[i]
+                });
+                let d = self.device(linear);
+                (
+                    key,
+                    d / self.gpus_per_node,
+                    self.nic_of_local[d % self.gpus_per_node],
+                )
+            })
+            .collect();
+        rows.sort_unstable();
         let mut info = GroupInfo {
             size,
             nodes_spanned: 1,
@@ -161,36 +172,33 @@ impl MeshMapping {
             nics_per_group: 0,
             groups_per_nic: 0,
         };
-        let mut nic_users: BTreeMap<(usize, usize), usize> = BTreeMap::new();
+        let mut spanning_nics: Vec<(usize, usize)> = Vec::new();
         let mut min_nics = usize::MAX;
-        for devices in groups.values() {
-            let mut per_node: BTreeMap<usize, BTreeSet<usize>> = BTreeMap::new();
-            for &d in devices {
-                per_node
-                    .entry(d / self.gpus_per_node)
-                    .or_default()
-                    .insert(self.nic_of_local[d % self.gpus_per_node]);
-            }
-            let mut counts: BTreeMap<usize, usize> = BTreeMap::new();
-            for &d in devices {
-                *counts.entry(d / self.gpus_per_node).or_default() += 1;
-            }
-            info.nodes_spanned = info.nodes_spanned.max(per_node.len());
-            info.members_per_node = info
-                .members_per_node
-                .max(counts.values().copied().max().unwrap_or(0));
-            if per_node.len() > 1 {
-                for (node, nics) in &per_node {
-                    min_nics = min_nics.min(nics.len());
-                    for &nic in nics {
-                        *nic_users.entry((*node, nic)).or_default() += 1;
+        for group in rows.chunk_by(|a, b| a.0 == b.0) {
+            let nodes: Vec<&[(usize, usize, usize)]> = group.chunk_by(|a, b| a.1 == b.1).collect();
+            info.nodes_spanned = info.nodes_spanned.max(nodes.len());
+            for on_node in &nodes {
+                info.members_per_node = info.members_per_node.max(on_node.len());
+                if nodes.len() > 1 {
+                    let mut distinct = 0;
+                    for (k, r) in on_node.iter().enumerate() {
+                        if k == 0 || on_node[k - 1].2 != r.2 {
+                            distinct += 1;
+                            spanning_nics.push((r.1, r.2));
+                        }
                     }
+                    min_nics = min_nics.min(distinct);
                 }
             }
         }
         if info.nodes_spanned > 1 {
+            spanning_nics.sort_unstable();
             info.nics_per_group = min_nics;
-            info.groups_per_nic = nic_users.values().copied().max().unwrap_or(1);
+            info.groups_per_nic = spanning_nics
+                .chunk_by(|a, b| a == b)
+                .map(<[_]>::len)
+                .max()
+                .unwrap_or(1);
         }
         debug_assert!(
             self.nodes >= info.nodes_spanned && self.nics_per_node >= info.nics_per_group

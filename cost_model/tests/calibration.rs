@@ -6,6 +6,10 @@
 //! (two batched GEMMs around a fused softmax and a dropout), which predates FlashAttention in
 //! Megatron-LM, and data-parallel gradient reduction, which Megatron-LM then started after the
 //! last backward instead of overlapping it.
+//!
+//! The table gives the interleaved schedule (3 chunks per rank) for 175B and 530B only; the 1T
+//! row (2 layers per stage) is run with plain 1F1B. The DP=8 row of 530B (weak scaling to 2240
+//! GPUs) has no full-recompute measurement.
 
 use autopar_cost_model::{AttentionKernel, Cluster, CostModel, Plan, TransformerConfig};
 

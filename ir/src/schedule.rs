@@ -255,7 +255,7 @@ impl Schedule {
         let last = self.num_virtual_stages() - 1;
         let next = (rank + 1) % self.pp;
         let prev = (rank + self.pp - 1) % self.pp;
-        let mut out = Vec::with_capacity(order.len() * 2 + 1);
+        let mut out = Vec::with_capacity(order.len() * 2 + 2 * self.micro_batches * self.vpp + 1);
         for &(forward, micro_batch, chunk) in order {
             let vs = self.virtual_stage(rank, chunk);
             if forward {
@@ -411,75 +411,88 @@ impl Schedule {
             .iter()
             .map(|l| Vec::with_capacity(l.len()))
             .collect();
-        let mut remaining: usize = self.per_rank.iter().map(Vec::len).sum();
-        while remaining > 0 {
-            let mut progressed = false;
-            for rank in 0..self.pp {
-                let list = &self.per_rank[rank];
-                while let Some(action) = list.get(pc[rank]) {
-                    let now = clock[rank];
-                    let vs_of = |chunk: usize| chunk * self.pp + rank;
-                    let (start, end) = match *action {
-                        Action::Forward { .. }
-                        | Action::Backward { .. }
-                        | Action::OptimizerStep => {
-                            (now, now.saturating_add(duration(rank, action)))
-                        }
-                        Action::SendActivation {
-                            micro_batch, chunk, ..
-                        } => {
-                            let dest = vs_of(chunk) + 1;
-                            if dest < vs_count {
-                                act_arrival[dest * m + micro_batch] =
-                                    now.saturating_add(transfer(rank, action));
+        // Ranks run until they block on a receive; a send wakes the rank waiting for it, so
+        // each action is visited once and a blocked rank once per wake-up.
+        let mut waiting: Vec<Option<(bool, usize)>> = vec![None; self.pp];
+        let mut ready: Vec<usize> = (0..self.pp).rev().collect();
+        while let Some(rank) = ready.pop() {
+            waiting[rank] = None;
+            let list = &self.per_rank[rank];
+            while let Some(action) = list.get(pc[rank]) {
+                let now = clock[rank];
+                let vs_of = |chunk: usize| chunk * self.pp + rank;
+                let (start, end) = match *action {
+                    Action::Forward { .. } | Action::Backward { .. } | Action::OptimizerStep => {
+                        (now, now.saturating_add(duration(rank, action)))
+                    }
+                    Action::SendActivation {
+                        micro_batch,
+                        chunk,
+                        to,
+                    } => {
+                        let dest = vs_of(chunk) + 1;
+                        if dest < vs_count {
+                            let key = dest * m + micro_batch;
+                            act_arrival[key] = now.saturating_add(transfer(rank, action));
+                            if to < self.pp && waiting[to] == Some((true, key)) {
+                                waiting[to] = None;
+                                ready.push(to);
                             }
-                            (now, now)
                         }
-                        Action::SendGradient {
-                            micro_batch, chunk, ..
-                        } => {
-                            if let Some(dest) = vs_of(chunk).checked_sub(1) {
-                                grad_arrival[dest * m + micro_batch] =
-                                    now.saturating_add(transfer(rank, action));
+                        (now, now)
+                    }
+                    Action::SendGradient {
+                        micro_batch,
+                        chunk,
+                        to,
+                    } => {
+                        if let Some(dest) = vs_of(chunk).checked_sub(1) {
+                            let key = dest * m + micro_batch;
+                            grad_arrival[key] = now.saturating_add(transfer(rank, action));
+                            if to < self.pp && waiting[to] == Some((false, key)) {
+                                waiting[to] = None;
+                                ready.push(to);
                             }
-                            (now, now)
                         }
-                        Action::RecvActivation {
-                            micro_batch, chunk, ..
-                        } => {
-                            let t = act_arrival[vs_of(chunk) * m + micro_batch];
-                            if t == NOT_SENT {
-                                break;
-                            }
-                            (now, now.max(t))
+                        (now, now)
+                    }
+                    Action::RecvActivation {
+                        micro_batch, chunk, ..
+                    } => {
+                        let key = vs_of(chunk) * m + micro_batch;
+                        let t = act_arrival[key];
+                        if t == NOT_SENT {
+                            waiting[rank] = Some((true, key));
+                            break;
                         }
-                        Action::RecvGradient {
-                            micro_batch, chunk, ..
-                        } => {
-                            let t = grad_arrival[vs_of(chunk) * m + micro_batch];
-                            if t == NOT_SENT {
-                                break;
-                            }
-                            (now, now.max(t))
+                        (now, now.max(t))
+                    }
+                    Action::RecvGradient {
+                        micro_batch, chunk, ..
+                    } => {
+                        let key = vs_of(chunk) * m + micro_batch;
+                        let t = grad_arrival[key];
+                        if t == NOT_SENT {
+                            waiting[rank] = Some((false, key));
+                            break;
                         }
-                    };
-                    spans[rank].push((start, end));
-                    clock[rank] = end;
-                    pc[rank] += 1;
-                    remaining -= 1;
-                    progressed = true;
-                }
+                        (now, now.max(t))
+                    }
+                };
+                spans[rank].push((start, end));
+                clock[rank] = end;
+                pc[rank] += 1;
             }
-            if !progressed {
-                let blocked: Vec<String> = (0..self.pp)
-                    .filter_map(|r| {
-                        self.per_rank[r]
-                            .get(pc[r])
-                            .map(|a| format!("rank {r} waits at {a:?}"))
-                    })
-                    .collect();
-                return Err(ScheduleError::Deadlock(blocked.join("; ")));
-            }
+        }
+        if (0..self.pp).any(|r| pc[r] < self.per_rank[r].len()) {
+            let blocked: Vec<String> = (0..self.pp)
+                .filter_map(|r| {
+                    self.per_rank[r]
+                        .get(pc[r])
+                        .map(|a| format!("rank {r} waits at {a:?}"))
+                })
+                .collect();
+            return Err(ScheduleError::Deadlock(blocked.join("; ")));
         }
         let makespan = clock.iter().copied().max().unwrap_or(0);
         Ok(Timeline { spans, makespan })
@@ -513,15 +526,20 @@ fn one_f_one_b_order(pp: usize, rank: usize, m: usize) -> Vec<(bool, usize, usiz
 /// `2 (pp - rank - 1) + (vpp - 1) pp` forwards.
 fn interleaved_order(pp: usize, vpp: usize, rank: usize, m: usize) -> Vec<(bool, usize, usize)> {
     let total = m * vpp;
-    let group = pp * vpp;
-    let fwd = |k: usize| -> (bool, usize, usize) {
-        let chunk = (k % group) / pp;
-        (true, (k / group) * pp + k % pp, chunk)
-    };
-    let bwd = |k: usize| -> (bool, usize, usize) {
-        let chunk = vpp - 1 - (k % group) / pp;
-        (false, (k / group) * pp + k % pp, chunk)
-    };
+    // Forward order: groups of `pp` micro-batches, each walked through chunk 0, 1, ...; the
+    // backward order walks the chunks in reverse. Built with loops rather than divisions,
+    // since a search generates many schedules.
+    let mut fwd = Vec::with_capacity(total);
+    let mut bwd = Vec::with_capacity(total);
+    let mut first = 0;
+    while first < m {
+        let len = pp.min(m - first);
+        for c in 0..vpp {
+            fwd.extend((first..first + len).map(|mb| (true, mb, c)));
+            bwd.extend((first..first + len).map(|mb| (false, mb, vpp - 1 - c)));
+        }
+        first += len;
+    }
     let warmup = if vpp == 1 {
         pp - rank - 1
     } else {
@@ -529,12 +547,12 @@ fn interleaved_order(pp: usize, vpp: usize, rank: usize, m: usize) -> Vec<(bool,
     }
     .min(total);
     let mut out = Vec::with_capacity(2 * total);
-    out.extend((0..warmup).map(fwd));
+    out.extend_from_slice(&fwd[..warmup]);
     for k in 0..total - warmup {
-        out.push(fwd(warmup + k));
-        out.push(bwd(k));
+        out.push(fwd[warmup + k]);
+        out.push(bwd[k]);
     }
-    out.extend((total - warmup..total).map(bwd));
+    out.extend_from_slice(&bwd[total - warmup..]);
     out
 }
 
