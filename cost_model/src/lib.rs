@@ -1,6 +1,31 @@
 //! autopar's cost model: cluster topology (nodes, GPUs, NVLink/NVSwitch and NIC fabrics), and
-//! the compute, communication and memory costs of partitioned programs on it.
+//! the compute, communication and memory costs of training plans on it, with a pipeline
+//! simulation over the schedules of [`autopar_ir::schedule`].
 //!
-//! The crate depends only on `autopar-ir`; passes receive the cost model as a value instead
-//! of owning hardware tables. It is filled in by the cost-model work; today it only fixes the
-//! crate boundary in the workspace.
+//! The crate depends only on `autopar-ir`. The entry points a driver calls are
+//! [`Cluster::preset`] / [`Cluster::from_toml`], [`Plan::parse`],
+//! [`TransformerConfig::from_graph`] (or a hand-written [`TransformerConfig`]) and
+//! [`CostModel::estimate`]; passes receive the model as an [`OpCostModel`] and cost single
+//! ops with it.
+
+pub mod cluster;
+pub mod comm;
+pub mod compute;
+pub mod cost;
+pub mod error;
+pub mod estimate;
+pub mod mapping;
+pub mod memory;
+pub mod model;
+pub mod plan;
+
+pub use cluster::Cluster;
+pub use comm::{Collective, CommParams};
+pub use compute::{AttentionKernel, ComputeParams, OpCost};
+pub use cost::Cost;
+pub use error::CostError;
+pub use estimate::{CostModel, Estimate, OpCostModel, PassTime, TimeBreakdown};
+pub use mapping::{GroupInfo, MeshMapping};
+pub use memory::{MemoryBreakdown, MemoryParams};
+pub use model::TransformerConfig;
+pub use plan::{Plan, Recompute};

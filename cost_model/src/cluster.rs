@@ -1,0 +1,561 @@
+//! Cluster descriptions: nodes of identical accelerators joined by an intra-node fabric
+//! (NVLink/NVSwitch) and NICs, read from TOML or from presets such as `dgx-a100:nodes=4`.
+//!
+//! # TOML format
+//!
+//! Bandwidths are in decimal GB/s (1e9 bytes per second), capacities in GiB, latencies in
+//! microseconds. Fabric and NIC bandwidths are *bus bandwidths* as nccl-tests reports them
+//! for large messages (see [`crate::comm`]), not line rates.
+//!
+//! ```toml
+//! name = "dgx-a100"            # optional
+//! nodes = 4
+//! gpus_per_node = 8
+//!
+//! [gpu]
+//! model = "A100-SXM4-80GB"
+//! hbm_capacity_gib = 80.0
+//! hbm_bandwidth_gb_per_s = 2039.0
+//! reserved_gib = 2.0           # optional: CUDA context, library workspaces, allocator slack
+//! sms = 108                    # optional: streaming multiprocessors (enables wave quantisation)
+//!
+//! [gpu.peak_tflops]            # dense (no 2:4 sparsity)
+//! bf16 = 312.0
+//! f16 = 312.0
+//! f32 = 19.5
+//! tf32 = 156.0                 # optional
+//! fp8 = 624.0                  # optional
+//!
+//! [intra_node]
+//! fabric = "nvswitch"
+//! bus_bandwidth_gb_per_s = 230.0
+//! latency_us = 1.0
+//!
+//! [network]
+//! nics_per_node = 8
+//! nic_bus_bandwidth_gb_per_s = 24.0
+//! latency_us = 5.0
+//! gpu_to_nic = [0, 1, 2, 3, 4, 5, 6, 7]   # optional: NIC index of each local GPU
+//! ```
+//!
+//! `cost_model/clusters/dgx-a100.toml` is a complete example.
+
+use serde::{Deserialize, Serialize};
+
+use autopar_ir::DType;
+
+use crate::error::CostError;
+
+/// Peak dense FLOP/s of one device per dtype, in TFLOP/s.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PeakTflops {
+    /// IEEE fp32 without tensor cores.
+    pub f32: f64,
+    /// TF32 tensor-core math (used for fp32 matmuls when enabled); optional.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tf32: Option<f64>,
+    /// bfloat16.
+    pub bf16: f64,
+    /// fp16.
+    pub f16: f64,
+    /// fp8; optional.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fp8: Option<f64>,
+}
+
+/// One accelerator.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GpuSpec {
+    /// Model name, for reports.
+    pub model: String,
+    /// Dense peak throughput per dtype.
+    pub peak_tflops: PeakTflops,
+    /// HBM capacity.
+    pub hbm_capacity_gib: f64,
+    /// HBM bandwidth.
+    pub hbm_bandwidth_gb_per_s: f64,
+    /// Memory not available to tensors (CUDA context, cuBLAS/NCCL workspaces, allocator
+    /// fragmentation).
+    #[serde(default)]
+    pub reserved_gib: f64,
+    /// Streaming multiprocessors; when given, GEMM times include wave quantisation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sms: Option<usize>,
+}
+
+/// The fabric joining the devices of one node.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FabricSpec {
+    /// `nvswitch`, `nvlink`, `pcie`, `shared-memory`, ...
+    pub fabric: String,
+    /// Bus bandwidth of large ring collectives among the node's devices.
+    pub bus_bandwidth_gb_per_s: f64,
+    /// Latency of one step of a collective.
+    pub latency_us: f64,
+}
+
+/// The NICs of a node and the network behind them (assumed non-blocking, rail-optimised).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NetworkSpec {
+    /// NICs used for application traffic.
+    pub nics_per_node: usize,
+    /// Bus bandwidth one NIC sustains in large inter-node collectives.
+    pub nic_bus_bandwidth_gb_per_s: f64,
+    /// Latency of one inter-node step.
+    pub latency_us: f64,
+    /// NIC index of each local device; default spreads devices evenly over the NICs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_to_nic: Option<Vec<usize>>,
+}
+
+/// A homogeneous cluster.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Cluster {
+    /// Name for reports.
+    #[serde(default)]
+    pub name: String,
+    /// Number of nodes.
+    pub nodes: usize,
+    /// Devices per node.
+    pub gpus_per_node: usize,
+    /// The device.
+    pub gpu: GpuSpec,
+    /// The intra-node fabric.
+    pub intra_node: FabricSpec,
+    /// NICs and network.
+    pub network: NetworkSpec,
+}
+
+const GB: f64 = 1e9;
+const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
+
+impl Cluster {
+    /// Reads a TOML description; errors name the line or the key.
+    pub fn from_toml(text: &str) -> Result<Cluster, CostError> {
+        let c: Cluster = toml::from_str(text).map_err(|e| {
+            let line = e
+                .span()
+                .map(|r| text[..r.start.min(text.len())].matches('\n').count() + 1)
+                .unwrap_or(0);
+            CostError::ClusterSyntax {
+                line,
+                message: e.message().trim().to_string(),
+            }
+        })?;
+        c.validate()?;
+        Ok(c)
+    }
+
+    /// The TOML form of this description (parses back to an equal cluster).
+    pub fn to_toml(&self) -> String {
+        toml::to_string(self).unwrap_or_default()
+    }
+
+    /// A preset: `dgx-a100:nodes=N`, `dgx-h100:nodes=N`, `hgx-h200:nodes=N` or
+    /// `cpu:ranks=N` (options may be omitted: one node, or one rank).
+    pub fn preset(spec: &str) -> Result<Cluster, CostError> {
+        let err = |message: String| CostError::Preset {
+            preset: spec.to_string(),
+            message,
+        };
+        let (name, opts) = spec.split_once(':').unwrap_or((spec, ""));
+        let mut count: Option<usize> = None;
+        let allowed = if name.trim() == "cpu" {
+            "ranks"
+        } else {
+            "nodes"
+        };
+        for opt in opts.split(',').map(str::trim).filter(|o| !o.is_empty()) {
+            let (k, v) = opt
+                .split_once('=')
+                .ok_or_else(|| err(format!("option `{opt}` is not key=value")))?;
+            if k.trim() != allowed {
+                return Err(err(format!(
+                    "unknown option `{}` (expected `{allowed}`)",
+                    k.trim()
+                )));
+            }
+            let n: usize = v
+                .trim()
+                .parse()
+                .map_err(|_| err(format!("`{allowed}` must be a positive integer, not `{v}`")))?;
+            if n == 0 {
+                return Err(err(format!("`{allowed}` must be at least 1")));
+            }
+            count = Some(n);
+        }
+        let n = count.unwrap_or(1);
+        let c = match name.trim() {
+            "dgx-a100" => dgx_a100(n),
+            "dgx-h100" => dgx_h100(n),
+            "hgx-h200" => hgx_h200(n),
+            "cpu" => cpu(n),
+            other => {
+                return Err(err(format!(
+                    "unknown preset `{other}` (expected dgx-a100, dgx-h100, hgx-h200 or cpu)"
+                )));
+            }
+        };
+        c.validate()?;
+        Ok(c)
+    }
+
+    /// Checks ranges, naming the key at fault.
+    pub fn validate(&self) -> Result<(), CostError> {
+        let bad = |key: &str, message: &str| {
+            Err(CostError::ClusterValue {
+                key: key.to_string(),
+                message: message.to_string(),
+            })
+        };
+        let positive = |key: &str, v: f64| {
+            if v.is_finite() && v > 0.0 {
+                Ok(())
+            } else {
+                bad(key, &format!("must be a positive number, not {v}"))
+            }
+        };
+        if self.nodes == 0 {
+            return bad("nodes", "must be at least 1");
+        }
+        if self.gpus_per_node == 0 {
+            return bad("gpus_per_node", "must be at least 1");
+        }
+        let p = &self.gpu.peak_tflops;
+        positive("gpu.peak_tflops.f32", p.f32)?;
+        positive("gpu.peak_tflops.bf16", p.bf16)?;
+        positive("gpu.peak_tflops.f16", p.f16)?;
+        if let Some(v) = p.tf32 {
+            positive("gpu.peak_tflops.tf32", v)?;
+        }
+        if let Some(v) = p.fp8 {
+            positive("gpu.peak_tflops.fp8", v)?;
+        }
+        positive("gpu.hbm_capacity_gib", self.gpu.hbm_capacity_gib)?;
+        positive(
+            "gpu.hbm_bandwidth_gb_per_s",
+            self.gpu.hbm_bandwidth_gb_per_s,
+        )?;
+        if !(self.gpu.reserved_gib >= 0.0 && self.gpu.reserved_gib < self.gpu.hbm_capacity_gib) {
+            return bad(
+                "gpu.reserved_gib",
+                "must be at least 0 and below the capacity",
+            );
+        }
+        if self.gpu.sms == Some(0) {
+            return bad("gpu.sms", "must be at least 1");
+        }
+        positive(
+            "intra_node.bus_bandwidth_gb_per_s",
+            self.intra_node.bus_bandwidth_gb_per_s,
+        )?;
+        if !(self.intra_node.latency_us >= 0.0 && self.intra_node.latency_us.is_finite()) {
+            return bad("intra_node.latency_us", "must be at least 0");
+        }
+        if self.network.nics_per_node == 0 {
+            return bad("network.nics_per_node", "must be at least 1");
+        }
+        positive(
+            "network.nic_bus_bandwidth_gb_per_s",
+            self.network.nic_bus_bandwidth_gb_per_s,
+        )?;
+        if !(self.network.latency_us >= 0.0 && self.network.latency_us.is_finite()) {
+            return bad("network.latency_us", "must be at least 0");
+        }
+        if let Some(map) = &self.network.gpu_to_nic {
+            if map.len() != self.gpus_per_node {
+                return bad(
+                    "network.gpu_to_nic",
+                    &format!(
+                        "lists {} devices, gpus_per_node is {}",
+                        map.len(),
+                        self.gpus_per_node
+                    ),
+                );
+            }
+            if let Some(n) = map.iter().find(|&&n| n >= self.network.nics_per_node) {
+                return bad(
+                    "network.gpu_to_nic",
+                    &format!(
+                        "names NIC {n}, but nics_per_node is {}",
+                        self.network.nics_per_node
+                    ),
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Total devices.
+    pub fn num_devices(&self) -> usize {
+        self.nodes.saturating_mul(self.gpus_per_node)
+    }
+
+    /// Node of a global device index.
+    pub fn node_of(&self, device: usize) -> usize {
+        device / self.gpus_per_node
+    }
+
+    /// NIC (within its node) that a device's inter-node traffic uses.
+    pub fn nic_of(&self, device: usize) -> usize {
+        let local = device % self.gpus_per_node;
+        match &self.network.gpu_to_nic {
+            Some(map) => map[local],
+            None => local * self.network.nics_per_node / self.gpus_per_node,
+        }
+    }
+
+    /// Dense peak FLOP/s for math in `dtype` (integers and bools run on the fp32 units).
+    pub fn peak_flops(&self, dtype: DType) -> f64 {
+        let p = &self.gpu.peak_tflops;
+        let t = match dtype {
+            DType::BF16 => p.bf16,
+            DType::F16 => p.f16,
+            DType::F32 | DType::I32 | DType::I64 | DType::Bool => p.f32,
+        };
+        t * 1e12
+    }
+
+    /// HBM bandwidth in bytes/s.
+    pub fn hbm_bandwidth(&self) -> f64 {
+        self.gpu.hbm_bandwidth_gb_per_s * GB
+    }
+
+    /// Bytes available to tensors on one device (capacity minus reserved).
+    pub fn usable_memory_bytes(&self) -> f64 {
+        (self.gpu.hbm_capacity_gib - self.gpu.reserved_gib) * GIB
+    }
+
+    /// Intra-node bus bandwidth in bytes/s.
+    pub fn intra_bus_bandwidth(&self) -> f64 {
+        self.intra_node.bus_bandwidth_gb_per_s * GB
+    }
+
+    /// Bus bandwidth of one NIC in bytes/s.
+    pub fn nic_bus_bandwidth(&self) -> f64 {
+        self.network.nic_bus_bandwidth_gb_per_s * GB
+    }
+}
+
+/// DGX A100 (80 GB): 8x A100-SXM4-80GB on six NVSwitches, 8x ConnectX-6 HDR 200 Gb/s for
+/// application traffic (the Selene node of Narayanan et al., SC'21 Sec. 5).
+///
+/// - 312 TFLOP/s bf16/fp16 dense, 156 TF32, 19.5 fp32; 2039 GB/s HBM2e; 80 GB: NVIDIA A100
+///   datasheet (hardware_specs.csv rows "A100 SXM4 80GB ...").
+/// - 230 GB/s all-reduce bus bandwidth over NVSwitch for 8 GPUs: NCCL maintainer in
+///   github.com/NVIDIA/nccl-tests/issues/149; users measured 232.5 (nccl-tests#175).
+/// - ~24 GB/s bus bandwidth per HDR NIC: NCCL maintainer in github.com/NVIDIA/nccl/issues/412.
+/// - Latencies (1 us per NVLink step, 5 us per InfiniBand step) are typical small-message
+///   figures, not taken from the reference tables.
+pub fn dgx_a100(nodes: usize) -> Cluster {
+    Cluster {
+        name: format!("dgx-a100:nodes={nodes}"),
+        nodes,
+        gpus_per_node: 8,
+        gpu: GpuSpec {
+            model: "A100-SXM4-80GB".into(),
+            peak_tflops: PeakTflops {
+                f32: 19.5,
+                tf32: Some(156.0),
+                bf16: 312.0,
+                f16: 312.0,
+                fp8: None,
+            },
+            hbm_capacity_gib: 80.0,
+            hbm_bandwidth_gb_per_s: 2039.0,
+            reserved_gib: 2.0,
+            sms: Some(108),
+        },
+        intra_node: FabricSpec {
+            fabric: "nvswitch".into(),
+            bus_bandwidth_gb_per_s: 230.0,
+            latency_us: 1.0,
+        },
+        network: NetworkSpec {
+            nics_per_node: 8,
+            nic_bus_bandwidth_gb_per_s: 24.0,
+            latency_us: 5.0,
+            gpu_to_nic: None,
+        },
+    }
+}
+
+/// DGX H100: 8x H100-SXM5-80GB on four third-generation NVSwitches, 8x ConnectX-7 NDR
+/// 400 Gb/s.
+///
+/// - 989 TFLOP/s bf16/fp16 dense, 1979 fp8, 494.7 TF32; 3.35 TB/s HBM3; 80 GB: NVIDIA H100
+///   datasheet (hardware_specs.csv). fp32 (67 TFLOP/s) is the datasheet's non-tensor figure.
+/// - 370 GB/s bus bandwidth for ring collectives over NVLink4 (450 GB/s line rate minus
+///   protocol overhead): NCCL maintainer in github.com/NVIDIA/nccl-tests/issues/212. NVLink
+///   SHARP all-reduce reaches ~480; the ring figure is used for every collective.
+/// - 48 GB/s per NDR NIC: NCCL maintainer in github.com/NVIDIA/nccl-tests/issues/267.
+pub fn dgx_h100(nodes: usize) -> Cluster {
+    Cluster {
+        name: format!("dgx-h100:nodes={nodes}"),
+        nodes,
+        gpus_per_node: 8,
+        gpu: GpuSpec {
+            model: "H100-SXM5-80GB".into(),
+            peak_tflops: PeakTflops {
+                f32: 67.0,
+                tf32: Some(494.7),
+                bf16: 989.0,
+                f16: 989.0,
+                fp8: Some(1979.0),
+            },
+            hbm_capacity_gib: 80.0,
+            hbm_bandwidth_gb_per_s: 3350.0,
+            reserved_gib: 2.0,
+            sms: Some(132),
+        },
+        intra_node: FabricSpec {
+            fabric: "nvswitch".into(),
+            bus_bandwidth_gb_per_s: 370.0,
+            latency_us: 1.0,
+        },
+        network: NetworkSpec {
+            nics_per_node: 8,
+            nic_bus_bandwidth_gb_per_s: 48.0,
+            latency_us: 5.0,
+            gpu_to_nic: None,
+        },
+    }
+}
+
+/// HGX H200: the H100 node with 141 GB of HBM3e at 4.8 TB/s (NVIDIA H200 datasheet,
+/// hardware_specs.csv); same compute and NVLink4 (900 GB/s) as H100, 8x NDR 400 Gb/s NICs
+/// assumed as on DGX H100. Capacity is the 140 GiB the driver exposes of the 141 GB.
+pub fn hgx_h200(nodes: usize) -> Cluster {
+    let mut c = dgx_h100(nodes);
+    c.name = format!("hgx-h200:nodes={nodes}");
+    c.gpu.model = "H200-SXM-141GB".into();
+    c.gpu.hbm_capacity_gib = 140.0;
+    c.gpu.hbm_bandwidth_gb_per_s = 4800.0;
+    c
+}
+
+/// The CPU runtime: `ranks` threads of one process, each treated as a device. The numbers
+/// are deliberately modest, for one core per rank: 20 GFLOP/s fp32 (about a tenth of what an
+/// AVX-512 GEMM reaches on one core, leaving room for small shapes and shared cores),
+/// 10 GFLOP/s for bf16/fp16 (converted to fp32 by the kernels), 10 GB/s of memory bandwidth,
+/// 16 GiB per rank, in-process collectives at 5 GB/s with 10 us per step, and nothing
+/// reserved (the executor counts tensor bytes only).
+pub fn cpu(ranks: usize) -> Cluster {
+    Cluster {
+        name: format!("cpu:ranks={ranks}"),
+        nodes: 1,
+        gpus_per_node: ranks,
+        gpu: GpuSpec {
+            model: "cpu-thread".into(),
+            peak_tflops: PeakTflops {
+                f32: 0.02,
+                tf32: None,
+                bf16: 0.01,
+                f16: 0.01,
+                fp8: None,
+            },
+            hbm_capacity_gib: 16.0,
+            hbm_bandwidth_gb_per_s: 10.0,
+            reserved_gib: 0.0,
+            sms: None,
+        },
+        intra_node: FabricSpec {
+            fabric: "shared-memory".into(),
+            bus_bandwidth_gb_per_s: 5.0,
+            latency_us: 10.0,
+        },
+        network: NetworkSpec {
+            nics_per_node: 1,
+            nic_bus_bandwidth_gb_per_s: 1.0,
+            latency_us: 50.0,
+            gpu_to_nic: None,
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn example_file_parses_and_matches_the_preset() {
+        let text = include_str!("../clusters/dgx-a100.toml");
+        let c = Cluster::from_toml(text).unwrap();
+        let mut p = Cluster::preset("dgx-a100:nodes=4").unwrap();
+        p.name = c.name.clone();
+        assert_eq!(c, p);
+        assert_eq!(c.num_devices(), 32);
+        assert_eq!(c.peak_flops(DType::BF16), 312e12);
+        assert_eq!(Cluster::from_toml(&c.to_toml()).unwrap(), c);
+    }
+
+    #[test]
+    fn presets_parse() {
+        assert_eq!(
+            Cluster::preset("dgx-h100:nodes=2").unwrap().num_devices(),
+            16
+        );
+        let h200 = Cluster::preset("hgx-h200").unwrap();
+        assert_eq!(h200.nodes, 1);
+        assert!(h200.gpu.hbm_capacity_gib > 100.0);
+        let cpu = Cluster::preset("cpu:ranks=4").unwrap();
+        assert_eq!(cpu.num_devices(), 4);
+        assert_eq!(cpu.nodes, 1);
+        for bad in [
+            "tpu:nodes=1",
+            "dgx-a100:nodes=0",
+            "dgx-a100:ranks=2",
+            "dgx-a100:nodes=x",
+            "cpu:nodes=2",
+        ] {
+            assert!(
+                matches!(Cluster::preset(bad), Err(CostError::Preset { .. })),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn errors_name_the_line_and_key() {
+        let text = include_str!("../clusters/dgx-a100.toml");
+        let broken = text.replace("gpus_per_node = 8", "gpus_per_node = \"eight\"");
+        match Cluster::from_toml(&broken) {
+            Err(CostError::ClusterSyntax { line, .. }) => {
+                let expected = broken.lines().position(|l| l.contains("eight")).unwrap() + 1;
+                assert_eq!(line, expected);
+            }
+            other => panic!("{other:?}"),
+        }
+        let negative = text.replace("bf16 = 312.0", "bf16 = -1.0");
+        let e = Cluster::from_toml(&negative).unwrap_err();
+        assert!(e.to_string().contains("gpu.peak_tflops.bf16"), "{e}");
+        let unknown = text.replace("nodes = 4", "nodes = 4\ncolour = \"green\"");
+        assert!(
+            Cluster::from_toml(&unknown)
+                .unwrap_err()
+                .to_string()
+                .contains("colour")
+        );
+        let nic = text.replace("latency_us = 5.0", "latency_us = 5.0\ngpu_to_nic = [0, 1]");
+        assert!(
+            Cluster::from_toml(&nic)
+                .unwrap_err()
+                .to_string()
+                .contains("network.gpu_to_nic")
+        );
+    }
+
+    #[test]
+    fn nic_sharing_defaults_to_even_spread() {
+        let mut c = dgx_a100(2);
+        assert_eq!(c.nic_of(9), 1);
+        c.network.nics_per_node = 4;
+        assert_eq!(c.nic_of(3), 1);
+        assert_eq!(c.nic_of(15), 3);
+    }
+}

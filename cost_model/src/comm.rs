@@ -1,0 +1,361 @@
+//! Communication costs: alpha-beta models of ring, tree and hierarchical collectives and of
+//! point-to-point transfers, in the bus-bandwidth convention of nccl-tests.
+//!
+//! nccl-tests reports, for a message of `S` bytes per rank taking time `t` on `n` ranks, the
+//! *bus bandwidth* `busbw = S/t * f(n)` with `f = 2(n-1)/n` for all-reduce and `(n-1)/n` for
+//! all-gather, reduce-scatter and all-to-all (`S` being the full gathered / scattered buffer);
+//! busbw is what each link carries, so it can be compared with link speeds and is nearly
+//! independent of `n`. The cluster description gives busbw of the intra-node fabric and of one
+//! NIC, and the models invert the definition:
+//!
+//! | collective | ring time |
+//! |---|---|
+//! | all-reduce | `2(n-1) a + 2(n-1)/n * S/B` |
+//! | all-gather, reduce-scatter | `(n-1) a + (n-1)/n * S/B` |
+//! | all-to-all | `(n-1) a + (n-1)/n * S/B` |
+//! | broadcast (pipelined chain) | `(n-1) a + S/B` |
+//! | send/recv | `a + S/B` |
+//!
+//! with `a` the per-step latency and `B` the bus bandwidth of the slowest link the group
+//! crosses. Trees replace `n-1` latency steps by `ceil(log2 n)` and pay `n/(n-1)` more in
+//! bandwidth; hierarchical all-reduce is reduce-scatter inside nodes, all-reduce across nodes
+//! on each node's NICs, all-gather inside nodes. The cheapest algorithm is chosen, as NCCL's
+//! tuner does.
+
+use serde::{Deserialize, Serialize};
+
+use crate::cluster::Cluster;
+use crate::cost::Cost;
+use crate::mapping::GroupInfo;
+
+/// Collective kinds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Collective {
+    /// Every member gets the reduction; `bytes` is the buffer per rank.
+    AllReduce,
+    /// `bytes` is the gathered (output) buffer per rank.
+    AllGather,
+    /// `bytes` is the input buffer per rank (the output is `bytes / n`).
+    ReduceScatter,
+    /// `bytes` is the send buffer per rank.
+    AllToAll,
+    /// `bytes` is the broadcast buffer.
+    Broadcast,
+    /// One message of `bytes` between two group neighbours.
+    SendRecv,
+}
+
+/// Algorithms the model chooses between.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Algorithm {
+    /// A ring over all members.
+    Ring,
+    /// A (double binary) tree.
+    Tree,
+    /// Inside nodes first, then across nodes, then inside nodes again.
+    Hierarchical,
+    /// A direct transfer.
+    Direct,
+}
+
+/// Tunable parameters of the communication model.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CommParams {
+    /// Fixed software cost of launching one collective (kernel launch, proxy wake-up), added
+    /// to every call. 5 us is the order of NCCL's small-message floor beyond link latency.
+    pub launch_overhead_s: f64,
+    /// When a collective overlaps computation, the computation runs this much slower for the
+    /// overlapped time, because NCCL's kernels occupy SMs and memory bandwidth (NCCL uses
+    /// roughly 8-16 of an A100's 108 SMs for a large collective).
+    pub overlap_slowdown: f64,
+    /// Data-parallel gradient reduction starts, bucket by bucket, while the last backward of
+    /// each chunk runs (PyTorch DDP, Megatron-LM `--overlap-grad-reduce`); otherwise it starts
+    /// after the last backward.
+    pub overlap_grad_reduce: bool,
+    /// Tensor-parallel collectives of the backward overlap the weight-gradient GEMMs
+    /// (Megatron-LM's asynchronous tensor-parallel all-reduce, and the all-gather /
+    /// reduce-scatter overlap of sequence parallelism).
+    pub overlap_tp_backward: bool,
+}
+
+impl Default for CommParams {
+    fn default() -> Self {
+        CommParams {
+            launch_overhead_s: 5e-6,
+            overlap_slowdown: 0.1,
+            overlap_grad_reduce: true,
+            overlap_tp_backward: true,
+        }
+    }
+}
+
+impl CommParams {
+    /// Exposed time of `comm` seconds of communication overlapping `compute` seconds of
+    /// independent computation: what does not fit under the computation, plus the slowdown of
+    /// the computation while both run.
+    pub fn exposed(&self, comm: f64, compute: f64) -> f64 {
+        (comm - compute).max(0.0) + self.overlap_slowdown * comm.min(compute)
+    }
+}
+
+/// The time of one collective and the algorithm that achieves it.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CommCost {
+    /// Seconds.
+    pub time_s: f64,
+    /// The algorithm chosen.
+    pub algorithm: Algorithm,
+}
+
+impl CommCost {
+    /// As a [`Cost`].
+    pub fn cost(&self) -> Cost {
+        Cost::from_secs(self.time_s)
+    }
+}
+
+fn ring_factor(c: Collective, n: f64) -> (f64, f64) {
+    // (latency steps, bandwidth factor) of the ring algorithm.
+    match c {
+        Collective::AllReduce => (2.0 * (n - 1.0), 2.0 * (n - 1.0) / n),
+        Collective::AllGather | Collective::ReduceScatter | Collective::AllToAll => {
+            (n - 1.0, (n - 1.0) / n)
+        }
+        Collective::Broadcast => (n - 1.0, 1.0),
+        Collective::SendRecv => (1.0, 1.0),
+    }
+}
+
+impl CommParams {
+    /// Time of `coll` moving `bytes` (nccl-tests size convention, see [`Collective`]) over the
+    /// groups described by `group`.
+    pub fn collective(
+        &self,
+        coll: Collective,
+        bytes: f64,
+        group: &GroupInfo,
+        cluster: &Cluster,
+    ) -> CommCost {
+        let n = group.size;
+        if n <= 1 || bytes <= 0.0 {
+            return CommCost {
+                time_s: 0.0,
+                algorithm: Algorithm::Direct,
+            };
+        }
+        let nf = n as f64;
+        let intra_bw = cluster.intra_bus_bandwidth();
+        let a_intra = cluster.intra_node.latency_us * 1e-6;
+        let a_inter = cluster.network.latency_us * 1e-6;
+        let (bw, alpha) = if group.intra_node() {
+            (intra_bw, a_intra)
+        } else {
+            (intra_bw.min(group.inter_node_bandwidth(cluster)), a_inter)
+        };
+        if coll == Collective::SendRecv {
+            // A point-to-point message uses one device's link: its NIC share across nodes.
+            let bw = if group.intra_node() {
+                intra_bw
+            } else {
+                intra_bw.min(cluster.nic_bus_bandwidth() / group.groups_per_nic.max(1) as f64)
+            };
+            return CommCost {
+                time_s: self.launch_overhead_s + alpha + bytes / bw,
+                algorithm: Algorithm::Direct,
+            };
+        }
+        let (steps, factor) = ring_factor(coll, nf);
+        let mut best = CommCost {
+            time_s: self.launch_overhead_s + steps * alpha + factor * bytes / bw,
+            algorithm: Algorithm::Ring,
+        };
+        if matches!(coll, Collective::AllReduce | Collective::Broadcast) {
+            let depth = nf.log2().ceil();
+            let tree_steps = if coll == Collective::AllReduce {
+                2.0 * depth
+            } else {
+                depth
+            };
+            // Reduce up and broadcast down for all-reduce; for broadcast, every inner node
+            // forwards the data to two children.
+            let tree_factor = 2.0;
+            let t = self.launch_overhead_s + tree_steps * alpha + tree_factor * bytes / bw;
+            if t < best.time_s {
+                best = CommCost {
+                    time_s: t,
+                    algorithm: Algorithm::Tree,
+                };
+            }
+        }
+        if coll == Collective::AllReduce && !group.intra_node() && group.members_per_node > 1 {
+            let k = group.members_per_node as f64;
+            let nodes = group.nodes_spanned as f64;
+            // Each of the k members all-reduces S/k across nodes on a 1/k share of the NICs.
+            let inter_bw = group.inter_node_bandwidth(cluster) / k;
+            let t = self.launch_overhead_s
+                + 2.0 * (k - 1.0) * a_intra
+                + 2.0 * (k - 1.0) / k * bytes / intra_bw
+                + 2.0 * (nodes - 1.0) * a_inter
+                + 2.0 * (nodes - 1.0) / nodes * (bytes / k) / inter_bw;
+            if t < best.time_s {
+                best = CommCost {
+                    time_s: t,
+                    algorithm: Algorithm::Hierarchical,
+                };
+            }
+        }
+        best
+    }
+
+    /// Bus bandwidth (bytes/s) that `collective` would report in nccl-tests for this group and
+    /// size: the inverse of the model, for comparison with measurements.
+    pub fn bus_bandwidth(
+        &self,
+        coll: Collective,
+        bytes: f64,
+        group: &GroupInfo,
+        cluster: &Cluster,
+    ) -> f64 {
+        let t = self.collective(coll, bytes, group, cluster).time_s;
+        let (_, f) = ring_factor(coll, group.size as f64);
+        bytes / t * f
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster;
+
+    fn intra(n: usize) -> GroupInfo {
+        GroupInfo {
+            size: n,
+            nodes_spanned: 1,
+            members_per_node: n,
+            nics_per_group: 0,
+            groups_per_nic: 0,
+        }
+    }
+
+    fn close(a: f64, b: f64) {
+        assert!((a - b).abs() <= 1e-9 * b.abs().max(1e-12), "{a} vs {b}");
+    }
+
+    const P: CommParams = CommParams {
+        launch_overhead_s: 5e-6,
+        overlap_slowdown: 0.1,
+        overlap_grad_reduce: true,
+        overlap_tp_backward: true,
+    };
+
+    #[test]
+    fn exposed_time_of_overlapped_communication() {
+        close(P.exposed(3.0, 1.0), 2.0 + 0.1);
+        close(P.exposed(1.0, 3.0), 0.1);
+    }
+
+    #[test]
+    fn ring_collectives_inside_a_node_by_hand() {
+        let c = cluster::dgx_a100(1);
+        let g = intra(8);
+        let s = 1e9;
+        // all-reduce: 5 us + 14 steps x 1 us + 2*7/8 * 1 GB / 230 GB/s.
+        let ar = P.collective(Collective::AllReduce, s, &g, &c);
+        assert_eq!(ar.algorithm, Algorithm::Ring);
+        close(ar.time_s, 5e-6 + 14e-6 + 1.75 * s / 230e9);
+        // all-gather and reduce-scatter: 5 us + 7 us + 7/8 * S / B.
+        for coll in [
+            Collective::AllGather,
+            Collective::ReduceScatter,
+            Collective::AllToAll,
+        ] {
+            close(
+                P.collective(coll, s, &g, &c).time_s,
+                12e-6 + 0.875 * s / 230e9,
+            );
+        }
+        // broadcast: the pipelined chain, 5 + 7 us + S / B (ring beats tree at 1 GB).
+        close(
+            P.collective(Collective::Broadcast, s, &g, &c).time_s,
+            12e-6 + s / 230e9,
+        );
+        // send/recv: 5 + 1 us + S / B.
+        close(
+            P.collective(Collective::SendRecv, s, &g, &c).time_s,
+            6e-6 + s / 230e9,
+        );
+        // busbw of a large all-reduce is the fabric's.
+        let bb = P.bus_bandwidth(Collective::AllReduce, 8e9, &g, &c);
+        assert!((bb - 230e9).abs() / 230e9 < 0.001, "{bb}");
+    }
+
+    #[test]
+    fn small_all_reduce_takes_the_tree() {
+        let c = cluster::dgx_a100(1);
+        let t = P.collective(Collective::AllReduce, 1024.0, &intra(8), &c);
+        assert_eq!(t.algorithm, Algorithm::Tree);
+        // 5 us + 2*3 steps + 2 * 1 KiB / 230 GB/s.
+        close(t.time_s, 5e-6 + 6e-6 + 2.0 * 1024.0 / 230e9);
+    }
+
+    #[test]
+    fn data_parallel_all_reduce_across_nodes_by_hand() {
+        // dp=8 with tp=8 inside nodes: one member per node, one NIC of 24 GB/s per group.
+        let c = cluster::dgx_a100(8);
+        let g = GroupInfo {
+            size: 8,
+            nodes_spanned: 8,
+            members_per_node: 1,
+            nics_per_group: 1,
+            groups_per_nic: 1,
+        };
+        let s = 4e9;
+        let t = P.collective(Collective::AllReduce, s, &g, &c);
+        assert_eq!(t.algorithm, Algorithm::Ring);
+        close(t.time_s, 5e-6 + 14.0 * 5e-6 + 1.75 * s / 24e9);
+        // Point-to-point across nodes: one NIC.
+        close(
+            P.collective(Collective::SendRecv, 1e8, &g, &c).time_s,
+            10e-6 + 1e8 / 24e9,
+        );
+    }
+
+    #[test]
+    fn hierarchical_all_reduce_by_hand_and_against_nccl_tests() {
+        // 2 nodes x 8 GPUs with 4 HDR NICs per node (nccl_busbw_reference.csv: 86-91 GB/s).
+        let mut c = cluster::dgx_a100(2);
+        c.network.nics_per_node = 4;
+        let g = GroupInfo {
+            size: 16,
+            nodes_spanned: 2,
+            members_per_node: 8,
+            nics_per_group: 4,
+            groups_per_nic: 1,
+        };
+        let s = 4e9;
+        let ring = 5e-6 + 30.0 * 5e-6 + 2.0 * 15.0 / 16.0 * s / 96e9;
+        let hier = 5e-6 + 14e-6 + 1.75 * s / 230e9 + 2.0 * 5e-6 + 1.0 * (s / 8.0) / 12e9;
+        let t = P.collective(Collective::AllReduce, s, &g, &c);
+        close(t.time_s, ring.min(hier));
+        assert_eq!(t.algorithm, Algorithm::Hierarchical);
+        let bb = P.bus_bandwidth(Collective::AllReduce, s, &g, &c);
+        assert!((80e9..110e9).contains(&bb), "busbw {bb}");
+    }
+
+    #[test]
+    fn trivial_groups_are_free() {
+        let c = cluster::dgx_a100(1);
+        assert_eq!(
+            P.collective(Collective::AllReduce, 1e9, &intra(1), &c)
+                .time_s,
+            0.0
+        );
+        assert_eq!(
+            P.collective(Collective::AllGather, 0.0, &intra(8), &c)
+                .time_s,
+            0.0
+        );
+    }
+}

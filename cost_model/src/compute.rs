@@ -1,0 +1,576 @@
+//! Compute costs: FLOPs and bytes of every IR op, and a roofline time in which GEMMs reach a
+//! shape-dependent fraction of peak (tile and wave quantisation, split-K, a per-tile fixed
+//! cost) and memory-bound ops a fraction of HBM bandwidth. Every tunable number is a field of
+//! [`ComputeParams`].
+
+use serde::{Deserialize, Serialize};
+
+use autopar_ir::{BinaryOp, DType, EinsumSpec, Op, TensorType, UnaryOp};
+
+use crate::cluster::Cluster;
+use crate::comm::{Collective, CommParams};
+use crate::cost::Cost;
+use crate::mapping::MeshMapping;
+
+/// How attention is executed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AttentionKernel {
+    /// Two batched GEMMs around a fused scale-mask-softmax and a dropout, materialising the
+    /// `s x s` scores (Megatron-LM before fused attention kernels; the Korthikanti et al. 2022
+    /// measurements).
+    Unfused,
+    /// A FlashAttention-style kernel: scores stay on chip, causal blocks above the diagonal are
+    /// skipped, the backward recomputes the scores.
+    Flash,
+}
+
+/// Every tunable number of the compute model, with the reasoning behind its default.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ComputeParams {
+    /// Fraction of dense peak that a large, well-shaped GEMM sustains with its best tile in a
+    /// long training run. cuBLAS reaches 80-85% of an A100's 312 TFLOP/s in short bf16
+    /// benchmarks, but under sustained load the 400 W power limit lowers the clock; 0.75 is
+    /// the sustained figure, and the one the Korthikanti et al. 2022 calibration supports.
+    pub gemm_peak_fraction: f64,
+    /// Fixed cost of one output tile (prologue, epilogue, pipeline fill), in units of the
+    /// contraction length: a tile with contraction `k` costs as if it were `k + this`. Makes
+    /// GEMMs with short contractions (attention's `q k^T` over the head dim) slower.
+    pub gemm_tile_overhead_k: f64,
+    /// Output tiles `(rows, cols, efficiency relative to the largest)` the GEMM model may
+    /// choose from, as cuBLAS's heuristics do; smaller tiles waste less on ragged shapes and
+    /// fill more SMs but reuse operands less.
+    pub gemm_tiles: Vec<(usize, usize, f64)>,
+    /// Split-K factors the GEMM model may use when there are too few output tiles for the SMs.
+    pub gemm_split_k: Vec<usize>,
+    /// Fraction of HBM bandwidth that element-wise, normalisation and softmax kernels reach.
+    pub memory_bandwidth_fraction: f64,
+    /// Fixed time of one kernel (launch gap and tail), added to each op.
+    pub kernel_overhead_s: f64,
+    /// How attention runs.
+    pub attention: AttentionKernel,
+    /// Fraction of peak a FlashAttention kernel reaches on the FLOPs it performs.
+    pub flash_attention_fraction: f64,
+}
+
+impl Default for ComputeParams {
+    fn default() -> Self {
+        ComputeParams {
+            gemm_peak_fraction: 0.75,
+            gemm_tile_overhead_k: 32.0,
+            gemm_tiles: vec![
+                (256, 128, 1.0),
+                (128, 256, 1.0),
+                (128, 128, 0.93),
+                (128, 64, 0.85),
+                (64, 64, 0.72),
+            ],
+            gemm_split_k: vec![1, 2, 4, 8],
+            memory_bandwidth_fraction: 0.8,
+            kernel_overhead_s: 3e-6,
+            attention: AttentionKernel::Flash,
+            flash_attention_fraction: 0.55,
+        }
+    }
+}
+
+/// What an op is bound by.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OpClass {
+    /// No work (sources, views).
+    Free,
+    /// Tensor-core math (GEMMs, attention).
+    Matmul,
+    /// Memory-bound kernels.
+    Memory,
+    /// Collectives and point-to-point transfers.
+    Communication,
+}
+
+/// The cost of one op on one device.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct OpCost {
+    /// Floating-point operations.
+    pub flops: f64,
+    /// Bytes read and written in device memory (or moved, for communication).
+    pub bytes: f64,
+    /// Estimated time.
+    pub time: Cost,
+    /// What bounds it.
+    pub class: OpClass,
+}
+
+impl OpCost {
+    /// An op that costs nothing.
+    pub const FREE: OpCost = OpCost {
+        flops: 0.0,
+        bytes: 0.0,
+        time: Cost::ZERO,
+        class: OpClass::Free,
+    };
+}
+
+/// The shape of an attention core: `heads` (batch x heads) score matrices of `s` queries
+/// against `t` keys, head dims `d` (queries, keys) and `dv` (values).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AttentionShape {
+    /// Batch times heads.
+    pub heads: u64,
+    /// Queries.
+    pub s: u64,
+    /// Keys.
+    pub t: u64,
+    /// Query/key head dim.
+    pub d: u64,
+    /// Value head dim.
+    pub dv: u64,
+}
+
+/// A GEMM's shape: `batch` independent `[m, k] x [k, n]` products.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GemmShape {
+    /// Independent products.
+    pub batch: u64,
+    /// Rows of the output.
+    pub m: u64,
+    /// Columns of the output.
+    pub n: u64,
+    /// Contraction length.
+    pub k: u64,
+}
+
+impl GemmShape {
+    /// A shape.
+    pub fn new(batch: u64, m: u64, n: u64, k: u64) -> Self {
+        GemmShape { batch, m, n, k }
+    }
+
+    /// `2 * batch * m * n * k`.
+    pub fn flops(&self) -> f64 {
+        2.0 * self.batch as f64 * self.m as f64 * self.n as f64 * self.k as f64
+    }
+}
+
+impl ComputeParams {
+    /// Seconds to move `bytes` through HBM at the achievable fraction, plus the kernel cost.
+    pub fn memory_time(&self, bytes: f64, cluster: &Cluster) -> f64 {
+        if bytes <= 0.0 {
+            return 0.0;
+        }
+        bytes / (cluster.hbm_bandwidth() * self.memory_bandwidth_fraction) + self.kernel_overhead_s
+    }
+
+    /// Seconds for a GEMM of `shape` in `dtype` whose operands and result total `bytes`.
+    ///
+    /// With the device's SM count known, each candidate tile (and split-K factor) costs
+    /// `waves * tile_flops / (per-SM peak * tile efficiency)`, where a wave is one tile per
+    /// SM, tiles are padded to whole tiles and each tile pays a fixed overhead; the cheapest
+    /// candidate wins. Without an SM count the padding and waves are ignored. The result is
+    /// never below the time to move `bytes`.
+    pub fn gemm_time(&self, shape: GemmShape, dtype: DType, bytes: f64, cluster: &Cluster) -> f64 {
+        let GemmShape { batch, m, n, k } = shape;
+        if batch == 0 || m == 0 || n == 0 || k == 0 {
+            return 0.0;
+        }
+        let peak = cluster.peak_flops(dtype) * self.gemm_peak_fraction;
+        let kf = k as f64;
+        let mem = bytes / (cluster.hbm_bandwidth() * self.memory_bandwidth_fraction);
+        let compute = match cluster.gpu.sms {
+            None => shape.flops() * (kf + self.gemm_tile_overhead_k) / kf / peak,
+            Some(sms) => {
+                let per_sm = peak / sms as f64;
+                let mut best = f64::INFINITY;
+                for &(bm, bn, eff) in &self.gemm_tiles {
+                    let tiles = batch * m.div_ceil(bm as u64) * n.div_ceil(bn as u64);
+                    for &split in &self.gemm_split_k {
+                        let split = split as u64;
+                        if split > 1 && (tiles >= sms as u64 || k < 256 * split) {
+                            continue;
+                        }
+                        let waves = (tiles * split).div_ceil(sms as u64) as f64;
+                        let k_part = kf / split as f64 + self.gemm_tile_overhead_k;
+                        let mut t = waves * 2.0 * (bm * bn) as f64 * k_part / (per_sm * eff);
+                        if split > 1 {
+                            // Partial results are written in fp32 and reduced.
+                            let partial = (batch * m * n * split) as f64 * 4.0 * 2.0;
+                            t += partial
+                                / (cluster.hbm_bandwidth() * self.memory_bandwidth_fraction);
+                        }
+                        best = best.min(t);
+                    }
+                }
+                best
+            }
+        };
+        compute.max(mem) + self.kernel_overhead_s
+    }
+
+    /// FLOPs, bytes and time of one op given its operand and result types, on one device.
+    /// Collectives need the mesh mapping; without one (or with an unknown axis) they are
+    /// [`Cost::INFEASIBLE`].
+    pub fn op_cost(
+        &self,
+        op: &Op,
+        inputs: &[&TensorType],
+        outputs: &[&TensorType],
+        cluster: &Cluster,
+        comm: &CommParams,
+        mapping: Option<&MeshMapping>,
+    ) -> OpCost {
+        let in_bytes: f64 = inputs.iter().map(|t| t.size_bytes() as f64).sum();
+        let out_bytes: f64 = outputs.iter().map(|t| t.size_bytes() as f64).sum();
+        let out_elems: f64 = outputs.iter().map(|t| t.num_elements() as f64).sum();
+        let in0 = inputs.first().copied();
+        let memory = |flops: f64, bytes: f64| OpCost {
+            flops,
+            bytes,
+            time: Cost::from_secs(self.memory_time(bytes, cluster)),
+            class: OpClass::Memory,
+        };
+        let collective = |coll: Collective, axes: &[String], bytes: f64| {
+            let time = match mapping.map(|m| m.group(axes)) {
+                Some(Ok(g)) => comm.collective(coll, bytes, &g, cluster).cost(),
+                Some(Err(_)) | None => Cost::INFEASIBLE,
+            };
+            OpCost {
+                flops: 0.0,
+                bytes,
+                time,
+                class: OpClass::Communication,
+            }
+        };
+        match op {
+            Op::Parameter { .. } | Op::Input { .. } | Op::Constant { .. } => OpCost::FREE,
+            Op::Reshape { .. } => OpCost::FREE,
+            Op::Einsum { spec } => match (inputs, outputs) {
+                ([l, r], [o]) => {
+                    let shape = einsum_shape(spec, l, r);
+                    let bytes = in_bytes + out_bytes;
+                    OpCost {
+                        flops: shape.flops(),
+                        bytes,
+                        time: Cost::from_secs(self.gemm_time(shape, o.dtype, bytes, cluster)),
+                        class: OpClass::Matmul,
+                    }
+                }
+                _ => OpCost {
+                    time: Cost::INFEASIBLE,
+                    ..OpCost::FREE
+                },
+            },
+            Op::Unary { func } => memory(out_elems * unary_flops(*func), in_bytes + out_bytes),
+            Op::Binary { func } => {
+                let f = if *func == BinaryOp::Pow { 8.0 } else { 1.0 };
+                memory(out_elems * f, in_bytes + out_bytes)
+            }
+            Op::Compare { .. } | Op::Select => memory(out_elems, in_bytes + out_bytes),
+            Op::Cast { .. } => memory(0.0, in_bytes + out_bytes),
+            Op::Reduce { .. } => {
+                let n = in0.map_or(0.0, |t| t.num_elements() as f64);
+                memory(n, in_bytes + out_bytes)
+            }
+            Op::Softmax { .. } => memory(5.0 * out_elems, in_bytes + out_bytes),
+            Op::LayerNorm { .. } => memory(8.0 * out_elems, in_bytes + out_bytes),
+            Op::RmsNorm { .. } => memory(5.0 * out_elems, in_bytes + out_bytes),
+            // Rows are read from the table and written out; ids are read once.
+            Op::Gather => memory(
+                0.0,
+                2.0 * out_bytes + inputs.get(1).map_or(0.0, |t| t.size_bytes() as f64),
+            ),
+            // The result is zeroed, then every update row is read and added into it.
+            Op::ScatterAdd { .. } => {
+                let upd = inputs.get(1).map_or(0.0, |t| t.num_elements() as f64);
+                memory(upd, in_bytes + 2.0 * out_bytes)
+            }
+            Op::Transpose { .. } | Op::Slice { .. } | Op::Concat { .. } => {
+                memory(0.0, 2.0 * out_bytes)
+            }
+            Op::Broadcast { .. } => memory(0.0, in_bytes + out_bytes),
+            Op::Rotary { .. } => memory(3.0 * out_elems, in_bytes + out_bytes),
+            Op::Attention { causal, .. } => match inputs {
+                [q, k, v, ..] => self.attention_cost(q, k, v, *causal, cluster),
+                _ => OpCost {
+                    time: Cost::INFEASIBLE,
+                    ..OpCost::FREE
+                },
+            },
+            Op::MoeRoute { .. } => memory(4.0 * out_elems, in_bytes + out_bytes),
+            Op::CrossEntropy => {
+                let n = in0.map_or(0.0, |t| t.num_elements() as f64);
+                // Two passes over the logits (max and sum of exponentials), then the pick.
+                memory(
+                    4.0 * n,
+                    2.0 * in0.map_or(0.0, |t| t.size_bytes() as f64) + out_bytes,
+                )
+            }
+            Op::SgdUpdate { .. } => memory(4.0 * out_elems, in_bytes + out_bytes),
+            Op::AdamWUpdate { .. } => memory(12.0 * out_elems, in_bytes + out_bytes),
+            Op::AllReduce { axes, .. } => collective(Collective::AllReduce, axes, in_bytes),
+            Op::AllGather { axes, .. } => collective(Collective::AllGather, axes, out_bytes),
+            Op::ReduceScatter { axes, .. } => collective(Collective::ReduceScatter, axes, in_bytes),
+            Op::AllToAll { axes, .. } => collective(Collective::AllToAll, axes, in_bytes),
+            Op::CollectiveBroadcast { axes, .. } => {
+                collective(Collective::Broadcast, axes, in_bytes)
+            }
+            Op::Send { axis, .. } => {
+                collective(Collective::SendRecv, std::slice::from_ref(axis), in_bytes)
+            }
+            // The transfer is charged to the send; the receive only waits.
+            Op::Recv { .. } => OpCost {
+                class: OpClass::Communication,
+                ..OpCost::FREE
+            },
+        }
+    }
+
+    /// Attention of `q[b, s, hq, d]` against `k[b, t, hkv, d]`, `v[b, t, hkv, dv]`.
+    pub fn attention_cost(
+        &self,
+        q: &TensorType,
+        k: &TensorType,
+        v: &TensorType,
+        causal: bool,
+        cluster: &Cluster,
+    ) -> OpCost {
+        let (qd, kd, vd) = (q.dims(), k.dims(), v.dims());
+        if qd.len() != 4 || kd.len() != 4 || vd.len() != 4 {
+            return OpCost {
+                time: Cost::INFEASIBLE,
+                ..OpCost::FREE
+            };
+        }
+        let (b, s, hq, d) = (qd[0] as u64, qd[1] as u64, qd[2] as u64, qd[3] as u64);
+        let (t, dv) = (kd[1] as u64, vd[3] as u64);
+        let elem = q.dtype.size_bytes() as f64;
+        let io = (q.size_bytes() + k.size_bytes() + v.size_bytes()) as f64
+            + (b * s * hq * dv) as f64 * elem;
+        match self.attention {
+            AttentionKernel::Unfused => {
+                let t_score = self.unfused_attention_forward(
+                    AttentionShape {
+                        heads: b * hq,
+                        s,
+                        t,
+                        d,
+                        dv,
+                    },
+                    q.dtype,
+                    cluster,
+                );
+                let flops = GemmShape::new(b * hq, s, t, d).flops()
+                    + GemmShape::new(b * hq, s, dv, t).flops();
+                OpCost {
+                    flops,
+                    bytes: io + (b * hq * s * t) as f64 * elem * 4.0,
+                    time: Cost::from_secs(t_score),
+                    class: OpClass::Matmul,
+                }
+            }
+            AttentionKernel::Flash => {
+                let frac = if causal && s == t { 0.5 } else { 1.0 };
+                let flops = frac
+                    * (GemmShape::new(b * hq, s, t, d).flops()
+                        + GemmShape::new(b * hq, s, dv, t).flops());
+                let time = self.flash_time(flops, io, q.dtype, cluster);
+                OpCost {
+                    flops,
+                    bytes: io,
+                    time: Cost::from_secs(time),
+                    class: OpClass::Matmul,
+                }
+            }
+        }
+    }
+
+    /// Seconds for a FlashAttention kernel doing `flops` with `io` bytes of inputs/outputs.
+    pub fn flash_time(&self, flops: f64, io: f64, dtype: DType, cluster: &Cluster) -> f64 {
+        let peak = cluster.peak_flops(dtype) * self.flash_attention_fraction;
+        (flops / peak).max(io / (cluster.hbm_bandwidth() * self.memory_bandwidth_fraction))
+            + self.kernel_overhead_s
+    }
+
+    /// Forward of unfused attention for `heads` (batch x heads) score matrices of `s x t`:
+    /// `q k^T`, fused scale-mask-softmax (read and write the scores), dropout (read scores,
+    /// write scores and a one-byte mask), then `p v`.
+    pub fn unfused_attention_forward(
+        &self,
+        shape: AttentionShape,
+        dtype: DType,
+        cluster: &Cluster,
+    ) -> f64 {
+        let AttentionShape { heads, s, t, d, dv } = shape;
+        let e = dtype.size_bytes() as f64;
+        let scores = (heads * s * t) as f64;
+        let qk = GemmShape::new(heads, s, t, d);
+        let pv = GemmShape::new(heads, s, dv, t);
+        let qk_bytes = ((heads * s * d) + (heads * t * d)) as f64 * e + scores * e;
+        let pv_bytes = scores * e + ((heads * t * dv) + (heads * s * dv)) as f64 * e;
+        self.gemm_time(qk, dtype, qk_bytes, cluster)
+            + self.memory_time(scores * 2.0 * e, cluster)
+            + self.memory_time(scores * (2.0 * e + 1.0), cluster)
+            + self.gemm_time(pv, dtype, pv_bytes, cluster)
+    }
+}
+
+/// FLOPs per element of a unary function (transcendentals count as several).
+fn unary_flops(f: UnaryOp) -> f64 {
+    match f {
+        UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Relu | UnaryOp::Square => 1.0,
+        UnaryOp::Sqrt | UnaryOp::Rsqrt | UnaryOp::Recip => 2.0,
+        UnaryOp::Exp | UnaryOp::Log | UnaryOp::Sigmoid | UnaryOp::Tanh => 4.0,
+        UnaryOp::Silu => 5.0,
+        UnaryOp::Gelu => 8.0,
+    }
+}
+
+/// The GEMM an einsum performs: batch labels, free labels of each side, contracted labels.
+pub fn einsum_shape(spec: &EinsumSpec, lhs: &TensorType, rhs: &TensorType) -> GemmShape {
+    let size = |labels: &[char], dims: &[usize], c: char| -> u64 {
+        labels
+            .iter()
+            .position(|&l| l == c)
+            .and_then(|i| dims.get(i))
+            .map_or(1, |&d| d as u64)
+    };
+    let (ld, rd) = (lhs.dims(), rhs.dims());
+    let mut shape = GemmShape::new(1, 1, 1, 1);
+    for &c in &spec.lhs {
+        let s = size(&spec.lhs, ld, c);
+        if spec.rhs.contains(&c) {
+            if spec.out.contains(&c) {
+                shape.batch *= s;
+            } else {
+                shape.k *= s;
+            }
+        } else {
+            shape.m *= s;
+        }
+    }
+    for &c in &spec.rhs {
+        if !spec.lhs.contains(&c) {
+            shape.n *= size(&spec.rhs, rd, c);
+        }
+    }
+    shape
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster;
+    use autopar_ir::{OpKind, ReduceKind};
+
+    #[test]
+    fn big_gemms_run_near_peak_and_skinny_ones_far_below() {
+        let c = cluster::dgx_a100(1);
+        let p = ComputeParams::default();
+        let eff = |s: GemmShape| {
+            let bytes = 2.0 * (s.batch * (s.m * s.k + s.k * s.n + s.m * s.n)) as f64;
+            s.flops() / p.gemm_time(s, DType::BF16, bytes, &c) / 312e12
+        };
+        let big = eff(GemmShape::new(1, 8192, 8192, 8192));
+        assert!((0.65..0.76).contains(&big), "{big}");
+        let skinny = eff(GemmShape::new(1, 16, 8192, 8192));
+        assert!(skinny < 0.1, "{skinny}");
+        let short_k = eff(GemmShape::new(32, 2048, 2048, 64));
+        assert!(short_k < big * 0.8, "{short_k}");
+        let tiny = eff(GemmShape::new(1, 64, 64, 64));
+        assert!(tiny < 0.01, "{tiny}");
+    }
+
+    #[test]
+    fn einsum_shapes() {
+        let spec: EinsumSpec = "bsh,hf->bsf".parse().unwrap();
+        let l = TensorType::new(DType::BF16, [2, 3, 4]);
+        let r = TensorType::new(DType::BF16, [4, 5]);
+        assert_eq!(einsum_shape(&spec, &l, &r), GemmShape::new(1, 6, 5, 4));
+        let spec: EinsumSpec = "bhsd,bhtd->bhst".parse().unwrap();
+        let q = TensorType::new(DType::BF16, [2, 4, 8, 16]);
+        let k = TensorType::new(DType::BF16, [2, 4, 9, 16]);
+        assert_eq!(einsum_shape(&spec, &q, &k), GemmShape::new(8, 8, 9, 16));
+    }
+
+    /// One op of every kind gets a cost; memory-bound ops scale with bytes, collectives need a
+    /// mapping.
+    #[test]
+    fn every_op_kind_is_costed() {
+        let c = cluster::dgx_a100(1);
+        let p = ComputeParams::default();
+        let comm = CommParams::default();
+        let mapping = MeshMapping::new(&[("tp", 8)], &c).unwrap();
+        let x = TensorType::new(DType::BF16, [4, 1024, 1024]);
+        let axes = vec!["tp".to_string()];
+        let mut seen = std::collections::BTreeSet::new();
+        let ops: Vec<Op> = vec![
+            Op::Unary {
+                func: UnaryOp::Gelu,
+            },
+            Op::Binary {
+                func: BinaryOp::Add,
+            },
+            Op::Softmax { dim: 2 },
+            Op::AllReduce {
+                axes: axes.clone(),
+                reduce: ReduceKind::Sum,
+            },
+            Op::AllGather {
+                axes: axes.clone(),
+                dim: 0,
+            },
+            Op::ReduceScatter {
+                axes: axes.clone(),
+                dim: 0,
+                reduce: ReduceKind::Sum,
+            },
+            Op::AllToAll {
+                axes: axes.clone(),
+                split_dim: 0,
+                concat_dim: 1,
+            },
+            Op::CollectiveBroadcast {
+                axes: axes.clone(),
+                root: 0,
+            },
+            Op::Send {
+                axis: "tp".into(),
+                shift: 1,
+            },
+        ];
+        for op in &ops {
+            seen.insert(op.kind());
+            let cost = p.op_cost(op, &[&x, &x], &[&x], &c, &comm, Some(&mapping));
+            assert!(cost.time > Cost::ZERO && cost.time.is_feasible(), "{op:?}");
+            if op.is_communication() {
+                assert_eq!(cost.class, OpClass::Communication);
+                let without = p.op_cost(op, &[&x, &x], &[&x], &c, &comm, None);
+                assert_eq!(without.time, Cost::INFEASIBLE);
+            } else {
+                assert_eq!(cost.class, OpClass::Memory);
+            }
+        }
+        let small = TensorType::new(DType::BF16, [4, 16, 1024]);
+        let add = Op::Binary {
+            func: BinaryOp::Add,
+        };
+        assert!(
+            p.op_cost(&add, &[&small, &small], &[&small], &c, &comm, None)
+                .time
+                < p.op_cost(&add, &[&x, &x], &[&x], &c, &comm, None).time
+        );
+        // Attention: flash skips the masked half.
+        let q = TensorType::new(DType::BF16, [1, 2048, 16, 128]);
+        let a = Op::Attention {
+            causal: true,
+            scale: 0.1,
+        };
+        let flash = p.op_cost(&a, &[&q, &q, &q], &[&q], &c, &comm, None);
+        let unfused = ComputeParams {
+            attention: AttentionKernel::Unfused,
+            ..p.clone()
+        }
+        .op_cost(&a, &[&q, &q, &q], &[&q], &c, &comm, None);
+        assert_eq!(flash.flops * 2.0, unfused.flops);
+        assert!(OpKind::ALL.len() >= seen.len());
+    }
+}

@@ -1,0 +1,1019 @@
+//! The step estimate: per-layer forward and backward times of a transformer under a plan
+//! (GEMMs, memory-bound kernels, exposed tensor/context/expert-parallel communication,
+//! recomputation), assembled into per-virtual-stage times, run through the pipeline
+//! schedule's action lists, followed by data-parallel gradient reduction (overlapped where
+//! it can be) and the optimizer step; plus the memory of every pipeline rank.
+
+use serde::{Deserialize, Serialize};
+
+use autopar_ir::schedule::{Action, Schedule};
+use autopar_ir::{Op, TensorType};
+
+use crate::cluster::Cluster;
+use crate::comm::{Collective, CommParams};
+use crate::compute::{AttentionKernel, AttentionShape, ComputeParams, GemmShape, OpCost};
+use crate::cost::Cost;
+use crate::error::CostError;
+use crate::mapping::{GroupInfo, MeshMapping};
+use crate::memory::{MemoryBreakdown, MemoryParams, activation_bytes_per_layer};
+use crate::model::TransformerConfig;
+use crate::plan::{Plan, Recompute};
+
+const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
+
+/// Costs one op at a time; what passes receive instead of owning hardware tables.
+pub trait OpCostModel {
+    /// FLOPs, bytes and time of `op` on one device of the cluster; collectives use `mapping`
+    /// and are infeasible without it.
+    fn op_cost(
+        &self,
+        op: &Op,
+        inputs: &[&TensorType],
+        outputs: &[&TensorType],
+        mapping: Option<&MeshMapping>,
+    ) -> OpCost;
+}
+
+/// The cost model: a cluster and every tunable parameter.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CostModel {
+    /// The hardware.
+    pub cluster: Cluster,
+    /// Compute parameters.
+    pub compute: ComputeParams,
+    /// Communication parameters.
+    pub comm: CommParams,
+    /// Memory parameters.
+    pub memory: MemoryParams,
+}
+
+impl OpCostModel for CostModel {
+    fn op_cost(
+        &self,
+        op: &Op,
+        inputs: &[&TensorType],
+        outputs: &[&TensorType],
+        mapping: Option<&MeshMapping>,
+    ) -> OpCost {
+        self.compute
+            .op_cost(op, inputs, outputs, &self.cluster, &self.comm, mapping)
+    }
+}
+
+/// Where the time of one pass (forward or backward of one layer and micro-batch) goes, in
+/// seconds. The total is the sum of the fields except `comm_total_s`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct PassTime {
+    /// Dense GEMMs (projections, MLP, logits).
+    pub gemm_s: f64,
+    /// Attention core (score GEMMs and their softmax/dropout, or a fused kernel).
+    pub attention_s: f64,
+    /// Other memory-bound kernels (norms, activations, dropout, residual adds).
+    pub memory_s: f64,
+    /// Communication on the critical path.
+    pub comm_exposed_s: f64,
+    /// All communication issued, hidden or not.
+    pub comm_total_s: f64,
+    /// Recomputation of forward work inside a backward.
+    pub recompute_s: f64,
+}
+
+impl PassTime {
+    /// Time on the critical path.
+    pub fn total_s(&self) -> f64 {
+        self.gemm_s + self.attention_s + self.memory_s + self.comm_exposed_s + self.recompute_s
+    }
+
+    fn exposed(&mut self, t: f64) {
+        self.comm_exposed_s += t;
+        self.comm_total_s += t;
+    }
+}
+
+/// Where an iteration's time goes.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct TimeBreakdown {
+    /// Forward of one transformer layer for one micro-batch.
+    pub layer_forward: PassTime,
+    /// Backward of one transformer layer for one micro-batch (with recomputation).
+    pub layer_backward: PassTime,
+    /// Forward time of each virtual stage for one micro-batch.
+    pub stage_forward_s: Vec<f64>,
+    /// Backward time of each virtual stage for one micro-batch.
+    pub stage_backward_s: Vec<f64>,
+    /// One activation transfer between adjacent stages (the slowest).
+    pub p2p_s: f64,
+    /// From the first forward to the last backward, as the schedule simulation ran it.
+    pub pipeline_s: f64,
+    /// The busiest rank's forward and backward work, without waiting.
+    pub busiest_rank_compute_s: f64,
+    /// `pipeline_s - busiest_rank_compute_s`: pipeline bubbles and transfer waits.
+    pub bubble_s: f64,
+    /// Data-parallel gradient reduction, in total.
+    pub grad_reduce_s: f64,
+    /// The part of it left after the last backward.
+    pub grad_reduce_exposed_s: f64,
+    /// All-reduce of the tied embedding gradient between the first and last stage.
+    pub embedding_sync_s: f64,
+    /// Optimizer update.
+    pub optimizer_s: f64,
+    /// All-gather of updated parameters (ZeRO-1/2).
+    pub param_gather_s: f64,
+}
+
+/// The answer: the field names are the JSON contract of `autopar estimate --json`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Estimate {
+    /// Seconds per training step.
+    pub iter_time_s: f64,
+    /// Tokens per second over the whole job.
+    pub tokens_per_s: f64,
+    /// Model FLOP/s per device in TFLOP/s (no recomputation counted).
+    pub model_tflops_per_gpu: f64,
+    /// Hardware FLOP/s per device in TFLOP/s (recomputation counted).
+    pub hardware_tflops_per_gpu: f64,
+    /// Model FLOPs utilisation against the dense peak of the compute dtype.
+    pub mfu: f64,
+    /// Peak memory of the fullest device in GiB.
+    pub peak_memory_gib: f64,
+    /// Whether every device's peak fits its memory.
+    pub fits: bool,
+    /// Why not, when it does not.
+    pub fits_reason: Option<String>,
+    /// Devices used.
+    pub num_gpus: usize,
+    /// Micro-batches per pipeline per step.
+    pub micro_batches: usize,
+    /// Step time as a [`Cost`] (infeasible when the plan does not fit).
+    pub cost: Cost,
+    /// Memory of the fullest pipeline rank.
+    pub memory: MemoryBreakdown,
+    /// Time breakdown.
+    pub time: TimeBreakdown,
+}
+
+impl CostModel {
+    /// Defaults for every parameter on `cluster`.
+    pub fn new(cluster: Cluster) -> Self {
+        CostModel {
+            cluster,
+            compute: ComputeParams::default(),
+            comm: CommParams::default(),
+            memory: MemoryParams::default(),
+        }
+    }
+
+    /// Checks that `plan` divides `cfg` and fits on the cluster.
+    pub fn check_plan(&self, cfg: &TransformerConfig, plan: &Plan) -> Result<(), CostError> {
+        cfg.validate()?;
+        plan.check()?;
+        let mis = |m: String| Err(CostError::PlanMismatch(m));
+        let world = plan.world_size();
+        if world > self.cluster.num_devices() {
+            return mis(format!(
+                "the plan needs {world} devices (dp x tp x pp x cp), the cluster has {}",
+                self.cluster.num_devices()
+            ));
+        }
+        if !cfg.heads.is_multiple_of(plan.tp) {
+            return mis(format!(
+                "tp={} does not divide {} heads",
+                plan.tp, cfg.heads
+            ));
+        }
+        if !cfg.ffn.is_multiple_of(plan.tp) {
+            return mis(format!(
+                "tp={} does not divide the MLP width {}",
+                plan.tp, cfg.ffn
+            ));
+        }
+        if !cfg
+            .seq
+            .is_multiple_of(plan.cp * if plan.sequence_parallel { plan.tp } else { 1 })
+        {
+            return mis(format!(
+                "sequence {} is not divisible by cp (x tp with sp)",
+                cfg.seq
+            ));
+        }
+        if cfg.layers < plan.pp * plan.vpp {
+            return mis(format!(
+                "{} layers cannot fill pp x vpp = {} virtual stages",
+                cfg.layers,
+                plan.pp * plan.vpp
+            ));
+        }
+        if cfg.experts > 1 && !cfg.experts.is_multiple_of(plan.ep) {
+            return mis(format!(
+                "ep={} does not divide {} experts",
+                plan.ep, cfg.experts
+            ));
+        }
+        if cfg.experts <= 1 && plan.ep > 1 {
+            return mis(format!("ep={} on a model without experts", plan.ep));
+        }
+        Ok(())
+    }
+
+    /// Estimates one training step of `cfg` under `plan`.
+    pub fn estimate(&self, cfg: &TransformerConfig, plan: &Plan) -> Result<Estimate, CostError> {
+        let schedule = Schedule::new(plan.schedule, plan.pp, plan.vpp, plan.micro_batches())?;
+        self.estimate_with_schedule(cfg, plan, &schedule)
+    }
+
+    /// As [`CostModel::estimate`], with the plan's schedule built by the caller: a search
+    /// that scores many plans sharing `(schedule, pp, vpp, micro-batches)` builds it once.
+    pub fn estimate_with_schedule(
+        &self,
+        cfg: &TransformerConfig,
+        plan: &Plan,
+        schedule: &Schedule,
+    ) -> Result<Estimate, CostError> {
+        self.check_plan(cfg, plan)?;
+        if (
+            schedule.kind,
+            schedule.pp,
+            schedule.vpp,
+            schedule.micro_batches,
+        ) != (plan.schedule, plan.pp, plan.vpp, plan.micro_batches())
+        {
+            return Err(CostError::PlanMismatch(format!(
+                "schedule {} pp={} vpp={} m={} is not the plan's",
+                schedule.kind, schedule.pp, schedule.vpp, schedule.micro_batches
+            )));
+        }
+        let mapping = MeshMapping::new(&plan.mesh_axes(), &self.cluster)?;
+        let ctx = Ctx::new(self, cfg, plan, &mapping)?;
+        Ok(ctx.run(schedule))
+    }
+}
+
+/// Layers of each virtual stage: as even as possible, earlier stages taking the remainder.
+pub fn layers_per_virtual_stage(layers: usize, virtual_stages: usize) -> Vec<usize> {
+    let v = virtual_stages.max(1);
+    (0..v)
+        .map(|i| layers / v + usize::from(i < layers % v))
+        .collect()
+}
+
+/// GEMM shapes with whether each batch has its own weights.
+type GemmList = Vec<(GemmShape, bool)>;
+
+/// Everything one estimate needs, computed once.
+struct Ctx<'a> {
+    m: &'a CostModel,
+    cfg: &'a TransformerConfig,
+    plan: &'a Plan,
+    mapping: &'a MeshMapping,
+    tp: GroupInfo,
+    cp: GroupInfo,
+    ep: GroupInfo,
+    dp: GroupInfo,
+    e: f64,
+    /// Tokens per micro-batch on one rank (`b * s / cp`).
+    n: u64,
+    sp: bool,
+}
+
+impl<'a> Ctx<'a> {
+    fn new(
+        m: &'a CostModel,
+        cfg: &'a TransformerConfig,
+        plan: &'a Plan,
+        mapping: &'a MeshMapping,
+    ) -> Result<Self, CostError> {
+        Ok(Ctx {
+            m,
+            cfg,
+            plan,
+            mapping,
+            tp: mapping.axis_group("tp")?.clone(),
+            cp: mapping.axis_group("cp")?.clone(),
+            ep: mapping.axis_group("ep")?.clone(),
+            dp: mapping.group(&["dp".to_string(), "ep".to_string()])?,
+            e: plan.dtype.size_bytes() as f64,
+            n: (plan.micro_batch_size * cfg.seq / plan.cp) as u64,
+            sp: plan.sequence_parallel && plan.tp > 1,
+        })
+    }
+
+    fn cl(&self) -> &Cluster {
+        &self.m.cluster
+    }
+
+    fn coll(&self, c: Collective, bytes: f64, g: &GroupInfo) -> f64 {
+        self.m.comm.collective(c, bytes, g, self.cl()).time_s
+    }
+
+    fn gemm(&self, s: GemmShape, weights_batched: bool) -> f64 {
+        let wb = if weights_batched { s.batch } else { 1 };
+        let bytes = ((s.batch * s.m * s.k + wb * s.k * s.n + s.batch * s.m * s.n) as f64) * self.e;
+        self.m
+            .compute
+            .gemm_time(s, self.plan.dtype, bytes, self.cl())
+    }
+
+    fn mem(&self, bytes: f64) -> f64 {
+        self.m.compute.memory_time(bytes, self.cl())
+    }
+
+    /// Elements of a `[tokens, h]` activation in the replicated regions of one rank.
+    fn act(&self) -> f64 {
+        (self.n * self.cfg.hidden as u64) as f64
+    }
+
+    fn act_sp(&self) -> f64 {
+        if self.sp {
+            self.act() / self.plan.tp as f64
+        } else {
+            self.act()
+        }
+    }
+
+    /// The tensor-parallel collective after a row-parallel GEMM (all-reduce, or
+    /// reduce-scatter with sequence parallelism); its conjugate before a column-parallel GEMM
+    /// costs the same (all-gather) or nothing.
+    fn tp_comm(&self) -> f64 {
+        let bytes = self.act() * self.e;
+        if self.sp {
+            self.coll(Collective::ReduceScatter, bytes, &self.tp)
+        } else {
+            self.coll(Collective::AllReduce, bytes, &self.tp)
+        }
+    }
+
+    fn tp_gather(&self) -> f64 {
+        self.coll(Collective::AllGather, self.act() * self.e, &self.tp)
+    }
+
+    /// The GEMMs of one layer's forward, as (shape, weights batched), in order: QKV,
+    /// projection, MLP in, MLP out (MoE: router, then expert GEMMs batched over local experts).
+    fn layer_gemms(&self) -> (GemmList, GemmList) {
+        let c = self.cfg;
+        let t = self.plan.tp as u64;
+        let (h, d) = (c.hidden as u64, c.head_dim() as u64);
+        let a_t = c.heads as u64 / t;
+        let kv_t = (c.kv_heads as u64 / t).max(1);
+        let f_t = c.ffn as u64 / t;
+        let gate = if c.gated_mlp { 2 } else { 1 };
+        let attn = vec![
+            (GemmShape::new(1, self.n, (a_t + 2 * kv_t) * d, h), false),
+            (GemmShape::new(1, self.n, h, a_t * d), false),
+        ];
+        let mlp = if c.experts > 1 {
+            let local = (c.experts / self.plan.ep) as u64;
+            // Balanced routing: each rank's experts receive n * top_k tokens in all.
+            let per_expert = (self.n * c.top_k as u64).div_ceil(local);
+            vec![
+                (GemmShape::new(1, self.n, c.experts as u64, h), false),
+                (GemmShape::new(local, per_expert, gate * f_t, h), true),
+                (GemmShape::new(local, per_expert, h, f_t), true),
+            ]
+        } else {
+            vec![
+                (GemmShape::new(1, self.n, gate * f_t, h), false),
+                (GemmShape::new(1, self.n, h, f_t), false),
+            ]
+        };
+        (attn, mlp)
+    }
+
+    /// Attention core forward (scores, softmax, dropout, weighted sum) and its FLOPs.
+    fn attention_forward(&self) -> (f64, f64) {
+        let c = self.cfg;
+        let b = self.plan.micro_batch_size as u64;
+        let heads = b * (c.heads / self.plan.tp) as u64;
+        let s = (c.seq / self.plan.cp) as u64;
+        let t = c.seq as u64;
+        let d = c.head_dim() as u64;
+        let full = 4.0 * (heads * s * t * d) as f64;
+        match self.m.compute.attention {
+            AttentionKernel::Unfused => (
+                self.m.compute.unfused_attention_forward(
+                    AttentionShape {
+                        heads,
+                        s,
+                        t,
+                        d,
+                        dv: d,
+                    },
+                    self.plan.dtype,
+                    self.cl(),
+                ),
+                full,
+            ),
+            AttentionKernel::Flash => {
+                let flops = full * 0.5;
+                let kv = (c.kv_heads / self.plan.tp).max(1) as u64;
+                let io = ((2 * heads * s * d) + 2 * b * kv * t * d) as f64 * self.e;
+                (
+                    self.m
+                        .compute
+                        .flash_time(flops, io, self.plan.dtype, self.cl()),
+                    flops,
+                )
+            }
+        }
+    }
+
+    fn attention_backward(&self) -> f64 {
+        let c = self.cfg;
+        let b = self.plan.micro_batch_size as u64;
+        let heads = b * (c.heads / self.plan.tp) as u64;
+        let s = (c.seq / self.plan.cp) as u64;
+        let t = c.seq as u64;
+        let d = c.head_dim() as u64;
+        match self.m.compute.attention {
+            AttentionKernel::Unfused => {
+                let scores = (heads * s * t) as f64;
+                self.gemm(GemmShape::new(heads, s, d, t), true)
+                    + self.gemm(GemmShape::new(heads, t, d, s), true)
+                    + self.gemm(GemmShape::new(heads, s, t, d), true)
+                    + self.gemm(GemmShape::new(heads, t, d, s), true)
+                    + self.mem(scores * (2.0 * self.e + 1.0))
+                    + self.mem(scores * 3.0 * self.e)
+            }
+            AttentionKernel::Flash => {
+                // The backward recomputes the scores: 2.5x the forward FLOPs.
+                let flops = 2.0 * (heads * s * t * d) as f64 * 2.5;
+                let io = (4 * heads * s * d) as f64 * self.e * 2.0;
+                self.m
+                    .compute
+                    .flash_time(flops, io, self.plan.dtype, self.cl())
+            }
+        }
+    }
+
+    /// Context-parallel exchange of K and V around the ring, for the whole sequence.
+    fn cp_comm(&self) -> f64 {
+        let c = self.cfg;
+        let kv = (c.kv_heads / self.plan.tp).max(1) as f64;
+        let bytes =
+            2.0 * (self.plan.micro_batch_size * c.seq) as f64 * kv * c.head_dim() as f64 * self.e;
+        self.coll(Collective::AllGather, bytes, &self.cp)
+    }
+
+    fn moe_all_to_all(&self) -> f64 {
+        if self.cfg.experts <= 1 {
+            return 0.0;
+        }
+        let bytes = self.act() * self.cfg.top_k as f64 * self.e;
+        self.coll(Collective::AllToAll, bytes, &self.ep)
+    }
+
+    fn layer_params_per_rank(&self) -> f64 {
+        let c = self.cfg;
+        let t = self.plan.tp as f64;
+        let mlp = if c.experts > 1 {
+            c.mlp_params() as f64 / self.plan.ep as f64
+        } else {
+            c.mlp_params() as f64
+        };
+        (c.attention_params() as f64 + mlp) / t + c.norm_params() as f64
+    }
+
+    /// ZeRO-3 all-gather of one layer's weights (prefetched under the previous layer).
+    fn zero3_gather(&self) -> f64 {
+        if self.plan.zero_stage < 3 {
+            return 0.0;
+        }
+        self.coll(
+            Collective::AllGather,
+            self.layer_params_per_rank() * self.e,
+            &self.dp,
+        )
+    }
+
+    fn layer_forward(&self) -> (PassTime, f64) {
+        let mut p = PassTime::default();
+        let (attn, mlp) = self.layer_gemms();
+        let act_sp = self.act_sp();
+        let e = self.e;
+        // Two layer norms, two bias-dropout-residual adds, the MLP activation.
+        let f_t = (self.cfg.ffn / self.plan.tp) as f64 * self.n as f64;
+        let gate = if self.cfg.gated_mlp { 2.0 } else { 1.0 };
+        let topk = if self.cfg.experts > 1 {
+            self.cfg.top_k as f64
+        } else {
+            1.0
+        };
+        p.memory_s += 2.0 * self.mem(act_sp * 2.0 * e)
+            + 2.0 * self.mem(act_sp * (3.0 * e + 1.0))
+            + self.mem(f_t * topk * (gate + 1.0) * e);
+        let mut flops = 0.0;
+        for (s, batched) in attn.iter().chain(&mlp) {
+            p.gemm_s += self.gemm(*s, *batched);
+            flops += s.flops();
+        }
+        let (t_attn, f_attn) = self.attention_forward();
+        p.attention_s += t_attn;
+        flops += f_attn;
+        if self.sp {
+            p.exposed(2.0 * self.tp_gather());
+        }
+        p.exposed(2.0 * self.tp_comm());
+        let cp = self.cp_comm();
+        p.comm_total_s += cp;
+        p.comm_exposed_s += self.m.comm.exposed(cp, t_attn);
+        let a2a = self.moe_all_to_all();
+        p.exposed(2.0 * a2a);
+        let z3 = self.zero3_gather();
+        p.comm_total_s += z3;
+        p.comm_exposed_s += self.m.comm.exposed(z3, p.total_s());
+        (p, flops)
+    }
+
+    fn layer_backward(&self) -> PassTime {
+        let mut p = PassTime::default();
+        let (attn, mlp) = self.layer_gemms();
+        let act_sp = self.act_sp();
+        let e = self.e;
+        let f_t = (self.cfg.ffn / self.plan.tp) as f64 * self.n as f64;
+        let gate = if self.cfg.gated_mlp { 2.0 } else { 1.0 };
+        let topk = if self.cfg.experts > 1 {
+            self.cfg.top_k as f64
+        } else {
+            1.0
+        };
+        p.memory_s += 2.0 * self.mem(act_sp * 4.0 * e)
+            + 2.0 * self.mem(act_sp * (3.0 * e + 1.0))
+            + self.mem(f_t * topk * (gate + 2.0) * e);
+        // dgrad and wgrad of every GEMM; remember the weight-gradient GEMMs of the
+        // column-parallel layers (QKV, MLP in), under which the input-gradient collective runs.
+        let mut wgrad_col = Vec::new();
+        let mut dgrad_col = Vec::new();
+        for (i, (s, batched)) in attn.iter().chain(&mlp).enumerate() {
+            let dgrad = self.gemm(GemmShape::new(s.batch, s.m, s.k, s.n), *batched);
+            let wgrad = self.gemm(GemmShape::new(s.batch, s.k, s.n, s.m), *batched);
+            p.gemm_s += dgrad + wgrad;
+            let column = i == 0 || i == attn.len() + usize::from(self.cfg.experts > 1);
+            if column {
+                wgrad_col.push(wgrad);
+                dgrad_col.push(dgrad);
+            }
+        }
+        p.attention_s += self.attention_backward();
+        let comm = &self.m.comm;
+        let overlap = |c: f64, under: f64| {
+            if comm.overlap_tp_backward {
+                comm.exposed(c, under)
+            } else {
+                c
+            }
+        };
+        let tp_comm = self.tp_comm();
+        for (w, d) in wgrad_col.iter().zip(&dgrad_col) {
+            if self.sp {
+                // Re-gather the sharded input for the weight gradient under the input-gradient
+                // GEMM; reduce-scatter the input gradient under the weight-gradient GEMM.
+                let ag = self.tp_gather();
+                p.comm_total_s += ag + tp_comm;
+                p.comm_exposed_s += overlap(ag, *d) + overlap(tp_comm, *w);
+            } else {
+                p.comm_total_s += tp_comm;
+                p.comm_exposed_s += overlap(tp_comm, *w);
+            }
+        }
+        if self.sp {
+            // Gradients entering the row-parallel GEMMs are gathered first.
+            p.exposed(2.0 * self.tp_gather());
+        }
+        let cp = 2.0 * self.cp_comm();
+        p.comm_total_s += cp;
+        p.comm_exposed_s += self.m.comm.exposed(cp, p.attention_s);
+        p.exposed(2.0 * self.moe_all_to_all());
+        let z3 = self.zero3_gather();
+        if z3 > 0.0 {
+            // Re-gather the weights, and reduce-scatter this micro-batch's gradients.
+            let rs = self.coll(
+                Collective::ReduceScatter,
+                self.layer_params_per_rank() * self.e,
+                &self.dp,
+            );
+            p.comm_total_s += z3 + rs;
+            p.comm_exposed_s += self.m.comm.exposed(z3 + rs, p.total_s());
+        }
+        match self.plan.recompute {
+            Recompute::None => {}
+            Recompute::Selective => {
+                if self.m.compute.attention == AttentionKernel::Unfused {
+                    p.recompute_s += self.attention_forward().0;
+                }
+            }
+            Recompute::Full => p.recompute_s += self.layer_forward().0.total_s(),
+        }
+        p
+    }
+
+    /// Embedding forward and backward (first virtual stage).
+    fn embedding(&self) -> (PassTime, PassTime) {
+        let (mut f, mut b) = (PassTime::default(), PassTime::default());
+        let act = self.act();
+        let e = self.e;
+        f.memory_s += self.mem(act * 2.0 * e) + self.mem(self.act_sp() * (3.0 * e + 1.0));
+        b.memory_s += self.mem(act * 3.0 * e) + self.mem(self.act_sp() * (2.0 * e + 1.0));
+        if self.plan.tp > 1 {
+            f.exposed(self.tp_comm());
+            if self.sp {
+                b.exposed(self.tp_gather());
+            }
+        }
+        (f, b)
+    }
+
+    /// Final norm, logits and loss (last virtual stage): forward, backward, FLOPs.
+    fn head(&self) -> (PassTime, PassTime, f64) {
+        let (mut f, mut b) = (PassTime::default(), PassTime::default());
+        let c = self.cfg;
+        let e = self.e;
+        let h = c.hidden as u64;
+        let v_t = c.vocab.div_ceil(self.plan.tp) as u64;
+        let logits = (self.n * v_t) as f64;
+        let s = GemmShape::new(1, self.n, v_t, h);
+        f.gemm_s += self.gemm(s, false);
+        f.memory_s += self.mem(self.act_sp() * 2.0 * e) + self.mem(logits * (e + 12.0));
+        let small = self.coll(Collective::AllReduce, self.n as f64 * 4.0, &self.tp);
+        f.exposed(3.0 * small);
+        if self.sp {
+            f.exposed(self.tp_gather());
+        }
+        let dgrad = self.gemm(GemmShape::new(1, self.n, h, v_t), false);
+        let wgrad = self.gemm(GemmShape::new(1, h, v_t, self.n), false);
+        b.gemm_s += dgrad + wgrad;
+        b.memory_s += self.mem(logits * (4.0 + e)) + self.mem(self.act_sp() * 4.0 * e);
+        if self.plan.tp > 1 {
+            let tc = self.tp_comm();
+            b.comm_total_s += tc;
+            b.comm_exposed_s += self.m.comm.exposed(tc, wgrad);
+        }
+        (f, b, s.flops())
+    }
+
+    /// Activation message between stages: scattered over the tensor-parallel ranks, each
+    /// sending its share over its own link, then gathered on the receiving node (Megatron-LM's
+    /// scatter/gather optimisation; with sequence parallelism the activation is already
+    /// scattered).
+    fn p2p(&self, rank: usize) -> f64 {
+        if self.plan.pp <= 1 {
+            return 0.0;
+        }
+        let bytes = self.act() * self.e / self.plan.tp as f64;
+        let pp_index = self.mapping.mesh().axis_index("pp").unwrap_or(0);
+        let linear = |r: usize| {
+            let mut c = vec![0; self.mapping.axes().len()];
+            c[pp_index] = r % self.plan.pp;
+            self.mapping.mesh().linear(&c)
+        };
+        let group = if self.mapping.same_node(linear(rank), linear(rank + 1)) {
+            GroupInfo {
+                size: 2,
+                nodes_spanned: 1,
+                members_per_node: 2,
+                nics_per_group: 0,
+                groups_per_nic: 0,
+            }
+        } else {
+            let pp = self.mapping.axis_group("pp").cloned().unwrap_or(GroupInfo {
+                size: 2,
+                nodes_spanned: 2,
+                members_per_node: 1,
+                nics_per_group: 1,
+                groups_per_nic: 1,
+            });
+            GroupInfo { size: 2, ..pp }
+        };
+        let mut t = self.coll(Collective::SendRecv, bytes, &group);
+        if self.plan.tp > 1 && !self.sp {
+            t += self.tp_gather();
+        }
+        t
+    }
+
+    fn run(&self, schedule: &Schedule) -> Estimate {
+        let plan = self.plan;
+        let cfg = self.cfg;
+        let v = plan.pp * plan.vpp;
+        let layers = layers_per_virtual_stage(cfg.layers, v);
+        let (lf, layer_flops) = self.layer_forward();
+        let lb = self.layer_backward();
+        let (ef, eb) = self.embedding();
+        let (hf, hb, head_flops) = self.head();
+        let mut fwd = vec![0.0; v];
+        let mut bwd = vec![0.0; v];
+        for vs in 0..v {
+            fwd[vs] = layers[vs] as f64 * lf.total_s();
+            bwd[vs] = layers[vs] as f64 * lb.total_s();
+            if vs == 0 {
+                fwd[vs] += ef.total_s();
+                bwd[vs] += eb.total_s();
+            }
+            if vs == v - 1 {
+                fwd[vs] += hf.total_s();
+                bwd[vs] += hb.total_s();
+            }
+        }
+        let fwd_c: Vec<Cost> = fwd.iter().map(|&t| Cost::from_secs(t)).collect();
+        let bwd_c: Vec<Cost> = bwd.iter().map(|&t| Cost::from_secs(t)).collect();
+        let p2p: Vec<Cost> = (0..plan.pp).map(|r| Cost::from_secs(self.p2p(r))).collect();
+        let pp = plan.pp;
+        let timeline = schedule.simulate(
+            |rank, a| match *a {
+                Action::Forward { chunk, .. } => fwd_c[chunk * pp + rank].nanos(),
+                Action::Backward { chunk, .. } => bwd_c[chunk * pp + rank].nanos(),
+                _ => 0,
+            },
+            |rank, a| match *a {
+                Action::SendActivation { .. } => p2p[rank].nanos(),
+                Action::SendGradient { .. } => p2p[(rank + pp - 1) % pp].nanos(),
+                _ => 0,
+            },
+        );
+        // The schedules built here always complete; a failure would be a bug in them.
+        let timeline = match timeline {
+            Ok(t) => t,
+            Err(_) => {
+                debug_assert!(false, "schedule simulation failed");
+                return self.infeasible("the pipeline schedule could not be simulated");
+            }
+        };
+
+        // Per rank: end of the last backward and when each chunk's last backward ran.
+        let grad_bytes = self.m.memory.grad_bytes_per_param;
+        let reduce = |bytes: f64| {
+            if plan.zero_stage == 0 {
+                self.coll(Collective::AllReduce, bytes, &self.dp)
+            } else {
+                self.coll(Collective::ReduceScatter, bytes, &self.dp)
+            }
+        };
+        let layer_params = self.layer_params_per_rank();
+        let layer_reduce = reduce(layer_params * grad_bytes);
+        let emb_params = cfg.embedding_params() as f64 / plan.tp as f64;
+        let mut iter_end = 0.0f64;
+        let mut grad_reduce = 0.0f64;
+        let mut grad_exposed = 0.0f64;
+        let mut busiest = 0.0f64;
+        let mut pipeline_end = 0.0f64;
+        for rank in 0..pp {
+            let list = &schedule.per_rank[rank];
+            let spans = &timeline.spans[rank];
+            let mut last_bwd: Vec<(f64, f64)> = vec![(0.0, 0.0); plan.vpp];
+            let mut end = 0.0f64;
+            for (a, &(s, e)) in list.iter().zip(spans) {
+                if let Action::Backward { chunk, .. } = *a {
+                    last_bwd[chunk] = (s as f64 * 1e-9, e as f64 * 1e-9);
+                    end = end.max(e as f64 * 1e-9);
+                }
+            }
+            pipeline_end = pipeline_end.max(end);
+            let work: f64 = (0..plan.vpp)
+                .map(|c| (fwd[c * pp + rank] + bwd[c * pp + rank]) * plan.micro_batches() as f64)
+                .sum();
+            busiest = busiest.max(work);
+            // Buckets, one per layer (and the embedding or head), ready as the last backward
+            // of their chunk proceeds; the communication stream takes them in order.
+            let mut buckets: Vec<(f64, f64)> = Vec::new();
+            for (c, &(s, e)) in last_bwd.iter().enumerate() {
+                let vs = c * pp + rank;
+                let nl = layers[vs].max(1);
+                for j in 0..layers[vs] {
+                    buckets.push((s + (e - s) * (j + 1) as f64 / nl as f64, layer_reduce));
+                }
+                if vs == 0 || (vs == v - 1 && !cfg.tied_embeddings) {
+                    buckets.push((e, reduce(emb_params * grad_bytes)));
+                }
+            }
+            buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+            let mut t = if self.m.comm.overlap_grad_reduce {
+                0.0
+            } else {
+                end
+            };
+            let mut total = 0.0;
+            for (ready, dur) in buckets {
+                t = t.max(ready) + dur;
+                total += dur;
+            }
+            let exposed = (t - end).max(0.0);
+            grad_reduce = grad_reduce.max(total);
+            grad_exposed = grad_exposed.max(exposed);
+            iter_end = iter_end.max(end + exposed);
+        }
+        // Tied embeddings: the first and last stage add their gradients.
+        let embedding_sync = if pp > 1 && cfg.tied_embeddings {
+            let pair = self
+                .mapping
+                .axis_group("pp")
+                .cloned()
+                .map(|g| GroupInfo { size: 2, ..g });
+            pair.map_or(0.0, |g| {
+                self.coll(Collective::AllReduce, emb_params * grad_bytes, &g)
+            })
+        } else {
+            0.0
+        };
+        // Optimizer on the fullest rank: memory-bound over the parameters it updates.
+        let memory = self.memory(schedule, &layers);
+        let worst = memory
+            .iter()
+            .max_by(|a, b| a.total.total_cmp(&b.total))
+            .cloned()
+            .unwrap_or_default();
+        let max_params = memory.iter().map(|m| m.num_params).fold(0.0, f64::max);
+        let opt_share = if plan.zero_stage >= 1 {
+            plan.dp as f64
+        } else {
+            1.0
+        };
+        // fp32 gradient read, master weight read and write, two moments read and written,
+        // 16-bit weight written, gradient read again for the norm and zeroed: 38 bytes.
+        let optimizer = self.mem(max_params / opt_share * 38.0);
+        let param_gather = if (1..=2).contains(&plan.zero_stage) {
+            self.coll(Collective::AllGather, max_params * self.e, &self.dp)
+        } else {
+            0.0
+        };
+        let iter = iter_end + embedding_sync + optimizer + param_gather;
+
+        // FLOPs: model FLOPs count each layer's forward three times (forward, and twice that
+        // in the backward); hardware FLOPs add what recomputation repeats.
+        let mb_total = plan.global_batch as f64 / plan.micro_batch_size as f64;
+        let per_mb_model = 3.0 * (cfg.layers as f64 * layer_flops + head_flops) * plan.tp as f64;
+        let model_flops = per_mb_model * mb_total * plan.cp as f64;
+        let recompute_flops = match plan.recompute {
+            Recompute::None => 0.0,
+            Recompute::Full => cfg.layers as f64 * layer_flops,
+            Recompute::Selective => {
+                if self.m.compute.attention == AttentionKernel::Unfused {
+                    cfg.layers as f64 * self.attention_forward().1
+                } else {
+                    0.0
+                }
+            }
+        } * plan.tp as f64
+            * mb_total
+            * plan.cp as f64;
+        let world = plan.world_size() as f64;
+        let peak = self.cl().peak_flops(plan.dtype);
+        let model_tflops = model_flops / iter / world / 1e12;
+        let hardware_tflops = (model_flops + recompute_flops) / iter / world / 1e12;
+        let capacity = self.cl().gpu.hbm_capacity_gib * GIB;
+        let fits = worst.total <= capacity;
+        let fits_reason = (!fits).then(|| {
+            format!(
+                "pipeline rank {} needs {:.1} GiB (weights {:.1}, gradients {:.1}, optimizer {:.1}, \
+                 activations {:.1} for {} in-flight chunks, working {:.1}, buffers {:.1}, reserved {:.1}) \
+                 but a {} has {:.1} GiB",
+                worst.pipeline_rank,
+                worst.total / GIB,
+                worst.weights / GIB,
+                worst.gradients / GIB,
+                worst.optimizer / GIB,
+                worst.activations / GIB,
+                worst.in_flight,
+                worst.working / GIB,
+                worst.comm_buffers / GIB,
+                worst.reserved / GIB,
+                self.cl().gpu.model,
+                capacity / GIB
+            )
+        });
+        Estimate {
+            iter_time_s: iter,
+            tokens_per_s: plan.global_batch as f64 * cfg.seq as f64 / iter,
+            model_tflops_per_gpu: model_tflops,
+            hardware_tflops_per_gpu: hardware_tflops,
+            mfu: model_tflops * 1e12 / peak,
+            peak_memory_gib: worst.total / GIB,
+            fits,
+            fits_reason,
+            num_gpus: plan.world_size(),
+            micro_batches: plan.micro_batches(),
+            cost: if fits {
+                Cost::from_secs(iter)
+            } else {
+                Cost::INFEASIBLE
+            },
+            memory: worst,
+            time: TimeBreakdown {
+                layer_forward: lf,
+                layer_backward: lb,
+                stage_forward_s: fwd,
+                stage_backward_s: bwd,
+                p2p_s: p2p.iter().map(|c| c.secs()).fold(0.0, f64::max),
+                pipeline_s: pipeline_end,
+                busiest_rank_compute_s: busiest,
+                bubble_s: (pipeline_end - busiest).max(0.0),
+                grad_reduce_s: grad_reduce,
+                grad_reduce_exposed_s: grad_exposed,
+                embedding_sync_s: embedding_sync,
+                optimizer_s: optimizer,
+                param_gather_s: param_gather,
+            },
+        }
+    }
+
+    fn infeasible(&self, why: &str) -> Estimate {
+        Estimate {
+            iter_time_s: f64::INFINITY,
+            tokens_per_s: 0.0,
+            model_tflops_per_gpu: 0.0,
+            hardware_tflops_per_gpu: 0.0,
+            mfu: 0.0,
+            peak_memory_gib: 0.0,
+            fits: false,
+            fits_reason: Some(why.to_string()),
+            num_gpus: self.plan.world_size(),
+            micro_batches: self.plan.micro_batches(),
+            cost: Cost::INFEASIBLE,
+            memory: MemoryBreakdown::default(),
+            time: TimeBreakdown::default(),
+        }
+    }
+
+    /// Memory of every pipeline rank.
+    fn memory(&self, schedule: &Schedule, layers: &[usize]) -> Vec<MemoryBreakdown> {
+        let plan = self.plan;
+        let cfg = self.cfg;
+        let mp = &self.m.memory;
+        let pp = plan.pp;
+        let v = pp * plan.vpp;
+        let dp = plan.dp as f64;
+        let t = plan.tp as f64;
+        let per_layer_act =
+            activation_bytes_per_layer(cfg, plan, plan.recompute, self.m.compute.attention);
+        let full_layer_act =
+            activation_bytes_per_layer(cfg, plan, Recompute::None, self.m.compute.attention);
+        let emb = cfg.embedding_params() as f64 / t;
+        let head_params = (cfg.vocab * cfg.hidden) as f64 / t;
+        let msg = self.act() * self.e / t;
+        let groups_used = [plan.tp, plan.dp, plan.pp, plan.cp, plan.ep]
+            .iter()
+            .filter(|&&g| g > 1)
+            .count() as f64;
+        (0..pp)
+            .map(|rank| {
+                let mut params = 0.0;
+                let mut max_chunk_layers = 0;
+                for c in 0..plan.vpp {
+                    let vs = c * pp + rank;
+                    params += layers[vs] as f64 * self.layer_params_per_rank();
+                    max_chunk_layers = max_chunk_layers.max(layers[vs]);
+                    if vs == 0 {
+                        params += emb;
+                    }
+                    if vs == v - 1 && (!cfg.tied_embeddings || pp > 1) {
+                        params += head_params;
+                    }
+                }
+                let weights = params * self.e / if plan.zero_stage >= 3 { dp } else { 1.0 };
+                let gradients =
+                    params * mp.grad_bytes_per_param / if plan.zero_stage >= 2 { dp } else { 1.0 };
+                let optimizer = params * mp.optimizer_bytes_per_param
+                    / if plan.zero_stage >= 1 { dp } else { 1.0 };
+                let in_flight = schedule.max_in_flight(rank);
+                let activations = in_flight as f64 * max_chunk_layers as f64 * per_layer_act;
+                let mut working = match plan.recompute {
+                    Recompute::Full => full_layer_act,
+                    Recompute::Selective => full_layer_act - per_layer_act,
+                    Recompute::None => 0.0,
+                };
+                // Gradients flowing through one layer: input and output gradient buffers.
+                working += 2.0 * self.act_sp() * self.e;
+                if (0..plan.vpp).any(|c| c * pp + rank == v - 1) {
+                    // Logits in the compute dtype and their fp32 softmax for one micro-batch.
+                    working += (self.n as f64) * cfg.vocab as f64 / t * (self.e + 4.0);
+                }
+                if plan.zero_stage >= 3 {
+                    // Two layers' gathered weights (current and prefetched).
+                    working += 2.0 * self.layer_params_per_rank() * self.e;
+                }
+                let comm_buffers = 2.0 * msg
+                    + if self.sp { self.act() * self.e } else { 0.0 }
+                    + groups_used * mp.nccl_buffer_bytes_per_group;
+                let reserved = self.cl().gpu.reserved_gib * GIB;
+                let total = weights
+                    + gradients
+                    + optimizer
+                    + activations
+                    + working
+                    + comm_buffers
+                    + reserved;
+                MemoryBreakdown {
+                    pipeline_rank: rank,
+                    num_params: params,
+                    weights,
+                    gradients,
+                    optimizer,
+                    activations,
+                    in_flight,
+                    working,
+                    comm_buffers,
+                    reserved,
+                    total,
+                    capacity: self.cl().gpu.hbm_capacity_gib * GIB,
+                }
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,173 @@
+//! Memory per rank: weights, gradients and optimizer state divided as the ZeRO stage says,
+//! activations per layer and micro-batch after Korthikanti et al. 2022 times the in-flight
+//! micro-batches of the pipeline schedule, communication buffers and reserved memory.
+
+use serde::{Deserialize, Serialize};
+
+use crate::compute::AttentionKernel;
+use crate::model::TransformerConfig;
+use crate::plan::{Plan, Recompute};
+
+/// Tunable parameters of the memory model.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct MemoryParams {
+    /// Bytes per parameter of the gradient buffer. Megatron-LM accumulates gradients in fp32
+    /// under bf16 training (its `main_grad`), hence 4.
+    pub grad_bytes_per_param: f64,
+    /// Bytes per parameter of optimizer state under mixed precision: fp32 master weights and
+    /// AdamW's two fp32 moments.
+    pub optimizer_bytes_per_param: f64,
+    /// Internal buffers NCCL allocates per communicator that is used (channels x buffers).
+    pub nccl_buffer_bytes_per_group: f64,
+}
+
+impl Default for MemoryParams {
+    fn default() -> Self {
+        MemoryParams {
+            grad_bytes_per_param: 4.0,
+            optimizer_bytes_per_param: 12.0,
+            nccl_buffer_bytes_per_group: 128.0 * 1024.0 * 1024.0,
+        }
+    }
+}
+
+/// What one rank holds at its peak, in bytes.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct MemoryBreakdown {
+    /// Pipeline rank described (the one with the highest peak).
+    pub pipeline_rank: usize,
+    /// Parameters held on this rank (after tensor/pipeline/expert division, before ZeRO).
+    pub num_params: f64,
+    /// Weights in the compute dtype.
+    pub weights: f64,
+    /// Gradient buffers.
+    pub gradients: f64,
+    /// Master weights and optimizer moments.
+    pub optimizer: f64,
+    /// Stored activations of the in-flight micro-batches.
+    pub activations: f64,
+    /// Micro-batch chunks in flight at the peak.
+    pub in_flight: usize,
+    /// Transient memory of the backward of one layer (recomputed activations, logits).
+    pub working: f64,
+    /// Communication buffers (pipeline messages, gathered sequence-parallel inputs, NCCL).
+    pub comm_buffers: f64,
+    /// Memory the device cannot give to tensors.
+    pub reserved: f64,
+    /// Sum of the above.
+    pub total: f64,
+    /// Device capacity.
+    pub capacity: f64,
+}
+
+/// Activation bytes stored per layer per micro-batch, following Korthikanti et al. 2022
+/// Sec. 4 (16-bit activations, one-byte dropout masks), generalised to grouped-query
+/// attention, any MLP width and gated MLPs.
+///
+/// With `s` tokens, micro-batch `b`, hidden `h`, `a` heads and tensor parallelism `t`, a GPT
+/// layer without recompute stores `sbh (10 + 24/t + 5as/(ht))` bytes, or `sbh/t (34 + 5as/h)`
+/// with sequence parallelism; selective recompute drops the `5as/h` attention-score term,
+/// full recompute keeps only the layer input, `2sbh` (over `t` with sequence parallelism).
+/// FlashAttention never stores the scores.
+pub fn activation_bytes_per_layer(
+    cfg: &TransformerConfig,
+    plan: &Plan,
+    recompute: Recompute,
+    attention: AttentionKernel,
+) -> f64 {
+    let t = plan.tp as f64;
+    let sp = plan.sequence_parallel && plan.tp > 1;
+    let sbh = (cfg.seq / plan.cp) as f64 * plan.micro_batch_size as f64 * cfg.hidden as f64;
+    let rep = if sp { sbh / t } else { sbh };
+    if recompute == Recompute::Full {
+        return 2.0 * rep;
+    }
+    let h = cfg.hidden as f64;
+    let kv_frac = cfg.kv_heads as f64 / cfg.heads as f64;
+    let f_frac = cfg.ffn as f64 / h;
+    let gate = if cfg.gated_mlp { 2.0 } else { 1.0 };
+    // Replicated (or sequence-sharded) terms: layer-norm inputs 4, QKV input 2, attention
+    // dropout-add mask 1, MLP input 2, MLP dropout mask 1.
+    let replicated = 10.0 * rep;
+    // Tensor-sharded terms: Q 2, K and V 2 each (scaled by kv/a), projection input 2,
+    // MLP activation input 2f/h per gate and its output 2f/h; experts see top_k copies.
+    let moe = if cfg.experts > 1 {
+        cfg.top_k as f64
+    } else {
+        1.0
+    };
+    let sharded =
+        (2.0 + 4.0 * kv_frac + 2.0 + moe * (2.0 * f_frac * gate + 2.0 * f_frac)) * sbh / t;
+    let scores = match (recompute, attention) {
+        (Recompute::None, AttentionKernel::Unfused) => {
+            // softmax output 2, dropout mask 1, dropout output 2 bytes per score.
+            5.0 * cfg.heads as f64 * (cfg.seq / plan.cp) as f64 * cfg.seq as f64 / plan.cp as f64
+                * plan.micro_batch_size as f64
+                / t
+        }
+        _ => 0.0,
+    };
+    replicated + sharded + scores
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan(tp: usize, sp: bool) -> Plan {
+        Plan {
+            tp,
+            sequence_parallel: sp,
+            micro_batch_size: 4,
+            ..Plan::default()
+        }
+    }
+
+    /// Korthikanti et al. 2022, Table 2, for the 22B model (s=2048, b=4, h=6144, a=64).
+    #[test]
+    fn matches_the_paper_formulas() {
+        let cfg = TransformerConfig::gpt("22b", 48, 6144, 64, 2048, 51200);
+        let (s, b, h, a) = (2048.0, 4.0, 6144.0, 64.0);
+        let sbh = s * b * h;
+        let u = AttentionKernel::Unfused;
+        let close = |x: f64, y: f64| assert!((x - y).abs() < 1e-6 * y, "{x} vs {y}");
+        close(
+            activation_bytes_per_layer(&cfg, &plan(1, false), Recompute::None, u),
+            sbh * (34.0 + 5.0 * a * s / h),
+        );
+        close(
+            activation_bytes_per_layer(&cfg, &plan(8, false), Recompute::None, u),
+            sbh * (10.0 + 24.0 / 8.0 + 5.0 * a * s / (h * 8.0)),
+        );
+        close(
+            activation_bytes_per_layer(&cfg, &plan(8, true), Recompute::None, u),
+            sbh / 8.0 * (34.0 + 5.0 * a * s / h),
+        );
+        close(
+            activation_bytes_per_layer(&cfg, &plan(8, true), Recompute::Selective, u),
+            sbh / 8.0 * 34.0,
+        );
+        close(
+            activation_bytes_per_layer(&cfg, &plan(8, false), Recompute::Selective, u),
+            sbh * (10.0 + 24.0 / 8.0),
+        );
+        close(
+            activation_bytes_per_layer(&cfg, &plan(8, false), Recompute::Full, u),
+            2.0 * sbh,
+        );
+        close(
+            activation_bytes_per_layer(&cfg, &plan(8, true), Recompute::Full, u),
+            2.0 * sbh / 8.0,
+        );
+        // Flash attention stores no scores.
+        close(
+            activation_bytes_per_layer(
+                &cfg,
+                &plan(8, true),
+                Recompute::None,
+                AttentionKernel::Flash,
+            ),
+            sbh / 8.0 * 34.0,
+        );
+    }
+}

@@ -1,0 +1,309 @@
+//! The transformer description the step estimate works from, either written by hand or read
+//! off an IR graph built by the model zoo (parameter shapes and `h.<i>.attn` / `h.<i>.mlp`
+//! scopes).
+
+use std::collections::BTreeSet;
+
+use serde::{Deserialize, Serialize};
+
+use autopar_ir::{Graph, InputRole, Op};
+
+use crate::error::CostError;
+
+/// A decoder-only transformer, described by the sizes that determine its cost.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TransformerConfig {
+    /// Name for reports.
+    pub name: String,
+    /// Transformer layers.
+    pub layers: usize,
+    /// Hidden size `h`.
+    pub hidden: usize,
+    /// Query heads `a`.
+    pub heads: usize,
+    /// Key/value heads (equal to `heads` without grouped-query attention).
+    pub kv_heads: usize,
+    /// MLP inner size (per expert for MoE).
+    pub ffn: usize,
+    /// Vocabulary.
+    pub vocab: usize,
+    /// Sequence length.
+    pub seq: usize,
+    /// Experts per MoE layer (1: dense MLP).
+    pub experts: usize,
+    /// Experts each token is routed to.
+    pub top_k: usize,
+    /// Gated MLP (SwiGLU: three matrices) instead of two matrices around GELU.
+    pub gated_mlp: bool,
+    /// Input embedding and output projection share one matrix.
+    pub tied_embeddings: bool,
+    /// Learned absolute position embeddings (`[seq, h]`), as in GPT-2/3.
+    pub learned_positions: bool,
+}
+
+impl TransformerConfig {
+    /// A GPT-3-style model: GELU MLP of `4h`, tied embeddings, learned positions.
+    pub fn gpt(
+        name: &str,
+        layers: usize,
+        hidden: usize,
+        heads: usize,
+        seq: usize,
+        vocab: usize,
+    ) -> Self {
+        TransformerConfig {
+            name: name.to_string(),
+            layers,
+            hidden,
+            heads,
+            kv_heads: heads,
+            ffn: 4 * hidden,
+            vocab,
+            seq,
+            experts: 1,
+            top_k: 1,
+            gated_mlp: false,
+            tied_embeddings: true,
+            learned_positions: true,
+        }
+    }
+
+    /// GPT-3 175B (Brown et al., 2020): 96 layers, h = 12288, 96 heads, seq 2048, and the
+    /// 51200-entry padded vocabulary Megatron-LM uses.
+    pub fn gpt3_175b() -> Self {
+        Self::gpt("gpt3-175b", 96, 12288, 96, 2048, 51200)
+    }
+
+    /// Head dimension `h / a`.
+    pub fn head_dim(&self) -> usize {
+        self.hidden / self.heads.max(1)
+    }
+
+    /// Parameters of one layer's attention block (weights and biases).
+    pub fn attention_params(&self) -> u64 {
+        let (h, d) = (self.hidden as u64, self.head_dim() as u64);
+        let (a, kv) = (self.heads as u64, self.kv_heads as u64);
+        h * (a + 2 * kv) * d + (a + 2 * kv) * d + a * d * h + h
+    }
+
+    /// Parameters of one layer's MLP (all experts, plus the router for MoE).
+    pub fn mlp_params(&self) -> u64 {
+        let (h, f) = (self.hidden as u64, self.ffn as u64);
+        let mats = if self.gated_mlp { 3 } else { 2 };
+        let one = mats * h * f + f * (mats - 1) + h;
+        let e = self.experts.max(1) as u64;
+        one * e + if e > 1 { h * e } else { 0 }
+    }
+
+    /// Parameters of the two norms of a layer.
+    pub fn norm_params(&self) -> u64 {
+        4 * self.hidden as u64
+    }
+
+    /// Parameters of the embedding (and position embedding).
+    pub fn embedding_params(&self) -> u64 {
+        let (v, h) = (self.vocab as u64, self.hidden as u64);
+        v * h
+            + if self.learned_positions {
+                self.seq as u64 * h
+            } else {
+                0
+            }
+    }
+
+    /// All parameters.
+    pub fn total_params(&self) -> u64 {
+        let layer = self.attention_params() + self.mlp_params() + self.norm_params();
+        let head = if self.tied_embeddings {
+            0
+        } else {
+            (self.vocab * self.hidden) as u64
+        };
+        layer * self.layers as u64 + self.embedding_params() + head + 2 * self.hidden as u64
+    }
+
+    /// Checks that the sizes are consistent.
+    pub fn validate(&self) -> Result<(), CostError> {
+        let bad = |m: String| Err(CostError::ModelShape(m));
+        for (what, v) in [
+            ("layers", self.layers),
+            ("hidden", self.hidden),
+            ("heads", self.heads),
+            ("kv_heads", self.kv_heads),
+            ("ffn", self.ffn),
+            ("vocab", self.vocab),
+            ("seq", self.seq),
+            ("experts", self.experts),
+            ("top_k", self.top_k),
+        ] {
+            if v == 0 {
+                return bad(format!("`{what}` is 0"));
+            }
+        }
+        if !self.hidden.is_multiple_of(self.heads) {
+            return bad(format!(
+                "hidden {} is not a multiple of heads {}",
+                self.hidden, self.heads
+            ));
+        }
+        if !self.heads.is_multiple_of(self.kv_heads) {
+            return bad(format!(
+                "heads {} is not a multiple of kv_heads {}",
+                self.heads, self.kv_heads
+            ));
+        }
+        if self.top_k > self.experts {
+            return bad(format!(
+                "top_k {} exceeds experts {}",
+                self.top_k, self.experts
+            ));
+        }
+        Ok(())
+    }
+
+    /// Reads the description off a graph built by the model zoo: layers are the distinct `i`
+    /// of parameters named `h.<i>.…`; attention weights `wq[h, heads, d]` and `wk[h, kv, d]`;
+    /// MLP `w1[h, ffn]` (or `[experts, h, ffn]` for MoE) and `w3` when gated; the embedding is
+    /// the largest `[v, h]` parameter outside the layers; the sequence is the last dim of the
+    /// token input.
+    pub fn from_graph(g: &Graph) -> Result<Self, CostError> {
+        let mut layers = BTreeSet::new();
+        let (mut hidden, mut heads, mut kv_heads, mut ffn) = (None, None, None, None);
+        let (mut experts, mut gated, mut vocab, mut positions) = (1, false, None, false);
+        let mut lm_head = false;
+        let mut top_k = 1;
+        for (_, name, ty) in g.parameters() {
+            let dims = ty.dims();
+            let mut parts = name.split('.');
+            let in_layer = parts.next() == Some("h");
+            let idx = if in_layer {
+                parts.next().and_then(|p| p.parse::<usize>().ok())
+            } else {
+                None
+            };
+            let leaf = name.rsplit('.').next().unwrap_or(name);
+            match idx {
+                Some(i) => {
+                    layers.insert(i);
+                    match (leaf, dims) {
+                        ("wq", [h, a, _]) => {
+                            hidden = Some(*h);
+                            heads = Some(*a);
+                        }
+                        ("wk", [_, kv, _]) => kv_heads = Some(*kv),
+                        ("w1", [_, f]) => ffn = Some(*f),
+                        ("w1", [e, _, f]) => {
+                            ffn = Some(*f);
+                            experts = *e;
+                        }
+                        ("w3", _) => gated = true,
+                        _ => {}
+                    }
+                }
+                None => match (leaf, dims) {
+                    ("wpe", [_, _]) => positions = true,
+                    ("lm_head", [_, _]) => lm_head = true,
+                    (_, [v, _]) if vocab.is_none_or(|x| *v > x) => vocab = Some(*v),
+                    _ => {}
+                },
+            }
+        }
+        for n in g.nodes_in_order() {
+            if let Op::MoeRoute { top_k: k, .. } = &g.node(n).op {
+                top_k = *k;
+            }
+        }
+        let seq = g.inputs().into_iter().find_map(|(_, _, op)| match op {
+            Op::Input {
+                ty,
+                role: InputRole::Tokens { vocab: v },
+                ..
+            } => {
+                if vocab.is_none() {
+                    vocab = Some(*v);
+                }
+                ty.dims().last().copied()
+            }
+            _ => None,
+        });
+        let missing = |what: &str| CostError::ModelShape(format!("no {what} found"));
+        let hidden =
+            hidden.ok_or_else(|| missing("attention weight `h.<i>.attn.wq[h, heads, d]`"))?;
+        let heads = heads.ok_or_else(|| missing("query heads"))?;
+        let cfg = TransformerConfig {
+            name: g.name().to_string(),
+            layers: layers.len(),
+            hidden,
+            heads,
+            kv_heads: kv_heads.unwrap_or(heads),
+            ffn: ffn.ok_or_else(|| missing("MLP weight `h.<i>.mlp.w1`"))?,
+            vocab: vocab.ok_or_else(|| missing("embedding or token input"))?,
+            seq: seq.ok_or_else(|| missing("token input"))?,
+            experts,
+            top_k,
+            gated_mlp: gated,
+            tied_embeddings: !lm_head,
+            learned_positions: positions,
+        };
+        cfg.validate()?;
+        Ok(cfg)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use autopar_ir::{DType, Init, TensorType};
+
+    #[test]
+    fn gpt3_has_175b_parameters() {
+        let p = TransformerConfig::gpt3_175b().total_params() as f64;
+        assert!((p / 1e9 - 175.0).abs() < 1.5, "{p}");
+    }
+
+    fn param(g: &mut Graph, name: &str, dims: &[usize]) {
+        g.add(
+            Op::Parameter {
+                name: name.into(),
+                ty: TensorType::new(DType::F32, dims.to_vec()),
+                init: Init::Zeros,
+            },
+            &[],
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn reads_a_zoo_style_graph() {
+        let mut g = Graph::new("tiny");
+        g.add(
+            Op::Input {
+                name: "tokens".into(),
+                ty: TensorType::new(DType::I32, [2, 32]),
+                role: InputRole::Tokens { vocab: 256 },
+            },
+            &[],
+        )
+        .unwrap();
+        param(&mut g, "wte", &[256, 64]);
+        param(&mut g, "wpe", &[32, 64]);
+        for i in 0..3 {
+            param(&mut g, &format!("h.{i}.attn.wq"), &[64, 4, 16]);
+            param(&mut g, &format!("h.{i}.attn.wk"), &[64, 2, 16]);
+            param(&mut g, &format!("h.{i}.attn.wo"), &[4, 16, 64]);
+            param(&mut g, &format!("h.{i}.mlp.w1"), &[64, 172]);
+            param(&mut g, &format!("h.{i}.mlp.w3"), &[64, 172]);
+            param(&mut g, &format!("h.{i}.mlp.w2"), &[172, 64]);
+        }
+        let c = TransformerConfig::from_graph(&g).unwrap();
+        assert_eq!(
+            (
+                c.layers, c.hidden, c.heads, c.kv_heads, c.ffn, c.vocab, c.seq
+            ),
+            (3, 64, 4, 2, 172, 256, 32)
+        );
+        assert!(c.gated_mlp && c.learned_positions && c.tied_embeddings);
+        assert_eq!(c.experts, 1);
+        assert!(TransformerConfig::from_graph(&Graph::new("empty")).is_err());
+    }
+}

@@ -1,0 +1,349 @@
+//! A parallel training plan: mesh shape (dp, tp, pp, cp, ep), virtual stages, batch sizes,
+//! ZeRO stage, activation recompute, sequence parallelism, schedule and dtype, parsed from
+//! `dp=8,tp=8,pp=16,mbs=1,recompute=full,...`.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+use autopar_ir::DType;
+use autopar_ir::schedule::ScheduleKind;
+
+use crate::error::CostError;
+
+/// Which activations are recomputed in the backward pass.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Recompute {
+    /// Keep every activation.
+    None,
+    /// Recompute only the attention core (scores, softmax, dropout) as in Korthikanti et al.
+    Selective,
+    /// Keep each layer's input only and rerun the whole layer forward in the backward.
+    Full,
+}
+
+impl Recompute {
+    /// Text name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Recompute::None => "none",
+            Recompute::Selective => "selective",
+            Recompute::Full => "full",
+        }
+    }
+}
+
+/// A plan. `dp * tp * pp * cp` devices are used; `ep` divides `dp` (experts are sharded over
+/// data-parallel ranks, as in Megatron-LM).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Plan {
+    /// Data-parallel degree.
+    pub dp: usize,
+    /// Tensor-parallel degree.
+    pub tp: usize,
+    /// Pipeline stages (ranks).
+    pub pp: usize,
+    /// Model chunks per pipeline rank.
+    pub vpp: usize,
+    /// Context-parallel degree (sequence split for attention).
+    pub cp: usize,
+    /// Expert-parallel degree.
+    pub ep: usize,
+    /// Sequences per micro-batch.
+    pub micro_batch_size: usize,
+    /// Sequences per step over all data-parallel ranks.
+    pub global_batch: usize,
+    /// ZeRO stage 0-3.
+    pub zero_stage: u8,
+    /// Activation recomputation.
+    pub recompute: Recompute,
+    /// Sequence parallelism in the tensor-parallel regions.
+    pub sequence_parallel: bool,
+    /// Pipeline schedule.
+    pub schedule: ScheduleKind,
+    /// Compute dtype.
+    pub dtype: DType,
+    /// Mesh axes outermost first; the last is on consecutive devices.
+    pub axis_order: Vec<String>,
+}
+
+impl Default for Plan {
+    fn default() -> Self {
+        Plan {
+            dp: 1,
+            tp: 1,
+            pp: 1,
+            vpp: 1,
+            cp: 1,
+            ep: 1,
+            micro_batch_size: 1,
+            global_batch: 1,
+            zero_stage: 0,
+            recompute: Recompute::None,
+            sequence_parallel: false,
+            schedule: ScheduleKind::OneFOneB,
+            dtype: DType::BF16,
+            axis_order: Plan::DEFAULT_ORDER.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+}
+
+impl Plan {
+    /// Megatron-LM's placement: `tp` fastest, then `cp`, `ep`, `dp`, and `pp` slowest.
+    pub const DEFAULT_ORDER: [&'static str; 5] = ["pp", "dp", "ep", "cp", "tp"];
+
+    /// Parses `key=value` pairs separated by commas. Keys: `dp tp pp vpp cp ep mbs`
+    /// (`micro_batch`), `gbs` (`batch`), `zero` (0-3), `recompute` (none|selective|full),
+    /// `sp` (true|false), `schedule` (gpipe|1f1b|interleaved), `dtype` (bf16|fp16|f16|f32),
+    /// `order` (axes outermost first joined by `-`, e.g. `pp-dp-tp`). Omitted keys take their
+    /// defaults; the global batch defaults to `dp * mbs` (the CLI sets it from `--batch`);
+    /// `vpp > 1` without a schedule means `interleaved`.
+    ///
+    /// ```
+    /// # use autopar_cost_model::Plan;
+    /// let p = Plan::parse("dp=8,tp=8,pp=16,vpp=2,mbs=1,recompute=full,gbs=1536").unwrap();
+    /// assert_eq!(p.micro_batches(), 192);
+    /// assert_eq!(p.world_size(), 1024);
+    /// assert_eq!(Plan::parse(&p.to_string()).unwrap(), p);
+    /// ```
+    pub fn parse(s: &str) -> Result<Plan, CostError> {
+        let mut p = Plan::default();
+        let mut gbs = None;
+        let mut schedule = None;
+        for part in s.split(',').map(str::trim).filter(|x| !x.is_empty()) {
+            let (k, v) = part.split_once('=').ok_or_else(|| CostError::PlanSyntax {
+                key: part.to_string(),
+                message: "expected key=value".into(),
+            })?;
+            let (k, v) = (k.trim(), v.trim());
+            let err = |message: String| CostError::PlanSyntax {
+                key: k.to_string(),
+                message,
+            };
+            let num = || -> Result<usize, CostError> {
+                match v.parse::<usize>() {
+                    Ok(n) if n > 0 => Ok(n),
+                    _ => Err(err(format!("expected a positive integer, not `{v}`"))),
+                }
+            };
+            match k {
+                "dp" => p.dp = num()?,
+                "tp" => p.tp = num()?,
+                "pp" => p.pp = num()?,
+                "vpp" => p.vpp = num()?,
+                "cp" => p.cp = num()?,
+                "ep" => p.ep = num()?,
+                "mbs" | "micro_batch" => p.micro_batch_size = num()?,
+                "gbs" | "batch" | "global_batch" => gbs = Some(num()?),
+                "zero" => {
+                    p.zero_stage = match v {
+                        "0" => 0,
+                        "1" => 1,
+                        "2" => 2,
+                        "3" => 3,
+                        _ => return Err(err(format!("expected 0, 1, 2 or 3, not `{v}`"))),
+                    }
+                }
+                "recompute" => {
+                    p.recompute = match v {
+                        "none" => Recompute::None,
+                        "selective" => Recompute::Selective,
+                        "full" => Recompute::Full,
+                        _ => {
+                            return Err(err(format!(
+                                "expected none, selective or full, not `{v}`"
+                            )));
+                        }
+                    }
+                }
+                "sp" => {
+                    p.sequence_parallel = match v {
+                        "true" | "1" | "yes" => true,
+                        "false" | "0" | "no" => false,
+                        _ => return Err(err(format!("expected true or false, not `{v}`"))),
+                    }
+                }
+                "schedule" => schedule = Some(v.parse().map_err(|e| err(format!("{e}")))?),
+                "dtype" => {
+                    p.dtype = match v {
+                        "bf16" => DType::BF16,
+                        "fp16" | "f16" => DType::F16,
+                        "fp32" | "f32" => DType::F32,
+                        _ => return Err(err(format!("expected bf16, fp16 or f32, not `{v}`"))),
+                    }
+                }
+                "order" => {
+                    let axes: Vec<String> = v.split('-').map(|a| a.trim().to_string()).collect();
+                    let mut sorted = axes.clone();
+                    sorted.sort();
+                    sorted.dedup();
+                    if sorted.len() != axes.len()
+                        || axes
+                            .iter()
+                            .any(|a| !Plan::DEFAULT_ORDER.contains(&a.as_str()))
+                    {
+                        return Err(err(format!(
+                            "expected distinct axes among pp, dp, ep, cp, tp joined by `-`, not `{v}`"
+                        )));
+                    }
+                    // Axes left out keep their default relative order, outermost.
+                    let mut order: Vec<String> = Plan::DEFAULT_ORDER
+                        .iter()
+                        .filter(|a| !axes.iter().any(|x| x == *a))
+                        .map(|a| a.to_string())
+                        .collect();
+                    order.extend(axes);
+                    p.axis_order = order;
+                }
+                _ => {
+                    return Err(err(
+                        "unknown key (expected dp, tp, pp, vpp, cp, ep, mbs, gbs, zero, \
+                         recompute, sp, schedule, dtype or order)"
+                            .into(),
+                    ));
+                }
+            }
+        }
+        p.schedule = schedule.unwrap_or(if p.vpp > 1 {
+            ScheduleKind::Interleaved
+        } else {
+            ScheduleKind::OneFOneB
+        });
+        p.global_batch = gbs.unwrap_or(p.dp * p.micro_batch_size);
+        p.check()?;
+        Ok(p)
+    }
+
+    /// Consistency of the plan on its own (not against a model or cluster).
+    pub fn check(&self) -> Result<(), CostError> {
+        let mis = |m: String| Err(CostError::PlanMismatch(m));
+        if !self.dp.is_multiple_of(self.ep) {
+            return mis(format!("ep={} does not divide dp={}", self.ep, self.dp));
+        }
+        if self.vpp > 1 && self.schedule != ScheduleKind::Interleaved {
+            return mis(format!("vpp={} needs schedule=interleaved", self.vpp));
+        }
+        Ok(())
+    }
+
+    /// Devices used.
+    pub fn world_size(&self) -> usize {
+        self.dp * self.tp * self.pp * self.cp
+    }
+
+    /// Micro-batches per pipeline per step. A global batch that `dp * mbs` does not divide is
+    /// rounded up: some ranks run a padded last micro-batch, which the estimate charges in
+    /// full.
+    pub fn micro_batches(&self) -> usize {
+        self.global_batch
+            .div_ceil((self.dp * self.micro_batch_size).max(1))
+            .max(1)
+    }
+
+    /// Mesh axes, outermost first, as `(name, size)`; `dp` here is the data-parallel degree
+    /// outside the expert axis (`dp / ep`).
+    pub fn mesh_axes(&self) -> Vec<(String, usize)> {
+        self.axis_order
+            .iter()
+            .map(|a| {
+                let size = match a.as_str() {
+                    "pp" => self.pp,
+                    "dp" => self.dp / self.ep,
+                    "ep" => self.ep,
+                    "cp" => self.cp,
+                    "tp" => self.tp,
+                    _ => 1,
+                };
+                (a.clone(), size)
+            })
+            .collect()
+    }
+}
+
+impl fmt::Display for Plan {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "dp={},tp={},pp={},vpp={},cp={},ep={},mbs={},gbs={},zero={},recompute={},sp={},schedule={},dtype={},order={}",
+            self.dp,
+            self.tp,
+            self.pp,
+            self.vpp,
+            self.cp,
+            self.ep,
+            self.micro_batch_size,
+            self.global_batch,
+            self.zero_stage,
+            self.recompute.name(),
+            self.sequence_parallel,
+            self.schedule,
+            self.dtype,
+            self.axis_order.join("-")
+        )
+    }
+}
+
+impl FromStr for Plan {
+    type Err = CostError;
+    fn from_str(s: &str) -> Result<Plan, CostError> {
+        Plan::parse(s)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_the_issue_example() {
+        let p =
+            Plan::parse("dp=8,tp=8,pp=16,mbs=1,recompute=full,schedule=interleaved,vpp=2,gbs=1536")
+                .unwrap();
+        assert_eq!((p.dp, p.tp, p.pp, p.vpp), (8, 8, 16, 2));
+        assert_eq!(p.recompute, Recompute::Full);
+        assert_eq!(p.schedule, ScheduleKind::Interleaved);
+        assert_eq!(p.micro_batches(), 192);
+        assert_eq!(p.dtype, DType::BF16);
+        assert_eq!(p.mesh_axes()[0], ("pp".to_string(), 16));
+        assert_eq!(p.mesh_axes()[4], ("tp".to_string(), 8));
+    }
+
+    #[test]
+    fn errors_name_the_key() {
+        for (s, key) in [
+            ("dp=0", "dp"),
+            ("tp=x", "tp"),
+            ("zero=4", "zero"),
+            ("recompute=some", "recompute"),
+            ("sp=maybe", "sp"),
+            ("schedule=zigzag", "schedule"),
+            ("colour=red", "colour"),
+            ("order=tp-tp", "order"),
+        ] {
+            match Plan::parse(s) {
+                Err(CostError::PlanSyntax { key: k, .. }) => assert_eq!(k, key, "{s}"),
+                other => panic!("{s}: {other:?}"),
+            }
+        }
+        assert!(Plan::parse("dp=2").is_ok());
+        assert_eq!(Plan::parse("dp=2,mbs=2,gbs=6").unwrap().micro_batches(), 2);
+        assert!(matches!(
+            Plan::parse("vpp=2,schedule=1f1b"),
+            Err(CostError::PlanMismatch(_))
+        ));
+        assert!(matches!(
+            Plan::parse("dp=4,ep=3"),
+            Err(CostError::PlanMismatch(_))
+        ));
+    }
+
+    #[test]
+    fn order_moves_axes_inward() {
+        let p = Plan::parse("dp=2,tp=2,order=tp-dp").unwrap();
+        let names: Vec<_> = p.mesh_axes().into_iter().map(|(n, _)| n).collect();
+        assert_eq!(names, ["pp", "ep", "cp", "tp", "dp"]);
+        assert_eq!(Plan::parse(&p.to_string()).unwrap(), p);
+    }
+}

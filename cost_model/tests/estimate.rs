@@ -1,0 +1,131 @@
+//! End-to-end properties of the step estimate: the GPT-3 175B plans, memory
+//! rejection with a reason, monotonicity in obvious directions, and the JSON contract.
+
+use autopar_cost_model::{Cluster, CostModel, Plan, Recompute, TransformerConfig};
+
+fn a100(nodes: usize) -> CostModel {
+    CostModel::new(Cluster::preset(&format!("dgx-a100:nodes={nodes}")).expect("preset"))
+}
+
+#[test]
+fn gpt3_on_1024_a100s_fits_and_the_pure_data_parallel_plan_does_not() {
+    let m = a100(128);
+    let cfg = TransformerConfig::gpt3_175b();
+    let plan =
+        Plan::parse("dp=8,tp=8,pp=16,mbs=1,recompute=full,schedule=interleaved,vpp=2,gbs=1536")
+            .unwrap();
+    let e = m.estimate(&cfg, &plan).unwrap();
+    assert!(e.fits, "{:?}", e.fits_reason);
+    assert!(
+        e.iter_time_s > 1.0 && e.iter_time_s < 100.0,
+        "{}",
+        e.iter_time_s
+    );
+    assert!(e.mfu > 0.2 && e.mfu < 0.7, "{}", e.mfu);
+    assert!(e.hardware_tflops_per_gpu > e.model_tflops_per_gpu);
+    assert!(e.cost.is_feasible());
+    // 1536 is not a multiple of 1024: the last micro-batch is padded, and memory decides.
+    let dp_only = Plan::parse("dp=1024,tp=1,pp=1,mbs=1,recompute=full,gbs=1536").unwrap();
+    let e = m.estimate(&cfg, &dp_only).unwrap();
+    assert!(!e.fits);
+    assert!(!e.cost.is_feasible());
+    let why = e.fits_reason.unwrap();
+    assert!(why.contains("GiB") && why.contains("optimizer"), "{why}");
+    assert!(e.peak_memory_gib > 1000.0);
+}
+
+#[test]
+fn json_has_the_contract_fields() {
+    let m = a100(1);
+    let cfg = TransformerConfig::gpt("small", 4, 1024, 16, 1024, 51200);
+    let e = m
+        .estimate(&cfg, &Plan::parse("tp=2,dp=4,mbs=2,gbs=64").unwrap())
+        .unwrap();
+    let v = serde_json::to_value(&e).unwrap();
+    for k in [
+        "iter_time_s",
+        "tokens_per_s",
+        "model_tflops_per_gpu",
+        "hardware_tflops_per_gpu",
+        "mfu",
+        "peak_memory_gib",
+        "fits",
+        "memory",
+        "time",
+    ] {
+        assert!(v.get(k).is_some(), "{k}");
+    }
+}
+
+#[test]
+fn obvious_directions() {
+    let mut m = a100(8);
+    // Unfused attention stores its scores, so selective recompute has something to drop.
+    m.compute.attention = autopar_cost_model::AttentionKernel::Unfused;
+    let cfg = TransformerConfig::gpt("13b", 40, 5120, 40, 2048, 51200);
+    let est = |s: &str| m.estimate(&cfg, &Plan::parse(s).unwrap()).unwrap();
+    let base = "tp=8,pp=4,dp=2,mbs=1,gbs=64";
+    // Recompute trades time for memory.
+    let none = est(&format!("{base},recompute=none"));
+    let sel = est(&format!("{base},recompute=selective"));
+    let full = est(&format!("{base},recompute=full"));
+    assert!(none.iter_time_s < sel.iter_time_s && sel.iter_time_s < full.iter_time_s);
+    assert!(none.memory.activations > sel.memory.activations);
+    assert!(sel.memory.activations > full.memory.activations);
+    assert!(
+        (none.model_tflops_per_gpu * none.iter_time_s
+            - full.model_tflops_per_gpu * full.iter_time_s)
+            .abs()
+            < 1e-6
+    );
+    // More micro-batches shrink the bubble's share.
+    let few = est("tp=8,pp=4,dp=2,mbs=1,gbs=8");
+    assert!(few.time.bubble_s / few.iter_time_s > none.time.bubble_s / none.iter_time_s);
+    // Interleaving shrinks the bubble.
+    let inter = est(&format!("{base},vpp=2"));
+    assert!(inter.time.bubble_s < none.time.bubble_s);
+    // GPipe holds every micro-batch.
+    let gpipe = est(&format!("{base},schedule=gpipe"));
+    assert!(gpipe.memory.activations > none.memory.activations);
+    // ZeRO stages shrink the state.
+    let z: Vec<_> = (0..=3)
+        .map(|s| est(&format!("{base},zero={s}")).memory)
+        .collect();
+    assert!(z[1].optimizer < z[0].optimizer);
+    assert!(z[2].gradients < z[1].gradients);
+    assert!(z[3].weights < z[2].weights);
+    assert_eq!(none.memory.in_flight, 4);
+    assert_eq!(gpipe.memory.in_flight, 32);
+    // Sequence parallelism divides the replicated activations.
+    let sp = est(&format!("{base},sp=true"));
+    assert!(sp.memory.activations < none.memory.activations);
+    assert_eq!(
+        full.memory.activations,
+        full.memory.in_flight as f64 * 10.0 * 2.0 * 2048.0 * 5120.0
+    );
+    let _ = Recompute::Full;
+}
+
+#[test]
+fn plans_that_do_not_divide_are_errors() {
+    let m = a100(1);
+    let cfg = TransformerConfig::gpt("small", 4, 1024, 16, 1024, 51200);
+    for s in ["tp=3", "pp=8", "dp=16", "ep=2,dp=2", "tp=2,cp=3"] {
+        assert!(m.estimate(&cfg, &Plan::parse(s).unwrap()).is_err(), "{s}");
+    }
+}
+
+#[test]
+fn cpu_cluster_estimates_a_tiny_model() {
+    let m = CostModel::new(Cluster::preset("cpu:ranks=8").unwrap());
+    let cfg = TransformerConfig::gpt("gpt-tiny", 2, 64, 4, 32, 256);
+    let e = m
+        .estimate(&cfg, &Plan::parse("dp=2,tp=2,pp=2,mbs=1,gbs=8").unwrap())
+        .unwrap();
+    assert!(e.fits);
+    assert!(
+        e.iter_time_s > 0.0 && e.iter_time_s < 1.0,
+        "{}",
+        e.iter_time_s
+    );
+}
