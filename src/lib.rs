@@ -48,6 +48,9 @@ pub enum Error {
     /// Executing a graph failed.
     #[error(transparent)]
     Runtime(#[from] autopar_runtime::RuntimeError),
+    /// A cluster description, plan or estimate is wrong.
+    #[error(transparent)]
+    Cost(#[from] autopar_cost_model::CostError),
     /// An option does not apply.
     #[error("{0}")]
     Usage(String),
@@ -115,6 +118,38 @@ fn read(path: &str) -> Result<String, Error> {
         path: path.to_string(),
         source,
     })
+}
+
+/// Loads a cluster: a preset with options (`dgx-a100:nodes=4`, `cpu:ranks=8`) or a TOML file
+/// (any argument ending in `.toml`, or naming an existing file).
+pub fn load_cluster(arg: &str) -> Result<autopar_cost_model::Cluster, Error> {
+    use autopar_cost_model::Cluster;
+    if arg.to_ascii_lowercase().ends_with(".toml")
+        || (Path::new(arg).is_file() && !arg.contains(':'))
+    {
+        let src = read(arg)?;
+        Cluster::from_toml(&src).map_err(|e| Error::Usage(format!("{arg}: {e}")))
+    } else {
+        Ok(Cluster::preset(arg)?)
+    }
+}
+
+/// Estimates one training step of a zoo transformer under `plan` on `cluster`.
+///
+/// The model's shape is read off its graph (built at batch 1: only shapes matter); the global
+/// batch comes from `plan`.
+pub fn estimate(
+    model: &str,
+    cluster: autopar_cost_model::Cluster,
+    plan: &autopar_cost_model::Plan,
+) -> Result<autopar_cost_model::Estimate, Error> {
+    use autopar_cost_model::{CostModel, TransformerConfig};
+    let g = match ModelSource::classify(model) {
+        ModelSource::Zoo(_) => load_model(model, Some(1))?,
+        ModelSource::AirFile(_) | ModelSource::JsonFile(_) => load_model(model, None)?,
+    };
+    let cfg = TransformerConfig::from_graph(&g)?;
+    Ok(CostModel::new(cluster).estimate(&cfg, plan)?)
 }
 
 /// Output formats of `autopar dump`.

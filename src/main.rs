@@ -41,6 +41,50 @@ enum Command {
     },
     /// Run a model on the reference interpreter.
     Run(RunArgs),
+    /// Predict step time, throughput and memory of a training plan on a cluster.
+    Estimate(EstimateArgs),
+    /// Describe a cluster: devices, memory, fabrics and link bandwidths.
+    Topo {
+        /// A preset (dgx-a100:nodes=N, dgx-h100:nodes=N, hgx-h200:nodes=N, cpu:ranks=N) or a TOML file.
+        cluster: String,
+        /// Print the description as TOML (the input format of --cluster files).
+        #[arg(long)]
+        toml: bool,
+    },
+}
+
+#[derive(clap::Args)]
+struct EstimateArgs {
+    /// A transformer from the zoo (name or spec) or a .air/.json file.
+    model: String,
+    /// A preset (dgx-a100:nodes=N, dgx-h100:nodes=N, hgx-h200:nodes=N, cpu:ranks=N) or a TOML file.
+    #[arg(long)]
+    cluster: String,
+    /// Global batch size in sequences.
+    #[arg(long)]
+    batch: usize,
+    /// The plan, e.g. "dp=8,tp=8,pp=16,vpp=2,mbs=1,zero=1,recompute=selective,sp=true,schedule=interleaved".
+    /// Keys: dp tp pp vpp cp ep mbs zero recompute sp schedule dtype order; omitted keys are 1/none/false/1f1b.
+    #[arg(long, default_value = "")]
+    plan: String,
+    /// Compute dtype (overrides the plan's).
+    #[arg(long, value_enum)]
+    dtype: Option<ComputeDtype>,
+    /// Print JSON.
+    #[arg(long, conflicts_with = "explain")]
+    json: bool,
+    /// Print where the time and the memory go.
+    #[arg(long)]
+    explain: bool,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum ComputeDtype {
+    Bf16,
+    #[value(alias = "f16")]
+    Fp16,
+    #[value(alias = "f32")]
+    Fp32,
 }
 
 #[derive(clap::Args)]
@@ -100,7 +144,174 @@ fn execute(cli: Cli) -> Result<()> {
             }
         }
         Command::Run(args) => run(args),
+        Command::Estimate(args) => estimate(args),
+        Command::Topo { cluster, toml } => topo(&cluster, toml),
     }
+}
+
+fn estimate(args: EstimateArgs) -> Result<()> {
+    use autopar::cost_model::Plan;
+    use autopar::ir::DType;
+    let cluster = autopar::load_cluster(&args.cluster)?;
+    let cluster_desc = format!("{} ({} devices)", args.cluster, cluster.num_devices());
+    let mut plan = if args.plan.trim().is_empty() {
+        Plan::default()
+    } else {
+        Plan::parse(&args.plan)?
+    };
+    plan.global_batch = args.batch;
+    if let Some(d) = args.dtype {
+        plan.dtype = match d {
+            ComputeDtype::Bf16 => DType::BF16,
+            ComputeDtype::Fp16 => DType::F16,
+            ComputeDtype::Fp32 => DType::F32,
+        };
+    }
+    let est = autopar::estimate(&args.model, cluster, &plan)?;
+    if args.json {
+        return print_stdout(&(serde_json::to_string_pretty(&est)? + "\n"));
+    }
+    let gib = |b: f64| b / (1u64 << 30) as f64;
+    let mut out = format!("model {} on {cluster_desc}\nplan  {plan}\n\n", args.model);
+    out += &format!("iteration time        {:.3} s\n", est.iter_time_s);
+    out += &format!("tokens/s              {:.0}\n", est.tokens_per_s);
+    out += &format!("model TFLOP/s/GPU     {:.1}\n", est.model_tflops_per_gpu);
+    out += &format!("hardware TFLOP/s/GPU  {:.1}\n", est.hardware_tflops_per_gpu);
+    out += &format!("MFU                   {:.1}%\n", 100.0 * est.mfu);
+    out += &format!(
+        "peak memory           {:.1} GiB of {:.1} GiB: {}\n",
+        est.peak_memory_gib,
+        gib(est.memory.capacity),
+        if est.fits {
+            "fits".to_string()
+        } else {
+            format!(
+                "does NOT fit ({})",
+                est.fits_reason.as_deref().unwrap_or("over capacity")
+            )
+        }
+    );
+    if args.explain {
+        let t = &est.time;
+        let ms = |s: f64| s * 1e3;
+        out += "\ntime of one layer, one micro-batch (ms)   forward  backward\n";
+        for (what, f, b) in [
+            (
+                "dense GEMMs",
+                t.layer_forward.gemm_s,
+                t.layer_backward.gemm_s,
+            ),
+            (
+                "attention core",
+                t.layer_forward.attention_s,
+                t.layer_backward.attention_s,
+            ),
+            (
+                "memory-bound kernels",
+                t.layer_forward.memory_s,
+                t.layer_backward.memory_s,
+            ),
+            (
+                "recompute",
+                t.layer_forward.recompute_s,
+                t.layer_backward.recompute_s,
+            ),
+            (
+                "communication, exposed",
+                t.layer_forward.comm_exposed_s,
+                t.layer_backward.comm_exposed_s,
+            ),
+            (
+                "communication, issued",
+                t.layer_forward.comm_total_s,
+                t.layer_backward.comm_total_s,
+            ),
+            (
+                "total",
+                t.layer_forward.total_s(),
+                t.layer_backward.total_s(),
+            ),
+        ] {
+            out += &format!("  {what:<38} {:>8.3}  {:>8.3}\n", ms(f), ms(b));
+        }
+        out += "\nstep (s)\n";
+        for (what, v) in [
+            ("pipeline (first forward to last backward)", t.pipeline_s),
+            ("  busiest rank's compute", t.busiest_rank_compute_s),
+            ("  bubbles and transfer waits", t.bubble_s),
+            ("  one stage-to-stage transfer", t.p2p_s),
+            ("data-parallel gradient reduction", t.grad_reduce_s),
+            ("  of which exposed", t.grad_reduce_exposed_s),
+            ("embedding gradient sync", t.embedding_sync_s),
+            ("optimizer", t.optimizer_s),
+            ("parameter all-gather (ZeRO)", t.param_gather_s),
+        ] {
+            out += &format!("  {what:<44} {v:>10.4}\n");
+        }
+        let m = &est.memory;
+        out += &format!("\nmemory of pipeline rank {} (GiB)\n", m.pipeline_rank);
+        for (what, v) in [
+            ("weights", m.weights),
+            ("gradients", m.gradients),
+            ("optimizer state", m.optimizer),
+            (
+                &format!("activations ({} micro-batch chunks in flight)", m.in_flight) as &str,
+                m.activations,
+            ),
+            ("working (backward of one layer)", m.working),
+            ("communication buffers", m.comm_buffers),
+            ("reserved", m.reserved),
+            ("total", m.total),
+            ("capacity", m.capacity),
+        ] {
+            out += &format!("  {what:<44} {:>10.2}\n", gib(v));
+        }
+    }
+    print_stdout(&out)
+}
+
+fn topo(arg: &str, toml: bool) -> Result<()> {
+    let c = autopar::load_cluster(arg)?;
+    if toml {
+        return print_stdout(&c.to_toml());
+    }
+    let g = &c.gpu;
+    let mut out = format!(
+        "{}: {} node(s) x {} {} = {} devices\n",
+        if c.name.is_empty() { arg } else { &c.name },
+        c.nodes,
+        c.gpus_per_node,
+        g.model,
+        c.num_devices()
+    );
+    out += &format!(
+        "device     peak {} TFLOP/s bf16, {} fp16, {} fp32; HBM {} GiB at {} GB/s ({} GiB reserved)\n",
+        g.peak_tflops.bf16,
+        g.peak_tflops.f16,
+        g.peak_tflops.f32,
+        g.hbm_capacity_gib,
+        g.hbm_bandwidth_gb_per_s,
+        g.reserved_gib
+    );
+    out += &format!(
+        "intra-node {}: {} GB/s bus bandwidth, {} us per step\n",
+        c.intra_node.fabric, c.intra_node.bus_bandwidth_gb_per_s, c.intra_node.latency_us
+    );
+    let n = &c.network;
+    out += &format!(
+        "inter-node {} NIC(s) per node, {} GB/s bus bandwidth each ({} GB/s per node), {} us per step\n",
+        n.nics_per_node,
+        n.nic_bus_bandwidth_gb_per_s,
+        n.nic_bus_bandwidth_gb_per_s * n.nics_per_node as f64,
+        n.latency_us
+    );
+    out += "NIC of each local device: ";
+    out += &(0..c.gpus_per_node)
+        .map(|d| c.nic_of(d).to_string())
+        .collect::<Vec<_>>()
+        .join(" ");
+    out += "\n";
+    print_stdout(&out)
 }
 
 fn models(json: bool) -> Result<()> {

@@ -237,3 +237,82 @@ fn every_subcommand_has_help() {
         );
     }
 }
+
+#[test]
+fn estimate_reports_fit_and_json_fields() {
+    let plan = "dp=8,tp=8,pp=16,mbs=1,recompute=full,schedule=interleaved,vpp=2";
+    let json = autopar_ok(&[
+        "estimate",
+        "gpt3-175b",
+        "--cluster",
+        "dgx-a100:nodes=128",
+        "--batch",
+        "1536",
+        "--plan",
+        plan,
+        "--json",
+    ]);
+    let est: serde_json::Value = serde_json::from_str(&json).unwrap();
+    for key in [
+        "iter_time_s",
+        "tokens_per_s",
+        "model_tflops_per_gpu",
+        "hardware_tflops_per_gpu",
+        "mfu",
+        "peak_memory_gib",
+        "fits",
+        "memory",
+        "time",
+    ] {
+        assert!(!est[key].is_null(), "missing `{key}` in {json}");
+    }
+    assert_eq!(est["fits"], true);
+    let mfu = est["mfu"].as_f64().unwrap();
+    assert!(mfu > 0.2 && mfu < 0.7, "MFU {mfu}");
+
+    let text = autopar_ok(&[
+        "estimate",
+        "gpt3-175b",
+        "--cluster",
+        "dgx-a100:nodes=128",
+        "--batch",
+        "1536",
+        "--plan",
+        "dp=1024,tp=1,pp=1,mbs=1,recompute=full",
+    ]);
+    assert!(
+        text.contains("does NOT fit") && text.contains("optimizer"),
+        "{text}"
+    );
+
+    let err = autopar_err(&[
+        "estimate",
+        "gpt-tiny",
+        "--cluster",
+        "dgx-a100:nodes=1",
+        "--batch",
+        "8",
+        "--plan",
+        "tp=3",
+    ]);
+    assert!(err.contains("tp") || err.contains("heads"), "{err}");
+}
+
+#[test]
+fn topo_describes_presets_and_reads_its_own_toml() {
+    let text = autopar_ok(&["topo", "dgx-a100:nodes=2"]);
+    assert!(
+        text.contains("16 devices") && text.contains("nvswitch"),
+        "{text}"
+    );
+    let toml = autopar_ok(&["topo", "dgx-a100:nodes=2", "--toml"]);
+    let dir = scratch("cli_topo");
+    let path = dir.join("c.toml");
+    std::fs::write(&path, &toml).unwrap();
+    assert_eq!(
+        autopar_ok(&["topo", path.to_str().unwrap(), "--toml"]),
+        toml
+    );
+    let err = autopar_err(&["topo", "dgx-z100:nodes=2"]);
+    assert!(err.contains("dgx-z100"), "{err}");
+}
