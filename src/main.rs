@@ -76,6 +76,9 @@ struct EstimateArgs {
     /// Print where the time and the memory go.
     #[arg(long)]
     explain: bool,
+    /// Write the simulated pipeline schedule as a Chrome trace (open in Perfetto).
+    #[arg(long, value_name = "FILE")]
+    trace: Option<String>,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -168,6 +171,22 @@ fn estimate(args: EstimateArgs) -> Result<()> {
         };
     }
     let est = autopar::estimate(&args.model, cluster, &plan)?;
+    if let Some(path) = &args.trace {
+        let timeline = est
+            .timeline
+            .as_ref()
+            .context("the plan is infeasible, so there is no schedule to trace")?;
+        let schedule = autopar::ir::schedule::Schedule::new(
+            plan.schedule,
+            plan.pp,
+            plan.vpp,
+            plan.micro_batches(),
+        )?;
+        let slices = autopar::ir::trace::schedule_slices(&schedule, timeline, 1.0);
+        let names: Vec<String> = (0..plan.pp).map(|r| format!("pipeline rank {r}")).collect();
+        std::fs::write(path, autopar::ir::trace::chrome_trace(&names, &slices))
+            .with_context(|| format!("cannot write `{path}`"))?;
+    }
     if args.json {
         return print_stdout(&(serde_json::to_string_pretty(&est)? + "\n"));
     }

@@ -270,6 +270,33 @@ fn estimate_reports_fit_and_json_fields() {
     let mfu = est["mfu"].as_f64().unwrap();
     assert!(mfu > 0.2 && mfu < 0.7, "MFU {mfu}");
 
+    let dir = scratch("cli_estimate");
+    let trace = dir.join("t.json");
+    autopar_ok(&[
+        "estimate",
+        "gpt3-13b",
+        "--cluster",
+        "dgx-a100:nodes=1",
+        "--batch",
+        "16",
+        "--plan",
+        "tp=2,pp=4,mbs=1,recompute=full",
+        "--trace",
+        trace.to_str().unwrap(),
+    ]);
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&trace).unwrap()).unwrap();
+    let events = doc["traceEvents"].as_array().unwrap();
+    let tracks: std::collections::BTreeSet<i64> =
+        events.iter().map(|e| e["tid"].as_i64().unwrap()).collect();
+    assert_eq!(tracks.len(), 4, "one track per pipeline rank");
+    let forwards = events.iter().filter(|e| e["cat"] == "forward").count();
+    assert_eq!(
+        forwards,
+        4 * 16,
+        "one forward slice per (rank, micro-batch)"
+    );
+
     let text = autopar_ok(&[
         "estimate",
         "gpt3-175b",

@@ -6,7 +6,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use autopar_ir::schedule::{Action, Schedule};
+use autopar_ir::schedule::{Action, Schedule, Timeline};
 use autopar_ir::{Op, TensorType};
 
 use crate::cluster::Cluster;
@@ -150,6 +150,10 @@ pub struct Estimate {
     pub memory: MemoryBreakdown,
     /// Time breakdown.
     pub time: TimeBreakdown,
+    /// When each action of the simulated schedule ran, in nanoseconds (for timeline exports;
+    /// absent when the plan is infeasible). Not part of the JSON contract.
+    #[serde(skip)]
+    pub timeline: Option<Timeline>,
 }
 
 impl CostModel {
@@ -910,6 +914,7 @@ impl<'a> Ctx<'a> {
                 optimizer_s: optimizer,
                 param_gather_s: param_gather,
             },
+            timeline: Some(timeline),
         }
     }
 
@@ -928,6 +933,7 @@ impl<'a> Ctx<'a> {
             cost: Cost::INFEASIBLE,
             memory: MemoryBreakdown::default(),
             time: TimeBreakdown::default(),
+            timeline: None,
         }
     }
 

@@ -14,6 +14,7 @@ pub mod op;
 pub mod placement;
 pub mod schedule;
 pub mod text;
+pub mod trace;
 pub mod types;
 pub mod verify;
 
