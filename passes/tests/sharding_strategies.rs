@@ -803,3 +803,105 @@ fn uneven_splits_are_not_listed() {
     assert!(!l.iter().any(|s| s.starts_with("S(0)")));
     assert!(l.contains(&"R, S(1) -> S(1)".to_string()));
 }
+
+/// Combines the ranks' parts of one result placed as `p`.
+fn gather_parts(p: Placement, parts: &[Tensor]) -> Tensor {
+    match p {
+        Placement::Replicate => parts[0].clone(),
+        Placement::Shard(d) => eval1(Op::Concat { dim: d }, parts),
+        Placement::Partial(k) => combine(k, parts),
+    }
+}
+
+#[test]
+fn strategies_compose_over_two_mesh_axes() {
+    // A 2 x 2 mesh: the outer axis picks a strategy on the global types, the inner one on the
+    // local types the outer left; the local op is made local twice.
+    let mut rng = Rng(99);
+    let cases: Vec<(Op, Vec<Tensor>)> = vec![
+        (
+            einsum("bsh,hf->bsf"),
+            vec![normal(&[4, 4, 8], &mut rng), normal(&[8, 4], &mut rng)],
+        ),
+        (
+            Op::Reduce {
+                func: ReduceOp::Sum,
+                dims: vec![0, 2],
+            },
+            vec![normal(&[4, 4, 8], &mut rng)],
+        ),
+        (
+            Op::Reshape {
+                shape: Shape::new([16, 8]),
+            },
+            vec![normal(&[4, 4, 8], &mut rng)],
+        ),
+        (
+            Op::Broadcast {
+                shape: Shape::new([4, 8, 4]),
+                dims: vec![1],
+            },
+            vec![normal(&[8], &mut rng)],
+        ),
+    ];
+    let mut pairs = 0;
+    for (op, globals) in cases {
+        let expected = eval(&op, &globals);
+        let types: Vec<&TensorType> = globals.iter().map(Tensor::ty).collect();
+        for outer in strategies(&op, &types, 2).unwrap() {
+            if outer.kernel != LocalKernel::Same {
+                continue;
+            }
+            let outer_op = local_op(&op, &outer, &types, 2).unwrap();
+            // Operands of each outer rank, then of each inner rank within it.
+            let outer_parts: Vec<Vec<Tensor>> = globals
+                .iter()
+                .zip(&outer.operands)
+                .map(|(t, &p)| distribute(t, p, 2, &mut rng))
+                .collect();
+            let local_types: Vec<TensorType> =
+                outer_parts.iter().map(|p| p[0].ty().clone()).collect();
+            let local_refs: Vec<&TensorType> = local_types.iter().collect();
+            for inner in strategies(&outer_op, &local_refs, 2).unwrap() {
+                if inner.kernel != LocalKernel::Same {
+                    continue;
+                }
+                let inner_op = local_op(&outer_op, &inner, &local_refs, 2).unwrap();
+                let mut per_outer: Vec<Vec<Tensor>> = Vec::new();
+                for o in 0..2 {
+                    let inner_parts: Vec<Vec<Tensor>> = outer_parts
+                        .iter()
+                        .zip(&inner.operands)
+                        .map(|(parts, &p)| distribute(&parts[o], p, 2, &mut rng))
+                        .collect();
+                    let results: Vec<Vec<Tensor>> = (0..2)
+                        .map(|i| {
+                            let ops: Vec<Tensor> =
+                                inner_parts.iter().map(|p| p[i].clone()).collect();
+                            eval(&inner_op, &ops)
+                        })
+                        .collect();
+                    per_outer.push(
+                        inner
+                            .results
+                            .iter()
+                            .enumerate()
+                            .map(|(j, &p)| {
+                                let parts: Vec<Tensor> =
+                                    results.iter().map(|r| r[j].clone()).collect();
+                                gather_parts(p, &parts)
+                            })
+                            .collect(),
+                    );
+                }
+                for (j, (&p, want)) in outer.results.iter().zip(&expected).enumerate() {
+                    let parts: Vec<Tensor> = per_outer.iter().map(|r| r[j].clone()).collect();
+                    let got = gather_parts(p, &parts);
+                    assert!(close(&got, want), "{op} outer [{outer}] inner [{inner}]");
+                }
+                pairs += 1;
+            }
+        }
+    }
+    assert!(pairs > 50, "only {pairs} pairs of strategies checked");
+}
