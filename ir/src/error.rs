@@ -55,6 +55,33 @@ pub enum IrError {
         /// What is wrong (names the dim and mesh axis).
         detail: String,
     },
+    /// A tensor dim that does not split evenly over the mesh axes that shard it.
+    #[error(
+        "dim {dim} of {ty} (size {size}) does not split evenly over mesh axis `{axis}` ({ways} ways in all)"
+    )]
+    UnevenShard {
+        /// The sharded type (or shape), printed.
+        ty: String,
+        /// The tensor dim.
+        dim: usize,
+        /// Its global size.
+        size: usize,
+        /// The mesh axis at which the split stops being even.
+        axis: String,
+        /// Product of the sizes of the axes sharding the dim, up to and including `axis`.
+        ways: usize,
+    },
+    /// A sharding that cannot describe a value of this type, independent of any graph
+    /// (a dim out of range, an axis listed twice, mixed partial reductions).
+    #[error("sharding {sharding} of {ty}: {detail}")]
+    InvalidSharding {
+        /// The sharding, printed.
+        sharding: String,
+        /// The type (or shape), printed.
+        ty: String,
+        /// What is wrong.
+        detail: String,
+    },
     /// A structural invariant of the graph does not hold (see [`crate::verify`]).
     #[error("verifier: {0}")]
     Verify(String),

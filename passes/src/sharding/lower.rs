@@ -1,0 +1,235 @@
+//! Lowerings: the local computations of strategies whose kernel is not the op itself,
+//! emitted as IR ops into a device's local graph.
+//!
+//! A partitioner calls [`lower`] once per op with a [`ShardContext`] that combines every mesh
+//! axis whose strategy chose the lowering: the shard this device holds of the dim the
+//! lowering is about (the table's rows, the logits' vocabulary, the reduced dims of a mean),
+//! numbered row-major over those axes, and the axes themselves (cross-entropy all-reduces
+//! over them). Operands are the device's local values; the local graph needs a mesh with the
+//! axes when the lowering emits collectives.
+
+use autopar_ir::{
+    BinaryOp, CompareOp, DType, Graph, Op, ReduceKind, ReduceOp, Shape, TensorType, UnaryOp,
+    ValueId,
+};
+
+use super::error::ShardingError;
+use super::strategy::Lowering;
+
+/// Which shard of the relevant dim this device holds, and over which mesh axes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ShardContext {
+    /// The mesh axes splitting the dim, outermost first.
+    pub axes: Vec<String>,
+    /// This device's shard, row-major over the axes' coordinates.
+    pub index: usize,
+    /// Number of shards (the product of the axes' sizes).
+    pub count: usize,
+}
+
+/// Emits into `g` the local computation of `op` under `lowering`, on this device's local
+/// `operands`, and returns its results (in the op's result order).
+///
+/// - [`Lowering::PartialMean`]: `reduce_mean(x) * (1 / count)`.
+/// - [`Lowering::VocabParallelGather`], with `table[v_local, ...]` and `ids`:
+///   `local = ids - index * v_local`; `ok = (local >= 0) & (local < v_local)` (as a select);
+///   `rows = gather(table, select(ok, local, 0))`; `select(broadcast(ok), rows, 0)`.
+/// - [`Lowering::RowParallelScatterAdd`], with whole `ids` and `updates`: the same shift and
+///   mask, updates outside the shard zeroed, then `scatter_add` into `num_rows / count` rows.
+/// - [`Lowering::VocabParallelCrossEntropy`], with `logits[..., v_local]` and whole `targets`:
+///   `m = all_reduce_max(reduce_max(logits))`; `z = logits - m`;
+///   `s = all_reduce_sum(reduce_sum(exp(z)))`; the target's `z`, picked by comparing
+///   `iota(v_local)` with `targets - index * v_local` (never equal off-shard), summed over the
+///   vocabulary and all-reduced; `loss = log(s) - z[target]`, cast to `f32`.
+pub fn lower(
+    g: &mut Graph,
+    op: &Op,
+    lowering: Lowering,
+    operands: &[ValueId],
+    shard: &ShardContext,
+) -> Result<Vec<ValueId>, ShardingError> {
+    let mismatch = |detail: &str| ShardingError::Mismatch {
+        op: op.name(),
+        detail: format!("lowering {lowering:?}: {detail}"),
+    };
+    if shard.count == 0 || shard.index >= shard.count {
+        return Err(mismatch("shard index outside the shard count"));
+    }
+    match (lowering, op, operands) {
+        (Lowering::PartialMean, Op::Reduce { func, .. }, &[x]) if *func == ReduceOp::Mean => {
+            let mean = g.add(op.clone(), &[x])?;
+            let scale = constant(g, g.ty(mean).clone(), 1.0 / shard.count as f64)?;
+            Ok(vec![binary(g, BinaryOp::Mul, mean, scale)?])
+        }
+        (Lowering::VocabParallelGather, Op::Gather, &[table, ids]) => {
+            let rows = g.ty(table).dims()[0];
+            let (ok, local_ids) = in_shard(g, ids, shard.index * rows, rows)?;
+            let picked = g.add(Op::Gather, &[table, local_ids])?;
+            Ok(vec![mask(g, ok, picked)?])
+        }
+        (Lowering::RowParallelScatterAdd, Op::ScatterAdd { num_rows }, &[ids, updates]) => {
+            if !num_rows.is_multiple_of(shard.count) {
+                return Err(mismatch("rows do not split evenly"));
+            }
+            let rows = num_rows / shard.count;
+            let (ok, local_ids) = in_shard(g, ids, shard.index * rows, rows)?;
+            let kept = mask(g, ok, updates)?;
+            Ok(vec![g.add(
+                Op::ScatterAdd { num_rows: rows },
+                &[local_ids, kept],
+            )?])
+        }
+        (Lowering::VocabParallelCrossEntropy, Op::CrossEntropy, &[logits, targets]) => {
+            vocab_parallel_cross_entropy(g, logits, targets, shard)
+        }
+        _ => Err(mismatch("does not apply to this op or its operands")),
+    }
+}
+
+fn constant(g: &mut Graph, ty: TensorType, value: f64) -> Result<ValueId, ShardingError> {
+    Ok(g.add(Op::Constant { ty, value }, &[])?)
+}
+
+fn binary(g: &mut Graph, func: BinaryOp, a: ValueId, b: ValueId) -> Result<ValueId, ShardingError> {
+    Ok(g.add(Op::Binary { func }, &[a, b])?)
+}
+
+fn compare(
+    g: &mut Graph,
+    func: CompareOp,
+    a: ValueId,
+    b: ValueId,
+) -> Result<ValueId, ShardingError> {
+    Ok(g.add(Op::Compare { func }, &[a, b])?)
+}
+
+/// Ids relative to a shard of rows `start..start + rows`: whether each id falls in it, and
+/// the shifted id (0 where it does not, so that a gather stays in range).
+fn in_shard(
+    g: &mut Graph,
+    ids: ValueId,
+    start: usize,
+    rows: usize,
+) -> Result<(ValueId, ValueId), ShardingError> {
+    let ty = g.ty(ids).clone();
+    let start = constant(g, ty.clone(), start as f64)?;
+    let shifted = binary(g, BinaryOp::Sub, ids, start)?;
+    let zero = constant(g, ty.clone(), 0.0)?;
+    let end = constant(g, ty.clone(), rows as f64)?;
+    let above = compare(g, CompareOp::Ge, shifted, zero)?;
+    let below = compare(g, CompareOp::Lt, shifted, end)?;
+    let no = constant(g, ty.with_dtype(DType::Bool), 0.0)?;
+    let ok = g.add(Op::Select, &[above, below, no])?;
+    let safe = g.add(Op::Select, &[ok, shifted, zero])?;
+    Ok((ok, safe))
+}
+
+/// `x` where `ok` (broadcast over `x`'s trailing dims), zero elsewhere.
+fn mask(g: &mut Graph, ok: ValueId, x: ValueId) -> Result<ValueId, ShardingError> {
+    let x_ty = g.ty(x).clone();
+    let lead = g.ty(ok).rank();
+    let ok = g.add(
+        Op::Broadcast {
+            shape: x_ty.shape.clone(),
+            dims: (0..lead).collect(),
+        },
+        &[ok],
+    )?;
+    let zero = constant(g, x_ty, 0.0)?;
+    Ok(g.add(Op::Select, &[ok, x, zero])?)
+}
+
+/// The integers `0..n` as a `dtype[n]` value, in about `3 log2 n` ops: doubling
+/// `[0] -> [0, 1] -> [0, 1, 2, 3] -> ...`, then a slice (the IR has no iota op).
+pub fn iota(g: &mut Graph, n: usize, dtype: DType) -> Result<ValueId, ShardingError> {
+    let mut x = constant(g, TensorType::new(dtype, [1]), 0.0)?;
+    let mut len = 1;
+    while len < n {
+        let offset = constant(g, TensorType::new(dtype, [len]), len as f64)?;
+        let upper = binary(g, BinaryOp::Add, x, offset)?;
+        x = g.add(Op::Concat { dim: 0 }, &[x, upper])?;
+        len *= 2;
+    }
+    if len != n {
+        x = g.add(
+            Op::Slice {
+                dim: 0,
+                start: 0,
+                end: n,
+            },
+            &[x],
+        )?;
+    }
+    Ok(x)
+}
+
+fn vocab_parallel_cross_entropy(
+    g: &mut Graph,
+    logits: ValueId,
+    targets: ValueId,
+    shard: &ShardContext,
+) -> Result<Vec<ValueId>, ShardingError> {
+    let lt = g.ty(logits).clone();
+    let tt = g.ty(targets).clone();
+    let vocab_dim = tt.rank();
+    let v_local = lt.dims()[vocab_dim];
+    let reduce = |g: &mut Graph, func: ReduceOp, x: ValueId| {
+        g.add(
+            Op::Reduce {
+                func,
+                dims: vec![vocab_dim],
+            },
+            &[x],
+        )
+    };
+    let all_reduce = |g: &mut Graph, reduce: ReduceKind, x: ValueId| {
+        g.add(
+            Op::AllReduce {
+                axes: shard.axes.clone(),
+                reduce,
+            },
+            &[x],
+        )
+    };
+    let over_vocab = |g: &mut Graph, x: ValueId| {
+        g.add(
+            Op::Broadcast {
+                shape: lt.shape.clone(),
+                dims: (0..vocab_dim).collect(),
+            },
+            &[x],
+        )
+    };
+    // Global max per row.
+    let local_max = reduce(g, ReduceOp::Max, logits)?;
+    let max = all_reduce(g, ReduceKind::Max, local_max)?;
+    let max_b = over_vocab(g, max)?;
+    let shifted = binary(g, BinaryOp::Sub, logits, max_b)?;
+    // Global sum of exp(logit - max).
+    let exp = g.add(Op::Unary { func: UnaryOp::Exp }, &[shifted])?;
+    let local_sum = reduce(g, ReduceOp::Sum, exp)?;
+    let sum = all_reduce(g, ReduceKind::Sum, local_sum)?;
+    // The target's shifted logit, from the one device whose shard holds it.
+    let start = constant(g, tt.clone(), (shard.index * v_local) as f64)?;
+    let local_target = binary(g, BinaryOp::Sub, targets, start)?;
+    let target_b = over_vocab(g, local_target)?;
+    let columns = iota(g, v_local, tt.dtype)?;
+    let columns_b = g.add(
+        Op::Broadcast {
+            shape: Shape::new(lt.dims()),
+            dims: vec![vocab_dim],
+        },
+        &[columns],
+    )?;
+    let hit = compare(g, CompareOp::Eq, columns_b, target_b)?;
+    let zero = constant(g, lt.clone(), 0.0)?;
+    let picked = g.add(Op::Select, &[hit, shifted, zero])?;
+    let local_target_logit = reduce(g, ReduceOp::Sum, picked)?;
+    let target_logit = all_reduce(g, ReduceKind::Sum, local_target_logit)?;
+    let log_sum = g.add(Op::Unary { func: UnaryOp::Log }, &[sum])?;
+    let mut loss = binary(g, BinaryOp::Sub, log_sum, target_logit)?;
+    if lt.dtype != DType::F32 {
+        loss = g.add(Op::Cast { to: DType::F32 }, &[loss])?;
+    }
+    Ok(vec![loss])
+}
