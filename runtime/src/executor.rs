@@ -171,15 +171,7 @@ fn run_rank(
         })
     });
     if let Err(e) = &result {
-        // Pass on the original failure, not this rank's report of it.
-        match e.innermost() {
-            RuntimeError::PeerFailed {
-                failed_rank,
-                reason,
-                ..
-            } => comm.announce_failure(*failed_rank, reason),
-            other => comm.announce_failure(rank, &other.to_string()),
-        }
+        comm.abort(e);
     }
     result
 }

@@ -107,11 +107,12 @@ impl InProcessCommunicator {
         &self.mesh
     }
 
-    /// Tells every other rank that the run has failed because rank `origin` failed (this
-    /// rank, or a peer whose failure it observed), so that they stop waiting at once. The
-    /// executor calls this when a rank's program ends in an error.
-    pub fn announce_failure(&self, origin: usize, reason: &str) {
-        self.mailbox.announce_failure(origin, reason);
+    /// Tells every other rank that this rank has failed with `error`, so that they stop
+    /// waiting for it at once; an error that only reports another rank's failure passes that
+    /// failure on. A failed communication op does this by itself; the executor calls it when
+    /// a rank's program fails elsewhere.
+    pub fn abort(&self, error: &RuntimeError) {
+        self.mailbox.announce_error(error);
     }
 
     /// Fault injection for tests: this rank panics when it is about to send its `(n + 1)`-th
@@ -124,7 +125,23 @@ impl InProcessCommunicator {
     /// Executes a communication op on this rank's operands, returning its results (none for
     /// `send`). The operands are type-checked against the op first, on the communicator's
     /// mesh.
+    ///
+    /// A failed op leaves this rank out of step with its groups, so the communicator
+    /// [aborts](Self::abort): the other ranks fail too, at their next wait, rather than
+    /// wait for this one.
     pub fn execute(&mut self, op: &Op, operands: &[&Tensor]) -> Result<Vec<Tensor>, RuntimeError> {
+        let result = self.execute_unchecked(op, operands);
+        if let Err(e) = &result {
+            self.abort(e);
+        }
+        result
+    }
+
+    fn execute_unchecked(
+        &mut self,
+        op: &Op,
+        operands: &[&Tensor],
+    ) -> Result<Vec<Tensor>, RuntimeError> {
         let name = op.name();
         let types: Vec<&TensorType> = operands.iter().map(|t| t.ty()).collect();
         let result_types = infer(op, &types, Some(&self.mesh))?;

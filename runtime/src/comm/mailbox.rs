@@ -160,12 +160,6 @@ impl Mailbox {
         payload: Data,
         cx: &Context<'_>,
     ) -> Result<(), RuntimeError> {
-        let exited = || RuntimeError::PeerExited {
-            op: cx.op,
-            group: cx.group.to_vec(),
-            rank: self.rank,
-            peer: to,
-        };
         if let Some(left) = &mut self.sends_before_panic {
             if *left == 0 {
                 panic!(
@@ -175,14 +169,71 @@ impl Mailbox {
             }
             *left -= 1;
         }
-        let peer = self.peers.get(to).ok_or_else(exited)?;
-        peer.send(Envelope::Data {
-            from: self.rank,
-            channel,
-            call: Arc::clone(call),
-            payload,
+        let delivered = self.peers.get(to).is_some_and(|peer| {
+            peer.send(Envelope::Data {
+                from: self.rank,
+                channel,
+                call: Arc::clone(call),
+                payload,
+            })
+            .is_ok()
+        });
+        if delivered {
+            return Ok(());
+        }
+        // The peer is gone. A peer that failed said so before it went, so its notice (or the
+        // one it passed on) is in the inbox already.
+        self.take_notices();
+        Err(self
+            .failure(cx)
+            .unwrap_or_else(|| RuntimeError::PeerExited {
+                op: cx.op,
+                group: cx.group.to_vec(),
+                rank: self.rank,
+                peer: to,
+            }))
+    }
+
+    /// Moves everything already in the inbox to where `recv` looks for it, without waiting.
+    fn take_notices(&mut self) {
+        while let Ok(envelope) = self.inbox.try_recv() {
+            self.file(envelope);
+        }
+    }
+
+    /// Records a message that is not the one being waited for.
+    fn file(&mut self, envelope: Envelope) {
+        match envelope {
+            Envelope::Data {
+                from,
+                channel,
+                call,
+                payload,
+            } => {
+                let previous = self
+                    .early
+                    .insert((from, channel), Delivery { call, payload });
+                debug_assert!(previous.is_none(), "two messages on one channel");
+            }
+            Envelope::Failed { origin, reason } => {
+                self.failed.entry(origin).or_insert(reason);
+            }
+            Envelope::Exited { from } => {
+                self.exited.insert(from);
+            }
+        }
+    }
+
+    /// The error to report when some rank has announced a failure.
+    fn failure(&self, cx: &Context<'_>) -> Option<RuntimeError> {
+        let (&origin, reason) = self.failed.iter().next()?;
+        Some(RuntimeError::PeerFailed {
+            op: cx.op,
+            group: cx.group.to_vec(),
+            rank: self.rank,
+            failed_rank: origin,
+            reason: reason.clone(),
         })
-        .map_err(|_| exited())
     }
 
     /// Waits for the message from rank `from` on `channel`, for at most the timeout. Fails
@@ -199,14 +250,8 @@ impl Mailbox {
         }
         let deadline = Instant::now() + self.timeout;
         loop {
-            if let Some((&origin, reason)) = self.failed.iter().next() {
-                return Err(RuntimeError::PeerFailed {
-                    op: cx.op,
-                    group: cx.group.to_vec(),
-                    rank: self.rank,
-                    failed_rank: origin,
-                    reason: reason.clone(),
-                });
+            if let Some(e) = self.failure(cx) {
+                return Err(e);
             }
             // Messages from one sender arrive in order, so once its exit notice is in,
             // everything it sent before is in `early` already.
@@ -234,20 +279,8 @@ impl Mailbox {
                     channel: ch,
                     call,
                     payload,
-                }) => {
-                    let delivery = Delivery { call, payload };
-                    if sender == from && ch == *channel {
-                        return Ok(delivery);
-                    }
-                    let previous = self.early.insert((sender, ch), delivery);
-                    debug_assert!(previous.is_none(), "two messages on one channel");
-                }
-                Ok(Envelope::Failed { origin, reason }) => {
-                    self.failed.entry(origin).or_insert(reason);
-                }
-                Ok(Envelope::Exited { from: gone }) => {
-                    self.exited.insert(gone);
-                }
+                }) if sender == from && ch == *channel => return Ok(Delivery { call, payload }),
+                Ok(envelope) => self.file(envelope),
                 Err(RecvTimeoutError::Timeout) => {}
                 // This mailbox holds a sender into its own inbox, so this cannot happen; if it
                 // did, nothing more could arrive.
@@ -260,6 +293,20 @@ impl Mailbox {
                     });
                 }
             }
+        }
+    }
+
+    /// Tells every other rank that this rank has failed with `error`. When the error only
+    /// reports another rank's failure, that rank's failure is passed on instead, so that every
+    /// rank learns which one started it.
+    pub(crate) fn announce_error(&self, error: &RuntimeError) {
+        match error.innermost() {
+            RuntimeError::PeerFailed {
+                failed_rank,
+                reason,
+                ..
+            } => self.announce_failure(*failed_rank, reason),
+            other => self.announce_failure(self.rank, &other.to_string()),
         }
     }
 
