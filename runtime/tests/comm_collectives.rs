@@ -445,7 +445,7 @@ fn reductions_are_bitwise_reproducible() -> TestResult {
         .map(|r| {
             let values = (0..64)
                 .map(|i| {
-                    let scale = 10f64.powi(((i * 7 + r * 3) % 17) as i32 - 8);
+                    let scale = 10f64.powi((i * 7 + r * 3) % 17 - 8);
                     scale * if (i + r) % 2 == 0 { 1.0 } else { -1.0 } * (1.0 + i as f64 / 3.0)
                 })
                 .collect();

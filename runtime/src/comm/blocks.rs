@@ -1,104 +1,96 @@
-//! Element-level helpers of the collective algorithms: cutting a tensor's elements into the
-//! pieces that travel between ranks, joining received pieces, and combining partial
-//! reductions. They move elements of any storage kind without looking at them, except
-//! [`combine`].
+//! Element-level helpers of the collective algorithms: the element types a collective moves,
+//! how partial reductions combine, and how a tensor's elements are cut into the pieces that
+//! travel between ranks and put back together.
 
 use autopar_ir::{DType, ReduceKind};
 
 use crate::error::RuntimeError;
-use crate::tensor::{Data, map_data};
+use crate::tensor::Data;
 
-/// The element ranges of `n` nearly equal consecutive chunks of `len` elements (the first
-/// ones get no more than the last ones).
-pub(crate) fn chunk_bounds(len: usize, n: usize) -> Vec<(usize, usize)> {
-    (0..n).map(|c| (c * len / n, (c + 1) * len / n)).collect()
+/// An element type of tensor storage (`f64` for floats, `i64` for integers, `bool`).
+pub(crate) trait Element: Copy + Default + Send + 'static {
+    /// The storage holding `v`.
+    fn into_data(v: Vec<Self>) -> Data;
+    /// The elements, if `data` holds this type.
+    fn from_data(data: Data) -> Option<Vec<Self>>;
+    /// `acc[i] = acc[i] (kind) local[i]`: folds this rank's contribution into the partial
+    /// result that arrived from the previous rank.
+    fn fold(kind: ReduceKind, acc: &mut [Self], local: &[Self]);
 }
 
-/// `data` cut into consecutive chunks with the given bounds.
-pub(crate) fn split_flat(data: &Data, bounds: &[(usize, usize)]) -> Vec<Data> {
-    bounds
-        .iter()
-        .map(|&(from, to)| map_data!(data, |v| v[from..to].to_vec()))
-        .collect()
+fn zip_with<T: Copy>(acc: &mut [T], x: &[T], f: impl Fn(T, T) -> T) {
+    acc.iter_mut().zip(x).for_each(|(a, &b)| *a = f(*a, b));
 }
 
-/// The elements of a row-major tensor of shape `dims` cut into `n` equal slices along
-/// `dim` (which `n` divides), each row-major in its own shape.
-pub(crate) fn split_along(data: &Data, dims: &[usize], dim: usize, n: usize) -> Vec<Data> {
-    let (outer, along, inner) = around(dims, dim);
-    let piece = along / n * inner;
-    (0..n)
-        .map(|j| {
-            map_data!(data, |v| {
-                let mut out = Vec::with_capacity(outer * piece);
-                for o in 0..outer {
-                    let start = o * along * inner + j * piece;
-                    out.extend_from_slice(&v[start..start + piece]);
-                }
-                out
-            })
-        })
-        .collect()
-}
+impl Element for f64 {
+    fn into_data(v: Vec<Self>) -> Data {
+        Data::Float(v)
+    }
 
-/// The inverse of [`split_along`]: pieces of equal shape `piece_dims`, joined along `dim`
-/// in order. `None` when the pieces are not all of one storage kind.
-pub(crate) fn join_along(pieces: Vec<Data>, piece_dims: &[usize], dim: usize) -> Option<Data> {
-    let (outer, along, inner) = around(piece_dims, dim);
-    let block = along * inner;
-    macro_rules! join {
-        ($variant:ident) => {{
-            let mut parts = Vec::with_capacity(pieces.len());
-            for p in pieces {
-                match p {
-                    Data::$variant(v) if v.len() == outer * block => parts.push(v),
-                    _ => return None,
-                }
+    fn from_data(data: Data) -> Option<Vec<Self>> {
+        match data {
+            Data::Float(v) => Some(v),
+            Data::Int(_) | Data::Bool(_) => None,
+        }
+    }
+
+    /// Floats stay in `f64` (rounded once, when the collective ends); a NaN, once met,
+    /// stays, as in the reduce kernels.
+    fn fold(kind: ReduceKind, acc: &mut [Self], local: &[Self]) {
+        match kind {
+            ReduceKind::Sum => zip_with(acc, local, |a, b| a + b),
+            ReduceKind::Max => {
+                zip_with(acc, local, |a, b| if a.is_nan() || a >= b { a } else { b })
             }
-            let mut out = Vec::with_capacity(parts.len() * outer * block);
-            for o in 0..outer {
-                for p in &parts {
-                    out.extend_from_slice(&p[o * block..(o + 1) * block]);
-                }
+            ReduceKind::Min => {
+                zip_with(acc, local, |a, b| if a.is_nan() || a <= b { a } else { b })
             }
-            Some(Data::$variant(out))
-        }};
-    }
-    match pieces.first()? {
-        Data::Float(_) => join!(Float),
-        Data::Int(_) => join!(Int),
-        Data::Bool(_) => join!(Bool),
+        }
     }
 }
 
-/// Consecutive chunks joined back into one (the inverse of [`split_flat`]). `None` when the
-/// chunks are not all of one storage kind.
-pub(crate) fn join_flat(chunks: Vec<Data>) -> Option<Data> {
-    let len: usize = chunks.iter().map(Data::len).sum();
-    macro_rules! join {
-        ($variant:ident) => {{
-            let mut out = Vec::with_capacity(len);
-            for c in chunks {
-                match c {
-                    Data::$variant(v) => out.extend(v),
-                    _ => return None,
-                }
-            }
-            Some(Data::$variant(out))
-        }};
+impl Element for i64 {
+    fn into_data(v: Vec<Self>) -> Data {
+        Data::Int(v)
     }
-    match chunks.first()? {
-        Data::Float(_) => join!(Float),
-        Data::Int(_) => join!(Int),
-        Data::Bool(_) => join!(Bool),
+
+    fn from_data(data: Data) -> Option<Vec<Self>> {
+        match data {
+            Data::Int(v) => Some(v),
+            Data::Float(_) | Data::Bool(_) => None,
+        }
+    }
+
+    /// Sums wrap, as the reduce kernels' do.
+    fn fold(kind: ReduceKind, acc: &mut [Self], local: &[Self]) {
+        match kind {
+            ReduceKind::Sum => zip_with(acc, local, i64::wrapping_add),
+            ReduceKind::Max => zip_with(acc, local, i64::max),
+            ReduceKind::Min => zip_with(acc, local, i64::min),
+        }
     }
 }
 
-/// Product of the dims before `dim`, `dims[dim]`, and the product of the dims after it.
-fn around(dims: &[usize], dim: usize) -> (usize, usize, usize) {
-    let outer = dims[..dim].iter().product();
-    let inner = dims[dim + 1..].iter().product();
-    (outer, dims[dim], inner)
+impl Element for bool {
+    fn into_data(v: Vec<Self>) -> Data {
+        Data::Bool(v)
+    }
+
+    fn from_data(data: Data) -> Option<Vec<Self>> {
+        match data {
+            Data::Bool(v) => Some(v),
+            Data::Float(_) | Data::Int(_) => None,
+        }
+    }
+
+    /// Max is `or`, min is `and`; a sum is refused by [`check_reducible`] before any data
+    /// moves (treated as `or` should it ever get here).
+    fn fold(kind: ReduceKind, acc: &mut [Self], local: &[Self]) {
+        match kind {
+            ReduceKind::Sum | ReduceKind::Max => zip_with(acc, local, |a, b| a || b),
+            ReduceKind::Min => zip_with(acc, local, |a, b| a && b),
+        }
+    }
 }
 
 /// Checks that `kind` can reduce elements of `dtype` (booleans have no sum).
@@ -114,42 +106,73 @@ pub(crate) fn check_reducible(
     }
 }
 
-/// `partial[i] = partial[i] (kind) local[i]`: folds this rank's contribution into the partial
-/// result that arrived from the previous rank. Floats stay in `f64` (rounded once, when the
-/// collective ends); a NaN, once met, stays, as in the reduce kernels. `false` when the two
-/// do not match in kind or length.
-pub(crate) fn combine(kind: ReduceKind, partial: &mut Data, local: &Data) -> bool {
-    if partial.len() != local.len() {
-        return false;
+/// The element ranges of `n` nearly equal consecutive chunks of `len` elements.
+pub(crate) fn chunk_bounds(len: usize, n: usize) -> Vec<std::ops::Range<usize>> {
+    (0..n).map(|c| c * len / n..(c + 1) * len / n).collect()
+}
+
+/// How a row-major tensor of shape `dims` splits around `dim` into `n` parts: the product
+/// of the dims before `dim`, and the number of consecutive elements of one part per
+/// index of those outer dims.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Layout {
+    outer: usize,
+    part: usize,
+    n: usize,
+}
+
+impl Layout {
+    /// Parts of a tensor of shape `dims` cut into `n` equal slices along `dim` (which `n`
+    /// divides).
+    pub(crate) fn split(dims: &[usize], dim: usize, n: usize) -> Layout {
+        let outer = dims[..dim].iter().product();
+        let inner: usize = dims[dim + 1..].iter().product();
+        Layout {
+            outer,
+            part: dims[dim] / n * inner,
+            n,
+        }
     }
-    match (partial, local) {
-        (Data::Float(acc), Data::Float(x)) => {
-            let f: fn(f64, f64) -> f64 = match kind {
-                ReduceKind::Sum => |a, b| a + b,
-                ReduceKind::Max => |a, b| if a.is_nan() || a >= b { a } else { b },
-                ReduceKind::Min => |a, b| if a.is_nan() || a <= b { a } else { b },
-            };
-            acc.iter_mut().zip(x).for_each(|(a, &b)| *a = f(*a, b));
+
+    /// Parts of `piece_dims` shape, `n` of them joined along `dim`.
+    pub(crate) fn join(piece_dims: &[usize], dim: usize, n: usize) -> Layout {
+        let outer = piece_dims[..dim].iter().product();
+        let inner: usize = piece_dims[dim + 1..].iter().product();
+        Layout {
+            outer,
+            part: piece_dims[dim] * inner,
+            n,
         }
-        (Data::Int(acc), Data::Int(x)) => {
-            let f: fn(i64, i64) -> i64 = match kind {
-                ReduceKind::Sum => i64::wrapping_add,
-                ReduceKind::Max => i64::max,
-                ReduceKind::Min => i64::min,
-            };
-            acc.iter_mut().zip(x).for_each(|(a, &b)| *a = f(*a, b));
-        }
-        (Data::Bool(acc), Data::Bool(x)) => {
-            let f: fn(bool, bool) -> bool = match kind {
-                // Refused by `check_reducible` before any data moves.
-                ReduceKind::Sum | ReduceKind::Max => |a, b| a || b,
-                ReduceKind::Min => |a, b| a && b,
-            };
-            acc.iter_mut().zip(x).for_each(|(a, &b)| *a = f(*a, b));
-        }
-        _ => return false,
     }
-    true
+
+    /// Elements of one part.
+    pub(crate) fn part_len(&self) -> usize {
+        self.outer * self.part
+    }
+
+    /// Elements of the whole.
+    pub(crate) fn len(&self) -> usize {
+        self.outer * self.part * self.n
+    }
+
+    /// Part `j` of `whole`, row-major in its own shape.
+    pub(crate) fn take<T: Copy>(&self, whole: &[T], j: usize) -> Vec<T> {
+        let mut out = Vec::with_capacity(self.part_len());
+        for o in 0..self.outer {
+            let start = (o * self.n + j) * self.part;
+            out.extend_from_slice(&whole[start..start + self.part]);
+        }
+        out
+    }
+
+    /// Writes `piece` (row-major in its own shape) as part `j` of `whole`.
+    pub(crate) fn put<T: Copy>(&self, whole: &mut [T], j: usize, piece: &[T]) {
+        for o in 0..self.outer {
+            let start = (o * self.n + j) * self.part;
+            whole[start..start + self.part]
+                .copy_from_slice(&piece[o * self.part..(o + 1) * self.part]);
+        }
+    }
 }
 
 #[cfg(test)]
@@ -157,38 +180,33 @@ mod tests {
     use super::*;
 
     #[test]
-    fn split_and_join_along_a_middle_dim() {
-        // Shape [2, 4, 3]: split dim 1 in two.
-        let data = Data::Int((0..24).collect());
-        let pieces = split_along(&data, &[2, 4, 3], 1, 2);
-        assert_eq!(
-            pieces[0],
-            Data::Int(vec![0, 1, 2, 3, 4, 5, 12, 13, 14, 15, 16, 17])
-        );
-        assert_eq!(join_along(pieces, &[2, 2, 3], 1), Some(data));
+    fn take_and_put_along_a_middle_dim() {
+        // Shape [2, 4, 3]: two slices along dim 1.
+        let whole: Vec<i64> = (0..24).collect();
+        let layout = Layout::split(&[2, 4, 3], 1, 2);
+        let first = layout.take(&whole, 0);
+        assert_eq!(first, vec![0, 1, 2, 3, 4, 5, 12, 13, 14, 15, 16, 17]);
+        let mut back = vec![0; layout.len()];
+        for j in 0..2 {
+            Layout::join(&[2, 2, 3], 1, 2).put(&mut back, j, &layout.take(&whole, j));
+        }
+        assert_eq!(back, whole);
     }
 
     #[test]
-    fn uneven_flat_chunks_round_trip() {
-        let data = Data::Float((0..10).map(f64::from).collect());
-        let bounds = chunk_bounds(10, 4);
-        assert_eq!(bounds, vec![(0, 2), (2, 5), (5, 7), (7, 10)]);
-        let chunks = split_flat(&data, &bounds);
-        assert_eq!(join_flat(chunks), Some(data));
+    fn uneven_chunks_cover_everything() {
+        assert_eq!(chunk_bounds(10, 4), vec![0..2, 2..5, 5..7, 7..10]);
+        assert_eq!(chunk_bounds(1, 3), vec![0..0, 0..0, 0..1]);
     }
 
     #[test]
-    fn combine_rejects_mismatched_parts() {
-        let mut a = Data::Float(vec![1.0, f64::NAN]);
-        assert!(combine(
-            ReduceKind::Max,
-            &mut a,
-            &Data::Float(vec![2.0, 0.0])
-        ));
-        let Data::Float(v) = &a else { unreachable!() };
-        assert_eq!(v[0], 2.0);
-        assert!(v[1].is_nan());
-        assert!(!combine(ReduceKind::Sum, &mut a, &Data::Int(vec![1, 2])));
-        assert!(!combine(ReduceKind::Sum, &mut a, &Data::Float(vec![1.0])));
+    fn folds_keep_nans_and_wrap() {
+        let mut a = vec![1.0, f64::NAN];
+        f64::fold(ReduceKind::Max, &mut a, &[2.0, 0.0]);
+        assert_eq!(a[0], 2.0);
+        assert!(a[1].is_nan());
+        let mut i = vec![i64::MAX];
+        i64::fold(ReduceKind::Sum, &mut i, &[1]);
+        assert_eq!(i, vec![i64::MIN]);
     }
 }

@@ -17,14 +17,22 @@ use std::time::Duration;
 use autopar_ir::infer::infer;
 use autopar_ir::{DeviceMesh, IrError, Op, ReduceKind, TensorType};
 
-use super::blocks::{
-    check_reducible, chunk_bounds, combine, join_along, join_flat, split_along, split_flat,
-};
+use super::blocks::{Element, Layout, check_reducible, chunk_bounds};
 use super::group::{group_members, shifted_rank};
 use super::mailbox::{CallSignature, Channel, Context, Mailbox, describe};
 use crate::error::RuntimeError;
 use crate::interp::Communicator;
+use crate::tensor::map_data;
 use crate::tensor::{Data, Precision, Tensor};
+
+/// Runs a generic collective on whichever element type `data` holds: `$body` gives a
+/// `Result<Vec<T>, RuntimeError>`, the whole a `Data` of the same kind (or returns the
+/// error).
+macro_rules! for_each_kind {
+    ($data:expr, |$v:ident| $body:expr) => {
+        map_data!($data, |$v| $body?)
+    };
+}
 
 /// Options of the in-process communicators.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -146,29 +154,30 @@ impl InProcessCommunicator {
         let types: Vec<&TensorType> = operands.iter().map(|t| t.ty()).collect();
         let result_types = infer(op, &types, Some(&self.mesh))?;
         let one = |t: Tensor| Ok(vec![t]);
+        let precision = self.precision;
         match op {
             Op::AllReduce { axes, reduce } => {
                 let x = operands[0];
                 check_reducible(name, *reduce, x.dtype())?;
                 let mut round = self.begin(op, axes, x.ty())?;
-                let data = round.all_reduce(*reduce, x.data())?;
-                let precision = self.precision;
+                let data = for_each_kind!(x.data(), |v| round.all_reduce(*reduce, v));
                 one(reduced(&result_types[0], data, precision)?)
             }
             Op::ReduceScatter { axes, dim, reduce } => {
                 let x = operands[0];
                 check_reducible(name, *reduce, x.dtype())?;
                 let mut round = self.begin(op, axes, x.ty())?;
-                let slices = split_along(x.data(), x.dims(), *dim, round.size());
-                let data = round.reduce_scatter(*reduce, slices, 0)?;
-                let precision = self.precision;
+                let layout = Layout::split(x.dims(), *dim, round.size());
+                let data = for_each_kind!(x.data(), |v| {
+                    round.reduce_scatter_along(*reduce, v, layout)
+                });
                 one(reduced(&result_types[0], data, precision)?)
             }
             Op::AllGather { axes, dim } => {
                 let x = operands[0];
                 let mut round = self.begin(op, axes, x.ty())?;
-                let blocks = round.all_gather(x.data().clone(), 0)?;
-                let data = join_along(blocks, x.dims(), *dim).ok_or_else(|| round.garbled())?;
+                let layout = Layout::join(x.dims(), *dim, round.size());
+                let data = for_each_kind!(x.data(), |v| round.all_gather(v, layout));
                 one(tensor(&result_types[0], data)?)
             }
             Op::AllToAll {
@@ -179,18 +188,17 @@ impl InProcessCommunicator {
                 let x = operands[0];
                 let mut round = self.begin(op, axes, x.ty())?;
                 let n = round.size();
-                let pieces = split_along(x.data(), x.dims(), *split_dim, n);
+                let split = Layout::split(x.dims(), *split_dim, n);
                 let mut piece_dims = x.dims().to_vec();
                 piece_dims[*split_dim] /= n;
-                let received = round.all_to_all(pieces)?;
-                let data = join_along(received, &piece_dims, *concat_dim)
-                    .ok_or_else(|| round.garbled())?;
+                let join = Layout::join(&piece_dims, *concat_dim, n);
+                let data = for_each_kind!(x.data(), |v| round.all_to_all(v, split, join));
                 one(tensor(&result_types[0], data)?)
             }
             Op::CollectiveBroadcast { axes, root } => {
                 let x = operands[0];
                 let mut round = self.begin(op, axes, x.ty())?;
-                let data = round.broadcast(*root, x.data())?;
+                let data = for_each_kind!(x.data(), |v| round.broadcast(*root, v));
                 one(tensor(&result_types[0], data)?)
             }
             Op::Send { axis, shift } => {
@@ -246,7 +254,6 @@ impl InProcessCommunicator {
         let cx = Context {
             op: op.name(),
             group: &group,
-            rank,
         };
         self.mailbox.send(
             to,
@@ -272,7 +279,6 @@ impl InProcessCommunicator {
         let cx = Context {
             op: op.name(),
             group: &group,
-            rank,
         };
         let d = self
             .mailbox
@@ -347,169 +353,187 @@ impl Round<'_> {
         }
     }
 
-    fn context(&self) -> Context<'_> {
-        Context {
-            op: self.op,
-            group: &self.members,
-            rank: self.mailbox.rank(),
-        }
-    }
-
-    fn send(&mut self, member: usize, step: usize, payload: Data) -> Result<(), RuntimeError> {
+    fn send<T: Element>(
+        &mut self,
+        member: usize,
+        step: usize,
+        payload: Vec<T>,
+    ) -> Result<(), RuntimeError> {
         let channel = self.channel(step);
         let cx = Context {
             op: self.op,
             group: &self.members,
-            rank: self.mailbox.rank(),
         };
-        self.mailbox
-            .send(self.members[member], channel, &self.call, payload, &cx)
+        self.mailbox.send(
+            self.members[member],
+            channel,
+            &self.call,
+            T::into_data(payload),
+            &cx,
+        )
     }
 
     /// Receives the step-`step` message from group member `member`, which must come from the
     /// same collective call as ours and hold `len` elements.
-    fn recv(&mut self, member: usize, step: usize, len: usize) -> Result<Data, RuntimeError> {
+    fn recv<T: Element>(
+        &mut self,
+        member: usize,
+        step: usize,
+        len: usize,
+    ) -> Result<Vec<T>, RuntimeError> {
         let channel = self.channel(step);
         let cx = Context {
             op: self.op,
             group: &self.members,
-            rank: self.mailbox.rank(),
         };
         let peer = self.members[member];
         let d = self.mailbox.recv(peer, &channel, &cx)?;
-        if *d.call != *self.call || d.payload.len() != len {
-            return Err(RuntimeError::CollectiveMismatch {
-                op: self.op,
-                group: self.members.to_vec(),
-                rank: self.mailbox.rank(),
-                peer,
-                ours: self.call.to_string(),
-                theirs: d.call.to_string(),
-            });
+        let mismatch = |theirs: &CallSignature| RuntimeError::CollectiveMismatch {
+            op: self.op,
+            group: self.members.to_vec(),
+            rank: self.mailbox.rank(),
+            peer,
+            ours: self.call.to_string(),
+            theirs: theirs.to_string(),
+        };
+        if *d.call != *self.call {
+            return Err(mismatch(&d.call));
         }
-        Ok(d.payload)
+        // With equal signatures the payload always fits; check anyway rather than trust a
+        // peer's arithmetic.
+        match T::from_data(d.payload) {
+            Some(v) if v.len() == len => Ok(v),
+            _ => Err(mismatch(&d.call)),
+        }
     }
 
-    /// The error for received pieces that cannot be put together (impossible once the call
-    /// signatures agree).
-    fn garbled(&self) -> RuntimeError {
-        let cx = self.context();
-        IrError::Verify(format!(
-            "`{}` over group {:?} on rank {}: received pieces of the wrong kind",
-            cx.op, cx.group, cx.rank
-        ))
-        .into()
-    }
-
-    /// Ring reduce-scatter of `chunks` (one per member, in group order): returns chunk `pos`
-    /// reduced over the group. Takes `n - 1` steps, numbered from `first_step`.
+    /// Ring reduce-scatter: `chunks` holds this member's contribution to every member's
+    /// chunk, in group order; returns chunk `pos` reduced over the group. Takes `n - 1`
+    /// steps.
     ///
     /// At step `s` this member sends the partial result of chunk `pos - s - 1` to the next
     /// member and receives that of chunk `pos - s - 2` from the previous one, folding its own
-    /// contribution in. Chunk `c` thus starts at member `c + 1` and ends, complete, at `c`.
-    fn reduce_scatter(
+    /// contribution in. Chunk `c` thus starts at member `c + 1` and ends, complete, at `c`:
+    /// an order fixed by the ring.
+    fn ring_reduce_scatter<T: Element>(
         &mut self,
         kind: ReduceKind,
-        mut chunks: Vec<Data>,
-        first_step: usize,
-    ) -> Result<Data, RuntimeError> {
+        chunks: &[&[T]],
+    ) -> Result<Vec<T>, RuntimeError> {
         let n = self.size();
         let (next, prev) = (self.member(1), self.member(-1));
-        let mut outgoing = std::mem::replace(&mut chunks[self.member(-1)], Data::Float(Vec::new()));
+        let mut outgoing = chunks[self.member(-1)].to_vec();
         for s in 0..n - 1 {
-            self.send(next, first_step + s, outgoing)?;
+            self.send(next, s, outgoing)?;
             let c = self.member(-(s as isize) - 2);
-            let mut partial = self.recv(prev, first_step + s, chunks[c].len())?;
-            if !combine(kind, &mut partial, &chunks[c]) {
-                return Err(self.garbled());
-            }
+            let mut partial = self.recv(prev, s, chunks[c].len())?;
+            T::fold(kind, &mut partial, chunks[c]);
             outgoing = partial;
         }
         Ok(outgoing)
     }
 
-    /// Ring all-gather: returns every member's block, in group order. Takes `n - 1` steps,
-    /// numbered from `first_step`; at step `s` this member passes block `pos - s` on to the
-    /// next member and receives block `pos - s - 1` from the previous one. Every block must
-    /// have as many elements as ours, except in an all-reduce, where `lens` gives each
-    /// block's length.
-    fn ring_all_gather(
+    /// Ring all-gather of one block per member, starting with this member's `mine`: hands
+    /// every block, with its member's position, to `place`. Takes `n - 1` steps, numbered
+    /// from `first_step`; at step `s` this member passes block `pos - s` on to the next
+    /// member and receives block `pos - s - 1` from the previous one. `len(b)` is the length
+    /// of block `b`.
+    fn ring_all_gather<T: Element>(
         &mut self,
-        mine: Data,
-        lens: &[usize],
+        mine: Vec<T>,
         first_step: usize,
-    ) -> Result<Vec<Data>, RuntimeError> {
+        len: impl Fn(usize) -> usize,
+        mut place: impl FnMut(usize, &[T]),
+    ) -> Result<(), RuntimeError> {
         let n = self.size();
         let (next, prev) = (self.member(1), self.member(-1));
-        let mut blocks: Vec<Option<Data>> = vec![None; n];
-        let mut outgoing = mine.clone();
-        blocks[self.pos] = Some(mine);
+        place(self.pos, &mine);
+        let mut outgoing = mine;
         for s in 0..n - 1 {
             self.send(next, first_step + s, outgoing)?;
             let b = self.member(-(s as isize) - 1);
-            let block = self.recv(prev, first_step + s, lens[b])?;
-            if s + 2 < n {
-                outgoing = block.clone();
-            } else {
-                outgoing = Data::Float(Vec::new());
-            }
-            blocks[b] = Some(block);
+            let block = self.recv(prev, first_step + s, len(b))?;
+            place(b, &block);
+            outgoing = block;
         }
-        drop(outgoing);
-        blocks
-            .into_iter()
-            .collect::<Option<Vec<_>>>()
-            .ok_or_else(|| self.garbled())
+        Ok(())
     }
 
-    fn all_gather(&mut self, mine: Data, first_step: usize) -> Result<Vec<Data>, RuntimeError> {
-        let lens = vec![mine.len(); self.size()];
-        self.ring_all_gather(mine, &lens, first_step)
-    }
-
-    /// Ring all-reduce: a reduce-scatter of the flat elements in `n` nearly equal chunks,
-    /// then an all-gather of the reduced chunks.
-    fn all_reduce(&mut self, kind: ReduceKind, x: &Data) -> Result<Data, RuntimeError> {
+    /// Ring all-reduce: a ring reduce-scatter of the flat elements in `n` nearly equal
+    /// chunks, then a ring all-gather of the reduced chunks.
+    fn all_reduce<T: Element>(
+        &mut self,
+        kind: ReduceKind,
+        x: &[T],
+    ) -> Result<Vec<T>, RuntimeError> {
         let n = self.size();
         let bounds = chunk_bounds(x.len(), n);
-        let lens: Vec<usize> = bounds.iter().map(|&(a, b)| b - a).collect();
-        let mine = self.reduce_scatter(kind, split_flat(x, &bounds), 0)?;
-        let chunks = self.ring_all_gather(mine, &lens, n - 1)?;
-        join_flat(chunks).ok_or_else(|| self.garbled())
+        let chunks: Vec<&[T]> = bounds.iter().map(|r| &x[r.clone()]).collect();
+        let mine = self.ring_reduce_scatter(kind, &chunks)?;
+        let mut out = vec![T::default(); x.len()];
+        self.ring_all_gather(
+            mine,
+            n - 1,
+            |b| bounds[b].len(),
+            |b, block| out[bounds[b].clone()].copy_from_slice(block),
+        )?;
+        Ok(out)
     }
 
-    /// Pairwise exchange: at step `s` (from 1 to `n - 1`) this member sends piece `pos + s`
-    /// to member `pos + s` and receives its own piece from member `pos - s`. Returns the
-    /// pieces for this member, by source, in group order.
-    fn all_to_all(&mut self, mut pieces: Vec<Data>) -> Result<Vec<Data>, RuntimeError> {
+    /// Reduce-scatter of the slices of `x` that `layout` describes.
+    fn reduce_scatter_along<T: Element>(
+        &mut self,
+        kind: ReduceKind,
+        x: &[T],
+        layout: Layout,
+    ) -> Result<Vec<T>, RuntimeError> {
+        let pieces: Vec<Vec<T>> = (0..self.size()).map(|j| layout.take(x, j)).collect();
+        let chunks: Vec<&[T]> = pieces.iter().map(Vec::as_slice).collect();
+        self.ring_reduce_scatter(kind, &chunks)
+    }
+
+    /// Ring all-gather of every member's `x`, joined as `layout` says.
+    fn all_gather<T: Element>(&mut self, x: &[T], layout: Layout) -> Result<Vec<T>, RuntimeError> {
+        let mut out = vec![T::default(); layout.len()];
+        self.ring_all_gather(
+            x.to_vec(),
+            0,
+            |_| layout.part_len(),
+            |b, block| layout.put(&mut out, b, block),
+        )?;
+        Ok(out)
+    }
+
+    /// Pairwise exchange: piece `j` of `x` (cut as `split` says) goes to member `j`; the
+    /// pieces that arrive are joined as `join` says, in group order. At step `s` (from 1 to
+    /// `n - 1`) this member sends to member `pos + s` and receives from member `pos - s`.
+    fn all_to_all<T: Element>(
+        &mut self,
+        x: &[T],
+        split: Layout,
+        join: Layout,
+    ) -> Result<Vec<T>, RuntimeError> {
         let n = self.size();
-        let len = pieces.first().map_or(0, Data::len);
-        let mut received: Vec<Option<Data>> = vec![None; n];
-        received[self.pos] = Some(std::mem::replace(
-            &mut pieces[self.pos],
-            Data::Float(Vec::new()),
-        ));
+        let mut out = vec![T::default(); join.len()];
+        join.put(&mut out, self.pos, &split.take(x, self.pos));
         for s in 1..n {
             let to = self.member(s as isize);
-            let payload = std::mem::replace(&mut pieces[to], Data::Float(Vec::new()));
-            self.send(to, s, payload)?;
+            self.send(to, s, split.take(x, to))?;
             let from = self.member(-(s as isize));
-            received[from] = Some(self.recv(from, s, len)?);
+            let piece = self.recv(from, s, split.part_len())?;
+            join.put(&mut out, from, &piece);
         }
-        received
-            .into_iter()
-            .collect::<Option<Vec<_>>>()
-            .ok_or_else(|| self.garbled())
+        Ok(out)
     }
 
     /// Binomial-tree broadcast from group member `root`: counting positions relative to the
     /// root, member `r` receives from `r` minus its highest set bit, then sends to `r + 2^k`
     /// for every `2^k` above `r`. Takes about `log2(n)` rounds.
-    fn broadcast(&mut self, root: usize, x: &Data) -> Result<Data, RuntimeError> {
+    fn broadcast<T: Element>(&mut self, root: usize, x: &[T]) -> Result<Vec<T>, RuntimeError> {
         let n = self.size();
         let r = (self.pos + n - root) % n;
         let data = if r == 0 {
-            x.clone()
+            x.to_vec()
         } else {
             let high = 1usize << (usize::BITS - 1 - r.leading_zeros());
             let parent = (r - high + root) % n;

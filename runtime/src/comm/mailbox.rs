@@ -88,11 +88,10 @@ pub(crate) enum Envelope {
     Exited { from: usize },
 }
 
-/// The op, group and rank a receive is part of, for error messages.
+/// The op and group a message is part of, for error messages.
 pub(crate) struct Context<'a> {
     pub op: &'static str,
     pub group: &'a [usize],
-    pub rank: usize,
 }
 
 /// A data message taken from the inbox.
