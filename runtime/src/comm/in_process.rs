@@ -5,9 +5,10 @@
 //!
 //! Reductions are reproducible: in the ring, slice `c` of the result is accumulated starting
 //! at group member `c + 1` and going around the ring, an order fixed by the ring positions,
-//! never by thread timing, so repeated runs give the same bits. Partial sums travel in `f64`
-//! (the runtime's accumulation width) and are rounded to the declared dtype once, at the
-//! end, as the interpreter rounds every op's result. A different group size, or a different
+//! never by thread timing, so repeated runs give the same bits; and since each slice is
+//! reduced once and then copied around, every member receives the same bits. Partial sums
+//! travel in `f64` (the runtime's accumulation width) and are rounded to the declared dtype
+//! once, at the end, as the interpreter rounds every op's result. A different group size, or a different
 //! group order, adds in a different order and may round the last bit differently.
 
 use std::collections::HashMap;
@@ -65,9 +66,14 @@ impl Default for CommOptions {
 /// [`Communicator::communicate`] directly).
 ///
 /// Members of a group must call the collectives on that group in the same order with the
-/// same op, attributes and operand type; a member that does otherwise makes the others fail
-/// with [`RuntimeError::CollectiveMismatch`] or, when it waits on another group,
-/// [`RuntimeError::CollectiveTimeout`]. Dropping a communicator tells the others it has gone.
+/// same op, attributes and operand type. A member that does otherwise fails the run: the
+/// ranks that exchange messages with it report [`RuntimeError::CollectiveMismatch`] (or,
+/// when it waits in a collective on another group, [`RuntimeError::CollectiveTimeout`]),
+/// and every other rank [`RuntimeError::PeerFailed`] at its next wait. Dropping a
+/// communicator tells the others it has gone.
+///
+/// The timeout bounds each wait for one message, whatever the peer is doing; a rank that
+/// computes for longer than that between two collectives needs a longer timeout.
 pub struct InProcessCommunicator {
     mesh: Arc<DeviceMesh>,
     mailbox: Mailbox,
@@ -138,18 +144,14 @@ impl InProcessCommunicator {
     /// [aborts](Self::abort): the other ranks fail too, at their next wait, rather than
     /// wait for this one.
     pub fn execute(&mut self, op: &Op, operands: &[&Tensor]) -> Result<Vec<Tensor>, RuntimeError> {
-        let result = self.execute_unchecked(op, operands);
+        let result = self.run_op(op, operands);
         if let Err(e) = &result {
             self.abort(e);
         }
         result
     }
 
-    fn execute_unchecked(
-        &mut self,
-        op: &Op,
-        operands: &[&Tensor],
-    ) -> Result<Vec<Tensor>, RuntimeError> {
+    fn run_op(&mut self, op: &Op, operands: &[&Tensor]) -> Result<Vec<Tensor>, RuntimeError> {
         let name = op.name();
         let types: Vec<&TensorType> = operands.iter().map(|t| t.ty()).collect();
         let result_types = infer(op, &types, Some(&self.mesh))?;
