@@ -1,6 +1,8 @@
 //! The error type of the runtime: everything that can go wrong while feeding, initialising
 //! or executing a graph, with the op, value or name involved.
 
+use std::time::Duration;
+
 use autopar_ir::{IrError, NodeId, TensorType};
 use thiserror::Error;
 
@@ -150,13 +152,100 @@ pub enum RuntimeError {
         /// The underlying error.
         source: Box<RuntimeError>,
     },
+    /// A peer did not deliver its part of a collective or point-to-point exchange in time:
+    /// it died, diverged (waits in another collective) or is stuck.
+    #[error(
+        "`{op}` over ranks {group:?} on rank {rank}: nothing from rank {peer} within {timeout:?} (it died, diverged or is stuck)"
+    )]
+    CollectiveTimeout {
+        /// Text name of the collective.
+        op: &'static str,
+        /// The ranks of the group, in group order (for `send`/`recv`: source, destination).
+        group: Vec<usize>,
+        /// The rank that waited.
+        rank: usize,
+        /// The rank it waited for.
+        peer: usize,
+        /// How long it waited.
+        timeout: Duration,
+    },
+    /// A peer reached the same collective slot with a different op, attributes or operand
+    /// type.
+    #[error(
+        "`{op}` over ranks {group:?}: rank {rank} called {ours}, but rank {peer} called {theirs}"
+    )]
+    CollectiveMismatch {
+        /// Text name of this rank's collective.
+        op: &'static str,
+        /// The ranks of the group, in group order.
+        group: Vec<usize>,
+        /// This rank.
+        rank: usize,
+        /// The rank that disagreed.
+        peer: usize,
+        /// This rank's call, with attributes and operand type.
+        ours: String,
+        /// The peer's call.
+        theirs: String,
+    },
+    /// Another rank failed while this one was communicating, so the run cannot finish.
+    #[error("`{op}` over ranks {group:?} on rank {rank}: rank {failed_rank} failed: {reason}")]
+    PeerFailed {
+        /// Text name of the collective this rank was in.
+        op: &'static str,
+        /// Its group.
+        group: Vec<usize>,
+        /// This rank.
+        rank: usize,
+        /// The rank whose failure started it.
+        failed_rank: usize,
+        /// That rank's error.
+        reason: String,
+    },
+    /// A peer finished or went away without taking part in a collective this rank is in.
+    #[error("`{op}` over ranks {group:?} on rank {rank}: rank {peer} exited without taking part")]
+    PeerExited {
+        /// Text name of the collective.
+        op: &'static str,
+        /// Its group.
+        group: Vec<usize>,
+        /// This rank.
+        rank: usize,
+        /// The rank that is gone.
+        peer: usize,
+    },
+    /// A rank's thread panicked.
+    #[error("rank {rank} panicked: {message}")]
+    RankPanicked {
+        /// The rank.
+        rank: usize,
+        /// The panic message.
+        message: String,
+    },
+    /// A multi-rank run cannot start (wrong number of programs, mismatched meshes).
+    #[error("cannot run the ranks: {detail}")]
+    SpmdSetup {
+        /// What is wrong.
+        detail: String,
+    },
+    /// An error raised on one rank of a multi-rank run.
+    #[error("rank {rank}: {source}")]
+    OnRank {
+        /// The rank.
+        rank: usize,
+        /// Its error.
+        source: Box<RuntimeError>,
+    },
 }
 
 impl RuntimeError {
-    /// The error without the [`RuntimeError::AtNode`] context around it.
+    /// The error without the [`RuntimeError::AtNode`] and [`RuntimeError::OnRank`] context
+    /// around it.
     pub fn innermost(&self) -> &RuntimeError {
         match self {
-            RuntimeError::AtNode { source, .. } => source.innermost(),
+            RuntimeError::AtNode { source, .. } | RuntimeError::OnRank { source, .. } => {
+                source.innermost()
+            }
             other => other,
         }
     }

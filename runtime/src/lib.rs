@@ -32,8 +32,10 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+pub mod comm;
 pub mod data;
 pub mod error;
+pub mod executor;
 pub mod init;
 pub mod interp;
 pub mod kernels;
@@ -43,8 +45,10 @@ pub mod tensor;
 
 use std::collections::BTreeMap;
 
+pub use comm::{CommOptions, InProcessCommunicator, in_process_communicators};
 pub use data::{bigram_permutation, regression_teacher, synthetic_batch, token_loss_floor};
 pub use error::{Feed, RuntimeError};
+pub use executor::{RankProgram, SpmdOptions, run_spmd, run_spmd_per_rank};
 pub use init::{element_init, init_parameter, init_parameters};
 pub use interp::{Communicator, RunOptions, RunOutput, SingleDevice, run, run_with_communicator};
 pub use kernels::eval_op;
