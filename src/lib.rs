@@ -15,6 +15,8 @@ pub use autopar_runtime as runtime;
 
 use autopar_ir::Graph;
 
+pub mod spmd;
+
 /// Errors of the facade: each wraps the failing crate's error with what was being done.
 #[derive(Debug, Error)]
 pub enum Error {
@@ -51,6 +53,9 @@ pub enum Error {
     /// A cluster description, plan or estimate is wrong.
     #[error(transparent)]
     Cost(#[from] autopar_cost_model::CostError),
+    /// A compiler pass failed (sharding propagation, partitioning, annotations).
+    #[error(transparent)]
+    Pass(#[from] autopar_passes::PassError),
     /// An option does not apply.
     #[error("{0}")]
     Usage(String),

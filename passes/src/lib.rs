@@ -6,4 +6,10 @@
 //! runtime never depends on it, so the reference interpreter can judge what passes produce.
 //! No pass exists yet; this fixes the crate boundary in the workspace.
 
+pub mod error;
+pub mod propagate;
 pub mod sharding;
+
+pub use error::PassError;
+pub mod parallelize;
+pub mod partition;

@@ -1,0 +1,308 @@
+//! Running parallelised graphs: every rank of the mesh initialises only its shards of the
+//! state and takes its part of each batch, the partitioned programs run on CPU threads
+//! ([`autopar_runtime::run_spmd`]), and, to verify, the single-device reference runs the
+//! same global graph next to them and the results are compared, every state tensor gathered
+//! back to its global shape.
+//!
+//! A graph's *state* is its parameters; an output named like a parameter is that parameter's
+//! next value (the training-step convention), so a forward graph has no state updates and a
+//! step graph updates weights and optimizer state.
+
+use autopar_ir::sharding_algebra::local_region;
+use autopar_ir::{DeviceMesh, Graph, Op, Sharding, TensorType};
+use autopar_passes::parallelize::{ParallelOptions, Parallelized, parallelize};
+use autopar_passes::partition::partition_all;
+use autopar_runtime::{
+    self as rt, Data, RankProgram, RunOptions, SpmdOptions, Tensor, TensorMap, element_init,
+};
+
+use crate::Error;
+
+/// A graph parallelised on a mesh and partitioned into one program per rank.
+#[derive(Clone, Debug)]
+pub struct SpmdProgram {
+    /// The global graph with complete shardings, and the chosen strategies.
+    pub global: Parallelized,
+    /// The local program of every rank, in rank order.
+    pub ranks: Vec<Graph>,
+}
+
+impl SpmdProgram {
+    /// The mesh the programs run on.
+    pub fn mesh(&self) -> Result<&DeviceMesh, Error> {
+        self.global
+            .graph
+            .mesh()
+            .ok_or_else(|| Error::Usage("the parallelised graph has no mesh".into()))
+    }
+}
+
+/// Parallelises `g` on `mesh` and partitions it for every rank.
+pub fn compile(
+    g: &Graph,
+    mesh: &DeviceMesh,
+    options: &ParallelOptions,
+) -> Result<SpmdProgram, Error> {
+    let global = parallelize(g, mesh, options)?;
+    let ranks = partition_all(&global.graph, &global.plan)?;
+    Ok(SpmdProgram { global, ranks })
+}
+
+/// The outcome of `--verify`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct VerifyReport {
+    /// Largest absolute difference over the losses and every state tensor.
+    pub max_abs_err: f64,
+    /// Largest relative difference: per tensor, the largest absolute difference over the
+    /// largest magnitude of the reference (so that near-zero elements do not dominate).
+    pub max_rel_err: f64,
+    /// The tolerance both errors are held to.
+    pub tolerance: f64,
+}
+
+impl VerifyReport {
+    /// True when both errors are within the tolerance (and are numbers).
+    pub fn ok(&self) -> bool {
+        self.max_abs_err <= self.tolerance && self.max_rel_err <= self.tolerance
+    }
+
+    /// `verify: max_abs_err=<x> max_rel_err=<y> OK` (or `FAILED`).
+    pub fn line(&self) -> String {
+        format!(
+            "verify: max_abs_err={:.3e} max_rel_err={:.3e} {}",
+            self.max_abs_err,
+            self.max_rel_err,
+            if self.ok() { "OK" } else { "FAILED" }
+        )
+    }
+}
+
+/// What a multi-rank run reports.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SpmdSummary {
+    /// The loss of every step (from rank 0; the loss is replicated).
+    pub losses: Vec<f64>,
+    /// The comparison with the reference, when asked for.
+    pub verify: Option<VerifyReport>,
+    /// Largest peak of live tensor bytes of any rank in any step.
+    pub peak_bytes: u64,
+}
+
+/// The default tolerance of `--verify` (f32 step graphs).
+pub const VERIFY_TOLERANCE: f64 = 1e-4;
+
+/// Runs `steps` steps of `program` with state and data drawn from `seed`; with `verify`,
+/// runs the reference next to it and compares (see the module docs). `each` sees every
+/// step's loss.
+pub fn run(
+    program: &SpmdProgram,
+    seed: u64,
+    steps: u64,
+    verify: bool,
+    mut each: impl FnMut(u64, f64),
+) -> Result<SpmdSummary, Error> {
+    let g = &program.global.graph;
+    let mesh = program.mesh()?;
+    let mut states: Vec<TensorMap> = (0..mesh.num_devices())
+        .map(|rank| init_rank_state(g, mesh, rank, seed))
+        .collect::<Result<_, _>>()?;
+    let mut reference = if verify {
+        Some(rt::init_parameters(g, seed)?)
+    } else {
+        None
+    };
+    let mut summary = SpmdSummary {
+        losses: Vec::new(),
+        verify: None,
+        peak_bytes: 0,
+    };
+    let (mut abs, mut rel) = (0.0f64, 0.0f64);
+    for step in 0..steps {
+        let batch = rt::synthetic_batch(g, seed, step)?;
+        let inputs: Vec<TensorMap> = (0..mesh.num_devices())
+            .map(|rank| rank_inputs(g, &batch, mesh, rank))
+            .collect::<Result<_, _>>()?;
+        let ranks: Vec<RankProgram<'_>> = program
+            .ranks
+            .iter()
+            .zip(&states)
+            .zip(&inputs)
+            .map(|((graph, params), inputs)| RankProgram {
+                graph,
+                params,
+                inputs,
+            })
+            .collect();
+        let outs = rt::run_spmd(mesh, &ranks, SpmdOptions::default())?;
+        let loss = outs
+            .first()
+            .ok_or_else(|| Error::Usage("the mesh has no ranks".into()))?
+            .scalar("loss")?;
+        each(step, loss);
+        summary.losses.push(loss);
+        for (state, out) in states.iter_mut().zip(outs) {
+            summary.peak_bytes = summary.peak_bytes.max(out.peak_bytes);
+            for (name, t) in out.outputs {
+                if let Some(slot) = state.get_mut(&name) {
+                    *slot = t;
+                }
+            }
+        }
+        if let Some(reference) = reference.as_mut() {
+            let out = rt::run(g, reference, &batch, RunOptions::default())?;
+            let want = out.scalar("loss")?;
+            abs = abs.max((loss - want).abs());
+            rel = rel.max((loss - want).abs() / want.abs().max(f64::MIN_POSITIVE));
+            for (name, t) in out.outputs {
+                if let Some(slot) = reference.get_mut(&name) {
+                    *slot = t;
+                }
+            }
+        }
+    }
+    if let Some(reference) = &reference {
+        for (v, name, ty) in g.parameters() {
+            let Some(want) = reference.get(name) else {
+                continue;
+            };
+            let s = sharding_of(g, v)?;
+            let got = gather(name, ty, &s, mesh, &states)?;
+            let (a, r) = compare(&got, want);
+            abs = abs.max(a);
+            rel = rel.max(r);
+        }
+        summary.verify = Some(VerifyReport {
+            max_abs_err: abs,
+            max_rel_err: rel,
+            tolerance: VERIFY_TOLERANCE,
+        });
+    }
+    Ok(summary)
+}
+
+fn sharding_of(g: &Graph, v: autopar_ir::ValueId) -> Result<Sharding, Error> {
+    g.value(v)
+        .sharding
+        .clone()
+        .ok_or_else(|| Error::Usage(format!("{v} has no sharding")))
+}
+
+/// Global row-major indices of the elements of `region` of a tensor of shape `dims`, in the
+/// region's row-major order.
+fn region_indices(dims: &[usize], region: &[std::ops::Range<usize>]) -> Vec<usize> {
+    let mut out = vec![0usize];
+    for (d, r) in region.iter().enumerate() {
+        let mut next = Vec::with_capacity(out.len() * r.len());
+        for &base in &out {
+            for i in r.clone() {
+                next.push(base * dims[d] + i);
+            }
+        }
+        out = next;
+    }
+    out
+}
+
+/// The state of `rank`: its shard of every parameter, drawn element by element by global
+/// index, so no rank ever holds a whole sharded tensor.
+pub fn init_rank_state(
+    g: &Graph,
+    mesh: &DeviceMesh,
+    rank: usize,
+    seed: u64,
+) -> Result<TensorMap, Error> {
+    let coords = mesh.coords(rank);
+    let mut state = TensorMap::new();
+    for n in g.nodes_in_order() {
+        let Op::Parameter { name, ty, init } = &g.node(n).op else {
+            continue;
+        };
+        let v = g.node(n).outputs[0];
+        let s = sharding_of(g, v)?;
+        let region = local_region(ty.dims(), &s, mesh, &coords).map_err(rt_ir)?;
+        let local = TensorType::new(ty.dtype, region.iter().map(|r| r.len()).collect::<Vec<_>>());
+        let t = if ty.dtype.is_float() {
+            let draw = element_init(name, *init, seed);
+            let values = region_indices(ty.dims(), &region)
+                .into_iter()
+                .map(|i| draw(i as u64))
+                .collect();
+            Tensor::new(local, Data::Float(values))?.rounded()
+        } else {
+            rt::init_parameter(name, &local, *init, seed)?
+        };
+        state.insert(name.clone(), t);
+    }
+    Ok(state)
+}
+
+fn rt_ir(e: autopar_ir::IrError) -> Error {
+    Error::Runtime(rt::RuntimeError::from(e))
+}
+
+/// The part of the global batch `rank` is fed: each input sliced to the rank's region.
+pub fn rank_inputs(
+    g: &Graph,
+    batch: &TensorMap,
+    mesh: &DeviceMesh,
+    rank: usize,
+) -> Result<TensorMap, Error> {
+    let coords = mesh.coords(rank);
+    let mut out = TensorMap::new();
+    for (v, name, _) in g.inputs() {
+        let Some(t) = batch.get(name) else { continue };
+        let s = sharding_of(g, v)?;
+        let region = local_region(t.dims(), &s, mesh, &coords).map_err(rt_ir)?;
+        let idx = region_indices(t.dims(), &region);
+        let local = TensorType::new(
+            t.dtype(),
+            region.iter().map(|r| r.len()).collect::<Vec<_>>(),
+        );
+        let data = match t.data() {
+            Data::Float(x) => Data::Float(idx.iter().map(|&i| x[i]).collect()),
+            Data::Int(x) => Data::Int(idx.iter().map(|&i| x[i]).collect()),
+            Data::Bool(x) => Data::Bool(idx.iter().map(|&i| x[i]).collect()),
+        };
+        out.insert(name.to_string(), Tensor::new(local, data)?);
+    }
+    Ok(out)
+}
+
+/// Parameter `name` gathered to its global type from every rank's shard.
+fn gather(
+    name: &str,
+    ty: &TensorType,
+    s: &Sharding,
+    mesh: &DeviceMesh,
+    states: &[TensorMap],
+) -> Result<Tensor, Error> {
+    let mut values = vec![0.0f64; ty.num_elements() as usize];
+    for (rank, state) in states.iter().enumerate() {
+        let t = state
+            .get(name)
+            .ok_or_else(|| Error::Usage(format!("rank {rank} lost the state `{name}`")))?;
+        let region = local_region(ty.dims(), s, mesh, &mesh.coords(rank)).map_err(rt_ir)?;
+        let local = t.to_f64_vec();
+        for (i, global) in region_indices(ty.dims(), &region).into_iter().enumerate() {
+            values[global] = local.get(i).copied().unwrap_or(f64::NAN);
+        }
+    }
+    Ok(Tensor::from_f64(ty.clone(), values)?)
+}
+
+/// Largest absolute difference, and that over the reference's largest magnitude.
+fn compare(got: &Tensor, want: &Tensor) -> (f64, f64) {
+    let (a, b) = (got.to_f64_vec(), want.to_f64_vec());
+    let mut abs = 0.0f64;
+    let mut scale = 0.0f64;
+    for (x, y) in a.iter().zip(&b) {
+        let d = (x - y).abs();
+        // NaN anywhere fails the comparison.
+        abs = if d.is_nan() { f64::NAN } else { abs.max(d) };
+        scale = scale.max(y.abs());
+    }
+    if abs.is_nan() {
+        return (f64::INFINITY, f64::INFINITY);
+    }
+    (abs, if scale > 0.0 { abs / scale } else { abs })
+}
