@@ -1,5 +1,7 @@
 //! autopar's runtime: the single-device reference interpreter that defines the semantics of
-//! every IR op, its kernels, deterministic parameter initialisation and a synthetic data set.
+//! every IR op, its kernels, deterministic parameter initialisation and a synthetic data set;
+//! and the multi-rank CPU runtime (`comm`, `executor`): one thread per rank, in-process ring
+//! collectives over mesh-axis groups, and [`run_spmd`] to execute per-rank programs.
 //!
 //! Typical use: draw parameters with [`init_parameters`], a batch with [`synthetic_batch`],
 //! then [`run`] the graph and read the loss with [`RunOutput::scalar`]:
