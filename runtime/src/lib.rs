@@ -1,5 +1,6 @@
 //! autopar's runtime: the single-device reference interpreter that defines the semantics of
-//! every IR op, its kernels, deterministic parameter initialisation and a synthetic data set.
+//! every IR op, its kernels, deterministic parameter initialisation, a synthetic data set and
+//! a driver that runs training-step graphs step after step ([`Trainer`]).
 //!
 //! Typical use: draw parameters with [`init_parameters`], a batch with [`synthetic_batch`],
 //! then [`run`] the graph and read the loss with [`RunOutput::scalar`]:
@@ -40,6 +41,7 @@ pub mod kernels;
 pub mod reference;
 pub mod rng;
 pub mod tensor;
+pub mod train;
 
 use std::collections::BTreeMap;
 
@@ -50,6 +52,7 @@ pub use interp::{Communicator, RunOptions, RunOutput, SingleDevice, run, run_wit
 pub use kernels::eval_op;
 pub use reference::decomposed_attention;
 pub use tensor::{Data, Precision, Tensor, round_to_dtype};
+pub use train::{StepReport, Trainer};
 
 /// Named tensors: parameters, inputs or outputs, by name.
 pub type TensorMap = BTreeMap<String, Tensor>;
