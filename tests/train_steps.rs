@@ -195,16 +195,14 @@ fn f16_overflow_skips_the_step_and_backs_off_the_scale() {
 }
 
 /// Four micro-batches of 2 sequences update the weights as one batch of 8 does, to f32
-/// rounding. SGD is linear in the gradient: over two steps the weights agree to 1e-7. AdamW
-/// divides each element's update by that element's own gradient scale, which magnifies the
-/// rounding of near-zero gradients, so it is compared after one step, to 1e-6 (a third of a
-/// thousandth of the learning rate).
+/// rounding. SGD is linear in the gradient: over two steps the weights agree to 1e-7.
+/// AdamW's moments agree to f32 rounding of the summed gradients too, but its update `lr * g / (|g| + eps)` turns
+/// the rounding of a gradient that cancels to about `eps` (1e-8) into a visible difference
+/// (measured: 1.2e-5 on one `wte` element whose gradient is 0.85e-8), so AdamW weights are
+/// compared to 2e-5 after one step.
 #[test]
 fn four_micro_batches_equal_one_full_batch() {
-    for (optimizer, steps, atol) in [
-        (Optimizer::sgd(0.1), 2, 1e-7),
-        (Optimizer::default(), 1, 1e-6),
-    ] {
+    for (optimizer, steps) in [(Optimizer::sgd(0.1), 2), (Optimizer::default(), 1)] {
         let base = TrainOptions {
             optimizer,
             ..TrainOptions::default()
@@ -217,14 +215,28 @@ fn four_micro_batches_equal_one_full_batch() {
         let (acc_reports, acc) = run_steps(&step_graph("gpt-tiny", &accumulated), steps);
         for (a, b) in full_reports.iter().zip(&acc_reports) {
             assert!((a.loss - b.loss).abs() <= 1e-6, "{} vs {}", a.loss, b.loss);
+            let (na, nb) = (a.scalar(GRAD_NORM).unwrap(), b.scalar(GRAD_NORM).unwrap());
+            assert!((na - nb).abs() <= 1e-6 * na, "grad norm {na} vs {nb}");
         }
         assert_eq!(
             full.keys().collect::<Vec<_>>(),
             acc.keys().collect::<Vec<_>>()
         );
         for (name, t) in &full {
-            let diff = t.max_abs_diff(&acc[name]).unwrap();
-            assert!(diff <= atol, "{optimizer:?}: `{name}` differs by {diff}");
+            let ok = match optimizer {
+                Optimizer::Sgd { .. } => t.max_abs_diff(&acc[name]).unwrap() <= 1e-7,
+                // Moments: to 1e-5 of the largest element (f32 rounding of sums that cancel).
+                Optimizer::AdamW { .. } if name.contains(':') => {
+                    let largest = t.to_f64_vec().iter().fold(0f64, |m, x| m.max(x.abs()));
+                    t.max_abs_diff(&acc[name]).unwrap() <= 1e-5 * largest
+                }
+                Optimizer::AdamW { .. } => t.max_abs_diff(&acc[name]).unwrap() <= 2e-5,
+            };
+            assert!(
+                ok,
+                "{optimizer:?}: `{name}` differs by {:?}",
+                t.max_abs_diff(&acc[name])
+            );
         }
     }
 }
