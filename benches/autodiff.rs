@@ -20,9 +20,7 @@ fn autodiff(c: &mut Criterion) {
         })
     });
     group.bench_function("build_train_step", |b| {
-        b.iter(|| {
-            black_box(build_train_step(&forward, &TrainOptions::default()).expect("builds"))
-        })
+        b.iter(|| black_box(build_train_step(&forward, &TrainOptions::default()).expect("builds")))
     });
     group.finish();
 }

@@ -171,7 +171,7 @@ pub fn load_train_step(
     let forward = match ModelSource::classify(arg) {
         ModelSource::Zoo(name) => {
             let batch = batch.unwrap_or(autopar_frontends::zoo::DEFAULT_BATCH);
-            if m == 0 || batch % m != 0 {
+            if m == 0 || !batch.is_multiple_of(m) {
                 return Err(Error::Usage(format!(
                     "--micro-batches {m} must divide the batch size {batch}"
                 )));

@@ -1,5 +1,7 @@
 //! `autopar run` and `autopar dump --stage train` end to end, through the built binary.
 
+#![allow(clippy::unwrap_used)]
+
 use std::process::{Command, Output};
 
 fn autopar(args: &[&str]) -> Output {

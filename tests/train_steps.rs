@@ -1,6 +1,8 @@
 //! The training-step graph end to end: its structure, gradient accumulation, mixed precision
 //! with loss scaling, and activation recompute, run on the reference interpreter.
 
+#![allow(clippy::unwrap_used)]
+
 use autopar::ir::{DType, Op, text, verify};
 use autopar::passes::recompute::Recompute;
 use autopar::passes::train::{

@@ -3,6 +3,8 @@
 //! The test loops over `OpKind::ALL` with an exhaustive match: a new op fails to compile here
 //! until it gets a case (or is asserted non-differentiable).
 
+#![allow(clippy::unwrap_used)]
+
 use autopar_frontends::zoo;
 use autopar_ir::{
     BinaryOp, CompareOp, DType, DeviceMesh, Graph, Init, Op, OpKind, ReduceKind, ReduceOp, Shape,
@@ -195,7 +197,7 @@ fn check(case: &Case) {
         let x = &case.values[name];
         let base = x.floats().unwrap().to_vec();
         for (i, &a) in analytic.iter().enumerate() {
-            let mut shifted = |delta: f64| {
+            let shifted = |delta: f64| {
                 let mut v = base.clone();
                 v[i] += delta;
                 let mut values = case.values.clone();
@@ -239,7 +241,10 @@ fn assert_refused(
     assert!(!has_vjp(&op), "{label}");
 }
 
-fn unary_domain(func: UnaryOp) -> fn(f64) -> f64 {
+/// Maps standard normals into an op's domain.
+type Domain = fn(f64) -> f64;
+
+fn unary_domain(func: UnaryOp) -> Domain {
     match func {
         UnaryOp::Log | UnaryOp::Sqrt | UnaryOp::Rsqrt => positive,
         UnaryOp::Recip | UnaryOp::Abs | UnaryOp::Relu => away_from_zero,
@@ -305,7 +310,7 @@ fn cases(kind: OpKind) -> Vec<Case> {
         OpKind::Binary => BinaryOp::ALL
             .iter()
             .map(|&func| {
-                let (fa, fb): (fn(f64) -> f64, fn(f64) -> f64) = match func {
+                let (fa, fb): (Domain, Domain) = match func {
                     BinaryOp::Div => (|x| x, away_from_zero),
                     BinaryOp::Pow => (positive, |x| x),
                     BinaryOp::Add
