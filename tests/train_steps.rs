@@ -243,6 +243,44 @@ fn four_micro_batches_equal_one_full_batch() {
     }
 }
 
+/// With plain SGD (lr 1, no momentum) the update is minus the clipped gradient, so its global
+/// norm is the clipping norm whenever the gradient norm exceeds it.
+#[test]
+fn gradients_are_clipped_to_the_global_norm() {
+    let clip = 0.01;
+    let options = TrainOptions {
+        optimizer: Optimizer::Sgd {
+            lr: 1.0,
+            momentum: 0.0,
+            weight_decay: 0.0,
+        },
+        clip_norm: Some(clip),
+        ..TrainOptions::default()
+    };
+    let step = step_graph("mlp-tiny", &options);
+    let mut trainer = Trainer::new(&step.graph, 0, RunOptions::default()).unwrap();
+    let before = trainer.state().clone();
+    let report = trainer.step().unwrap();
+    assert!(report.scalar(GRAD_NORM).unwrap() > clip);
+    let mut sum_sq = 0.0;
+    for name in &step.weights {
+        let (old, new) = (
+            before[name].to_f64_vec(),
+            trainer.state()[name].to_f64_vec(),
+        );
+        sum_sq += old
+            .iter()
+            .zip(&new)
+            .map(|(a, b)| (a - b) * (a - b))
+            .sum::<f64>();
+    }
+    assert!(
+        (sum_sq.sqrt() - clip).abs() < 1e-6,
+        "update norm {}",
+        sum_sq.sqrt()
+    );
+}
+
 #[test]
 fn micro_batches_must_divide_the_batch() {
     let options = TrainOptions {

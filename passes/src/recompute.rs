@@ -270,3 +270,32 @@ fn remove_dead(g: &Graph) -> Result<Graph, PassError> {
         .collect();
     rebuild(g, &order)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layers_are_indexed_path_prefixes() {
+        assert_eq!(layer_of("h.3.attn"), Some("h.3"));
+        assert_eq!(layer_of("h.12"), Some("h.12"));
+        assert_eq!(layer_of("layers.0.mlp.w1"), Some("layers.0"));
+        assert_eq!(layer_of("embed"), None);
+        assert_eq!(layer_of("h.x.attn"), None);
+        assert_eq!(layer_of("h."), None);
+    }
+
+    #[test]
+    fn tags_are_replaced_in_place() {
+        assert_eq!(
+            replace_tag("mb1/saved/h.0.attn", SAVED_TAG, RECOMPUTE_TAG).as_deref(),
+            Some("mb1/recompute/h.0.attn")
+        );
+        assert_eq!(replace_tag("mb1/h.0.attn", SAVED_TAG, RECOMPUTE_TAG), None);
+        let (key, phase) = classify(Some("mb2/grad/h.1.mlp")).unwrap();
+        assert_eq!((key.batch.as_str(), key.layer.as_str()), ("mb2/", "h.1"));
+        assert!(phase == Phase::Backward);
+        assert!(classify(Some("optimizer/h.1.mlp")).unwrap().1 == Phase::Other);
+        assert!(classify(Some("mb0/ln_f")).is_none());
+    }
+}

@@ -184,3 +184,22 @@ pub fn differentiate(
 pub fn has_vjp(op: &Op) -> bool {
     vjp::has_rule(op)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::train::has_tag;
+
+    #[test]
+    fn scopes_are_tags_then_a_path() {
+        assert_eq!(split_scope("mb1/grad/h.0.attn"), ("mb1/grad/", "h.0.attn"));
+        assert_eq!(split_scope("h.0"), ("", "h.0"));
+        assert_eq!(grad_scope(Some("mb0/h.0.mlp")), "mb0/grad/h.0.mlp");
+        assert_eq!(grad_scope(Some("h.0.mlp")), "grad/h.0.mlp");
+        assert_eq!(grad_scope(None), "grad/");
+        assert_eq!(saved_scope(Some("mb3/h.1.attn")), "mb3/saved/h.1.attn");
+        assert!(has_tag(Some("mb3/saved/h.1.attn"), SAVED_TAG));
+        assert!(!has_tag(Some("mb3/h.1.saved"), SAVED_TAG));
+        assert!(!has_tag(None, GRAD_TAG));
+    }
+}
