@@ -4,6 +4,18 @@
 //! Passes are plain functions from a graph (and a context) to a graph; the verifier runs
 //! between them. The crate depends on `autopar-ir` and `autopar-cost-model` only, and the
 //! runtime never depends on it, so the reference interpreter can judge what passes produce.
-//! No pass exists yet; this fixes the crate boundary in the workspace.
+//!
+//! - [`autodiff`]: reverse-mode differentiation, a VJP rule per op.
+//! - [`train`]: the training-step graph (forward, backward, optimizer, mixed precision,
+//!   gradient accumulation) and its execution order.
+//! - [`recompute`]: activation recompute as a transformation of the step graph.
+//! - [`sharding`]: the per-op sharding strategies (valid operand/result placements along one
+//!   mesh axis) and the local lowerings some of them need.
 
+pub mod autodiff;
+pub mod error;
+pub mod recompute;
 pub mod sharding;
+pub mod train;
+
+pub use error::PassError;
