@@ -1,5 +1,6 @@
 //! The `autopar` facade: resolves model arguments (zoo names, specs, `.air` and `.json`
-//! files) into graphs and ties the workspace crates together for the command line.
+//! files) into graphs, builds training steps and runs them, tying the workspace crates
+//! together for the command line.
 //!
 //! The crates themselves are re-exported so that one dependency gives the whole compiler.
 
@@ -14,6 +15,11 @@ pub use autopar_passes as passes;
 pub use autopar_runtime as runtime;
 
 use autopar_ir::Graph;
+use autopar_passes::train::build_train_step;
+
+pub use autopar_passes::recompute::Recompute;
+pub use autopar_passes::train::{LossScaling, Optimizer, TrainOptions, TrainStep};
+pub use autopar_runtime::StepReport;
 
 pub mod spmd;
 
@@ -185,6 +191,67 @@ pub fn forward_loss(g: &Graph, seed: u64) -> Result<f64, Error> {
     let batch = rt::synthetic_batch(g, seed, 0)?;
     let out = rt::run(g, &params, &batch, rt::RunOptions::default())?;
     Ok(out.scalar("loss")?)
+}
+
+/// Builds the training step of a model argument (see [`autopar_passes::train`]).
+///
+/// For a zoo model, `batch` is the global batch (default
+/// [`autopar_frontends::zoo::DEFAULT_BATCH`]); it must be a multiple of the number of
+/// micro-batches, and the forward is built at `batch / micro_batches`. A file's shapes are
+/// fixed, so a file is taken as the forward of one micro-batch.
+pub fn load_train_step(
+    arg: &str,
+    batch: Option<usize>,
+    options: &TrainOptions,
+) -> Result<TrainStep, Error> {
+    let m = options.micro_batches;
+    let forward = match ModelSource::classify(arg) {
+        ModelSource::Zoo(name) => {
+            let batch = batch.unwrap_or(autopar_frontends::zoo::DEFAULT_BATCH);
+            if m == 0 || !batch.is_multiple_of(m) {
+                return Err(Error::Usage(format!(
+                    "--micro-batches {m} must divide the batch size {batch}"
+                )));
+            }
+            autopar_frontends::zoo::build(&name, batch / m)?
+        }
+        ModelSource::AirFile(_) | ModelSource::JsonFile(_) => load_model(arg, batch)?,
+    };
+    Ok(build_train_step(&forward, options)?)
+}
+
+/// What a training run reports at its end.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TrainSummary {
+    /// The loss of every step, in order.
+    pub losses: Vec<f64>,
+    /// The largest peak of live tensor bytes over the steps.
+    pub peak_bytes: u64,
+}
+
+/// Runs `steps` training steps of `step` on the reference interpreter, with the state
+/// initialised and the synthetic data drawn from `seed`; `each` sees every step's report.
+pub fn train<E: From<Error>>(
+    step: &TrainStep,
+    seed: u64,
+    steps: u64,
+    mut each: impl FnMut(&StepReport) -> Result<(), E>,
+) -> Result<TrainSummary, E> {
+    use autopar_runtime as rt;
+    let runtime = |e: rt::RuntimeError| E::from(Error::from(e));
+    let mut trainer =
+        rt::Trainer::new(&step.graph, seed, rt::RunOptions::default()).map_err(runtime)?;
+    let mut summary = TrainSummary {
+        losses: Vec::new(),
+        peak_bytes: 0,
+    };
+    for _ in 0..steps {
+        let report = trainer.step().map_err(runtime)?;
+        each(&report)?;
+        summary.losses.push(report.loss);
+        summary.peak_bytes = summary.peak_bytes.max(report.peak_bytes);
+    }
+    Ok(summary)
 }
 
 #[cfg(test)]

@@ -7,7 +7,11 @@ use anyhow::{Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
 
 use autopar::frontends::zoo::{self, EntryKind};
-use autopar::{DumpFormat, dump, load_model};
+use autopar::ir::DType;
+use autopar::passes::train::GRADS_FINITE;
+use autopar::{
+    DumpFormat, LossScaling, Optimizer, Recompute, TrainOptions, dump, load_model, load_train_step,
+};
 
 /// autopar: an auto-parallel compiler for deep-learning training.
 #[derive(Parser)]
@@ -25,7 +29,7 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Dump a model's graph as text IR (.air), Graphviz DOT or JSON.
+    /// Dump a model's forward graph or its training step as text IR (.air), Graphviz DOT or JSON.
     Dump {
         /// A zoo name, a spec (gpt:layers=2,hidden=64,heads=4,seq=32,vocab=256), or a .air/.json file.
         model: String,
@@ -35,11 +39,20 @@ enum Command {
         /// Write to this file instead of standard output.
         #[arg(short, long, value_name = "FILE")]
         output: Option<String>,
-        /// Batch size for zoo models [default: 8].
+        /// Batch size for zoo models (the global batch of a training step) [default: 8].
         #[arg(long)]
         batch: Option<usize>,
+        /// Which graph: the model's forward, or the whole training step (forward, backward
+        /// and optimizer update, shaped by the training options).
+        #[arg(long, value_enum, default_value_t = Stage::Forward)]
+        stage: Stage,
+        #[command(flatten)]
+        train: TrainArgs,
     },
-    /// Run a model on the reference interpreter.
+    /// Train a model on the reference interpreter (or run one forward pass with --forward).
+    ///
+    /// Prints `step <i> loss: <value>` for each step, then `peak memory: <bytes>`, the largest
+    /// total size of the tensors the interpreter held at once.
     Run(RunArgs),
     /// Predict step time, throughput and memory of a training plan on a cluster.
     Estimate(EstimateArgs),
@@ -94,15 +107,114 @@ enum ComputeDtype {
 struct RunArgs {
     /// A zoo name, a spec, or a .air/.json file.
     model: String,
-    /// Run one forward pass and print the loss.
-    #[arg(long)]
+    /// Run one forward pass and print `loss: <value>` instead of training.
+    #[arg(long, conflicts_with = "steps")]
     forward: bool,
-    /// Batch size for zoo models [default: 8].
+    /// Number of training steps.
+    #[arg(long, default_value_t = 1)]
+    steps: u64,
+    /// Batch size for zoo models (the global batch, split into the micro-batches) [default: 8].
     #[arg(long)]
     batch: Option<usize>,
     /// Seed of the parameter initialisation and the synthetic data.
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    #[command(flatten)]
+    train: TrainArgs,
+}
+
+/// Options shaping the training step.
+#[derive(clap::Args)]
+struct TrainArgs {
+    /// Optimizer: AdamW (betas 0.9/0.95, weight decay 0.01) or SGD with momentum 0.9.
+    #[arg(long, value_enum, default_value_t = OptimizerArg::Adamw)]
+    optimizer: OptimizerArg,
+    /// Learning rate [default: 3e-3 with AdamW, 0.1 with SGD].
+    #[arg(long)]
+    lr: Option<f64>,
+    /// Compute dtype; bf16 and f16 keep fp32 master weights and optimizer state, and f16
+    /// uses dynamic loss scaling.
+    #[arg(long, value_enum, default_value_t = DTypeArg::F32)]
+    dtype: DTypeArg,
+    /// Micro-batches per step (gradient accumulation); must divide the batch size.
+    #[arg(long, default_value_t = 1)]
+    micro_batches: usize,
+    /// Activation recompute: none, selective (the attention core) or full (every layer
+    /// from its input).
+    #[arg(long, value_enum, default_value_t = RecomputeArg::None)]
+    recompute: RecomputeArg,
+    /// Clip gradients to this global L2 norm; 0 disables clipping.
+    #[arg(long, default_value_t = 1.0)]
+    clip_norm: f64,
+    /// Initial loss scale with --dtype f16 (halved after an overflow, doubled after 2000
+    /// finite steps).
+    #[arg(long, default_value_t = 65536.0)]
+    loss_scale: f64,
+}
+
+impl TrainArgs {
+    fn options(&self) -> TrainOptions {
+        let optimizer = match self.optimizer {
+            OptimizerArg::Adamw => Optimizer::adamw(self.lr.unwrap_or(Optimizer::DEFAULT_ADAMW_LR)),
+            OptimizerArg::Sgd => Optimizer::sgd(self.lr.unwrap_or(Optimizer::DEFAULT_SGD_LR)),
+        };
+        let compute_dtype = match self.dtype {
+            DTypeArg::F32 => DType::F32,
+            DTypeArg::Bf16 => DType::BF16,
+            DTypeArg::F16 => DType::F16,
+        };
+        TrainOptions {
+            optimizer,
+            clip_norm: (self.clip_norm != 0.0).then_some(self.clip_norm),
+            compute_dtype,
+            loss_scaling: (compute_dtype == DType::F16).then_some(LossScaling {
+                initial_scale: self.loss_scale,
+                ..LossScaling::default()
+            }),
+            micro_batches: self.micro_batches,
+            recompute: match self.recompute {
+                RecomputeArg::None => Recompute::None,
+                RecomputeArg::Selective => Recompute::Selective,
+                RecomputeArg::Full => Recompute::Full,
+            },
+        }
+    }
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Stage {
+    /// The model's forward graph.
+    Forward,
+    /// The training-step graph.
+    Train,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum OptimizerArg {
+    /// AdamW with bias correction and decoupled weight decay.
+    Adamw,
+    /// SGD with momentum.
+    Sgd,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum DTypeArg {
+    /// Everything in fp32.
+    F32,
+    /// bfloat16 compute.
+    Bf16,
+    /// float16 compute with dynamic loss scaling.
+    F16,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum RecomputeArg {
+    /// Store every activation the backward reads.
+    None,
+    /// Recompute the attention core.
+    Selective,
+    /// Recompute every layer from its input.
+    Full,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -131,8 +243,13 @@ fn execute(cli: Cli) -> Result<()> {
             format,
             output,
             batch,
+            stage,
+            train,
         } => {
-            let g = load_model(&model, batch)?;
+            let g = match stage {
+                Stage::Forward => load_model(&model, batch)?,
+                Stage::Train => load_train_step(&model, batch, &train.options())?.graph,
+            };
             let format = match format {
                 Format::Text => DumpFormat::Text,
                 Format::Dot => DumpFormat::Dot,
@@ -388,12 +505,30 @@ fn models(json: bool) -> Result<()> {
 }
 
 fn run(args: RunArgs) -> Result<()> {
-    if !args.forward {
-        anyhow::bail!("`autopar run` executes forward passes only for now: pass --forward");
+    if args.forward {
+        let g = load_model(&args.model, args.batch)?;
+        let loss = autopar::forward_loss(&g, args.seed)?;
+        return print_stdout(&format!("loss: {loss:.6}\n"));
     }
-    let g = load_model(&args.model, args.batch)?;
-    let loss = autopar::forward_loss(&g, args.seed)?;
-    print_stdout(&format!("loss: {loss:.6}\n"))
+    let options = args.train.options();
+    let step = load_train_step(&args.model, args.batch, &options)?;
+    let summary = autopar::train::<anyhow::Error>(&step, args.seed, args.steps, |report| {
+        print_stdout(&format!(
+            "step {} loss: {:.6}\n",
+            report.step + 1,
+            report.loss
+        ))?;
+        if let Some(finite) = report.metrics.get(GRADS_FINITE)
+            && finite.scalar_value() == Some(0.0)
+        {
+            eprintln!(
+                "step {}: gradients are not finite; update skipped, loss scale reduced",
+                report.step + 1
+            );
+        }
+        Ok(())
+    })?;
+    print_stdout(&format!("peak memory: {}\n", summary.peak_bytes))
 }
 
 /// Writes to stdout, treating a closed pipe (`autopar dump ... | head`) as success.

@@ -4,12 +4,26 @@
 //! Passes are plain functions from a graph (and a context) to a graph; the verifier runs
 //! between them. The crate depends on `autopar-ir` and `autopar-cost-model` only, and the
 //! runtime never depends on it, so the reference interpreter can judge what passes produce.
-//! No pass exists yet; this fixes the crate boundary in the workspace.
+//!
+//! - [`autodiff`]: reverse-mode differentiation, a VJP rule per op.
+//! - [`train`]: the training-step graph (forward, backward, optimizer, mixed precision,
+//!   gradient accumulation) and its execution order.
+//! - [`recompute`]: activation recompute as a transformation of the step graph.
+//! - [`sharding`]: the per-op sharding strategies (valid operand/result placements along one
+//!   mesh axis) and the local lowerings some of them need.
+//! - [`propagate`]: sharding propagation from annotations to a complete sharding of every
+//!   value, with the chosen strategy of every node as a side table.
+//! - [`partition`]: SPMD partitioning into per-rank local programs with explicit collectives.
+//! - [`parallelize`]: data parallelism and ZeRO as placements, annotation files, and the
+//!   driver that propagates and verifies.
 
+pub mod autodiff;
 pub mod error;
-pub mod propagate;
-pub mod sharding;
-
-pub use error::PassError;
 pub mod parallelize;
 pub mod partition;
+pub mod propagate;
+pub mod recompute;
+pub mod sharding;
+pub mod train;
+
+pub use error::PassError;

@@ -1,5 +1,8 @@
 //! autopar's runtime: the single-device reference interpreter that defines the semantics of
-//! every IR op, its kernels, deterministic parameter initialisation and a synthetic data set.
+//! every IR op, its kernels, deterministic parameter initialisation, a synthetic data set and
+//! a driver that runs training-step graphs step after step ([`Trainer`]); and the multi-rank
+//! CPU runtime (`comm`, `executor`): one thread per rank, in-process ring collectives over
+//! mesh-axis groups, and [`run_spmd`] to execute per-rank programs.
 //!
 //! Typical use: draw parameters with [`init_parameters`], a batch with [`synthetic_batch`],
 //! then [`run`] the graph and read the loss with [`RunOutput::scalar`]:
@@ -42,11 +45,12 @@ pub mod kernels;
 pub mod reference;
 pub mod rng;
 pub mod tensor;
+pub mod train;
 
 use std::collections::BTreeMap;
 
 pub use comm::{CommOptions, InProcessCommunicator, in_process_communicators};
-pub use data::{bigram_permutation, regression_teacher, synthetic_batch, token_loss_floor};
+pub use data::{bigram_permutation, regression_teacher, synthetic_batch};
 pub use error::{Feed, RuntimeError};
 pub use executor::{RankProgram, SpmdOptions, run_spmd, run_spmd_per_rank};
 pub use init::{element_init, init_parameter, init_parameters};
@@ -54,6 +58,7 @@ pub use interp::{Communicator, RunOptions, RunOutput, SingleDevice, run, run_wit
 pub use kernels::eval_op;
 pub use reference::decomposed_attention;
 pub use tensor::{Data, Precision, Tensor, round_to_dtype};
+pub use train::{StepReport, Trainer};
 
 /// Named tensors: parameters, inputs or outputs, by name.
 pub type TensorMap = BTreeMap<String, Tensor>;

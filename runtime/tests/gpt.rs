@@ -3,9 +3,7 @@
 
 mod common;
 
-use autopar_runtime::{
-    Precision, RunOptions, TensorMap, init_parameters, run, synthetic_batch, token_loss_floor,
-};
+use autopar_runtime::{Precision, RunOptions, TensorMap, init_parameters, run, synthetic_batch};
 use common::*;
 
 fn initial_loss(c: GptConfig, precision: Precision) -> Result<f64, Box<dyn std::error::Error>> {
@@ -37,8 +35,6 @@ fn one_layer_gpt_starts_at_the_uniform_loss() -> TestResult {
     // Rounding to f32 along the way moves the loss only slightly.
     let wide = initial_loss(c, Precision::F64)?;
     assert!((loss - wide).abs() < 1e-4, "f32 {loss} vs f64 {wide}");
-    // What training could reach on this data: only the first token of each row is a guess.
-    assert!(token_loss_floor(c.vocab, c.seq) < 0.3 * uniform);
     Ok(())
 }
 
