@@ -254,6 +254,14 @@ pub fn train<E: From<Error>>(
     Ok(summary)
 }
 
+/// Reads an annotation file for `--annotate` (format in [`autopar_passes::parallelize`]);
+/// errors name the file and the line.
+pub fn load_annotations(path: &str) -> Result<Vec<autopar_passes::parallelize::Annotation>, Error> {
+    let src = read(path)?;
+    autopar_passes::parallelize::parse_annotations(&src)
+        .map_err(|e| Error::Usage(format!("{path}: {e}")))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -3,6 +3,8 @@
 use std::io::Write;
 use std::process::ExitCode;
 
+mod spmd_cmd;
+
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
 
@@ -48,6 +50,11 @@ enum Command {
         stage: Stage,
         #[command(flatten)]
         train: TrainArgs,
+        #[command(flatten)]
+        spmd: spmd_cmd::SpmdArgs,
+        /// With --stage partitioned, the rank whose program to show.
+        #[arg(long, default_value_t = 0)]
+        rank: usize,
     },
     /// Train a model on the reference interpreter (or run one forward pass with --forward).
     ///
@@ -121,6 +128,12 @@ struct RunArgs {
     seed: u64,
     #[command(flatten)]
     train: TrainArgs,
+    #[command(flatten)]
+    spmd: spmd_cmd::SpmdArgs,
+    /// With --mesh, also run the single-device reference and compare the loss and every
+    /// updated parameter; prints `verify: max_abs_err=.. max_rel_err=.. OK` (or FAILED).
+    #[arg(long, requires = "mesh")]
+    verify: bool,
 }
 
 /// Options shaping the training step.
@@ -187,6 +200,11 @@ enum Stage {
     Forward,
     /// The training-step graph.
     Train,
+    /// The training step with a placement on every value (needs --mesh).
+    Sharded,
+    /// One rank's local program of the training step, with its collectives (needs --mesh;
+    /// --rank picks the rank).
+    Partitioned,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -245,10 +263,17 @@ fn execute(cli: Cli) -> Result<()> {
             batch,
             stage,
             train,
+            spmd,
+            rank,
         } => {
             let g = match stage {
                 Stage::Forward => load_model(&model, batch)?,
                 Stage::Train => load_train_step(&model, batch, &train.options())?.graph,
+                Stage::Sharded | Stage::Partitioned => {
+                    let step = load_train_step(&model, batch, &train.options())?.graph;
+                    let partitioned = matches!(stage, Stage::Partitioned);
+                    spmd_cmd::dump_graph(&step, &spmd, partitioned, rank)?
+                }
             };
             let format = match format {
                 Format::Text => DumpFormat::Text,
@@ -505,6 +530,15 @@ fn models(json: bool) -> Result<()> {
 }
 
 fn run(args: RunArgs) -> Result<()> {
+    if args.spmd.mesh.is_some() {
+        let g = if args.forward {
+            load_model(&args.model, args.batch)?
+        } else {
+            load_train_step(&args.model, args.batch, &args.train.options())?.graph
+        };
+        let steps = if args.forward { 1 } else { args.steps };
+        return spmd_cmd::run(&g, &args.spmd, args.seed, steps, args.verify);
+    }
     if args.forward {
         let g = load_model(&args.model, args.batch)?;
         let loss = autopar::forward_loss(&g, args.seed)?;

@@ -17,8 +17,16 @@ fn check(model: &str, mesh: &str, zero: u8) {
     let program = spmd::compile(&step.graph, &mesh, &options).unwrap();
     let summary = spmd::run(&program, 0, 3, true, |_, _| {}).unwrap();
     let report = summary.verify.unwrap();
-    eprintln!("{model} {mesh} zero={zero}: {} worst {}", report.line(), report.worst);
-    assert!(report.ok(), "{model} on {mesh}, ZeRO-{zero}: {}", report.line());
+    eprintln!(
+        "{model} {mesh} zero={zero}: {} worst {}",
+        report.line(),
+        report.worst
+    );
+    assert!(
+        report.ok(),
+        "{model} on {mesh}, ZeRO-{zero}: {}",
+        report.line()
+    );
 }
 
 #[test]

@@ -36,7 +36,9 @@
 //! ```
 //!
 //! A name is everything before the line's last `:` (names may contain `:`); placements are
-//! `R`, `S(dim)` or `P(sum|max|min)` per mesh axis. Names must be parameters or inputs.
+//! `R`, `S(dim)` or `P(sum|max|min)` per mesh axis. Names must be parameters or inputs; in a
+//! training step, a weight's annotation also applies to its next value (the output of the same
+//! name), and its optimizer state can be annotated by its own names (`w:adam_m`, ...).
 
 use std::collections::BTreeMap;
 
@@ -187,7 +189,19 @@ fn apply_annotations(g: &mut Graph, annotations: &[Annotation]) -> Result<(), Pa
                 detail: format!("{at}the graph has no parameter or input of this name"),
             });
         };
-        g.set_sharding(v, Some(Sharding::user(a.axes.iter().cloned())))?;
+        let s = Sharding::user(a.axes.iter().cloned());
+        g.set_sharding(v, Some(s.clone()))?;
+        // In a training step, a weight's next value is the output of the same name: it keeps
+        // the weight's sharding so that the next step can take it back.
+        let next: Vec<ValueId> = g
+            .outputs()
+            .iter()
+            .filter(|(name, out)| *name == a.tensor && *out != v)
+            .map(|&(_, out)| out)
+            .collect();
+        for out in next {
+            g.set_sharding(out, Some(s.clone()))?;
+        }
     }
     Ok(())
 }
