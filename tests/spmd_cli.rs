@@ -1,0 +1,197 @@
+//! End-to-end tests of the SPMD command line: `run --mesh ... --verify`, the dumps of the
+//! sharded and partitioned step graphs (golden files, rewritten with `AUTOPAR_BLESS=1`), the
+//! Megatron and ZeRO-3 collective patterns, and the errors of impossible requests.
+
+mod common;
+
+use common::{autopar, autopar_err, autopar_ok, check_golden, scratch};
+
+/// The collectives of a partitioned dump: `(op, axes, scope)` per collective, in order.
+fn collectives(dump: &str) -> Vec<(String, String, String)> {
+    let ops = ["all_reduce", "all_gather", "reduce_scatter", "all_to_all"];
+    dump.lines()
+        .filter_map(|line| {
+            let rhs = line.split_once(" = ")?.1;
+            let op = ops.iter().find(|op| rhs.starts_with(&format!("{op} ")))?;
+            let axes = rhs.split("axes=[").nth(1)?.split(']').next()?.to_string();
+            let scope = line
+                .split("scope=\"")
+                .nth(1)
+                .and_then(|s| s.split('"').next())
+                .unwrap_or("")
+                .to_string();
+            Some((op.to_string(), axes, scope))
+        })
+        .collect()
+}
+
+#[test]
+fn run_verify_prints_ok() {
+    let out = autopar_ok(&[
+        "run", "gpt-tiny", "--mesh", "dp=2,tp=2", "--steps", "3", "--verify",
+    ]);
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("verify: "))
+        .expect("a verify line");
+    assert!(line.ends_with(" OK"), "{out}");
+    let err = |key: &str| -> f64 {
+        line.split(&format!("{key}="))
+            .nth(1)
+            .and_then(|s| s.split_whitespace().next())
+            .and_then(|s| s.parse().ok())
+            .expect("an error value")
+    };
+    assert!(err("max_abs_err") < 1e-4 && err("max_rel_err") < 1e-4, "{line}");
+    assert_eq!(out.lines().filter(|l| l.starts_with("step ")).count(), 3);
+}
+
+#[test]
+fn forward_runs_on_a_mesh() {
+    let out = autopar_ok(&["run", "mlp-tiny", "--forward", "--mesh", "dp=2", "--verify"]);
+    assert!(out.contains("verify: ") && out.trim_end().ends_with("OK"), "{out}");
+}
+
+/// Megatron: per layer, one all-reduce after the attention output projection and one after
+/// the second MLP matmul in the forward, one per block input in the backward, and no other
+/// collective on activations inside the layers.
+#[test]
+fn tensor_parallel_gpt_has_the_megatron_pattern() {
+    let dump = autopar_ok(&[
+        "dump", "gpt-tiny", "--mesh", "tp=2", "--stage", "partitioned",
+    ]);
+    let colls = collectives(&dump);
+    assert!(colls.iter().all(|(op, _, _)| op == "all_reduce"), "{colls:?}");
+    for layer in 0..2 {
+        let count = |scope: &str| colls.iter().filter(|(_, _, s)| s == scope).count();
+        assert_eq!(count(&format!("mb0/h.{layer}.attn")), 1, "{colls:?}");
+        assert_eq!(count(&format!("mb0/h.{layer}.mlp")), 1, "{colls:?}");
+        // Backward: the gradient of each block's input, reduced before the norm's backward.
+        assert_eq!(count(&format!("mb0/grad/h.{layer}.ln1")), 1, "{colls:?}");
+        assert_eq!(count(&format!("mb0/grad/h.{layer}.ln2")), 1, "{colls:?}");
+        let in_layer = colls
+            .iter()
+            .filter(|(_, _, s)| s.contains(&format!("h.{layer}.")) && !s.starts_with("optimizer/"))
+            .count();
+        assert_eq!(in_layer, 4, "{colls:?}");
+    }
+    check_golden("gpt-tiny.tp2.partitioned.air", &dump);
+}
+
+#[test]
+fn zero3_gathers_weights_before_use_and_scatters_gradients() {
+    let dump = autopar_ok(&[
+        "dump", "gpt-tiny", "--mesh", "dp=2,tp=2", "--zero", "3", "--stage", "partitioned",
+    ]);
+    let colls = collectives(&dump);
+    let on_dp = |op: &str, scope: &str| {
+        colls
+            .iter()
+            .filter(|(o, axes, s)| o == op && axes == "\"dp\"" && s.starts_with(scope))
+            .count()
+    };
+    // Forward: the weights of each layer gathered on dp before their use.
+    assert!(on_dp("all_gather", "mb0/h.0.attn") >= 4, "{colls:?}");
+    assert!(on_dp("all_gather", "mb0/h.1.mlp") >= 2, "{colls:?}");
+    // Backward: weight gradients reduce-scattered on dp, never all-reduced.
+    assert!(on_dp("reduce_scatter", "mb0/grad/h.0.attn") >= 4, "{colls:?}");
+    assert!(
+        !colls
+            .iter()
+            .any(|(o, axes, s)| o == "all_reduce" && axes == "\"dp\"" && s.starts_with("mb0/grad")),
+        "{colls:?}"
+    );
+    // Without ZeRO the same gradients are all-reduced instead.
+    let plain = collectives(&autopar_ok(&[
+        "dump", "gpt-tiny", "--mesh", "dp=2,tp=2", "--stage", "partitioned",
+    ]));
+    assert!(!plain.iter().any(|(o, _, _)| o == "reduce_scatter"), "{plain:?}");
+    assert!(!plain.iter().any(|(o, _, _)| o == "all_gather"), "{plain:?}");
+}
+
+#[test]
+fn golden_sharded_and_partitioned_dumps() {
+    let sharded = autopar_ok(&[
+        "dump", "mlp-tiny", "--mesh", "dp=2,tp=2", "--stage", "sharded",
+    ]);
+    check_golden("mlp-tiny.dp2-tp2.sharded.air", &sharded);
+    let rank1 = autopar_ok(&[
+        "dump", "mlp-tiny", "--mesh", "dp=2,tp=2", "--stage", "partitioned", "--rank", "1",
+    ]);
+    check_golden("mlp-tiny.dp2-tp2.rank1.air", &rank1);
+    // Every value of the sharded dump has a complete placement.
+    for line in sharded.lines().filter(|l| l.trim_start().starts_with('%')) {
+        assert!(line.contains("dp: ") && line.contains("tp: "), "{line}");
+    }
+}
+
+#[test]
+fn impossible_requests_name_tensor_dim_and_axis() {
+    // 4 heads cannot be split 3 ways (every other dim divides).
+    let err = autopar_err(&[
+        "run",
+        "gpt:layers=1,hidden=48,heads=4,seq=12,vocab=96",
+        "--mesh",
+        "tp=3",
+    ]);
+    assert!(
+        err.contains("`h.0.attn.wq`") && err.contains("dim 1") && err.contains("mesh axis `tp`"),
+        "{err}"
+    );
+    // A batch of 8 over 3 data-parallel ranks.
+    let err = autopar_err(&["run", "mlp-tiny", "--mesh", "dp=3"]);
+    assert!(
+        err.contains("`features`") && err.contains("dim 0") && err.contains("mesh axis `dp`"),
+        "{err}"
+    );
+    let err = autopar_err(&["run", "mlp-tiny", "--mesh", "dp=2", "--zero", "4"]);
+    assert!(err.contains("--zero"), "{err}");
+    let err = autopar_err(&[
+        "dump", "mlp-tiny", "--mesh", "dp=2", "--stage", "partitioned", "--rank", "2",
+    ]);
+    assert!(err.contains("rank 2"), "{err}");
+    let err = autopar_err(&["dump", "mlp-tiny", "--stage", "sharded"]);
+    assert!(err.contains("--mesh"), "{err}");
+}
+
+#[test]
+fn annotation_files() {
+    let dir = scratch("spmd_annotate");
+    let good = dir.join("replicated_mlp.txt");
+    std::fs::write(
+        &good,
+        "# Megatron MLP of layer 0 replicated instead\nh.0.mlp.w1: tp=R\nh.0.mlp.b1: tp=R\nh.0.mlp.w2: tp=R\n",
+    )
+    .unwrap();
+    let good = good.to_string_lossy().to_string();
+    let out = autopar_ok(&[
+        "run", "gpt-tiny", "--mesh", "tp=2", "--steps", "2", "--verify", "--annotate", &good,
+    ]);
+    assert!(out.trim_end().ends_with("OK"), "{out}");
+    let dump = autopar_ok(&[
+        "dump", "gpt-tiny", "--mesh", "tp=2", "--stage", "partitioned", "--annotate", &good,
+    ]);
+    let colls = collectives(&dump);
+    assert_eq!(
+        colls.iter().filter(|(_, _, s)| s == "mb0/h.0.mlp").count(),
+        0,
+        "{colls:?}"
+    );
+
+    let bad = dir.join("bad.txt");
+    std::fs::write(&bad, "h.0.mlp.w1: tp=S(1)\nh.0.mlp.w2 tp=S(0)\n").unwrap();
+    let bad = bad.to_string_lossy().to_string();
+    let err = autopar_err(&["run", "gpt-tiny", "--mesh", "tp=2", "--annotate", &bad]);
+    assert!(err.contains("bad.txt: line 2:"), "{err}");
+    let unknown = dir.join("unknown.txt");
+    std::fs::write(&unknown, "h.9.mlp.w1: tp=S(1)\n").unwrap();
+    let unknown = unknown.to_string_lossy().to_string();
+    let err = autopar_err(&["run", "gpt-tiny", "--mesh", "tp=2", "--annotate", &unknown]);
+    assert!(err.contains("`h.9.mlp.w1`") && err.contains("line 1"), "{err}");
+    let uneven = dir.join("uneven.txt");
+    std::fs::write(&uneven, "fc1.w: tp=S(0)\n").unwrap();
+    let uneven = uneven.to_string_lossy().to_string();
+    let err = autopar_err(&["run", "mlp-tiny", "--mesh", "tp=3", "--annotate", &uneven]);
+    assert!(err.contains("`fc1.w`") && err.contains("dim 0"), "{err}");
+    assert!(autopar(&["run", "mlp-tiny", "--verify"]).status.code() != Some(0));
+}
