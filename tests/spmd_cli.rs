@@ -28,7 +28,13 @@ fn collectives(dump: &str) -> Vec<(String, String, String)> {
 #[test]
 fn run_verify_prints_ok() {
     let out = autopar_ok(&[
-        "run", "gpt-tiny", "--mesh", "dp=2,tp=2", "--steps", "3", "--verify",
+        "run",
+        "gpt-tiny",
+        "--mesh",
+        "dp=2,tp=2",
+        "--steps",
+        "3",
+        "--verify",
     ]);
     let line = out
         .lines()
@@ -42,14 +48,20 @@ fn run_verify_prints_ok() {
             .and_then(|s| s.parse().ok())
             .expect("an error value")
     };
-    assert!(err("max_abs_err") < 1e-4 && err("max_rel_err") < 1e-4, "{line}");
+    assert!(
+        err("max_abs_err") < 1e-4 && err("max_rel_err") < 1e-4,
+        "{line}"
+    );
     assert_eq!(out.lines().filter(|l| l.starts_with("step ")).count(), 3);
 }
 
 #[test]
 fn forward_runs_on_a_mesh() {
     let out = autopar_ok(&["run", "mlp-tiny", "--forward", "--mesh", "dp=2", "--verify"]);
-    assert!(out.contains("verify: ") && out.trim_end().ends_with("OK"), "{out}");
+    assert!(
+        out.contains("verify: ") && out.trim_end().ends_with("OK"),
+        "{out}"
+    );
 }
 
 /// Megatron: per layer, one all-reduce after the attention output projection and one after
@@ -58,10 +70,18 @@ fn forward_runs_on_a_mesh() {
 #[test]
 fn tensor_parallel_gpt_has_the_megatron_pattern() {
     let dump = autopar_ok(&[
-        "dump", "gpt-tiny", "--mesh", "tp=2", "--stage", "partitioned",
+        "dump",
+        "gpt-tiny",
+        "--mesh",
+        "tp=2",
+        "--stage",
+        "partitioned",
     ]);
     let colls = collectives(&dump);
-    assert!(colls.iter().all(|(op, _, _)| op == "all_reduce"), "{colls:?}");
+    assert!(
+        colls.iter().all(|(op, _, _)| op == "all_reduce"),
+        "{colls:?}"
+    );
     for layer in 0..2 {
         let count = |scope: &str| colls.iter().filter(|(_, _, s)| s == scope).count();
         assert_eq!(count(&format!("mb0/h.{layer}.attn")), 1, "{colls:?}");
@@ -81,7 +101,14 @@ fn tensor_parallel_gpt_has_the_megatron_pattern() {
 #[test]
 fn zero3_gathers_weights_before_use_and_scatters_gradients() {
     let dump = autopar_ok(&[
-        "dump", "gpt-tiny", "--mesh", "dp=2,tp=2", "--zero", "3", "--stage", "partitioned",
+        "dump",
+        "gpt-tiny",
+        "--mesh",
+        "dp=2,tp=2",
+        "--zero",
+        "3",
+        "--stage",
+        "partitioned",
     ]);
     let colls = collectives(&dump);
     let on_dp = |op: &str, scope: &str| {
@@ -94,7 +121,10 @@ fn zero3_gathers_weights_before_use_and_scatters_gradients() {
     assert!(on_dp("all_gather", "mb0/h.0.attn") >= 4, "{colls:?}");
     assert!(on_dp("all_gather", "mb0/h.1.mlp") >= 2, "{colls:?}");
     // Backward: weight gradients reduce-scattered on dp, never all-reduced.
-    assert!(on_dp("reduce_scatter", "mb0/grad/h.0.attn") >= 4, "{colls:?}");
+    assert!(
+        on_dp("reduce_scatter", "mb0/grad/h.0.attn") >= 4,
+        "{colls:?}"
+    );
     assert!(
         !colls
             .iter()
@@ -103,20 +133,43 @@ fn zero3_gathers_weights_before_use_and_scatters_gradients() {
     );
     // Without ZeRO the same gradients are all-reduced instead.
     let plain = collectives(&autopar_ok(&[
-        "dump", "gpt-tiny", "--mesh", "dp=2,tp=2", "--stage", "partitioned",
+        "dump",
+        "gpt-tiny",
+        "--mesh",
+        "dp=2,tp=2",
+        "--stage",
+        "partitioned",
     ]));
-    assert!(!plain.iter().any(|(o, _, _)| o == "reduce_scatter"), "{plain:?}");
-    assert!(!plain.iter().any(|(o, _, _)| o == "all_gather"), "{plain:?}");
+    assert!(
+        !plain.iter().any(|(o, _, _)| o == "reduce_scatter"),
+        "{plain:?}"
+    );
+    assert!(
+        !plain.iter().any(|(o, _, _)| o == "all_gather"),
+        "{plain:?}"
+    );
 }
 
 #[test]
 fn golden_sharded_and_partitioned_dumps() {
     let sharded = autopar_ok(&[
-        "dump", "mlp-tiny", "--mesh", "dp=2,tp=2", "--stage", "sharded",
+        "dump",
+        "mlp-tiny",
+        "--mesh",
+        "dp=2,tp=2",
+        "--stage",
+        "sharded",
     ]);
     check_golden("mlp-tiny.dp2-tp2.sharded.air", &sharded);
     let rank1 = autopar_ok(&[
-        "dump", "mlp-tiny", "--mesh", "dp=2,tp=2", "--stage", "partitioned", "--rank", "1",
+        "dump",
+        "mlp-tiny",
+        "--mesh",
+        "dp=2,tp=2",
+        "--stage",
+        "partitioned",
+        "--rank",
+        "1",
     ]);
     check_golden("mlp-tiny.dp2-tp2.rank1.air", &rank1);
     // Every value of the sharded dump has a complete placement.
@@ -147,7 +200,14 @@ fn impossible_requests_name_tensor_dim_and_axis() {
     let err = autopar_err(&["run", "mlp-tiny", "--mesh", "dp=2", "--zero", "4"]);
     assert!(err.contains("--zero"), "{err}");
     let err = autopar_err(&[
-        "dump", "mlp-tiny", "--mesh", "dp=2", "--stage", "partitioned", "--rank", "2",
+        "dump",
+        "mlp-tiny",
+        "--mesh",
+        "dp=2",
+        "--stage",
+        "partitioned",
+        "--rank",
+        "2",
     ]);
     assert!(err.contains("rank 2"), "{err}");
     let err = autopar_err(&["dump", "mlp-tiny", "--stage", "sharded"]);
@@ -165,11 +225,26 @@ fn annotation_files() {
     .unwrap();
     let good = good.to_string_lossy().to_string();
     let out = autopar_ok(&[
-        "run", "gpt-tiny", "--mesh", "tp=2", "--steps", "2", "--verify", "--annotate", &good,
+        "run",
+        "gpt-tiny",
+        "--mesh",
+        "tp=2",
+        "--steps",
+        "2",
+        "--verify",
+        "--annotate",
+        &good,
     ]);
     assert!(out.trim_end().ends_with("OK"), "{out}");
     let dump = autopar_ok(&[
-        "dump", "gpt-tiny", "--mesh", "tp=2", "--stage", "partitioned", "--annotate", &good,
+        "dump",
+        "gpt-tiny",
+        "--mesh",
+        "tp=2",
+        "--stage",
+        "partitioned",
+        "--annotate",
+        &good,
     ]);
     let colls = collectives(&dump);
     assert_eq!(
@@ -187,7 +262,10 @@ fn annotation_files() {
     std::fs::write(&unknown, "h.9.mlp.w1: tp=S(1)\n").unwrap();
     let unknown = unknown.to_string_lossy().to_string();
     let err = autopar_err(&["run", "gpt-tiny", "--mesh", "tp=2", "--annotate", &unknown]);
-    assert!(err.contains("`h.9.mlp.w1`") && err.contains("line 1"), "{err}");
+    assert!(
+        err.contains("`h.9.mlp.w1`") && err.contains("line 1"),
+        "{err}"
+    );
     let uneven = dir.join("uneven.txt");
     std::fs::write(&uneven, "fc1.w: tp=S(0)\n").unwrap();
     let uneven = uneven.to_string_lossy().to_string();

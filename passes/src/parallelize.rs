@@ -239,10 +239,10 @@ pub fn zero_constraints(g: &Graph, mesh: &DeviceMesh, zero: u8) -> Result<Constr
         let weight = node.inputs[0];
         let z = zero_dim(g, weight, mesh, dp);
         let grad = gradient_source(g, node.inputs[1]);
-        let buffers: Vec<ValueId> = match node.op {
-            Op::AdamWUpdate { .. } => node.inputs[2..4].to_vec(),
-            _ => node.inputs[2..].to_vec(),
-        };
+        // AdamW's last operand is the step count, shared by every weight.
+        let adamw = matches!(node.op, Op::AdamWUpdate { .. });
+        let end = node.inputs.len() - usize::from(adamw);
+        let buffers: Vec<ValueId> = node.inputs[2..end].to_vec();
         match (zero, z) {
             (0, _) | (_, None) => {
                 fix(&mut c, grad, Placement::Replicate);

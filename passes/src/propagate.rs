@@ -163,12 +163,12 @@ impl ShardingPlan {
 /// A name for value `v` in messages: the parameter or input it is, else its id and scope.
 pub fn tensor_name(g: &Graph, v: ValueId) -> String {
     let node = g.node(g.value(v).producer);
-    match &node.op {
-        Op::Parameter { name, .. } | Op::Input { name, .. } => name.clone(),
-        _ => match &node.scope {
-            Some(s) => format!("{v} (scope {s})"),
-            None => v.to_string(),
-        },
+    if let Op::Parameter { name, .. } | Op::Input { name, .. } = &node.op {
+        return name.clone();
+    }
+    match &node.scope {
+        Some(s) => format!("{v} (scope {s})"),
+        None => v.to_string(),
     }
 }
 
@@ -341,26 +341,22 @@ pub fn propagate_sharding(g: &mut Graph, c: &Constraints) -> Result<ShardingPlan
             }
             let v = node.outputs[0];
             let i = v.0 as usize;
-            let p = match (ax.fixed[i], &node.op) {
+            let data_input = matches!(node.op, Op::Input { .. })
+                && c.data_axis.as_deref() == Some(axis.as_str());
+            let p = match (ax.fixed[i], stage_res[&n][0].dims().first()) {
                 (Some(p), _) => p,
-                (None, Op::Input { .. }) if c.data_axis.as_deref() == Some(axis.as_str()) => {
-                    let local = &stage_res[&n][0];
-                    match local.dims().first() {
-                        Some(&b) if b.is_multiple_of(*size) => Placement::Shard(0),
-                        Some(&b) => {
-                            return Err(PassError::UnevenShard {
-                                tensor: tensor_name(g, v),
-                                ty: g.ty(v).to_string(),
-                                dim: 0,
-                                size: g.ty(v).dims()[0],
-                                axis: axis.clone(),
-                                ways: g.ty(v).dims()[0] / b * size,
-                            });
-                        }
-                        None => Placement::Replicate,
-                    }
+                (None, Some(&b)) if data_input && b.is_multiple_of(*size) => Placement::Shard(0),
+                (None, Some(&b)) if data_input => {
+                    return Err(PassError::UnevenShard {
+                        tensor: tensor_name(g, v),
+                        ty: g.ty(v).to_string(),
+                        dim: 0,
+                        size: g.ty(v).dims()[0],
+                        axis: axis.clone(),
+                        ways: g.ty(v).dims()[0] / b * size,
+                    });
                 }
-                _ => Placement::Replicate,
+                (None, _) => Placement::Replicate,
             };
             ax.place[i] = Some(p);
             ax.fixed[i] = Some(p);

@@ -123,11 +123,11 @@ impl Partitioner<'_> {
         })
     }
 
-    /// Sets `scope` on every node added since the graph had `before` nodes.
+    /// Sets `scope` on every node added since the graph had `before` nodes (the local graph
+    /// never loses nodes, so new nodes take the next ids).
     fn scope_new(&mut self, before: usize, scope: &Option<String>) {
-        let ids: Vec<NodeId> = self.out.node_ids();
-        for id in ids.into_iter().filter(|id| id.0 as usize >= before) {
-            self.out.set_scope(id, scope.clone());
+        for id in before..self.out.num_nodes() {
+            self.out.set_scope(NodeId(id as u32), scope.clone());
         }
     }
 
