@@ -52,7 +52,7 @@ pub enum Error {
     },
     /// A model argument or model code is wrong.
     #[error(transparent)]
-    Frontend(#[from] autopar_frontends::FrontendError),
+    Frontend(Box<autopar_frontends::FrontendError>),
     /// Executing a graph failed.
     #[error(transparent)]
     Runtime(#[from] autopar_runtime::RuntimeError),
@@ -61,10 +61,23 @@ pub enum Error {
     Cost(#[from] autopar_cost_model::CostError),
     /// A compiler pass failed (sharding propagation, partitioning, annotations).
     #[error(transparent)]
-    Pass(#[from] autopar_passes::PassError),
+    Pass(Box<autopar_passes::PassError>),
     /// An option does not apply.
     #[error("{0}")]
     Usage(String),
+}
+
+impl From<autopar_frontends::FrontendError> for Error {
+    fn from(e: autopar_frontends::FrontendError) -> Self {
+        Error::Frontend(Box::new(e))
+    }
+}
+
+impl From<autopar_passes::PassError> for Error {
+    fn from(e: autopar_passes::PassError) -> Self {
+        // Boxed: pass errors carry names, types and axes, and would make every result large.
+        Error::Pass(Box::new(e))
+    }
 }
 
 /// Where a model comes from.

@@ -6,15 +6,15 @@ use autopar::passes::parallelize::ParallelOptions;
 use autopar::spmd;
 
 fn check(model: &str, mesh: &str, zero: u8) {
-    let g = autopar::load_model(model, None).unwrap();
-    let mesh = DeviceMesh::parse(mesh).unwrap();
+    let g = autopar::load_model(model, None).expect("ok");
+    let mesh = DeviceMesh::parse(mesh).expect("ok");
     let options = ParallelOptions {
         zero,
         ..ParallelOptions::default()
     };
-    let program = spmd::compile(&g, &mesh, &options).unwrap();
-    let summary = spmd::run(&program, 0, 1, true, |_, _| {}).unwrap();
-    let report = summary.verify.unwrap();
+    let program = spmd::compile(&g, &mesh, &options).expect("ok");
+    let summary = spmd::run(&program, 0, 1, true, |_, _| {}).expect("ok");
+    let report = summary.verify.expect("ok");
     assert!(report.ok(), "{model} on {mesh}: {}", report.line());
 }
 

@@ -8,15 +8,15 @@ use autopar::passes::parallelize::ParallelOptions;
 use autopar::spmd;
 
 fn check(model: &str, mesh: &str, zero: u8) {
-    let step = autopar::load_train_step(model, None, &TrainOptions::default()).unwrap();
-    let mesh = DeviceMesh::parse(mesh).unwrap();
+    let step = autopar::load_train_step(model, None, &TrainOptions::default()).expect("ok");
+    let mesh = DeviceMesh::parse(mesh).expect("ok");
     let options = ParallelOptions {
         zero,
         ..ParallelOptions::default()
     };
-    let program = spmd::compile(&step.graph, &mesh, &options).unwrap();
-    let summary = spmd::run(&program, 0, 3, true, |_, _| {}).unwrap();
-    let report = summary.verify.unwrap();
+    let program = spmd::compile(&step.graph, &mesh, &options).expect("ok");
+    let summary = spmd::run(&program, 0, 3, true, |_, _| {}).expect("ok");
+    let report = summary.verify.expect("ok");
     eprintln!(
         "{model} {mesh} zero={zero}: {} worst {}",
         report.line(),

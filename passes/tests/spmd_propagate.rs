@@ -23,7 +23,7 @@ fn mlp() -> (Graph, ValueId, ValueId) {
             },
             &[],
         )
-        .unwrap();
+        .expect("ok");
     let param = |g: &mut Graph, name: &str, dims: &[usize], dim: usize| {
         let v = g
             .add(
@@ -34,9 +34,9 @@ fn mlp() -> (Graph, ValueId, ValueId) {
                 },
                 &[],
             )
-            .unwrap();
+            .expect("ok");
         let s = Sharding::user([("tp".to_string(), Placement::Shard(dim))]);
-        g.set_sharding(v, Some(s)).unwrap();
+        g.set_sharding(v, Some(s)).expect("ok");
         v
     };
     let w1 = param(&mut g, "w1", &[16, 32], 1);
@@ -44,11 +44,11 @@ fn mlp() -> (Graph, ValueId, ValueId) {
     let einsum = |g: &mut Graph, spec: &str, a, b| {
         g.add(
             Op::Einsum {
-                spec: spec.parse().unwrap(),
+                spec: spec.parse().expect("ok"),
             },
             &[a, b],
         )
-        .unwrap()
+        .expect("ok")
     };
     let h = einsum(&mut g, "bi,ih->bh", x, w1);
     let h = g
@@ -58,7 +58,7 @@ fn mlp() -> (Graph, ValueId, ValueId) {
             },
             &[h],
         )
-        .unwrap();
+        .expect("ok");
     let y = einsum(&mut g, "bh,ho->bo", h, w2);
     let sq = g
         .add(
@@ -67,7 +67,7 @@ fn mlp() -> (Graph, ValueId, ValueId) {
             },
             &[y],
         )
-        .unwrap();
+        .expect("ok");
     let loss = g
         .add(
             Op::Reduce {
@@ -76,32 +76,32 @@ fn mlp() -> (Graph, ValueId, ValueId) {
             },
             &[sq],
         )
-        .unwrap();
-    g.add_output("loss", loss).unwrap();
+        .expect("ok");
+    g.add_output("loss", loss).expect("ok");
     (g, w1, h)
 }
 
 fn mesh(s: &str) -> DeviceMesh {
-    DeviceMesh::parse(s).unwrap()
+    DeviceMesh::parse(s).expect("ok")
 }
 
 #[test]
 fn complete_deterministic_and_keeps_annotations() {
     let (g, w1, h) = mlp();
-    let p = parallelize(&g, &mesh("dp=2,tp=2"), &ParallelOptions::default()).unwrap();
+    let p = parallelize(&g, &mesh("dp=2,tp=2"), &ParallelOptions::default()).expect("ok");
     for v in p.graph.value_ids() {
-        let s = p.graph.value(v).sharding.clone().unwrap();
+        let s = p.graph.value(v).sharding.clone().expect("ok");
         let axes: Vec<&str> = s.axes.iter().map(|(a, _)| a.as_str()).collect();
         assert_eq!(axes, ["dp", "tp"], "{v}");
     }
-    let w1s = p.graph.value(w1).sharding.clone().unwrap();
+    let w1s = p.graph.value(w1).sharding.clone().expect("ok");
     assert_eq!(w1s.origin, ShardingOrigin::User);
     assert_eq!(w1s.get("tp"), Some(Placement::Shard(1)));
     // The column-parallel hidden layer: batch on dp, features on tp.
-    let hs = p.graph.value(h).sharding.clone().unwrap();
+    let hs = p.graph.value(h).sharding.clone().expect("ok");
     assert_eq!(hs.get("dp"), Some(Placement::Shard(0)));
     assert_eq!(hs.get("tp"), Some(Placement::Shard(1)));
-    let again = parallelize(&g, &mesh("dp=2,tp=2"), &ParallelOptions::default()).unwrap();
+    let again = parallelize(&g, &mesh("dp=2,tp=2"), &ParallelOptions::default()).expect("ok");
     assert_eq!(text::print(&p.graph), text::print(&again.graph));
     assert_eq!(p.plan, again.plan);
 }
@@ -110,8 +110,8 @@ fn complete_deterministic_and_keeps_annotations() {
 fn megatron_mlp_needs_one_all_reduce_and_matches_the_reference() {
     let (g, _, _) = mlp();
     let mesh = mesh("tp=2");
-    let p = parallelize(&g, &mesh, &ParallelOptions::default()).unwrap();
-    let programs = partition_all(&p.graph, &p.plan).unwrap();
+    let p = parallelize(&g, &mesh, &ParallelOptions::default()).expect("ok");
+    let programs = partition_all(&p.graph, &p.plan).expect("ok");
     for local in &programs {
         let collectives: Vec<&Op> = local
             .node_ids()
@@ -122,12 +122,12 @@ fn megatron_mlp_needs_one_all_reduce_and_matches_the_reference() {
         assert_eq!(collectives.len(), 1, "{collectives:?}");
         assert!(matches!(collectives[0], Op::AllReduce { .. }));
     }
-    let params = init_parameters(&g, 1).unwrap();
-    let batch = autopar_runtime::synthetic_batch(&g, 1, 0).unwrap();
+    let params = init_parameters(&g, 1).expect("ok");
+    let batch = autopar_runtime::synthetic_batch(&g, 1, 0).expect("ok");
     let want = run(&g, &params, &batch, RunOptions::default())
-        .unwrap()
+        .expect("ok")
         .scalar("loss")
-        .unwrap();
+        .expect("ok");
     // Rank r holds columns (w1) or rows (w2) r*16..(r+1)*16.
     let shard = |name: &str, rank: usize| {
         let t = &params[name];
@@ -149,7 +149,7 @@ fn megatron_mlp_needs_one_all_reduce_and_matches_the_reference() {
                 v[rank * r * cols..(rank + 1) * r * cols].to_vec(),
             )
         };
-        autopar_runtime::Tensor::from_f64(TensorType::new(DType::F32, ty), data).unwrap()
+        autopar_runtime::Tensor::from_f64(TensorType::new(DType::F32, ty), data).expect("ok")
     };
     let states: Vec<autopar_runtime::TensorMap> = (0..2)
         .map(|r| {
@@ -168,9 +168,9 @@ fn megatron_mlp_needs_one_all_reduce_and_matches_the_reference() {
             inputs: &batch,
         })
         .collect();
-    let outs = run_spmd(&mesh, &ranks, SpmdOptions::default()).unwrap();
+    let outs = run_spmd(&mesh, &ranks, SpmdOptions::default()).expect("ok");
     for out in outs {
-        let got = out.scalar("loss").unwrap();
+        let got = out.scalar("loss").expect("ok");
         assert!((got - want).abs() < 1e-6, "{got} vs {want}");
     }
 }
@@ -190,9 +190,9 @@ fn uneven_annotations_name_the_tensor_dim_and_axis() {
 #[test]
 fn axes_the_mesh_lacks_are_ignored() {
     let (g, w1, _) = mlp();
-    let p = parallelize(&g, &mesh("dp=4"), &ParallelOptions::default()).unwrap();
-    let s = p.graph.value(w1).sharding.clone().unwrap();
+    let p = parallelize(&g, &mesh("dp=4"), &ParallelOptions::default()).expect("ok");
+    let s = p.graph.value(w1).sharding.clone().expect("ok");
     assert_eq!(s.axes, vec![("dp".to_string(), Placement::Replicate)]);
-    let programs = partition_all(&p.graph, &p.plan).unwrap();
+    let programs = partition_all(&p.graph, &p.plan).expect("ok");
     assert_eq!(programs.len(), 4);
 }
