@@ -205,9 +205,9 @@ fn bad_model_arguments_are_clear_errors() {
     assert!(err.contains("heads"), "{err}");
     let err = autopar_err(&["dump", "missing.air"]);
     assert!(err.contains("missing.air"), "{err}");
-    let err = autopar_err(&["run", "gpt-tiny"]);
+    let err = autopar_err(&["run", "gpt-tiny", "--micro-batches", "3"]);
     assert!(
-        err.contains("--forward") || err.contains("--steps"),
+        err.contains("--micro-batches 3") && err.contains("8"),
         "{err}"
     );
 }
