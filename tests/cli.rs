@@ -343,3 +343,14 @@ fn topo_describes_presets_and_reads_its_own_toml() {
     let err = autopar_err(&["topo", "dgx-z100:nodes=2"]);
     assert!(err.contains("dgx-z100"), "{err}");
 }
+
+#[test]
+fn recompute_on_a_model_without_layers_is_refused() {
+    let err = autopar_err(&["run", "mlp-tiny", "--recompute", "full"]);
+    assert!(
+        err.contains("--recompute full") && err.contains("no layers"),
+        "{err}"
+    );
+    let err = autopar_err(&["run", "mlp-tiny", "--recompute", "selective"]);
+    assert!(err.contains("no attention core"), "{err}");
+}
