@@ -233,6 +233,24 @@ impl CostModel {
         plan: &Plan,
         schedule: &Schedule,
     ) -> Result<Estimate, CostError> {
+        // Checked before the mapping is built, so that a plan too large for the cluster is
+        // reported in the plan's terms.
+        self.check_plan(cfg, plan)?;
+        let mapping = MeshMapping::new(&plan.mesh_axes(), &self.cluster)?;
+        self.estimate_with_mapping(cfg, plan, schedule, &mapping)
+    }
+
+    /// As [`CostModel::estimate_with_schedule`], with the plan's mesh mapping built by the
+    /// caller as well: building a mapping walks every device (milliseconds on 16K devices),
+    /// and a search scores many plans on one mapping. `mapping` must place exactly the plan's
+    /// mesh axes ([`Plan::mesh_axes`]) on this model's cluster.
+    pub fn estimate_with_mapping(
+        &self,
+        cfg: &TransformerConfig,
+        plan: &Plan,
+        schedule: &Schedule,
+        mapping: &MeshMapping,
+    ) -> Result<Estimate, CostError> {
         self.check_plan(cfg, plan)?;
         if (
             schedule.kind,
@@ -246,8 +264,19 @@ impl CostModel {
                 schedule.kind, schedule.pp, schedule.vpp, schedule.micro_batches
             )));
         }
-        let mapping = MeshMapping::new(&plan.mesh_axes(), &self.cluster)?;
-        let ctx = Ctx::new(self, cfg, plan, &mapping)?;
+        let axes = plan.mesh_axes();
+        if mapping.axes().len() != axes.len()
+            || mapping
+                .axes()
+                .iter()
+                .zip(&axes)
+                .any(|(a, (name, size))| a.name != *name || a.size != *size)
+        {
+            return Err(CostError::PlanMismatch(
+                "the mesh mapping does not place the plan's mesh axes".into(),
+            ));
+        }
+        let ctx = Ctx::new(self, cfg, plan, mapping)?;
         Ok(ctx.run(schedule))
     }
 }
@@ -586,14 +615,21 @@ impl<'a> Ctx<'a> {
         p.comm_total_s += cp;
         p.comm_exposed_s += self.m.comm.exposed(cp, p.attention_s);
         p.exposed(2.0 * self.moe_all_to_all());
+        // ZeRO-3 re-gathers the weights. ZeRO-2 and -3 hold only a 1/dp shard of the
+        // gradients (that is what their memory is charged for), so there is no full-size
+        // buffer to accumulate micro-batches into: each micro-batch's gradients are
+        // reduce-scattered as its backward produces them.
         let z3 = self.zero3_gather();
-        if z3 > 0.0 {
-            // Re-gather the weights, and reduce-scatter this micro-batch's gradients.
-            let rs = self.coll(
+        let rs = if self.plan.zero_stage >= 2 {
+            self.coll(
                 Collective::ReduceScatter,
                 self.layer_params_per_rank() * self.e,
                 &self.dp,
-            );
+            )
+        } else {
+            0.0
+        };
+        if z3 + rs > 0.0 {
             p.comm_total_s += z3 + rs;
             p.comm_exposed_s += self.m.comm.exposed(z3 + rs, p.total_s());
         }
