@@ -171,3 +171,16 @@ fn zero2_pays_a_reduce_scatter_per_micro_batch() {
     assert!(e2.iter_time_s >= e1.iter_time_s);
     assert!(e2.memory.gradients < e1.memory.gradients);
 }
+
+#[test]
+fn stage_times_are_what_the_estimate_feeds_the_schedule() {
+    use autopar_cost_model::MeshMapping;
+    let m = a100(16);
+    let cfg = TransformerConfig::gpt("small", 12, 2048, 16, 2048, 51200);
+    let plan = Plan::parse("dp=4,tp=4,pp=8,vpp=1,mbs=1,gbs=64,recompute=full").unwrap();
+    let mapping = MeshMapping::new(&plan.mesh_axes(), &m.cluster).unwrap();
+    let st = m.stage_times(&cfg, &plan, &mapping).unwrap();
+    let e = m.estimate(&cfg, &plan).unwrap();
+    assert_eq!(st.forward_s, e.time.stage_forward_s);
+    assert_eq!(st.backward_s, e.time.stage_backward_s);
+}

@@ -5,3 +5,5 @@
 //! between them. The crate depends on `autopar-ir` and `autopar-cost-model` only, and the
 //! runtime never depends on it, so the reference interpreter can judge what passes produce.
 //! No pass exists yet; this fixes the crate boundary in the workspace.
+
+pub mod search;
