@@ -182,6 +182,16 @@ pub fn forward_loss(g: &Graph, seed: u64) -> Result<f64, Error> {
     Ok(out.scalar("loss")?)
 }
 
+/// The transformer description of a model argument (a zoo name or spec, or a graph file),
+/// read off its graph: what the cost model and the strategy search work from.
+pub fn model_config(model: &str) -> Result<autopar_cost_model::TransformerConfig, Error> {
+    let g = match ModelSource::classify(model) {
+        ModelSource::Zoo(_) => load_model(model, Some(1))?,
+        ModelSource::AirFile(_) | ModelSource::JsonFile(_) => load_model(model, None)?,
+    };
+    Ok(autopar_cost_model::TransformerConfig::from_graph(&g)?)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

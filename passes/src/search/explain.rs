@@ -251,12 +251,12 @@ impl Comparison {
             return s;
         }
         s += &format!(
-            "{:.3} s vs {:.3} s per step ({:.1}% faster). {} decides: {:.3} s less per step, \
-             {:.0}% of the gap",
+            "{:.3} s vs {:.3} s per step ({:.1}% faster). The deciding term is {}: {:.3} s \
+             less per step, {:.0}% of the gap",
             self.best_iter_time_s,
             self.other_iter_time_s,
             100.0 * (self.speedup() - 1.0),
-            capitalise(self.deciding.name()),
+            self.deciding.name(),
             self.deciding_saving_s,
             100.0 * self.deciding_saving_s / gap
         );
@@ -305,14 +305,6 @@ impl fmt::Display for Comparison {
     }
 }
 
-fn capitalise(s: &str) -> String {
-    let mut c = s.chars();
-    match c.next() {
-        Some(first) => first.to_uppercase().chain(c).collect(),
-        None => String::new(),
-    }
-}
-
 /// The fields in which `best` differs from `other`, as `field other -> best`.
 pub fn plan_changes(best: &Plan, other: &Plan) -> Vec<String> {
     let mut out = Vec::new();
@@ -352,11 +344,14 @@ pub fn plan_changes(best: &Plan, other: &Plan) -> Vec<String> {
         best.schedule.to_string(),
         other.schedule.to_string(),
     );
-    diff(
-        "order",
-        placed_axes(best).join("-"),
-        placed_axes(other).join("-"),
-    );
+    // The placement only compares when both plans place the same axes.
+    let (pb, po) = (placed_axes(best), placed_axes(other));
+    let (mut sb, mut so) = (pb.clone(), po.clone());
+    sb.sort();
+    so.sort();
+    if sb == so {
+        diff("placement", pb.join("-"), po.join("-"));
+    }
     diff("dtype", best.dtype.to_string(), other.dtype.to_string());
     out
 }

@@ -331,7 +331,7 @@ mod tests {
         assert_eq!(megatron_layout(&cfg, &plan), "Et*3|t*3|t*2|t*2L");
         let s = megatron_args(&cfg, &plan).unwrap();
         assert!(s.contains("--pipeline-model-parallel-layout \"Et*3|t*3|t*2|t*2L\""));
-        assert!(s.contains("pp-dp-tp-cp-ep"), "{s}");
+        assert!(s.contains("order=\"dp-pp-tp-cp-ep\""), "{s}");
     }
 
     #[test]
