@@ -435,7 +435,11 @@ impl Worker {
         let c = &opts.constraints;
         let batch = opts.global_batch;
         let capacity = capacity_bytes(model);
-        let orders = space::axis_orders(&s, c.axis_order.as_ref());
+        let orders = space::distinct_placements(
+            &s,
+            space::axis_orders(&s, c.axis_order.as_ref()),
+            model.cluster.gpus_per_node,
+        );
         let mut mappings: Vec<Option<MeshMapping>> = vec![None; orders.len()];
         let zeros = space::zero_stages(&s, c);
         let sps = space::sequence_parallel(cfg, &s, c);

@@ -287,6 +287,81 @@ pub(crate) fn axis_orders(s: &Shape, pinned: Option<&Vec<String>>) -> Vec<Vec<St
         .collect()
 }
 
+/// Keeps the first order of each class of orders that place every group alike, so that no
+/// two plans differing only in such orders are both estimated.
+///
+/// Lay the axes larger than 1 out from the innermost, with consecutive devices forming nodes
+/// of `g = gpus_per_node`. An axis is *inside* when it and the axes inside it fit in a node
+/// (the product of their sizes is at most `g`), the *straddler* when it starts inside a node
+/// but ends outside, and *outer* otherwise. When the product of the inside sizes divides `g`
+/// and the product up to the straddler is a multiple of `g`:
+///
+/// - every group of an inside axis lies in one node, whatever its stride, so it is described
+///   by its size alone; pipeline neighbours along an inside `pp` share a node;
+/// - the straddler's stride is the product of the inside sizes, whatever their order, so its
+///   groups sit the same way;
+/// - every outer axis has a stride that is a multiple of `g`: one member per node, one NIC per
+///   member, every device of a node in a different group, whatever the order among the outer
+///   axes; pipeline neighbours along an outer `pp` never share a node.
+///
+/// Everything the estimate reads from a mapping (the groups of `tp`, `cp`, `ep`, `pp` and of
+/// `dp` with `ep`, and which pipeline neighbours share a node) is then the same for two orders
+/// with the same inside set, straddler and outer set. When the conditions fail no order is
+/// merged.
+pub(crate) fn distinct_placements(
+    s: &Shape,
+    orders: Vec<Vec<String>>,
+    gpus_per_node: usize,
+) -> Vec<Vec<String>> {
+    let mut seen = std::collections::HashSet::new();
+    orders
+        .into_iter()
+        .filter(|o| match placement_class(s, o, gpus_per_node) {
+            Some(class) => seen.insert(class),
+            None => true,
+        })
+        .collect()
+}
+
+/// The class of an order under [`distinct_placements`]: the sorted inside axes, the
+/// straddler, the sorted outer axes; `None` when the conditions fail.
+pub(crate) fn placement_class(
+    s: &Shape,
+    order: &[String],
+    gpus_per_node: usize,
+) -> Option<(Vec<String>, Option<String>, Vec<String>)> {
+    let size = |a: &str| match a {
+        "pp" => s.pp,
+        "dp" => s.dp / s.ep,
+        "ep" => s.ep,
+        "cp" => s.cp,
+        "tp" => s.tp,
+        _ => 1,
+    };
+    let g = gpus_per_node.max(1);
+    let (mut inside, mut straddler, mut outer) = (Vec::new(), None, Vec::new());
+    let (mut inside_product, mut stride) = (1, 1);
+    for a in order.iter().rev().filter(|a| size(a) > 1) {
+        let n = size(a);
+        if stride * n <= g {
+            inside.push(a.clone());
+            inside_product *= n;
+        } else if stride < g {
+            straddler = Some(a.clone());
+        } else {
+            outer.push(a.clone());
+        }
+        stride *= n;
+    }
+    let boundary = inside_product * straddler.as_deref().map_or(1, size);
+    if !g.is_multiple_of(inside_product) || !boundary.is_multiple_of(g) {
+        return None;
+    }
+    inside.sort();
+    outer.sort();
+    Some((inside, straddler, outer))
+}
+
 /// All permutations of `0..n` in lexicographic order (identity first).
 fn permutations(n: usize) -> Vec<Vec<usize>> {
     let mut p: Vec<usize> = (0..n).collect();
@@ -434,6 +509,69 @@ mod tests {
             ep: 1,
         };
         assert_eq!(axis_orders(&s, None).len(), 1);
+    }
+
+    /// Orders merged by [`distinct_placements`] give the same groups, pipeline neighbours and
+    /// estimates.
+    #[test]
+    fn merged_orders_place_every_group_alike() {
+        use autopar_cost_model::{Cluster, CostModel, MeshMapping};
+        let m = CostModel::new(Cluster::preset("dgx-a100:nodes=16").unwrap());
+        let cfg = TransformerConfig::gpt("t", 16, 2048, 16, 2048, 32000);
+        let shapes = [
+            (8, 2, 4, 2, 1),
+            (2, 8, 4, 1, 2),
+            (16, 4, 2, 1, 1),
+            (4, 2, 16, 1, 1),
+        ];
+        let mut merged = 0;
+        for (dp, tp, pp, cp, ep) in shapes {
+            let s = Shape { dp, tp, pp, cp, ep };
+            let orders = axis_orders(&s, None);
+            let kept = distinct_placements(&s, orders.clone(), 8);
+            merged += orders.len() - kept.len();
+            let facts = |o: &Vec<String>| {
+                let plan = Plan {
+                    dp,
+                    tp,
+                    pp,
+                    cp,
+                    ep,
+                    global_batch: 8 * dp,
+                    axis_order: o.clone(),
+                    ..Plan::default()
+                };
+                let mapping = MeshMapping::new(&plan.mesh_axes(), &m.cluster).unwrap();
+                let groups: Vec<_> = ["tp", "cp", "ep", "pp", "dp"]
+                    .iter()
+                    .map(|a| mapping.axis_group(a).unwrap().clone())
+                    .chain([mapping.group(&["dp".into(), "ep".into()]).unwrap()])
+                    .collect();
+                let at = |r: usize| {
+                    let mut c = vec![0; mapping.axes().len()];
+                    c[mapping.mesh().axis_index("pp").unwrap()] = r % pp;
+                    mapping.mesh().linear(&c)
+                };
+                let neighbours: Vec<bool> = (0..pp)
+                    .map(|r| mapping.same_node(at(r), at(r + 1)))
+                    .collect();
+                let mut cfg = cfg.clone();
+                cfg.experts = ep.max(1) * 2;
+                let e = m.estimate(&cfg, &plan).unwrap();
+                (groups, neighbours, e.iter_time_s, e.peak_memory_gib)
+            };
+            for o in &orders {
+                let class = placement_class(&s, o, 8);
+                let Some(k) = kept
+                    .iter()
+                    .find(|k| class.is_some() && placement_class(&s, k, 8) == class)
+                else {
+                    continue;
+                };
+                assert_eq!(facts(o), facts(k), "{o:?} vs {k:?}");
+            }
+        }
+        assert!(merged > 0);
     }
 
     #[test]
