@@ -127,13 +127,13 @@ fn random_config(rng: &mut Rng) -> TransformerConfig {
         heads,
         rng.pick(&[512, 1024, 2048]),
     );
-    if rng.next() % 3 == 0 {
+    if rng.next().is_multiple_of(3) {
         cfg.kv_heads = heads / 4;
         cfg.gated_mlp = true;
         cfg.tied_embeddings = false;
         cfg.learned_positions = false;
     }
-    if rng.next() % 4 == 0 {
+    if rng.next().is_multiple_of(4) {
         cfg.experts = 4;
         cfg.top_k = 2;
     }
@@ -148,7 +148,7 @@ fn random_model(rng: &mut Rng) -> CostModel {
     let mut m = a100(rng.pick(&[1, 2]));
     // From very tight to roomy, so that the memory bound both cuts and does not.
     m.cluster.gpu.hbm_capacity_gib = rng.pick(&[3.0, 4.0, 6.0, 10.0, 80.0]);
-    if rng.next() % 3 == 0 {
+    if rng.next().is_multiple_of(3) {
         m.compute.attention = AttentionKernel::Unfused;
     }
     m
