@@ -115,6 +115,15 @@ pub fn plan(args: PlanArgs) -> Result<()> {
         search_with_progress(&model, &cfg, &opts, &|_| {})?
     };
 
+    if result.stats.mesh_shapes == 0 {
+        bail!(
+            "no mesh shape (dp x tp x pp x cp = {devices}) divides the model, the global batch \
+             {} and the pins: tp must divide the heads, the key/value heads and the MLP width, \
+             dp the global batch, pp be at most the {} layers",
+            args.batch,
+            cfg.layers
+        );
+    }
     let Some(best) = result.plans.first() else {
         bail!(
             "no plan fits: {} of the {} plans in the space were ruled out by memory{}",
@@ -246,7 +255,7 @@ fn header(
 
 fn table(plans: &[RankedPlan]) -> String {
     let mut out = format!(
-        "{:>4} {:>5} {:>3} {:>3} {:>3} {:>3} {:>3} {:>4} {:>4} {:<9} {:<3} {:<11} {:<14} {:>8} {:>10} {:>7} {:>6} {:>7}\n",
+        "{:>4} {:>5} {:>3} {:>3} {:>3} {:>3} {:>3} {:>4} {:>4} {:<9} {:<3} {:<11} {:<14} {:>8} {:>10} {:>7} {:>7} {:>6} {:>7}\n",
         "rank",
         "dp",
         "tp",
@@ -263,13 +272,14 @@ fn table(plans: &[RankedPlan]) -> String {
         "step s",
         "tokens/s",
         "TFLOP/s",
+        "hw TF/s",
         "MFU",
         "mem GiB"
     );
     for (i, p) in plans.iter().enumerate() {
         let (plan, e) = (&p.plan, &p.estimate);
         out += &format!(
-            "{:>4} {:>5} {:>3} {:>3} {:>3} {:>3} {:>3} {:>4} {:>4} {:<9} {:<3} {:<11} {:<14} {:>8.3} {:>10.0} {:>7.1} {:>5.1}% {:>7.1}\n",
+            "{:>4} {:>5} {:>3} {:>3} {:>3} {:>3} {:>3} {:>4} {:>4} {:<9} {:<3} {:<11} {:<14} {:>8.3} {:>10.0} {:>7.1} {:>7.1} {:>5.1}% {:>7.1}\n",
             i + 1,
             plan.dp,
             plan.tp,
@@ -286,6 +296,7 @@ fn table(plans: &[RankedPlan]) -> String {
             e.iter_time_s,
             e.tokens_per_s,
             e.model_tflops_per_gpu,
+            e.hardware_tflops_per_gpu,
             100.0 * e.mfu,
             e.peak_memory_gib
         );
