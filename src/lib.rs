@@ -152,13 +152,8 @@ pub fn estimate(
     cluster: autopar_cost_model::Cluster,
     plan: &autopar_cost_model::Plan,
 ) -> Result<autopar_cost_model::Estimate, Error> {
-    use autopar_cost_model::{CostModel, TransformerConfig};
-    let g = match ModelSource::classify(model) {
-        ModelSource::Zoo(_) => load_model(model, Some(1))?,
-        ModelSource::AirFile(_) | ModelSource::JsonFile(_) => load_model(model, None)?,
-    };
-    let cfg = TransformerConfig::from_graph(&g)?;
-    Ok(CostModel::new(cluster).estimate(&cfg, plan)?)
+    let cfg = model_config(model)?;
+    Ok(autopar_cost_model::CostModel::new(cluster).estimate(&cfg, plan)?)
 }
 
 /// Output formats of `autopar dump`.
@@ -250,6 +245,16 @@ pub fn train<E: From<Error>>(
         summary.peak_bytes = summary.peak_bytes.max(report.peak_bytes);
     }
     Ok(summary)
+}
+
+/// The transformer description of a model argument (a zoo name or spec, or a graph file),
+/// read off its graph: what the cost model and the strategy search work from.
+pub fn model_config(model: &str) -> Result<autopar_cost_model::TransformerConfig, Error> {
+    let g = match ModelSource::classify(model) {
+        ModelSource::Zoo(_) => load_model(model, Some(1))?,
+        ModelSource::AirFile(_) | ModelSource::JsonFile(_) => load_model(model, None)?,
+    };
+    Ok(autopar_cost_model::TransformerConfig::from_graph(&g)?)
 }
 
 #[cfg(test)]

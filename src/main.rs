@@ -13,6 +13,8 @@ use autopar::{
     DumpFormat, LossScaling, Optimizer, Recompute, TrainOptions, dump, load_model, load_train_step,
 };
 
+mod plan_cmd;
+
 /// autopar: an auto-parallel compiler for deep-learning training.
 #[derive(Parser)]
 #[command(name = "autopar", version, about, long_about = None)]
@@ -56,6 +58,8 @@ enum Command {
     Run(RunArgs),
     /// Predict step time, throughput and memory of a training plan on a cluster.
     Estimate(EstimateArgs),
+    /// Search the training plans of a model on a cluster and rank those that fit.
+    Plan(plan_cmd::PlanArgs),
     /// Describe a cluster: devices, memory, fabrics and link bandwidths.
     Topo {
         /// A preset (dgx-a100:nodes=N, dgx-h100:nodes=N, hgx-h200:nodes=N, cpu:ranks=N) or a TOML file.
@@ -265,6 +269,7 @@ fn execute(cli: Cli) -> Result<()> {
         }
         Command::Run(args) => run(args),
         Command::Estimate(args) => estimate(args),
+        Command::Plan(args) => plan_cmd::plan(args),
         Command::Topo { cluster, toml } => topo(&cluster, toml),
     }
 }

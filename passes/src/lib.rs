@@ -9,12 +9,15 @@
 //! - [`train`]: the training-step graph (forward, backward, optimizer, mixed precision,
 //!   gradient accumulation) and its execution order.
 //! - [`recompute`]: activation recompute as a transformation of the step graph.
+//! - [`search`]: the joint search over training plans on a cluster, driven by the cost
+//!   model, with exact pruning.
 //! - [`sharding`]: the per-op sharding strategies (valid operand/result placements along one
 //!   mesh axis) and the local lowerings some of them need.
 
 pub mod autodiff;
 pub mod error;
 pub mod recompute;
+pub mod search;
 pub mod sharding;
 pub mod train;
 
