@@ -14,6 +14,8 @@ pub use autopar_ir as ir;
 pub use autopar_passes as passes;
 pub use autopar_runtime as runtime;
 
+pub mod pipeline_cmd;
+
 use autopar_ir::Graph;
 use autopar_passes::train::build_train_step;
 

@@ -50,6 +50,8 @@ enum Command {
         stage: Stage,
         #[command(flatten)]
         train: TrainArgs,
+        #[command(flatten)]
+        pipeline: PipelineArgs,
     },
     /// Train a model on the reference interpreter (or run one forward pass with --forward).
     ///
@@ -125,6 +127,32 @@ struct RunArgs {
     seed: u64,
     #[command(flatten)]
     train: TrainArgs,
+    #[command(flatten)]
+    pipeline: PipelineArgs,
+    /// Compare the step with the single-device step and print
+    /// `verify: max_abs_err=<x> max_rel_err=<y> OK` (or FAILED, exiting with 1).
+    #[arg(long)]
+    verify: bool,
+    /// Write the executed (last) step as a Chrome trace JSON (open in Perfetto).
+    #[arg(long, value_name = "FILE")]
+    trace: Option<String>,
+}
+
+/// Options of a pipeline-parallel run or dump.
+#[derive(clap::Args)]
+struct PipelineArgs {
+    /// Device mesh, e.g. `pp=2` (axes dp, tp, pp; this build runs pp).
+    #[arg(long)]
+    mesh: Option<String>,
+    /// Pipeline schedule.
+    #[arg(long, default_value = "1f1b")]
+    schedule: String,
+    /// Model chunks per pipeline rank (virtual stages; needs --schedule interleaved).
+    #[arg(long, default_value_t = 1)]
+    vpp: usize,
+    /// Layers that must start a stage, by name or index (e.g. `h.2` or `3,5`).
+    #[arg(long, value_delimiter = ',')]
+    stage_boundaries: Vec<String>,
 }
 
 /// Options shaping the training step.
@@ -191,6 +219,10 @@ enum Stage {
     Forward,
     /// The training-step graph.
     Train,
+    /// The pipeline stages of the training step (needs --mesh pp=N): layers and cost.
+    Pipeline,
+    /// The pipeline schedule's action lists (needs --mesh pp=N).
+    Schedule,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -249,10 +281,19 @@ fn execute(cli: Cli) -> Result<()> {
             batch,
             stage,
             train,
+            pipeline,
         } => {
             let g = match stage {
                 Stage::Forward => load_model(&model, batch)?,
                 Stage::Train => load_train_step(&model, batch, &train.options())?.graph,
+                Stage::Pipeline | Stage::Schedule => {
+                    let text = dump_pipeline(&model, batch, &train, &pipeline, stage)?;
+                    return match output {
+                        Some(path) => std::fs::write(&path, text)
+                            .with_context(|| format!("cannot write `{path}`")),
+                        None => print_stdout(&text),
+                    };
+                }
             };
             let format = match format {
                 Format::Text => DumpFormat::Text,
@@ -517,6 +558,12 @@ fn run(args: RunArgs) -> Result<()> {
     }
     let options = args.train.options();
     let step = load_train_step(&args.model, args.batch, &options)?;
+    if let Some(mesh) = &args.pipeline.mesh {
+        return run_pipelined(&args, &step, mesh);
+    }
+    if args.verify || args.trace.is_some() {
+        anyhow::bail!("--verify and --trace need --mesh");
+    }
     let summary = autopar::train::<anyhow::Error>(&step, args.seed, args.steps, |report| {
         print_stdout(&format!(
             "step {} loss: {:.6}\n",
@@ -534,6 +581,70 @@ fn run(args: RunArgs) -> Result<()> {
         Ok(())
     })?;
     print_stdout(&format!("peak memory: {}\n", summary.peak_bytes))
+}
+
+/// `run --mesh pp=N`: the pipelined step, checked with --verify, traced with --trace.
+fn run_pipelined(args: &RunArgs, step: &autopar::TrainStep, mesh: &str) -> Result<()> {
+    use autopar::pipeline_cmd as pc;
+    let (_, pp) = pc::pipeline_degree(mesh)?;
+    let p = &args.pipeline;
+    let kind: autopar::ir::schedule::ScheduleKind = p.schedule.parse()?;
+    let split = pc::split(step, pp, kind, p.vpp, &p.stage_boundaries)?;
+    let summary = pc::run_steps(step, &split, args.seed, args.steps)?;
+    for (i, loss) in summary.losses.iter().enumerate() {
+        print_stdout(&format!("step {} loss: {loss:.6}\n", i + 1))?;
+    }
+    let mut out = String::new();
+    for (r, rank) in summary.last.ranks.iter().enumerate() {
+        out += &format!(
+            "rank {r}: peak memory {} bytes, peak activations {} bytes, {} micro-batch chunks in flight\n",
+            rank.peak_bytes, rank.peak_activation_bytes, rank.max_in_flight
+        );
+    }
+    print_stdout(&out)?;
+    if let Some(path) = &args.trace {
+        std::fs::write(path, pc::trace_json(&split.program.schedule, &summary.last))
+            .with_context(|| format!("cannot write `{path}`"))?;
+    }
+    if args.verify {
+        if args.steps != 1 {
+            anyhow::bail!("--verify compares one step; drop --steps");
+        }
+        let (abs, rel) = pc::compare_with_reference(step, args.seed, &summary.last.outputs)?;
+        let ok = abs < pc::VERIFY_TOLERANCE;
+        print_stdout(&format!(
+            "verify: max_abs_err={abs:.3e} max_rel_err={rel:.3e} {}\n",
+            if ok { "OK" } else { "FAILED" }
+        ))?;
+        if !ok {
+            std::process::exit(1);
+        }
+    }
+    Ok(())
+}
+
+/// `dump --stage pipeline|schedule`.
+fn dump_pipeline(
+    model: &str,
+    batch: Option<usize>,
+    train: &TrainArgs,
+    p: &PipelineArgs,
+    stage: Stage,
+) -> Result<String> {
+    use autopar::pipeline_cmd as pc;
+    let mesh = p
+        .mesh
+        .as_deref()
+        .context("--stage pipeline and --stage schedule need --mesh pp=N")?;
+    let (_, pp) = pc::pipeline_degree(mesh)?;
+    let kind: autopar::ir::schedule::ScheduleKind = p.schedule.parse()?;
+    let schedule = autopar::ir::schedule::Schedule::new(kind, pp, p.vpp, train.micro_batches)?;
+    if let Stage::Schedule = stage {
+        return Ok(pc::describe_schedule(&schedule));
+    }
+    let step = load_train_step(model, batch, &train.options())?;
+    let split = pc::stages(&step, schedule.num_virtual_stages(), &p.stage_boundaries)?;
+    Ok(pc::describe_stages(&split, pp))
 }
 
 /// Writes to stdout, treating a closed pipe (`autopar dump ... | head`) as success.

@@ -13,9 +13,12 @@
 //!   model, with exact pruning.
 //! - [`sharding`]: the per-op sharding strategies (valid operand/result placements along one
 //!   mesh axis) and the local lowerings some of them need.
+//! - [`pipeline`]: cutting a step into balanced pipeline stages and per-micro-batch
+//!   sub-programs.
 
 pub mod autodiff;
 pub mod error;
+pub mod pipeline;
 pub mod recompute;
 pub mod search;
 pub mod sharding;
