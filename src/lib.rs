@@ -14,6 +14,8 @@ pub use autopar_ir as ir;
 pub use autopar_passes as passes;
 pub use autopar_runtime as runtime;
 
+pub mod pipeline_cmd;
+
 use autopar_ir::Graph;
 use autopar_passes::train::build_train_step;
 
@@ -167,13 +169,8 @@ pub fn estimate(
     cluster: autopar_cost_model::Cluster,
     plan: &autopar_cost_model::Plan,
 ) -> Result<autopar_cost_model::Estimate, Error> {
-    use autopar_cost_model::{CostModel, TransformerConfig};
-    let g = match ModelSource::classify(model) {
-        ModelSource::Zoo(_) => load_model(model, Some(1))?,
-        ModelSource::AirFile(_) | ModelSource::JsonFile(_) => load_model(model, None)?,
-    };
-    let cfg = TransformerConfig::from_graph(&g)?;
-    Ok(CostModel::new(cluster).estimate(&cfg, plan)?)
+    let cfg = model_config(model)?;
+    Ok(autopar_cost_model::CostModel::new(cluster).estimate(&cfg, plan)?)
 }
 
 /// Output formats of `autopar dump`.
@@ -273,6 +270,16 @@ pub fn load_annotations(path: &str) -> Result<Vec<autopar_passes::parallelize::A
     let src = read(path)?;
     autopar_passes::parallelize::parse_annotations(&src)
         .map_err(|e| Error::Usage(format!("{path}: {e}")))
+}
+
+/// The transformer description of a model argument (a zoo name or spec, or a graph file),
+/// read off its graph: what the cost model and the strategy search work from.
+pub fn model_config(model: &str) -> Result<autopar_cost_model::TransformerConfig, Error> {
+    let g = match ModelSource::classify(model) {
+        ModelSource::Zoo(_) => load_model(model, Some(1))?,
+        ModelSource::AirFile(_) | ModelSource::JsonFile(_) => load_model(model, None)?,
+    };
+    Ok(autopar_cost_model::TransformerConfig::from_graph(&g)?)
 }
 
 #[cfg(test)]

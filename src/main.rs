@@ -15,6 +15,8 @@ use autopar::{
     DumpFormat, LossScaling, Optimizer, Recompute, TrainOptions, dump, load_model, load_train_step,
 };
 
+mod plan_cmd;
+
 /// autopar: an auto-parallel compiler for deep-learning training.
 #[derive(Parser)]
 #[command(name = "autopar", version, about, long_about = None)]
@@ -51,6 +53,8 @@ enum Command {
         #[command(flatten)]
         train: TrainArgs,
         #[command(flatten)]
+        pipeline: PipelineArgs,
+        #[command(flatten)]
         spmd: spmd_cmd::SpmdArgs,
         /// With --stage partitioned, the rank whose program to show.
         #[arg(long, default_value_t = 0)]
@@ -63,6 +67,8 @@ enum Command {
     Run(RunArgs),
     /// Predict step time, throughput and memory of a training plan on a cluster.
     Estimate(EstimateArgs),
+    /// Search the training plans of a model on a cluster and rank those that fit.
+    Plan(plan_cmd::PlanArgs),
     /// Describe a cluster: devices, memory, fabrics and link bandwidths.
     Topo {
         /// A preset (dgx-a100:nodes=N, dgx-h100:nodes=N, hgx-h200:nodes=N, cpu:ranks=N) or a TOML file.
@@ -129,11 +135,35 @@ struct RunArgs {
     #[command(flatten)]
     train: TrainArgs,
     #[command(flatten)]
+    pipeline: PipelineArgs,
+    #[command(flatten)]
     spmd: spmd_cmd::SpmdArgs,
-    /// With --mesh, also run the single-device reference and compare the loss and every
-    /// updated parameter; prints `verify: max_abs_err=.. max_rel_err=.. OK` (or FAILED).
-    #[arg(long, requires = "mesh")]
+    /// Compare the step with the single-device step and print
+    /// `verify: max_abs_err=<x> max_rel_err=<y> OK` (or FAILED, exiting with 1).
+    #[arg(long)]
     verify: bool,
+    /// Write the executed (last) step as a Chrome trace JSON (open in Perfetto).
+    #[arg(long, value_name = "FILE")]
+    trace: Option<String>,
+}
+
+/// Options of a pipeline-parallel run or dump.
+#[derive(clap::Args)]
+struct PipelineArgs {
+    /// Device mesh, e.g. `dp=2,tp=2` (data, tensor and expert parallel on CPU ranks, with
+    /// ZeRO and annotations) or `pp=2` (a pipeline); pipelines do not combine with other
+    /// axes yet.
+    #[arg(long)]
+    mesh: Option<String>,
+    /// Pipeline schedule.
+    #[arg(long, default_value = "1f1b")]
+    schedule: String,
+    /// Model chunks per pipeline rank (virtual stages; needs --schedule interleaved).
+    #[arg(long, default_value_t = 1)]
+    vpp: usize,
+    /// Layers that must start a stage, by name or index (e.g. `h.2` or `3,5`).
+    #[arg(long, value_delimiter = ',')]
+    stage_boundaries: Vec<String>,
 }
 
 /// Options shaping the training step.
@@ -205,6 +235,10 @@ enum Stage {
     /// One rank's local program of the training step, with its collectives (needs --mesh;
     /// --rank picks the rank).
     Partitioned,
+    /// The pipeline stages of the training step (needs --mesh pp=N): layers and cost.
+    Pipeline,
+    /// The pipeline schedule's action lists (needs --mesh pp=N).
+    Schedule,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -263,6 +297,7 @@ fn execute(cli: Cli) -> Result<()> {
             batch,
             stage,
             train,
+            pipeline,
             spmd,
             rank,
         } => {
@@ -272,7 +307,16 @@ fn execute(cli: Cli) -> Result<()> {
                 Stage::Sharded | Stage::Partitioned => {
                     let step = load_train_step(&model, batch, &train.options())?.graph;
                     let partitioned = matches!(stage, Stage::Partitioned);
-                    spmd_cmd::dump_graph(&step, &spmd, partitioned, rank)?
+                    let mesh = pipeline.mesh.as_deref();
+                    spmd_cmd::dump_graph(&step, mesh, &spmd, partitioned, rank)?
+                }
+                Stage::Pipeline | Stage::Schedule => {
+                    let text = dump_pipeline(&model, batch, &train, &pipeline, stage)?;
+                    return match output {
+                        Some(path) => std::fs::write(&path, text)
+                            .with_context(|| format!("cannot write `{path}`")),
+                        None => print_stdout(&text),
+                    };
                 }
             };
             let format = match format {
@@ -290,6 +334,7 @@ fn execute(cli: Cli) -> Result<()> {
         }
         Command::Run(args) => run(args),
         Command::Estimate(args) => estimate(args),
+        Command::Plan(args) => plan_cmd::plan(args),
         Command::Topo { cluster, toml } => topo(&cluster, toml),
     }
 }
@@ -530,14 +575,19 @@ fn models(json: bool) -> Result<()> {
 }
 
 fn run(args: RunArgs) -> Result<()> {
-    if args.spmd.mesh.is_some() {
+    if let Some(mesh) = &args.pipeline.mesh
+        && !spmd_cmd::is_pipeline(mesh)?
+    {
+        if args.trace.is_some() {
+            anyhow::bail!("--trace applies to pipelines (--mesh pp=N)");
+        }
         let g = if args.forward {
             load_model(&args.model, args.batch)?
         } else {
             load_train_step(&args.model, args.batch, &args.train.options())?.graph
         };
         let steps = if args.forward { 1 } else { args.steps };
-        return spmd_cmd::run(&g, &args.spmd, args.seed, steps, args.verify);
+        return spmd_cmd::run(&g, mesh, &args.spmd, args.seed, steps, args.verify);
     }
     if args.forward {
         let g = load_model(&args.model, args.batch)?;
@@ -546,6 +596,12 @@ fn run(args: RunArgs) -> Result<()> {
     }
     let options = args.train.options();
     let step = load_train_step(&args.model, args.batch, &options)?;
+    if let Some(mesh) = &args.pipeline.mesh {
+        return run_pipelined(&args, &step, mesh);
+    }
+    if args.verify || args.trace.is_some() {
+        anyhow::bail!("--verify and --trace need --mesh");
+    }
     let summary = autopar::train::<anyhow::Error>(&step, args.seed, args.steps, |report| {
         print_stdout(&format!(
             "step {} loss: {:.6}\n",
@@ -563,6 +619,70 @@ fn run(args: RunArgs) -> Result<()> {
         Ok(())
     })?;
     print_stdout(&format!("peak memory: {}\n", summary.peak_bytes))
+}
+
+/// `run --mesh pp=N`: the pipelined step, checked with --verify, traced with --trace.
+fn run_pipelined(args: &RunArgs, step: &autopar::TrainStep, mesh: &str) -> Result<()> {
+    use autopar::pipeline_cmd as pc;
+    let (_, pp) = pc::pipeline_degree(mesh)?;
+    let p = &args.pipeline;
+    let kind: autopar::ir::schedule::ScheduleKind = p.schedule.parse()?;
+    let split = pc::split(step, pp, kind, p.vpp, &p.stage_boundaries)?;
+    let summary = pc::run_steps(step, &split, args.seed, args.steps)?;
+    for (i, loss) in summary.losses.iter().enumerate() {
+        print_stdout(&format!("step {} loss: {loss:.6}\n", i + 1))?;
+    }
+    let mut out = String::new();
+    for (r, rank) in summary.last.ranks.iter().enumerate() {
+        out += &format!(
+            "rank {r}: peak memory {} bytes, peak activations {} bytes, {} micro-batch chunks in flight\n",
+            rank.peak_bytes, rank.peak_activation_bytes, rank.max_in_flight
+        );
+    }
+    print_stdout(&out)?;
+    if let Some(path) = &args.trace {
+        std::fs::write(path, pc::trace_json(&split.program.schedule, &summary.last))
+            .with_context(|| format!("cannot write `{path}`"))?;
+    }
+    if args.verify {
+        if args.steps != 1 {
+            anyhow::bail!("--verify compares one step; drop --steps");
+        }
+        let (abs, rel) = pc::compare_with_reference(step, args.seed, &summary.last.outputs)?;
+        let ok = abs < pc::VERIFY_TOLERANCE;
+        print_stdout(&format!(
+            "verify: max_abs_err={abs:.3e} max_rel_err={rel:.3e} {}\n",
+            if ok { "OK" } else { "FAILED" }
+        ))?;
+        if !ok {
+            std::process::exit(1);
+        }
+    }
+    Ok(())
+}
+
+/// `dump --stage pipeline|schedule`.
+fn dump_pipeline(
+    model: &str,
+    batch: Option<usize>,
+    train: &TrainArgs,
+    p: &PipelineArgs,
+    stage: Stage,
+) -> Result<String> {
+    use autopar::pipeline_cmd as pc;
+    let mesh = p
+        .mesh
+        .as_deref()
+        .context("--stage pipeline and --stage schedule need --mesh pp=N")?;
+    let (_, pp) = pc::pipeline_degree(mesh)?;
+    let kind: autopar::ir::schedule::ScheduleKind = p.schedule.parse()?;
+    let schedule = autopar::ir::schedule::Schedule::new(kind, pp, p.vpp, train.micro_batches)?;
+    if let Stage::Schedule = stage {
+        return Ok(pc::describe_schedule(&schedule));
+    }
+    let step = load_train_step(model, batch, &train.options())?;
+    let split = pc::stages(&step, schedule.num_virtual_stages(), &p.stage_boundaries)?;
+    Ok(pc::describe_stages(&split, pp))
 }
 
 /// Writes to stdout, treating a closed pipe (`autopar dump ... | head`) as success.

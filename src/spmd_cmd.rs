@@ -1,5 +1,6 @@
-//! The SPMD options of `autopar run` and `autopar dump`: the mesh, the ZeRO stage and an
-//! annotation file, and what the two commands do with them.
+//! The SPMD options of `autopar run` and `autopar dump`: the ZeRO stage and an annotation
+//! file (the mesh is the shared `--mesh`), and what the two commands do with them. A mesh
+//! with a `pp` axis longer than 1 is a pipeline, run by the pipeline commands instead.
 
 use anyhow::{Context, Result, bail};
 
@@ -10,11 +11,6 @@ use autopar::spmd;
 /// Options that parallelise a graph on a device mesh.
 #[derive(clap::Args)]
 pub struct SpmdArgs {
-    /// Device mesh, e.g. `dp=2,tp=2`: `run` uses that many CPU ranks (threads), `dump` shows
-    /// the graph parallelised for it. `dp` is the data-parallel axis; model annotations name
-    /// `tp` (tensor and vocabulary parallel) and `ep` (experts).
-    #[arg(long)]
-    pub mesh: Option<String>,
     /// ZeRO stage on the `dp` axis: 0, 1 (optimizer state sharded), 2 (and gradients), 3
     /// (and weights, gathered before each use).
     #[arg(long, default_value_t = 0, requires = "mesh")]
@@ -25,9 +21,20 @@ pub struct SpmdArgs {
     pub annotate: Option<String>,
 }
 
+/// True when `mesh` asks for a pipeline (a `pp` axis of size above 1); an error when it
+/// also has other axes of size above 1, which no runtime combines yet.
+pub fn is_pipeline(mesh: &str) -> Result<bool> {
+    let m = DeviceMesh::parse(mesh).with_context(|| format!("--mesh `{mesh}`"))?;
+    let pp = m.axis_size("pp").unwrap_or(1) > 1;
+    if pp && m.axes().iter().any(|a| a.name != "pp" && a.size > 1) {
+        bail!("--mesh `{mesh}`: pipelines do not combine with other mesh axes yet");
+    }
+    Ok(pp)
+}
+
 impl SpmdArgs {
-    fn options(&self) -> Result<Option<(DeviceMesh, ParallelOptions)>> {
-        let Some(mesh) = &self.mesh else {
+    fn options(&self, mesh: Option<&str>) -> Result<Option<(DeviceMesh, ParallelOptions)>> {
+        let Some(mesh) = mesh else {
             return Ok(None);
         };
         let mesh = DeviceMesh::parse(mesh).with_context(|| format!("--mesh `{mesh}`"))?;
@@ -47,8 +54,14 @@ impl SpmdArgs {
 
 /// `dump --stage sharded|partitioned`: the graph with a placement on every value, or the
 /// local program of `rank` with its collectives.
-pub fn dump_graph(g: &Graph, args: &SpmdArgs, partitioned: bool, rank: usize) -> Result<Graph> {
-    let Some((mesh, options)) = args.options()? else {
+pub fn dump_graph(
+    g: &Graph,
+    mesh: Option<&str>,
+    args: &SpmdArgs,
+    partitioned: bool,
+    rank: usize,
+) -> Result<Graph> {
+    let Some((mesh, options)) = args.options(mesh)? else {
         bail!("--stage sharded and --stage partitioned need --mesh");
     };
     let p = autopar::passes::parallelize::parallelize(g, &mesh, &options)?;
@@ -63,8 +76,15 @@ pub fn dump_graph(g: &Graph, args: &SpmdArgs, partitioned: bool, rank: usize) ->
 
 /// `run --mesh`: runs `steps` steps of `g` on the mesh's CPU ranks, printing each loss, and
 /// with `verify` the comparison with the single-device reference (an error when it fails).
-pub fn run(g: &Graph, args: &SpmdArgs, seed: u64, steps: u64, verify: bool) -> Result<()> {
-    let Some((mesh, options)) = args.options()? else {
+pub fn run(
+    g: &Graph,
+    mesh: &str,
+    args: &SpmdArgs,
+    seed: u64,
+    steps: u64,
+    verify: bool,
+) -> Result<()> {
+    let Some((mesh, options)) = args.options(Some(mesh))? else {
         bail!("--verify needs --mesh");
     };
     let program = spmd::compile(g, &mesh, &options)?;

@@ -205,9 +205,9 @@ fn bad_model_arguments_are_clear_errors() {
     assert!(err.contains("heads"), "{err}");
     let err = autopar_err(&["dump", "missing.air"]);
     assert!(err.contains("missing.air"), "{err}");
-    let err = autopar_err(&["run", "gpt-tiny"]);
+    let err = autopar_err(&["run", "gpt-tiny", "--micro-batches", "3"]);
     assert!(
-        err.contains("--forward") || err.contains("--steps"),
+        err.contains("--micro-batches 3") && err.contains("8"),
         "{err}"
     );
 }
@@ -342,4 +342,15 @@ fn topo_describes_presets_and_reads_its_own_toml() {
     );
     let err = autopar_err(&["topo", "dgx-z100:nodes=2"]);
     assert!(err.contains("dgx-z100"), "{err}");
+}
+
+#[test]
+fn recompute_on_a_model_without_layers_is_refused() {
+    let err = autopar_err(&["run", "mlp-tiny", "--recompute", "full"]);
+    assert!(
+        err.contains("--recompute full") && err.contains("no layers"),
+        "{err}"
+    );
+    let err = autopar_err(&["run", "mlp-tiny", "--recompute", "selective"]);
+    assert!(err.contains("no attention core"), "{err}");
 }

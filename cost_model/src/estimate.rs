@@ -15,7 +15,9 @@ use crate::compute::{AttentionKernel, AttentionShape, ComputeParams, GemmShape, 
 use crate::cost::Cost;
 use crate::error::CostError;
 use crate::mapping::{GroupInfo, MeshMapping};
-use crate::memory::{MemoryBreakdown, MemoryParams, activation_bytes_per_layer};
+use crate::memory::{
+    MemoryBreakdown, MemoryParams, activation_bytes_per_layer, layer_params_per_rank,
+};
 use crate::model::TransformerConfig;
 use crate::plan::{Plan, Recompute};
 
@@ -233,6 +235,24 @@ impl CostModel {
         plan: &Plan,
         schedule: &Schedule,
     ) -> Result<Estimate, CostError> {
+        // Checked before the mapping is built, so that a plan too large for the cluster is
+        // reported in the plan's terms.
+        self.check_plan(cfg, plan)?;
+        let mapping = MeshMapping::new(&plan.mesh_axes(), &self.cluster)?;
+        self.estimate_with_mapping(cfg, plan, schedule, &mapping)
+    }
+
+    /// As [`CostModel::estimate_with_schedule`], with the plan's mesh mapping built by the
+    /// caller as well: building a mapping walks every device (milliseconds on 16K devices),
+    /// and a search scores many plans on one mapping. `mapping` must place exactly the plan's
+    /// mesh axes ([`Plan::mesh_axes`]) on this model's cluster.
+    pub fn estimate_with_mapping(
+        &self,
+        cfg: &TransformerConfig,
+        plan: &Plan,
+        schedule: &Schedule,
+        mapping: &MeshMapping,
+    ) -> Result<Estimate, CostError> {
         self.check_plan(cfg, plan)?;
         if (
             schedule.kind,
@@ -246,10 +266,69 @@ impl CostModel {
                 schedule.kind, schedule.pp, schedule.vpp, schedule.micro_batches
             )));
         }
-        let mapping = MeshMapping::new(&plan.mesh_axes(), &self.cluster)?;
-        let ctx = Ctx::new(self, cfg, plan, &mapping)?;
+        check_mapping(plan, mapping)?;
+        let ctx = Ctx::new(self, cfg, plan, mapping)?;
         Ok(ctx.run(schedule))
     }
+}
+
+/// Per-virtual-stage times of one micro-batch, computed without running a schedule.
+///
+/// A search uses them for a lower bound on the step time before paying for the schedule
+/// simulation: each rank runs its actions one after another, so the simulated pipeline takes
+/// at least the busiest rank's work, and a rank cannot start before the stages ahead of it
+/// have run a forward nor finish before those ahead of it have run the matching backwards.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct StageTimes {
+    /// Forward of each virtual stage, seconds.
+    pub forward_s: Vec<f64>,
+    /// Backward of each virtual stage (with recomputation), seconds.
+    pub backward_s: Vec<f64>,
+}
+
+struct Stages {
+    layers: Vec<usize>,
+    lf: PassTime,
+    lb: PassTime,
+    layer_flops: f64,
+    head_flops: f64,
+    fwd: Vec<f64>,
+    bwd: Vec<f64>,
+}
+
+impl CostModel {
+    /// The per-virtual-stage times [`CostModel::estimate_with_mapping`] would feed to the
+    /// schedule for `plan`, without running it (about as cheap as costing one layer).
+    pub fn stage_times(
+        &self,
+        cfg: &TransformerConfig,
+        plan: &Plan,
+        mapping: &MeshMapping,
+    ) -> Result<StageTimes, CostError> {
+        self.check_plan(cfg, plan)?;
+        check_mapping(plan, mapping)?;
+        let s = Ctx::new(self, cfg, plan, mapping)?.stages();
+        Ok(StageTimes {
+            forward_s: s.fwd,
+            backward_s: s.bwd,
+        })
+    }
+}
+
+fn check_mapping(plan: &Plan, mapping: &MeshMapping) -> Result<(), CostError> {
+    let axes = plan.mesh_axes();
+    if mapping.axes().len() != axes.len()
+        || mapping
+            .axes()
+            .iter()
+            .zip(&axes)
+            .any(|(a, (name, size))| a.name != *name || a.size != *size)
+    {
+        return Err(CostError::PlanMismatch(
+            "the mesh mapping does not place the plan's mesh axes".into(),
+        ));
+    }
+    Ok(())
 }
 
 /// Layers of each virtual stage: as even as possible, earlier stages taking the remainder.
@@ -466,14 +545,7 @@ impl<'a> Ctx<'a> {
     }
 
     fn layer_params_per_rank(&self) -> f64 {
-        let c = self.cfg;
-        let t = self.plan.tp as f64;
-        let mlp = if c.experts > 1 {
-            c.mlp_params() as f64 / self.plan.ep as f64
-        } else {
-            c.mlp_params() as f64
-        };
-        (c.attention_params() as f64 + mlp) / t + c.norm_params() as f64
+        layer_params_per_rank(self.cfg, self.plan)
     }
 
     /// ZeRO-3 all-gather of one layer's weights (prefetched under the previous layer).
@@ -586,14 +658,21 @@ impl<'a> Ctx<'a> {
         p.comm_total_s += cp;
         p.comm_exposed_s += self.m.comm.exposed(cp, p.attention_s);
         p.exposed(2.0 * self.moe_all_to_all());
+        // ZeRO-3 re-gathers the weights. ZeRO-2 and -3 hold only a 1/dp shard of the
+        // gradients (that is what their memory is charged for), so there is no full-size
+        // buffer to accumulate micro-batches into: each micro-batch's gradients are
+        // reduce-scattered as its backward produces them.
         let z3 = self.zero3_gather();
-        if z3 > 0.0 {
-            // Re-gather the weights, and reduce-scatter this micro-batch's gradients.
-            let rs = self.coll(
+        let rs = if self.plan.zero_stage >= 2 {
+            self.coll(
                 Collective::ReduceScatter,
                 self.layer_params_per_rank() * self.e,
                 &self.dp,
-            );
+            )
+        } else {
+            0.0
+        };
+        if z3 + rs > 0.0 {
             p.comm_total_s += z3 + rs;
             p.comm_exposed_s += self.m.comm.exposed(z3 + rs, p.total_s());
         }
@@ -693,11 +772,11 @@ impl<'a> Ctx<'a> {
         t
     }
 
-    fn run(&self, schedule: &Schedule) -> Estimate {
-        let plan = self.plan;
-        let cfg = self.cfg;
-        let v = plan.pp * plan.vpp;
-        let layers = layers_per_virtual_stage(cfg.layers, v);
+    /// Forward and backward of one layer, per-virtual-stage times, FLOPs of a layer and of
+    /// the head: everything before the schedule runs.
+    fn stages(&self) -> Stages {
+        let v = self.plan.pp * self.plan.vpp;
+        let layers = layers_per_virtual_stage(self.cfg.layers, v);
         let (lf, layer_flops) = self.layer_forward();
         let lb = self.layer_backward();
         let (ef, eb) = self.embedding();
@@ -716,6 +795,30 @@ impl<'a> Ctx<'a> {
                 bwd[vs] += hb.total_s();
             }
         }
+        Stages {
+            layers,
+            lf,
+            lb,
+            layer_flops,
+            head_flops,
+            fwd,
+            bwd,
+        }
+    }
+
+    fn run(&self, schedule: &Schedule) -> Estimate {
+        let plan = self.plan;
+        let cfg = self.cfg;
+        let v = plan.pp * plan.vpp;
+        let Stages {
+            layers,
+            lf,
+            lb,
+            layer_flops,
+            head_flops,
+            fwd,
+            bwd,
+        } = self.stages();
         let fwd_c: Vec<Cost> = fwd.iter().map(|&t| Cost::from_secs(t)).collect();
         let bwd_c: Vec<Cost> = bwd.iter().map(|&t| Cost::from_secs(t)).collect();
         let p2p: Vec<Cost> = (0..plan.pp).map(|r| Cost::from_secs(self.p2p(r))).collect();

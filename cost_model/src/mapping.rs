@@ -130,7 +130,23 @@ impl MeshMapping {
         if let [one] = axes {
             return self.axis_group(one).cloned();
         }
-        self.compute_group(axes)
+        // An axis of size 1 adds no member to a group: when at most one axis is larger, the
+        // cached group of that axis is the answer (building a group walks every device).
+        let mut larger = Vec::with_capacity(axes.len());
+        for a in axes {
+            let i = self
+                .mesh
+                .axis_index(a)
+                .ok_or_else(|| CostError::UnknownAxis(a.clone()))?;
+            if self.mesh.axes()[i].size > 1 {
+                larger.push(i);
+            }
+        }
+        match larger.as_slice() {
+            [] => self.axis_group(&axes[0]).cloned(),
+            [i] => Ok(self.axis_groups[*i].clone()),
+            _ => self.compute_group(axes),
+        }
     }
 
     fn compute_group(&self, axes: &[String]) -> Result<GroupInfo, CostError> {
@@ -257,6 +273,12 @@ mod tests {
         assert_eq!(g.inter_node_bandwidth(&c), 192e9);
         let both = m.group(&["dp".to_string()]).unwrap();
         assert_eq!(&both, g);
+        // Axes of size 1 change nothing, and the shortcut agrees with a full walk.
+        let m = MeshMapping::new(&[("dp", 16), ("ep", 1)], &c).unwrap();
+        let pair = ["dp".to_string(), "ep".to_string()];
+        assert_eq!(m.group(&pair).unwrap(), m.compute_group(&pair).unwrap());
+        let m = MeshMapping::new(&[("dp", 1), ("ep", 1), ("tp", 16)], &c).unwrap();
+        assert_eq!(m.group(&pair).unwrap(), m.compute_group(&pair).unwrap());
     }
 
     #[test]

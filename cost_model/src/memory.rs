@@ -60,6 +60,19 @@ pub struct MemoryBreakdown {
     pub capacity: f64,
 }
 
+/// Parameters of one transformer layer held by one rank under `plan`: attention and MLP
+/// divided over the tensor-parallel ranks (and the experts over the expert-parallel ranks),
+/// norms replicated; before any ZeRO division.
+pub fn layer_params_per_rank(cfg: &TransformerConfig, plan: &Plan) -> f64 {
+    let t = plan.tp as f64;
+    let mlp = if cfg.experts > 1 {
+        cfg.mlp_params() as f64 / plan.ep as f64
+    } else {
+        cfg.mlp_params() as f64
+    };
+    (cfg.attention_params() as f64 + mlp) / t + cfg.norm_params() as f64
+}
+
 /// Activation bytes stored per layer per micro-batch, following Korthikanti et al. 2022
 /// Sec. 4 (16-bit activations, one-byte dropout masks), generalised to grouped-query
 /// attention, any MLP width and gated MLPs.

@@ -129,3 +129,58 @@ fn cpu_cluster_estimates_a_tiny_model() {
         e.iter_time_s
     );
 }
+
+#[test]
+fn a_caller_built_mapping_gives_the_same_estimate() {
+    use autopar_cost_model::MeshMapping;
+    use autopar_ir::schedule::Schedule;
+    let m = a100(16);
+    let cfg = TransformerConfig::gpt("small", 8, 2048, 16, 2048, 51200);
+    let plan = Plan::parse("dp=8,tp=4,pp=4,mbs=2,gbs=64,order=tp-dp").unwrap();
+    let schedule = Schedule::new(plan.schedule, plan.pp, plan.vpp, plan.micro_batches()).unwrap();
+    let mapping = MeshMapping::new(&plan.mesh_axes(), &m.cluster).unwrap();
+    let with = m
+        .estimate_with_mapping(&cfg, &plan, &schedule, &mapping)
+        .unwrap();
+    assert_eq!(with, m.estimate(&cfg, &plan).unwrap());
+    // A mapping of other axes is refused.
+    let other = Plan::parse("dp=4,tp=8,pp=4,gbs=64").unwrap();
+    let wrong = MeshMapping::new(&other.mesh_axes(), &m.cluster).unwrap();
+    assert!(
+        m.estimate_with_mapping(&cfg, &plan, &schedule, &wrong)
+            .is_err()
+    );
+}
+
+#[test]
+fn zero2_pays_a_reduce_scatter_per_micro_batch() {
+    // ZeRO-2 holds a gradient shard only, so with several micro-batches it communicates more
+    // than ZeRO-1 (which accumulates into a full buffer) and holds less.
+    let m = a100(4);
+    let cfg = TransformerConfig::gpt("small", 8, 4096, 32, 2048, 51200);
+    let z1 = Plan::parse("dp=8,tp=4,mbs=1,gbs=64,zero=1").unwrap();
+    let z2 = Plan {
+        zero_stage: 2,
+        ..z1.clone()
+    };
+    let (e1, e2) = (
+        m.estimate(&cfg, &z1).unwrap(),
+        m.estimate(&cfg, &z2).unwrap(),
+    );
+    assert!(e2.time.layer_backward.comm_total_s > e1.time.layer_backward.comm_total_s);
+    assert!(e2.iter_time_s >= e1.iter_time_s);
+    assert!(e2.memory.gradients < e1.memory.gradients);
+}
+
+#[test]
+fn stage_times_are_what_the_estimate_feeds_the_schedule() {
+    use autopar_cost_model::MeshMapping;
+    let m = a100(16);
+    let cfg = TransformerConfig::gpt("small", 12, 2048, 16, 2048, 51200);
+    let plan = Plan::parse("dp=4,tp=4,pp=8,vpp=1,mbs=1,gbs=64,recompute=full").unwrap();
+    let mapping = MeshMapping::new(&plan.mesh_axes(), &m.cluster).unwrap();
+    let st = m.stage_times(&cfg, &plan, &mapping).unwrap();
+    let e = m.estimate(&cfg, &plan).unwrap();
+    assert_eq!(st.forward_s, e.time.stage_forward_s);
+    assert_eq!(st.backward_s, e.time.stage_backward_s);
+}

@@ -11,6 +11,7 @@ pub mod infer;
 pub mod json;
 pub mod mesh;
 pub mod op;
+pub mod pipeline;
 pub mod placement;
 pub mod reshard;
 pub mod schedule;

@@ -90,6 +90,33 @@ pub enum PassError {
         /// Why.
         detail: String,
     },
+    /// A pipeline cannot have that many stages.
+    #[error("cannot cut {n_layers} layers into {n_stages} pipeline stages")]
+    PipelineStages {
+        /// Layers of the model (embedding, blocks, head and loss each count).
+        n_layers: usize,
+        /// Stages asked for (`pp * vpp`).
+        n_stages: usize,
+    },
+    /// A pinned stage boundary cannot be honoured.
+    #[error("stage boundary `{boundary}`: {detail}")]
+    PinnedBoundary {
+        /// The boundary as given.
+        boundary: String,
+        /// Why.
+        detail: String,
+    },
+    /// A value flows against the pipeline (a forward value read by an earlier stage's
+    /// backward, say), so the step cannot be cut at these boundaries.
+    #[error("pipeline cut: {value} ({from}) is read by {to}")]
+    PipelineCut {
+        /// The value, as in the text format.
+        value: String,
+        /// Where it is produced.
+        from: String,
+        /// Where it is read.
+        to: String,
+    },
 }
 
 fn scope_suffix(scope: &Option<String>) -> String {

@@ -9,6 +9,8 @@
 //! - [`train`]: the training-step graph (forward, backward, optimizer, mixed precision,
 //!   gradient accumulation) and its execution order.
 //! - [`recompute`]: activation recompute as a transformation of the step graph.
+//! - [`search`]: the joint search over training plans on a cluster, driven by the cost
+//!   model, with exact pruning.
 //! - [`sharding`]: the per-op sharding strategies (valid operand/result placements along one
 //!   mesh axis) and the local lowerings some of them need.
 //! - [`propagate`]: sharding propagation from annotations to a complete sharding of every
@@ -16,13 +18,17 @@
 //! - [`partition`]: SPMD partitioning into per-rank local programs with explicit collectives.
 //! - [`parallelize`]: data parallelism and ZeRO as placements, annotation files, and the
 //!   driver that propagates and verifies.
+//! - [`pipeline`]: cutting a step into balanced pipeline stages and per-micro-batch
+//!   sub-programs.
 
 pub mod autodiff;
 pub mod error;
 pub mod parallelize;
 pub mod partition;
+pub mod pipeline;
 pub mod propagate;
 pub mod recompute;
+pub mod search;
 pub mod sharding;
 pub mod train;
 

@@ -45,6 +45,18 @@ pub fn recompute(step: &Graph, policy: Recompute) -> Result<Graph, PassError> {
         Recompute::None => Ok(step.clone()),
         Recompute::Selective => {
             let mut g = step.clone();
+            let has_attention_core = g.node_ids().into_iter().any(|n| {
+                g.node(n)
+                    .scope
+                    .as_deref()
+                    .is_some_and(|s| replace_tag(s, SAVED_TAG, RECOMPUTE_TAG).is_some())
+            });
+            if !has_attention_core {
+                return Err(PassError::BadOption {
+                    option: "--recompute selective",
+                    detail: format!("`{}` has no attention core to recompute", step.name()),
+                });
+            }
             for n in g.node_ids() {
                 let scope = g.node(n).scope.clone();
                 if let Some(s) = scope.as_deref()
@@ -56,6 +68,19 @@ pub fn recompute(step: &Graph, policy: Recompute) -> Result<Graph, PassError> {
             sequence(&g)
         }
         Recompute::Full => {
+            let has_layers = step
+                .node_ids()
+                .into_iter()
+                .any(|n| classify(step.node(n).scope.as_deref()).is_some());
+            if !has_layers {
+                return Err(PassError::BadOption {
+                    option: "--recompute full",
+                    detail: format!(
+                        "`{}` has no layers to recompute (layers are scopes `<name>.<index>`, like `h.3`)",
+                        step.name()
+                    ),
+                });
+            }
             let g = recompute_layers(step)?;
             let g = remove_dead(&g)?;
             sequence(&g)

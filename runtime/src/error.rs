@@ -222,6 +222,15 @@ pub enum RuntimeError {
         /// The panic message.
         message: String,
     },
+    /// A pipeline program is inconsistent with its schedule (a value a sub-program needs is
+    /// not on the rank when it runs).
+    #[error("pipeline rank {rank}: {detail}")]
+    Pipeline {
+        /// The pipeline rank.
+        rank: usize,
+        /// What is missing or wrong.
+        detail: String,
+    },
     /// A multi-rank run cannot start (wrong number of programs, mismatched meshes).
     #[error("cannot run the ranks: {detail}")]
     SpmdSetup {

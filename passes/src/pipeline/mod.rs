@@ -1,0 +1,572 @@
+//! Pipeline splitting: cuts a training-step graph into `pp * vpp` virtual stages and emits,
+//! for every (virtual stage, micro-batch), a forward and a backward sub-program, the values
+//! sent between neighbouring stages, and an optimizer phase in per-rank segments
+//! ([`autopar_ir::pipeline::PipelineProgram`]).
+//!
+//! # How nodes are placed
+//!
+//! The step graph of [`crate::train`] tags every node: `mb{k}/<layer path>` is micro-batch
+//! `k`'s forward, `mb{k}/grad/...` (and `recompute/`, `accumulate/`) its backward, and nodes
+//! without a micro-batch tag (`optimizer/...`, the loss mean) the optimizer phase. The layer
+//! path's unit ([`balance::layer_unit`]) gives the layer, and the stage split (balanced by
+//! FLOPs, [`balance::balance`]) its virtual stage. Nodes without a layer path float: a
+//! forward one (an input slice) runs on the earliest stage that reads it, a backward one
+//! (the loss seed, the gradient sum of an unscoped weight) on the earliest stage that holds
+//! all its operands, an optimizer one beside its operands. Constants are copied into every
+//! sub-program that reads them; parameters and inputs are read from each rank's store.
+//!
+//! # What crosses stages
+//!
+//! A forward value read at a later virtual stage (by its forward or its backward) travels
+//! with the activation messages of that micro-batch, relayed stage by stage; a backward value
+//! read at an earlier stage travels with the gradient messages. A tied weight read by the
+//! first and the last stage (GPT's token embedding) gets its head gradient carried back with
+//! the gradient messages and summed on the first stage, which owns the update; the updated
+//! weight is then sent to the last stage in the optimizer phase. The optimizer phase (the
+//! global gradient norm for clipping crosses every stage) runs as segments in one global
+//! order, each segment's results sent to the ranks that read them. Any other flow (a forward
+//! value read by an earlier stage) is a [`PassError::PipelineCut`].
+
+pub mod balance;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+
+use autopar_ir::pipeline::{
+    Carried, OptimizerSegment, PipelineProgram, SourceValue, StageProgram, value_name,
+};
+use autopar_ir::schedule::{Schedule, ScheduleKind};
+use autopar_ir::{Graph, InputRole, NodeId, Op, ValueId};
+
+pub use balance::{Layer, StageSplit, balance, equal_split, layer_sequence, layer_unit};
+
+use crate::autodiff::split_scope;
+use crate::error::PassError;
+use crate::train::TrainStep;
+
+/// How to cut a step into a pipeline.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PipelineOptions {
+    /// Pipeline ranks.
+    pub pp: usize,
+    /// Model chunks per rank (virtual stages `pp * vpp`).
+    pub vpp: usize,
+    /// The schedule.
+    pub schedule: ScheduleKind,
+    /// Pinned stage boundaries: layer names or indices that must start a virtual stage.
+    pub boundaries: Vec<String>,
+}
+
+/// A step cut into a pipeline: the stage split and the program.
+#[derive(Clone, Debug)]
+pub struct PipelineSplit {
+    /// The layer sequence and the virtual stages' first layers.
+    pub split: StageSplit,
+    /// The sub-programs, messages and optimizer segments.
+    pub program: PipelineProgram,
+}
+
+/// The stage split of `step` for `n_stages` virtual stages: balanced FLOPs, pinned
+/// boundaries respected.
+pub fn plan_stages(
+    step: &Graph,
+    n_stages: usize,
+    boundaries: &[String],
+) -> Result<StageSplit, PassError> {
+    let layers = layer_sequence(step)?;
+    let pinned = balance::resolve_boundaries(&layers, boundaries)?;
+    let costs: Vec<f64> = layers.iter().map(|l| l.flops).collect();
+    let starts = balance(&costs, n_stages, &pinned)?;
+    Ok(StageSplit { layers, starts })
+}
+
+/// When a node runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+enum Phase {
+    Forward(usize),
+    Backward(usize),
+    Optimizer,
+}
+
+/// What a node is for the splitter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Role {
+    /// A parameter or input: read from the rank's store.
+    Source,
+    /// A node without operands: copied into each sub-program that reads it.
+    Constant,
+    /// Computed in `(phase, virtual stage)`.
+    Placed(Phase, usize),
+}
+
+/// Cuts `step` into a pipeline (see the module docs).
+pub fn split_pipeline(
+    step: &TrainStep,
+    options: &PipelineOptions,
+) -> Result<PipelineSplit, PassError> {
+    let g = &step.graph;
+    let schedule = Schedule::new(
+        options.schedule,
+        options.pp,
+        options.vpp,
+        step.micro_batches,
+    )
+    .map_err(|e| PassError::BadOption {
+        option: "--schedule",
+        detail: e.to_string(),
+    })?;
+    let n_vs = schedule.num_virtual_stages();
+    let split = plan_stages(g, n_vs, &options.boundaries)?;
+    let layer_index: HashMap<&str, usize> = split
+        .layers
+        .iter()
+        .enumerate()
+        .map(|(i, l)| (l.name.as_str(), i))
+        .collect();
+    let order = g.nodes_in_order();
+    let last = n_vs - 1;
+
+    // Phases and fixed stages; floating nodes are resolved below.
+    let mut role: HashMap<NodeId, Role> = HashMap::new();
+    let mut floating: Vec<(NodeId, Phase)> = Vec::new();
+    for &n in &order {
+        let node = g.node(n);
+        let r = match node.op {
+            Op::Parameter { .. } | Op::Input { .. } => Role::Source,
+            _ if node.inputs.is_empty() => Role::Constant,
+            _ => {
+                let (phase, path) = classify(node.scope.as_deref());
+                if path.is_empty() {
+                    floating.push((n, phase));
+                    continue;
+                }
+                let unit = layer_unit(path);
+                let Some(&layer) = layer_index.get(unit) else {
+                    return Err(PassError::BadGraph {
+                        graph: g.name().to_string(),
+                        detail: format!(
+                            "{n} has scope `{}` whose layer `{unit}` has no forward nodes",
+                            node.scope.as_deref().unwrap_or("")
+                        ),
+                    });
+                };
+                Role::Placed(phase, split.stage_of_layer(layer))
+            }
+        };
+        role.insert(n, r);
+    }
+    let stage_of = |role: &HashMap<NodeId, Role>, n: NodeId| match role.get(&n) {
+        Some(Role::Placed(_, s)) => Some(*s),
+        _ => None,
+    };
+    // Forward floating nodes: the earliest stage among their users, latest first.
+    for &(n, phase) in floating.iter().rev() {
+        if !matches!(phase, Phase::Forward(_)) {
+            continue;
+        }
+        let users = g.node(n).outputs.iter().flat_map(|&v| g.users(v));
+        let s = users
+            .filter_map(|(u, _)| match role.get(&u) {
+                Some(Role::Placed(Phase::Optimizer, _)) => None,
+                _ => stage_of(&role, u),
+            })
+            .min()
+            .unwrap_or(0);
+        role.insert(n, Role::Placed(phase, s));
+    }
+    // Backward and optimizer floating nodes, in order: beside their operands.
+    for &(n, phase) in &floating {
+        if matches!(phase, Phase::Forward(_)) {
+            continue;
+        }
+        let operand_stages = g
+            .node(n)
+            .inputs
+            .iter()
+            .filter_map(|&v| stage_of(&role, g.value(v).producer));
+        let s = match phase {
+            Phase::Backward(_) => operand_stages.min(),
+            _ => operand_stages.max(),
+        }
+        .unwrap_or(last);
+        role.insert(n, Role::Placed(phase, s));
+    }
+
+    check_flows(g, &role)?;
+    let group_of = |n: NodeId| match role.get(&n) {
+        Some(Role::Placed(p, s)) => Some((*p, *s)),
+        _ => None,
+    };
+
+    // Forward and backward sub-programs.
+    let m = step.micro_batches;
+    let mut members: HashMap<(Phase, usize), Vec<NodeId>> = HashMap::new();
+    let mut optimizer_nodes: Vec<NodeId> = Vec::new();
+    for &n in &order {
+        match group_of(n) {
+            Some((Phase::Optimizer, _)) => optimizer_nodes.push(n),
+            Some(key) => members.entry(key).or_default().push(n),
+            None => {}
+        }
+    }
+    let graph_outputs: HashSet<ValueId> = g.outputs().iter().map(|&(_, v)| v).collect();
+    // Is `v` (produced in group `key`) read outside it?
+    let exported = |v: ValueId, key: Option<(Phase, usize)>| {
+        graph_outputs.contains(&v) || g.users(v).iter().any(|&(u, _)| group_of(u) != key)
+    };
+    let mut forward = vec![Vec::with_capacity(m); n_vs];
+    let mut backward = vec![Vec::with_capacity(m); n_vs];
+    for vs in 0..n_vs {
+        for mb in 0..m {
+            for (phase, out) in [
+                (Phase::Forward(mb), &mut forward[vs]),
+                (Phase::Backward(mb), &mut backward[vs]),
+            ] {
+                let nodes = members.remove(&(phase, vs)).unwrap_or_default();
+                let name = format!("{}.vs{vs}.mb{mb}", phase_name(phase));
+                out.push(extract(g, &name, &nodes, |v| {
+                    exported(v, Some((phase, vs)))
+                })?);
+            }
+        }
+    }
+
+    // Messages between neighbouring virtual stages.
+    let mut activations = vec![vec![Vec::<Carried>::new(); m]; n_vs];
+    let mut gradients = vec![vec![Vec::<Carried>::new(); m]; n_vs];
+    for &n in &order {
+        let Some((phase, at)) = group_of(n) else {
+            continue;
+        };
+        for &v in &g.node(n).outputs {
+            let readers = g
+                .users(v)
+                .into_iter()
+                .filter_map(|(u, _)| group_of(u))
+                .filter(|(p, _)| *p != Phase::Optimizer);
+            let carried = || Carried {
+                value: v,
+                ty: g.ty(v).clone(),
+            };
+            match phase {
+                Phase::Forward(mb) => {
+                    let furthest = readers.map(|(_, s)| s).max().unwrap_or(at);
+                    for msgs in &mut activations[at..furthest] {
+                        msgs[mb].push(carried());
+                    }
+                }
+                Phase::Backward(mb) => {
+                    let earliest = readers
+                        .filter(|(p, _)| *p == Phase::Backward(mb))
+                        .map(|(_, s)| s)
+                        .min()
+                        .unwrap_or(at);
+                    for msgs in &mut gradients[earliest + 1..=at] {
+                        msgs[mb].push(carried());
+                    }
+                }
+                Phase::Optimizer => {}
+            }
+        }
+    }
+
+    // Sources per rank: whatever a rank's sub-programs read from the store.
+    let pp = options.pp;
+    let rank_of = |vs: usize| vs % pp;
+    let mut sources: Vec<BTreeMap<ValueId, SourceValue>> = vec![BTreeMap::new(); pp];
+    let source_of = |v: ValueId| -> Option<SourceValue> {
+        match &g.node(g.value(v).producer).op {
+            Op::Parameter { name, ty, .. } => Some(SourceValue {
+                name: name.clone(),
+                value: v,
+                ty: ty.clone(),
+                is_state: true,
+            }),
+            Op::Input { name, ty, .. } => Some(SourceValue {
+                name: name.clone(),
+                value: v,
+                ty: ty.clone(),
+                is_state: false,
+            }),
+            _ => None,
+        }
+    };
+    for vs in 0..n_vs {
+        for p in forward[vs].iter().chain(&backward[vs]) {
+            for &v in &p.inputs {
+                if let Some(s) = source_of(v) {
+                    sources[rank_of(vs)].insert(v, s);
+                }
+            }
+        }
+    }
+
+    // The optimizer phase: segments of consecutive nodes on one rank.
+    let mut segments: Vec<(usize, Vec<NodeId>)> = Vec::new();
+    for &n in &optimizer_nodes {
+        let rank = group_of(n).map_or(0, |(_, s)| rank_of(s));
+        match segments.last_mut() {
+            Some((r, nodes)) if *r == rank => nodes.push(n),
+            _ => segments.push((rank, vec![n])),
+        }
+    }
+    let segment_of: HashMap<NodeId, usize> = segments
+        .iter()
+        .enumerate()
+        .flat_map(|(i, (_, nodes))| nodes.iter().map(move |&n| (n, i)))
+        .collect();
+    // Which rank holds `v` once the forwards and backwards are done (or after its segment).
+    let holder = |v: ValueId| -> Option<(usize, Option<usize>)> {
+        let p = g.value(v).producer;
+        match (group_of(p), segment_of.get(&p)) {
+            (Some(_), Some(&seg)) => Some((segments[seg].0, Some(seg))),
+            (Some((_, s)), None) => Some((rank_of(s), None)),
+            _ => None,
+        }
+    };
+    let state_names: HashSet<&str> = step
+        .weights
+        .iter()
+        .chain(&step.optimizer_state)
+        .map(String::as_str)
+        .collect();
+    // Per rank, the next-state values it must end the step with.
+    let mut state_outputs: Vec<Vec<(String, ValueId)>> = vec![Vec::new(); pp];
+    for (rank, srcs) in sources.iter().enumerate() {
+        for s in srcs.values().filter(|s| s.is_state) {
+            if let Some(next) = g.output(&s.name) {
+                state_outputs[rank].push((s.name.clone(), next));
+            }
+        }
+    }
+    // Sends: (producing segment or the rank's pre-optimizer store) -> (rank, values).
+    let mut seg_sends: Vec<BTreeMap<usize, BTreeSet<ValueId>>> =
+        vec![BTreeMap::new(); segments.len()];
+    let mut flush_sends: Vec<BTreeMap<usize, BTreeSet<ValueId>>> = vec![BTreeMap::new(); pp];
+    let mut need = |v: ValueId, rank: usize, sources: &mut Vec<BTreeMap<ValueId, SourceValue>>| {
+        if let Some(s) = source_of(v) {
+            sources[rank].insert(v, s);
+            return;
+        }
+        if let Some((r, seg)) = holder(v)
+            && r != rank
+        {
+            let sends = match seg {
+                Some(seg) => &mut seg_sends[seg],
+                None => &mut flush_sends[r],
+            };
+            sends.entry(rank).or_default().insert(v);
+        }
+    };
+    let mut seg_programs = Vec::with_capacity(segments.len());
+    for (i, (rank, nodes)) in segments.iter().enumerate() {
+        let p = extract(g, &format!("optimizer.{i}"), nodes, |v| {
+            graph_outputs.contains(&v)
+                || g.users(v)
+                    .iter()
+                    .any(|(u, _)| segment_of.get(u) != Some(&i))
+        })?;
+        for &v in &p.inputs {
+            need(v, *rank, &mut sources);
+        }
+        seg_programs.push(p);
+    }
+    for (rank, outs) in state_outputs.iter().enumerate() {
+        for &(_, v) in outs {
+            need(v, rank, &mut sources);
+        }
+    }
+    // Graph outputs produced in forwards or backwards (none today) stay on their rank.
+    let carried = |set: &BTreeSet<ValueId>| -> Vec<Carried> {
+        set.iter()
+            .map(|&v| Carried {
+                value: v,
+                ty: g.ty(v).clone(),
+            })
+            .collect()
+    };
+    let mut optimizer = Vec::with_capacity(pp + segments.len());
+    for (rank, sends) in flush_sends.iter().enumerate() {
+        if sends.is_empty() {
+            continue;
+        }
+        optimizer.push(OptimizerSegment {
+            rank,
+            program: extract(g, &format!("optimizer.gather{rank}"), &[], |_| false)?,
+            sends: sends.iter().map(|(&to, vs)| (to, carried(vs))).collect(),
+        });
+    }
+    for ((rank, _), (program, sends)) in
+        segments.iter().zip(seg_programs.into_iter().zip(seg_sends))
+    {
+        optimizer.push(OptimizerSegment {
+            rank: *rank,
+            program,
+            sends: sends
+                .iter()
+                .map(|(&to, vs)| (to, carried(&vs.clone())))
+                .collect(),
+        });
+    }
+
+    let outputs = g
+        .outputs()
+        .iter()
+        .map(|(name, v)| {
+            let rank = holder(*v).map_or(pp - 1, |(r, _)| r);
+            (name.clone(), *v, rank)
+        })
+        .collect();
+    // Every state the step reads must be held somewhere.
+    debug_assert!(
+        sources
+            .iter()
+            .flat_map(|s| s.values())
+            .filter(|s| s.is_state)
+            .all(|s| state_names.contains(s.name.as_str()))
+    );
+    let program = PipelineProgram {
+        schedule,
+        forward,
+        backward,
+        activations,
+        gradients,
+        optimizer,
+        sources: sources
+            .into_iter()
+            .map(|s| s.into_values().collect())
+            .collect(),
+        state_outputs,
+        outputs,
+    };
+    Ok(PipelineSplit { split, program })
+}
+
+/// The phase of a scope and its layer path.
+fn classify(scope: Option<&str>) -> (Phase, &str) {
+    let (tags, path) = split_scope(scope.unwrap_or(""));
+    let mut mb = None;
+    let mut backward = false;
+    for t in tags.split('/') {
+        if let Some(k) = t.strip_prefix("mb").and_then(|k| k.parse::<usize>().ok()) {
+            mb = Some(k);
+        }
+        if matches!(t, "grad" | "accumulate" | "recompute") {
+            backward = true;
+        }
+    }
+    let phase = match mb {
+        Some(k) if backward => Phase::Backward(k),
+        Some(k) => Phase::Forward(k),
+        None => Phase::Optimizer,
+    };
+    (phase, path)
+}
+
+fn phase_name(p: Phase) -> &'static str {
+    match p {
+        Phase::Forward(_) => "forward",
+        Phase::Backward(_) => "backward",
+        Phase::Optimizer => "optimizer",
+    }
+}
+
+/// Checks that every value flows the way the pipeline carries it.
+fn check_flows(g: &Graph, role: &HashMap<NodeId, Role>) -> Result<(), PassError> {
+    for (&n, r) in role {
+        let Role::Placed(to_phase, to) = *r else {
+            continue;
+        };
+        for &v in &g.node(n).inputs {
+            let p = g.value(v).producer;
+            let Some(&Role::Placed(from_phase, from)) = role.get(&p) else {
+                continue;
+            };
+            let ok = match (from_phase, to_phase) {
+                (_, Phase::Optimizer) => true,
+                (Phase::Forward(a), Phase::Forward(b))
+                | (Phase::Forward(a), Phase::Backward(b)) => a == b && from <= to,
+                (Phase::Backward(a), Phase::Backward(b)) => {
+                    (a == b && from >= to) || (a < b && from == to)
+                }
+                (Phase::Backward(_), Phase::Forward(_)) | (Phase::Optimizer, _) => false,
+            };
+            if !ok {
+                let at = |ph: Phase, s: usize| format!("{} of virtual stage {s}", describe(ph));
+                return Err(PassError::PipelineCut {
+                    value: v.to_string(),
+                    from: at(from_phase, from),
+                    to: at(to_phase, to),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+fn describe(p: Phase) -> String {
+    match p {
+        Phase::Forward(k) => format!("forward of micro-batch {k}"),
+        Phase::Backward(k) => format!("backward of micro-batch {k}"),
+        Phase::Optimizer => "optimizer".into(),
+    }
+}
+
+/// A sub-program of `nodes` (in execution order): operands from outside become `input`
+/// nodes named after their values, operand-free nodes are copied in, and the values
+/// `exported` says are read elsewhere become outputs.
+fn extract(
+    g: &Graph,
+    name: &str,
+    nodes: &[NodeId],
+    exported: impl Fn(ValueId) -> bool,
+) -> Result<StageProgram, PassError> {
+    let mut sub = Graph::new(name);
+    let inside: HashSet<NodeId> = nodes.iter().copied().collect();
+    let mut defined: HashSet<ValueId> = HashSet::new();
+    let mut inputs = Vec::new();
+    let mut outputs = Vec::new();
+    for &n in nodes {
+        let node = g.node(n);
+        for &v in &node.inputs {
+            if defined.contains(&v) {
+                continue;
+            }
+            let producer = g.node(g.value(v).producer);
+            if producer.inputs.is_empty()
+                && !matches!(producer.op, Op::Parameter { .. } | Op::Input { .. })
+            {
+                sub.add_node_with_ids(producer.op.clone(), &[], &[v], producer.scope.clone())?;
+            } else {
+                debug_assert!(!inside.contains(&g.value(v).producer));
+                let op = Op::Input {
+                    name: value_name(v),
+                    ty: g.ty(v).clone(),
+                    role: InputRole::Features,
+                };
+                sub.add_node_with_ids(op, &[], &[v], None)?;
+                inputs.push(v);
+            }
+            defined.insert(v);
+        }
+        sub.add_node_with_ids(
+            node.op.clone(),
+            &node.inputs,
+            &node.outputs,
+            node.scope.clone(),
+        )?;
+        for &v in &node.outputs {
+            defined.insert(v);
+            if exported(v) {
+                sub.add_output(value_name(v), v)?;
+                outputs.push(v);
+            }
+        }
+    }
+    inputs.sort_unstable();
+    outputs.sort_unstable();
+    Ok(StageProgram {
+        graph: sub,
+        inputs,
+        outputs,
+    })
+}

@@ -1,0 +1,365 @@
+//! Exports of a plan to the established training stacks: Megatron-LM command-line arguments
+//! and torchtitan TOML sections, with a comment wherever the framework cannot express the
+//! plan exactly.
+//!
+//! Option names follow Megatron-LM's `megatron/training/arguments.py` and
+//! `megatron/core/parallel_state.py` as of the core 0.13/0.14 releases (2025:
+//! `--num-layers-per-virtual-pipeline-stage`, `--pipeline-model-parallel-layout`,
+//! `--use-megatron-fsdp` with `--data-parallel-sharding-strategy`), and torchtitan's
+//! `torchtitan/config/job_config.py` of mid-2025 (`[training] local_batch_size` /
+//! `global_batch_size`, `[parallelism] pipeline_parallel_microbatch_size` and
+//! `pipeline_parallel_layers_per_stage`); older releases of either spell some of them
+//! differently.
+
+use autopar_cost_model::estimate::layers_per_virtual_stage;
+use autopar_cost_model::{Plan, Recompute, TransformerConfig};
+use autopar_ir::DType;
+use autopar_ir::schedule::ScheduleKind;
+
+use crate::search::error::SearchError;
+
+/// Megatron-LM's rank order, innermost first, for a plan's axis order (outermost first):
+/// the reverse, e.g. `pp-dp-ep-cp-tp` becomes `tp-cp-ep-dp-pp`.
+pub fn megatron_order(plan: &Plan) -> String {
+    plan.axis_order
+        .iter()
+        .rev()
+        .cloned()
+        .collect::<Vec<_>>()
+        .join("-")
+}
+
+/// Megatron-LM's `--pipeline-model-parallel-layout` for the plan's layer division: one
+/// `|`-separated entry per virtual stage (`E` embedding, `t*N` layers, `L` loss and head),
+/// dealt to the pipeline ranks round-robin as the cost model assumes.
+pub fn megatron_layout(cfg: &TransformerConfig, plan: &Plan) -> String {
+    let layers = layers_per_virtual_stage(cfg.layers, plan.pp * plan.vpp);
+    let last = layers.len().saturating_sub(1);
+    layers
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| {
+            format!(
+                "{}t*{n}{}",
+                if i == 0 { "E" } else { "" },
+                if i == last { "L" } else { "" }
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("|")
+}
+
+/// The Megatron-LM arguments (`pretrain_gpt.py`) that run `plan` on `cfg`, one per line,
+/// with `#` comments for what the arguments cannot say.
+pub fn megatron_args(cfg: &TransformerConfig, plan: &Plan) -> Result<String, SearchError> {
+    let mut args: Vec<String> = Vec::new();
+    let mut notes: Vec<String> = Vec::new();
+    let mut arg = |a: &str| args.push(a.to_string());
+    arg(&format!("--num-layers {}", cfg.layers));
+    arg(&format!("--hidden-size {}", cfg.hidden));
+    arg(&format!("--ffn-hidden-size {}", cfg.ffn));
+    arg(&format!("--num-attention-heads {}", cfg.heads));
+    if cfg.kv_heads != cfg.heads {
+        arg("--group-query-attention");
+        arg(&format!("--num-query-groups {}", cfg.kv_heads));
+    }
+    if cfg.gated_mlp {
+        arg("--swiglu");
+    }
+    if !cfg.tied_embeddings {
+        arg("--untie-embeddings-and-output-weights");
+    }
+    if cfg.experts > 1 {
+        arg(&format!("--num-experts {}", cfg.experts));
+        arg(&format!("--moe-router-topk {}", cfg.top_k));
+    }
+    arg(&format!("--seq-length {}", cfg.seq));
+    arg(&format!("--max-position-embeddings {}", cfg.seq));
+    arg(&format!("--tensor-model-parallel-size {}", plan.tp));
+    arg(&format!("--pipeline-model-parallel-size {}", plan.pp));
+    let even = cfg.layers.is_multiple_of(plan.pp * plan.vpp);
+    if !even {
+        arg(&format!(
+            "--pipeline-model-parallel-layout \"{}\"",
+            megatron_layout(cfg, plan)
+        ));
+    } else if plan.vpp > 1 {
+        arg(&format!(
+            "--num-layers-per-virtual-pipeline-stage {}",
+            cfg.layers / (plan.pp * plan.vpp)
+        ));
+    }
+    if plan.schedule == ScheduleKind::GPipe && plan.pp > 1 {
+        notes.push(
+            "the plan uses GPipe; Megatron-LM runs 1F1B instead (the same bubbles, fewer \
+             micro-batches in flight)"
+                .into(),
+        );
+    }
+    arg(&format!("--context-parallel-size {}", plan.cp));
+    arg(&format!("--expert-model-parallel-size {}", plan.ep));
+    if plan.sequence_parallel && plan.tp > 1 {
+        arg("--sequence-parallel");
+    }
+    match plan.recompute {
+        Recompute::None => {}
+        Recompute::Selective => arg("--recompute-granularity selective"),
+        Recompute::Full => {
+            arg("--recompute-granularity full");
+            arg("--recompute-method uniform");
+            arg("--recompute-num-layers 1");
+        }
+    }
+    match plan.zero_stage {
+        0 => {}
+        1 => {
+            arg("--use-distributed-optimizer");
+            arg("--overlap-param-gather");
+        }
+        stage => {
+            arg("--use-distributed-optimizer");
+            arg("--use-megatron-fsdp");
+            arg(&format!(
+                "--data-parallel-sharding-strategy {}",
+                if stage == 2 {
+                    "optim_grads"
+                } else {
+                    "optim_grads_params"
+                }
+            ));
+            arg("--ckpt-format fsdp_dtensor");
+        }
+    }
+    // The cost model overlaps the data-parallel reduction with the backward, as this does.
+    arg("--overlap-grad-reduce");
+    arg(&format!("--micro-batch-size {}", plan.micro_batch_size));
+    arg(&format!("--global-batch-size {}", plan.global_batch));
+    match plan.dtype {
+        DType::BF16 => arg("--bf16"),
+        DType::F16 => arg("--fp16"),
+        DType::F32 => {}
+        other => {
+            return Err(SearchError::Export {
+                target: "megatron",
+                message: format!("no Megatron-LM precision flag for {other}"),
+            });
+        }
+    }
+    let order = megatron_order(plan);
+    if order != "tp-cp-ep-dp-pp" {
+        notes.push(format!(
+            "rank order {order} (innermost first) differs from Megatron-LM's default \
+             tp-cp-ep-dp-pp: pass order=\"{order}\" to \
+             megatron.core.parallel_state.initialize_model_parallel"
+        ));
+    }
+    let mut out = format!(
+        "# Megatron-LM arguments for {} (data parallel {} = world {} / (tp x pp x cp))\n",
+        cfg.name,
+        plan.dp,
+        plan.world_size()
+    );
+    for n in &notes {
+        out += &format!("# note: {n}\n");
+    }
+    let last = args.len().saturating_sub(1);
+    for (i, a) in args.iter().enumerate() {
+        out += a;
+        out += if i == last { "\n" } else { " \\\n" };
+    }
+    Ok(out)
+}
+
+/// torchtitan TOML sections (`[training]`, `[parallelism]`, `[activation_checkpoint]`) for
+/// `plan` on `cfg`, with `#` comments for what torchtitan cannot express.
+pub fn torchtitan_toml(cfg: &TransformerConfig, plan: &Plan) -> Result<String, SearchError> {
+    let precision = match plan.dtype {
+        DType::BF16 => "bfloat16",
+        DType::F32 => "float32",
+        other => {
+            return Err(SearchError::Export {
+                target: "torchtitan",
+                message: format!(
+                    "torchtitan's mixed_precision_param is bfloat16 or float32, not {other}"
+                ),
+            });
+        }
+    };
+    let mut notes: Vec<String> = Vec::new();
+    // Data parallelism: FSDP (sharded) for ZeRO-2/3, DDP (replicated) for ZeRO-0.
+    let (replicate, shard, reshard) = match plan.zero_stage {
+        0 => (plan.dp, 1, None),
+        1 => {
+            notes.push(
+                "torchtitan has no ZeRO-1 (optimizer-only sharding); FSDP without resharding \
+                 after forward (ZeRO-2-like) is the nearest"
+                    .into(),
+            );
+            (1, plan.dp, Some("never"))
+        }
+        2 => (1, plan.dp, Some("never")),
+        _ => (1, plan.dp, Some("always")),
+    };
+    if replicate > 1 && (plan.tp > 1 || plan.pp > 1 || plan.cp > 1) {
+        notes.push(
+            "pure replication (DDP) combined with other parallelisms may be unsupported by \
+             your torchtitan version; data_parallel_shard_degree (FSDP) is the usual choice"
+                .into(),
+        );
+    }
+    if plan.tp > 1 && !plan.sequence_parallel {
+        notes.push(
+            "torchtitan's tensor parallelism always shards norms and dropout over the sequence \
+             (sequence parallelism); the plan was ranked without it"
+                .into(),
+        );
+    }
+    if plan.recompute == Recompute::Selective {
+        notes.push(
+            "selective recompute maps to torchtitan's per-op policy (selective_ac_option = \
+             \"op\"), close to but not the same as recomputing the attention core only"
+                .into(),
+        );
+    }
+    if plan.axis_order != Plan::DEFAULT_ORDER {
+        notes.push(format!(
+            "the plan places mesh axes {} (outermost first); torchtitan builds its device \
+             mesh as pp, dp_replicate, dp_shard, cp, tp",
+            plan.axis_order.join("-")
+        ));
+    }
+    let per_replica = plan.global_batch / plan.dp.max(1);
+    let mut out = format!("# torchtitan configuration for {}\n", cfg.name);
+    for n in &notes {
+        out += &format!("# note: {n}\n");
+    }
+    out += "\n[training]\n";
+    if plan.pp > 1 {
+        // The pipeline splits each rank's batch into micro-batches.
+        out += &format!("local_batch_size = {per_replica}\n");
+    } else {
+        // Without a pipeline, micro-batches are gradient-accumulation steps.
+        out += &format!("local_batch_size = {}\n", plan.micro_batch_size);
+    }
+    out += &format!("global_batch_size = {}\n", plan.global_batch);
+    out += &format!("seq_len = {}\n", cfg.seq);
+    out += &format!("mixed_precision_param = \"{precision}\"\n");
+    out += "mixed_precision_reduce = \"float32\"\n";
+    out += "\n[parallelism]\n";
+    out += &format!("data_parallel_replicate_degree = {replicate}\n");
+    out += &format!("data_parallel_shard_degree = {shard}\n");
+    if let Some(r) = reshard {
+        out += &format!("fsdp_reshard_after_forward = \"{r}\"\n");
+    }
+    out += &format!("tensor_parallel_degree = {}\n", plan.tp);
+    out += "enable_async_tensor_parallel = false\n";
+    out += &format!("pipeline_parallel_degree = {}\n", plan.pp);
+    if plan.pp > 1 {
+        out += &format!(
+            "pipeline_parallel_schedule = \"{}\"\n",
+            match plan.schedule {
+                ScheduleKind::GPipe => "GPipe",
+                ScheduleKind::OneFOneB => "1F1B",
+                ScheduleKind::Interleaved => "Interleaved1F1B",
+            }
+        );
+        out += &format!(
+            "pipeline_parallel_microbatch_size = {}\n",
+            plan.micro_batch_size
+        );
+        if cfg.layers.is_multiple_of(plan.pp * plan.vpp) {
+            out += &format!(
+                "pipeline_parallel_layers_per_stage = {}\n",
+                cfg.layers / (plan.pp * plan.vpp)
+            );
+        } else {
+            out += &format!(
+                "# layers per stage {:?}: uneven, give pipeline_parallel_split_points\n",
+                layers_per_virtual_stage(cfg.layers, plan.pp * plan.vpp)
+            );
+        }
+    }
+    out += &format!("context_parallel_degree = {}\n", plan.cp);
+    out += &format!("expert_parallel_degree = {}\n", plan.ep);
+    out += "\n[activation_checkpoint]\n";
+    match plan.recompute {
+        Recompute::None => out += "mode = \"none\"\n",
+        Recompute::Full => out += "mode = \"full\"\n",
+        Recompute::Selective => {
+            out += "mode = \"selective\"\nselective_ac_option = \"op\"\n";
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gpt3_plan() -> Plan {
+        Plan::parse("dp=8,tp=8,pp=16,vpp=2,mbs=1,recompute=full,zero=1,sp=true,gbs=1536").unwrap()
+    }
+
+    #[test]
+    fn megatron_arguments_of_the_gpt3_plan() {
+        let cfg = TransformerConfig::gpt3_175b();
+        let s = megatron_args(&cfg, &gpt3_plan()).unwrap();
+        for want in [
+            "--tensor-model-parallel-size 8 \\",
+            "--pipeline-model-parallel-size 16 \\",
+            "--num-layers-per-virtual-pipeline-stage 3 \\",
+            "--context-parallel-size 1 \\",
+            "--expert-model-parallel-size 1 \\",
+            "--sequence-parallel \\",
+            "--recompute-granularity full \\",
+            "--recompute-method uniform \\",
+            "--use-distributed-optimizer \\",
+            "--micro-batch-size 1 \\",
+            "--global-batch-size 1536 \\",
+            "--bf16\n",
+        ] {
+            assert!(s.contains(want), "{want} missing from\n{s}");
+        }
+        assert!(!s.contains("note:"), "{s}");
+    }
+
+    #[test]
+    fn uneven_stages_use_a_layout_and_orders_are_noted() {
+        let mut cfg = TransformerConfig::gpt3_175b();
+        cfg.layers = 10;
+        let plan = Plan::parse("dp=2,pp=4,gbs=8,order=pp-dp").unwrap();
+        assert_eq!(megatron_layout(&cfg, &plan), "Et*3|t*3|t*2|t*2L");
+        let s = megatron_args(&cfg, &plan).unwrap();
+        assert!(s.contains("--pipeline-model-parallel-layout \"Et*3|t*3|t*2|t*2L\""));
+        assert!(s.contains("order=\"dp-pp-tp-cp-ep\""), "{s}");
+    }
+
+    #[test]
+    fn torchtitan_sections() {
+        let cfg = TransformerConfig::gpt3_175b();
+        let s = torchtitan_toml(&cfg, &gpt3_plan()).unwrap();
+        for want in [
+            "[training]\nlocal_batch_size = 192\nglobal_batch_size = 1536\n",
+            "mixed_precision_param = \"bfloat16\"",
+            "[parallelism]\n",
+            "data_parallel_shard_degree = 8",
+            "data_parallel_replicate_degree = 1",
+            "tensor_parallel_degree = 8",
+            "pipeline_parallel_degree = 16",
+            "pipeline_parallel_schedule = \"Interleaved1F1B\"",
+            "pipeline_parallel_layers_per_stage = 3",
+            "context_parallel_degree = 1",
+            "enable_async_tensor_parallel = false",
+            "[activation_checkpoint]\nmode = \"full\"",
+        ] {
+            assert!(s.contains(want), "{want} missing from\n{s}");
+        }
+        // ZeRO-1 has no torchtitan equivalent: said in a note.
+        assert!(s.contains("no ZeRO-1"));
+        let fp16 = Plan {
+            dtype: DType::F16,
+            ..gpt3_plan()
+        };
+        assert!(torchtitan_toml(&cfg, &fp16).is_err());
+    }
+}

@@ -1,0 +1,569 @@
+//! Strategy search: a joint search over training plans of a transformer on a cluster (mesh
+//! shape, axis placement, virtual stages, micro-batch size, ZeRO stage, recompute, sequence
+//! parallelism, schedule), scored by the cost model and ranked by predicted step time.
+//!
+//! # What is searched
+//!
+//! [`space`](self) lists the plans: every mesh shape `(dp, tp, pp, cp, ep)` that uses all
+//! devices and divides the model and the batch, every placement of its non-trivial axes on
+//! the devices, and for each the micro-batch sizes, pipeline layouts, ZeRO stages, recompute
+//! policies and sequence-parallel settings that are valid. [`Constraints`] pin any of them.
+//!
+//! # How it is pruned, exactly
+//!
+//! The search returns what an exhaustive enumeration of the same space with the same cost
+//! model would return (`SearchOptions::prune = false` runs that enumeration; the tests compare
+//! the two). It skips a plan only when it can prove the plan would not be ranked:
+//!
+//! - **Memory** ([`memory_lower_bound`]): a bound on the peak memory from the weights,
+//!   gradients and optimizer state of each rank, which depend only on `(dp, tp, pp, vpp, ep,
+//!   zero)`, plus the activations of the in-flight micro-batches once the schedule is known.
+//!   Every term it leaves out is non-negative, so a bound above the capacity means the plan
+//!   does not fit, and a plan that does not fit is never ranked.
+//! - **Time, by recompute** (branch and bound): for plans equal in everything but the
+//!   recompute policy, more recomputation never makes a step faster in the cost model. The
+//!   backward of a layer gains a recompute term (`>= 0`) and nothing else changes; the pipeline
+//!   simulation is a max-plus system, monotone in every duration; the bucketed gradient
+//!   reduction starts at times interpolated between a backward's start and end, monotone too;
+//!   and the step's remaining terms do not depend on recomputation. So the step time of the
+//!   plan with less recomputation, fitting or not, is a lower bound for the others, and the
+//!   search estimates policies from least to most recomputation and stops as soon as that
+//!   bound exceeds the `top_k`-th best step time found so far (strictly: ties are kept).
+//!
+//! # Reuse and parallelism
+//!
+//! A pipeline schedule is built once per `(kind, pp, vpp, micro-batches)` and a mesh mapping
+//! once per (shape, axis order); plans are scored with
+//! [`CostModel::estimate_with_mapping`]. Mesh shapes are shared out to `threads` workers
+//! through an atomic counter; each keeps its own top `k` and they share the `k`-th best step
+//! time as the pruning threshold. Pruning is exact, so the answer does not depend on the
+//! order in which workers finish; ties in step time are broken by peak memory, then by the
+//! plan's text, so the ranking is deterministic.
+
+mod bound;
+mod error;
+pub mod explain;
+pub mod export;
+mod space;
+
+use std::cmp::Ordering;
+use std::collections::HashMap;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering as AtomicOrdering};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use autopar_cost_model::{CostModel, Estimate, MeshMapping, Plan, Recompute, TransformerConfig};
+use autopar_ir::DType;
+use autopar_ir::schedule::{Schedule, ScheduleKind};
+
+pub use bound::{capacity_bytes, memory_lower_bound, step_time_lower_bound};
+pub use error::SearchError;
+pub use space::Constraints;
+
+use space::Shape;
+
+/// What to search for and how.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SearchOptions {
+    /// Sequences per step over all data-parallel ranks.
+    pub global_batch: usize,
+    /// Compute dtype.
+    pub dtype: DType,
+    /// How many plans to rank.
+    pub top_k: usize,
+    /// Pinned values.
+    pub constraints: Constraints,
+    /// Stop after this long and rank what was found (the result says it is incomplete).
+    pub max_time: Option<Duration>,
+    /// Worker threads; 0 uses the available parallelism.
+    pub threads: usize,
+    /// Apply the exact pruning bounds (false: estimate every plan of the space).
+    pub prune: bool,
+    /// Context parallelism is considered from this sequence length on (unless pinned): it
+    /// splits attention over the sequence, which only pays off for long sequences.
+    pub cp_min_seq: usize,
+}
+
+impl SearchOptions {
+    /// Defaults for a global batch: bf16, top 10, no pins, no time limit, all cores, pruning
+    /// on, context parallelism from 8192 tokens.
+    pub fn new(global_batch: usize) -> Self {
+        SearchOptions {
+            global_batch,
+            dtype: DType::BF16,
+            top_k: 10,
+            constraints: Constraints::default(),
+            max_time: None,
+            threads: 0,
+            prune: true,
+            cp_min_seq: 8192,
+        }
+    }
+}
+
+/// One ranked plan.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RankedPlan {
+    /// The plan.
+    pub plan: Plan,
+    /// Its estimate (always one that fits).
+    pub estimate: Estimate,
+}
+
+/// Counts of what the search did.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct SearchStats {
+    /// Mesh shapes in the space.
+    pub mesh_shapes: usize,
+    /// Mesh shapes fully explored.
+    pub mesh_shapes_done: usize,
+    /// Plans in the explored part of the space.
+    pub candidates: u64,
+    /// Plans skipped because the memory bound exceeds the capacity.
+    pub pruned_by_memory: u64,
+    /// Plans skipped because the time bound exceeds the `top_k`-th best step time.
+    pub pruned_by_time: u64,
+    /// Plans estimated.
+    pub estimated: u64,
+    /// Estimated plans that fit.
+    pub fitting: u64,
+    /// Pipeline schedules built.
+    pub schedules_built: u64,
+    /// Wall-clock seconds.
+    pub elapsed_s: f64,
+    /// Worker threads used.
+    pub threads: usize,
+    /// False when the time limit stopped the search before the space was explored.
+    pub complete: bool,
+}
+
+/// The answer: up to `top_k` fitting plans, best first.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SearchResult {
+    /// Ranked plans.
+    pub plans: Vec<RankedPlan>,
+    /// What the search did.
+    pub stats: SearchStats,
+}
+
+/// Progress reports, sent after each mesh shape.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Progress {
+    /// Mesh shapes explored.
+    pub shapes_done: usize,
+    /// Mesh shapes in the space.
+    pub shapes_total: usize,
+    /// Plans estimated so far.
+    pub estimated: u64,
+}
+
+/// Searches the plans of `cfg` on `model`'s cluster.
+pub fn search(
+    model: &CostModel,
+    cfg: &TransformerConfig,
+    opts: &SearchOptions,
+) -> Result<SearchResult, SearchError> {
+    search_with_progress(model, cfg, opts, &|_| {})
+}
+
+/// As [`search`], calling `progress` (from worker threads) after each mesh shape.
+pub fn search_with_progress(
+    model: &CostModel,
+    cfg: &TransformerConfig,
+    opts: &SearchOptions,
+    progress: &(dyn Fn(&Progress) + Sync),
+) -> Result<SearchResult, SearchError> {
+    let start = Instant::now();
+    cfg.validate()?;
+    if opts.global_batch == 0 {
+        return Err(SearchError::Option {
+            option: "global_batch",
+            message: "must be at least 1".into(),
+        });
+    }
+    if opts.top_k == 0 {
+        return Err(SearchError::Option {
+            option: "top_k",
+            message: "must be at least 1".into(),
+        });
+    }
+    let devices = model.cluster.num_devices();
+    let shapes = space::mesh_shapes(
+        cfg,
+        devices,
+        opts.global_batch,
+        opts.cp_min_seq,
+        &opts.constraints,
+    );
+    let threads = match opts.threads {
+        0 => std::thread::available_parallelism().map_or(1, usize::from),
+        n => n,
+    }
+    .clamp(1, shapes.len().max(1));
+    let shared = Shared {
+        model,
+        cfg,
+        opts,
+        shapes: &shapes,
+        next: AtomicUsize::new(0),
+        threshold: AtomicU64::new(f64::INFINITY.to_bits()),
+        stop: AtomicBool::new(false),
+        deadline: opts.max_time.map(|d| start + d),
+        shapes_done: AtomicUsize::new(0),
+        estimated: AtomicU64::new(0),
+        progress,
+    };
+    let outcomes: Vec<Result<Done, (usize, SearchError)>> = if threads == 1 {
+        vec![run_worker(&shared)]
+    } else {
+        std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..threads)
+                .map(|_| scope.spawn(|| run_worker(&shared)))
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| match h.join() {
+                    Ok(r) => r,
+                    Err(payload) => std::panic::resume_unwind(payload),
+                })
+                .collect()
+        })
+    };
+    let mut workers = Vec::new();
+    let mut first_error: Option<(usize, SearchError)> = None;
+    for o in outcomes {
+        match o {
+            Ok(w) => workers.push(w),
+            // Report the error of the earliest shape, whichever worker met it.
+            Err((i, e)) if first_error.as_ref().is_none_or(|(j, _)| i < *j) => {
+                first_error = Some((i, e))
+            }
+            Err(_) => {}
+        }
+    }
+    if let Some((_, e)) = first_error {
+        return Err(e);
+    }
+    let mut stats = SearchStats {
+        mesh_shapes: shapes.len(),
+        mesh_shapes_done: shared.shapes_done.load(AtomicOrdering::Relaxed),
+        threads,
+        ..SearchStats::default()
+    };
+    let mut entries = Vec::new();
+    for w in workers {
+        let s = &w.stats;
+        stats.candidates += s.candidates;
+        stats.pruned_by_memory += s.pruned_by_memory;
+        stats.pruned_by_time += s.pruned_by_time;
+        stats.estimated += s.estimated;
+        stats.fitting += s.fitting;
+        stats.schedules_built += s.schedules_built;
+        entries.extend(w.top.entries);
+    }
+    entries.sort_by(Entry::cmp);
+    entries.truncate(opts.top_k);
+    stats.complete = !shared.stop.load(AtomicOrdering::Relaxed);
+    stats.elapsed_s = start.elapsed().as_secs_f64();
+    Ok(SearchResult {
+        plans: entries
+            .into_iter()
+            .map(|e| RankedPlan {
+                plan: e.plan,
+                estimate: e.estimate,
+            })
+            .collect(),
+        stats,
+    })
+}
+
+/// What the workers share.
+struct Shared<'a> {
+    model: &'a CostModel,
+    cfg: &'a TransformerConfig,
+    opts: &'a SearchOptions,
+    shapes: &'a [Shape],
+    next: AtomicUsize,
+    /// Bits of the smallest `top_k`-th best step time of any worker (non-negative floats
+    /// order like their bits).
+    threshold: AtomicU64,
+    stop: AtomicBool,
+    deadline: Option<Instant>,
+    shapes_done: AtomicUsize,
+    estimated: AtomicU64,
+    progress: &'a (dyn Fn(&Progress) + Sync),
+}
+
+impl Shared<'_> {
+    fn threshold(&self) -> f64 {
+        f64::from_bits(self.threshold.load(AtomicOrdering::Relaxed))
+    }
+
+    fn out_of_time(&self) -> bool {
+        if self.stop.load(AtomicOrdering::Relaxed) {
+            return true;
+        }
+        if self.deadline.is_some_and(|d| Instant::now() >= d) {
+            self.stop.store(true, AtomicOrdering::Relaxed);
+            return true;
+        }
+        false
+    }
+}
+
+/// A ranked entry; ordered by step time, then peak memory, then the plan's text.
+struct Entry {
+    time: f64,
+    memory: f64,
+    key: String,
+    plan: Plan,
+    estimate: Estimate,
+}
+
+impl Entry {
+    fn cmp(a: &Entry, b: &Entry) -> Ordering {
+        a.time
+            .total_cmp(&b.time)
+            .then(a.memory.total_cmp(&b.memory))
+            .then_with(|| a.key.cmp(&b.key))
+    }
+}
+
+#[derive(Default)]
+struct TopK {
+    entries: Vec<Entry>,
+}
+
+#[derive(Default)]
+struct LocalStats {
+    candidates: u64,
+    pruned_by_memory: u64,
+    pruned_by_time: u64,
+    estimated: u64,
+    fitting: u64,
+    schedules_built: u64,
+}
+
+/// A schedule and the in-flight chunk count of each of its ranks.
+struct Built {
+    schedule: Schedule,
+    in_flight: Vec<usize>,
+}
+
+type ScheduleKey = (ScheduleKind, usize, usize, usize);
+
+/// Schedules kept per worker before the cache is emptied (they can be large: actions grow
+/// with `pp * vpp * micro-batches`).
+const SCHEDULE_CACHE: usize = 64;
+
+struct Worker {
+    top: TopK,
+    stats: LocalStats,
+    /// Thread-local (the schedules are shared by reference count).
+    schedules: HashMap<ScheduleKey, Rc<Built>>,
+}
+
+/// What a worker hands back.
+struct Done {
+    top: TopK,
+    stats: LocalStats,
+}
+
+fn run_worker(sh: &Shared<'_>) -> Result<Done, (usize, SearchError)> {
+    let mut w = Worker {
+        top: TopK::default(),
+        stats: LocalStats::default(),
+        schedules: HashMap::new(),
+    };
+    loop {
+        if sh.out_of_time() {
+            break;
+        }
+        let i = sh.next.fetch_add(1, AtomicOrdering::Relaxed);
+        let Some(&shape) = sh.shapes.get(i) else {
+            break;
+        };
+        let finished = w.run_shape(sh, shape).map_err(|e| (i, e))?;
+        if !finished {
+            break;
+        }
+        let done = sh.shapes_done.fetch_add(1, AtomicOrdering::Relaxed) + 1;
+        (sh.progress)(&Progress {
+            shapes_done: done,
+            shapes_total: sh.shapes.len(),
+            estimated: sh.estimated.load(AtomicOrdering::Relaxed),
+        });
+    }
+    Ok(Done {
+        top: w.top,
+        stats: w.stats,
+    })
+}
+
+impl Worker {
+    fn schedule(
+        &mut self,
+        kind: ScheduleKind,
+        pp: usize,
+        vpp: usize,
+        m: usize,
+    ) -> Result<Rc<Built>, SearchError> {
+        let key = (kind, pp, vpp, m);
+        if let Some(b) = self.schedules.get(&key) {
+            return Ok(Rc::clone(b));
+        }
+        if self.schedules.len() >= SCHEDULE_CACHE {
+            self.schedules.clear();
+        }
+        let schedule =
+            Schedule::new(kind, pp, vpp, m).map_err(autopar_cost_model::CostError::from)?;
+        let in_flight = (0..pp).map(|r| schedule.max_in_flight(r)).collect();
+        let built = Rc::new(Built {
+            schedule,
+            in_flight,
+        });
+        self.stats.schedules_built += 1;
+        self.schedules.insert(key, Rc::clone(&built));
+        Ok(built)
+    }
+
+    /// Explores every plan of one mesh shape; false when the time limit interrupted it.
+    fn run_shape(&mut self, sh: &Shared<'_>, s: Shape) -> Result<bool, SearchError> {
+        let (model, cfg, opts) = (sh.model, sh.cfg, sh.opts);
+        let c = &opts.constraints;
+        let batch = opts.global_batch;
+        let capacity = capacity_bytes(model);
+        let orders = space::distinct_placements(
+            &s,
+            space::axis_orders(&s, c.axis_order.as_ref()),
+            model.cluster.gpus_per_node,
+        );
+        let mut mappings: Vec<Option<MeshMapping>> = vec![None; orders.len()];
+        let zeros = space::zero_stages(&s, c);
+        let sps = space::sequence_parallel(cfg, &s, c);
+        let recomputes = space::recomputes(model.compute.attention, c);
+        for mbs in space::micro_batch_sizes(&s, batch, c) {
+            let m = batch / (s.dp * mbs);
+            for (vpp, kind) in space::pipelines(cfg, s.pp, m, c) {
+                for &zero in &zeros {
+                    let base = Plan {
+                        dp: s.dp,
+                        tp: s.tp,
+                        pp: s.pp,
+                        vpp,
+                        cp: s.cp,
+                        ep: s.ep,
+                        micro_batch_size: mbs,
+                        global_batch: batch,
+                        zero_stage: zero,
+                        recompute: Recompute::None,
+                        sequence_parallel: false,
+                        schedule: kind,
+                        dtype: opts.dtype,
+                        axis_order: Vec::new(),
+                    };
+                    let family = (sps.len() * orders.len() * recomputes.len()) as u64;
+                    self.stats.candidates += family;
+                    if opts.prune && memory_lower_bound(model, cfg, &base, None) > capacity {
+                        self.stats.pruned_by_memory += family;
+                        continue;
+                    }
+                    let built = self.schedule(kind, s.pp, vpp, m)?;
+                    for &sp in &sps {
+                        for (oi, order) in orders.iter().enumerate() {
+                            // A lower bound on the step time of this plan under this and
+                            // every later (heavier) recompute policy.
+                            let mut floor = 0.0f64;
+                            for (ri, &recompute) in recomputes.iter().enumerate() {
+                                if sh.out_of_time() {
+                                    return Ok(false);
+                                }
+                                let rest = (recomputes.len() - ri) as u64;
+                                if opts.prune && floor > sh.threshold() {
+                                    self.stats.pruned_by_time += rest;
+                                    break;
+                                }
+                                let plan = Plan {
+                                    recompute,
+                                    sequence_parallel: sp,
+                                    axis_order: order.clone(),
+                                    ..base.clone()
+                                };
+                                if opts.prune
+                                    && memory_lower_bound(model, cfg, &plan, Some(&built.in_flight))
+                                        > capacity
+                                {
+                                    self.stats.pruned_by_memory += 1;
+                                    continue;
+                                }
+                                let mapping = match &mut mappings[oi] {
+                                    Some(mapping) => &*mapping,
+                                    slot @ None => &*slot.insert(MeshMapping::new(
+                                        &plan.mesh_axes(),
+                                        &model.cluster,
+                                    )?),
+                                };
+                                if opts.prune {
+                                    let stages = model.stage_times(cfg, &plan, mapping)?;
+                                    floor = floor.max(step_time_lower_bound(&stages, s.pp, vpp, m));
+                                    if floor > sh.threshold() {
+                                        self.stats.pruned_by_time += rest;
+                                        break;
+                                    }
+                                }
+                                let mut est = model.estimate_with_mapping(
+                                    cfg,
+                                    &plan,
+                                    &built.schedule,
+                                    mapping,
+                                )?;
+                                self.stats.estimated += 1;
+                                sh.estimated.fetch_add(1, AtomicOrdering::Relaxed);
+                                floor = floor.max(est.iter_time_s);
+                                if est.fits {
+                                    self.stats.fitting += 1;
+                                    est.timeline = None;
+                                    self.offer(sh, plan, est);
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        Ok(true)
+    }
+
+    /// Keeps `plan` if it is among the best `top_k` this worker has seen.
+    fn offer(&mut self, sh: &Shared<'_>, plan: Plan, estimate: Estimate) {
+        let k = sh.opts.top_k;
+        let entries = &mut self.top.entries;
+        let time = estimate.iter_time_s;
+        if entries.len() == k && entries.last().is_some_and(|last| time > last.time) {
+            return;
+        }
+        let entry = Entry {
+            time,
+            memory: estimate.peak_memory_gib,
+            key: plan.to_string(),
+            plan,
+            estimate,
+        };
+        let at = entries
+            .binary_search_by(|e| Entry::cmp(e, &entry))
+            .unwrap_or_else(|i| i);
+        if at >= k {
+            return;
+        }
+        entries.insert(at, entry);
+        entries.truncate(k);
+        if entries.len() == k
+            && let Some(last) = entries.last()
+        {
+            sh.threshold
+                .fetch_min(last.time.to_bits(), AtomicOrdering::Relaxed);
+        }
+    }
+}

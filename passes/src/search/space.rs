@@ -1,0 +1,600 @@
+//! The search space: which mesh shapes, axis orders, micro-batch sizes, pipeline layouts,
+//! ZeRO stages, recompute policies and sequence-parallel settings a plan may take for a model
+//! on a cluster, and the user's constraints (pinned values) that narrow it.
+//!
+//! Everything here defines the space; nothing here prunes it by cost. The rules are validity
+//! rules (a divisibility the model or the frameworks need) or exact equivalences (two
+//! settings the cost model cannot tell apart, of which one is kept), each stated where it is
+//! applied, so that an exhaustive enumeration and the pruned search see the same plans.
+
+use serde::{Deserialize, Serialize};
+
+use autopar_cost_model::estimate::layers_per_virtual_stage;
+use autopar_cost_model::{AttentionKernel, Plan, Recompute, TransformerConfig};
+use autopar_ir::schedule::ScheduleKind;
+
+use crate::search::error::SearchError;
+
+/// Values the user pins; `None` leaves a dimension to the search. The same machinery serves
+/// semi-automatic use (some values pinned) and fully automatic use (none pinned).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Constraints {
+    /// Data-parallel degree (including the expert-parallel ranks).
+    pub dp: Option<usize>,
+    /// Tensor-parallel degree.
+    pub tp: Option<usize>,
+    /// Pipeline ranks.
+    pub pp: Option<usize>,
+    /// Model chunks per pipeline rank.
+    pub vpp: Option<usize>,
+    /// Context-parallel degree.
+    pub cp: Option<usize>,
+    /// Expert-parallel degree.
+    pub ep: Option<usize>,
+    /// Micro-batch size.
+    pub mbs: Option<usize>,
+    /// ZeRO stage.
+    pub zero: Option<u8>,
+    /// Activation recomputation.
+    pub recompute: Option<Recompute>,
+    /// Sequence parallelism.
+    pub sp: Option<bool>,
+    /// Pipeline schedule.
+    pub schedule: Option<ScheduleKind>,
+    /// Mesh axes outermost first (all five, as [`Plan::axis_order`]).
+    pub axis_order: Option<Vec<String>>,
+    /// Layers of each virtual stage, in order (pins the stage boundaries; the length pins
+    /// `pp * vpp`).
+    pub stage_layers: Option<Vec<usize>>,
+}
+
+impl Constraints {
+    /// Parses `key=value` pairs separated by commas, with the keys of [`Plan::parse`] (`dp tp
+    /// pp vpp cp ep mbs zero recompute sp schedule order`) and `stages` (layers per virtual
+    /// stage joined by `-`, e.g. `stages=12-12-12-12`).
+    ///
+    /// ```
+    /// # use autopar_passes::search::Constraints;
+    /// let c = Constraints::parse("tp=8,recompute=full,stages=48-48").unwrap();
+    /// assert_eq!(c.tp, Some(8));
+    /// assert_eq!(c.stage_layers, Some(vec![48, 48]));
+    /// assert!(Constraints::parse("tp=0").is_err());
+    /// ```
+    pub fn parse(s: &str) -> Result<Constraints, SearchError> {
+        let mut c = Constraints::default();
+        for part in s.split(',').map(str::trim).filter(|x| !x.is_empty()) {
+            let (k, v) = part
+                .split_once('=')
+                .map(|(k, v)| (k.trim(), v.trim()))
+                .ok_or_else(|| SearchError::Constraint {
+                    key: part.to_string(),
+                    message: "expected key=value".into(),
+                })?;
+            let err = |message: String| SearchError::Constraint {
+                key: k.to_string(),
+                message,
+            };
+            // The plan parser knows every plan key and its values; reuse it on one pair.
+            let one = || Plan::parse(part).map_err(|e| err(e.to_string()));
+            match k {
+                "dp" => c.dp = Some(one()?.dp),
+                "tp" => c.tp = Some(one()?.tp),
+                "pp" => c.pp = Some(one()?.pp),
+                "vpp" => c.vpp = Some(one()?.vpp),
+                "cp" => c.cp = Some(one()?.cp),
+                "ep" => {
+                    // `Plan::parse` alone would reject ep > dp = 1; read the number directly.
+                    c.ep =
+                        Some(v.parse::<usize>().ok().filter(|&n| n > 0).ok_or_else(|| {
+                            err(format!("expected a positive integer, not `{v}`"))
+                        })?)
+                }
+                "mbs" | "micro_batch" => c.mbs = Some(one()?.micro_batch_size),
+                "zero" => c.zero = Some(one()?.zero_stage),
+                "recompute" => c.recompute = Some(one()?.recompute),
+                "sp" => c.sp = Some(one()?.sequence_parallel),
+                "schedule" => {
+                    c.schedule = Some(v.parse().map_err(|e| err(format!("{e}")))?);
+                }
+                "order" => c.axis_order = Some(one()?.axis_order),
+                "stages" => {
+                    let layers: Result<Vec<usize>, _> =
+                        v.split('-').map(|x| x.trim().parse::<usize>()).collect();
+                    match layers {
+                        Ok(l) if !l.is_empty() && l.iter().all(|&n| n > 0) => {
+                            c.stage_layers = Some(l)
+                        }
+                        _ => {
+                            return Err(err(format!(
+                                "expected positive layer counts joined by `-`, not `{v}`"
+                            )));
+                        }
+                    }
+                }
+                _ => {
+                    return Err(err(
+                        "unknown key (expected dp, tp, pp, vpp, cp, ep, mbs, zero, recompute, \
+                         sp, schedule, order or stages)"
+                            .into(),
+                    ));
+                }
+            }
+        }
+        Ok(c)
+    }
+
+    /// Whether `plan` satisfies every pinned value (`cfg` gives the layer count for pinned
+    /// stage boundaries).
+    pub fn admits(&self, cfg: &TransformerConfig, plan: &Plan) -> bool {
+        fn ok<T: PartialEq>(pin: &Option<T>, v: T) -> bool {
+            pin.as_ref().is_none_or(|p| *p == v)
+        }
+        ok(&self.dp, plan.dp)
+            && ok(&self.tp, plan.tp)
+            && ok(&self.pp, plan.pp)
+            && ok(&self.vpp, plan.vpp)
+            && ok(&self.cp, plan.cp)
+            && ok(&self.ep, plan.ep)
+            && ok(&self.mbs, plan.micro_batch_size)
+            && ok(&self.zero, plan.zero_stage)
+            && ok(&self.recompute, plan.recompute)
+            && ok(&self.sp, plan.sequence_parallel)
+            && ok(&self.schedule, plan.schedule)
+            && self
+                .axis_order
+                .as_ref()
+                .is_none_or(|o| *o == plan.axis_order)
+            && self
+                .stage_layers
+                .as_ref()
+                .is_none_or(|s| *s == layers_per_virtual_stage(cfg.layers, plan.pp * plan.vpp))
+    }
+}
+
+/// A mesh shape: `dp * tp * pp * cp` devices, `ep` dividing `dp`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(crate) struct Shape {
+    pub dp: usize,
+    pub tp: usize,
+    pub pp: usize,
+    pub cp: usize,
+    pub ep: usize,
+}
+
+/// Divisors of `n`, ascending.
+pub(crate) fn divisors(n: usize) -> Vec<usize> {
+    let mut small = Vec::new();
+    let mut large = Vec::new();
+    let mut d = 1;
+    while d * d <= n {
+        if n.is_multiple_of(d) {
+            small.push(d);
+            if d * d != n {
+                large.push(n / d);
+            }
+        }
+        d += 1;
+    }
+    small.extend(large.into_iter().rev());
+    small
+}
+
+/// The mesh shapes that use all `devices` and divide the model and the batch:
+///
+/// - `tp` divides the heads, the key/value heads (Megatron-LM requires whole query groups
+///   per rank) and the MLP width;
+/// - `cp > 1` only for sequences of at least `cp_min_seq` tokens (unless pinned), with the
+///   sequence divisible by `2 cp` (the causal load-balancing split of Megatron-LM);
+/// - `pp` at most the number of layers;
+/// - `dp` divides the global batch (whole micro-batches on every rank);
+/// - `ep` divides `dp` and the experts (1 for dense models).
+pub(crate) fn mesh_shapes(
+    cfg: &TransformerConfig,
+    devices: usize,
+    global_batch: usize,
+    cp_min_seq: usize,
+    c: &Constraints,
+) -> Vec<Shape> {
+    let mut out = Vec::new();
+    for tp in divisors(devices) {
+        let tp_ok = cfg.heads.is_multiple_of(tp)
+            && cfg.kv_heads.is_multiple_of(tp)
+            && cfg.ffn.is_multiple_of(tp);
+        if !tp_ok || c.tp.is_some_and(|p| p != tp) {
+            continue;
+        }
+        for cp in divisors(devices / tp) {
+            let useful = cp == 1 || c.cp.is_some() || cfg.seq >= cp_min_seq;
+            if !useful
+                || (cp > 1 && !cfg.seq.is_multiple_of(2 * cp))
+                || c.cp.is_some_and(|p| p != cp)
+            {
+                continue;
+            }
+            for pp in divisors(devices / (tp * cp)) {
+                if pp > cfg.layers || c.pp.is_some_and(|p| p != pp) {
+                    continue;
+                }
+                let dp = devices / (tp * cp * pp);
+                if !global_batch.is_multiple_of(dp) || c.dp.is_some_and(|p| p != dp) {
+                    continue;
+                }
+                for ep in divisors(dp) {
+                    let ep_ok = if cfg.experts > 1 {
+                        cfg.experts.is_multiple_of(ep)
+                    } else {
+                        ep == 1
+                    };
+                    if ep_ok && c.ep.is_none_or(|p| p == ep) {
+                        out.push(Shape { dp, tp, pp, cp, ep });
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The orders in which a shape's mesh axes may be laid onto the devices, outermost first
+/// (the last axis on consecutive devices, i.e. inside a node first).
+///
+/// Axes of size 1 do not change the placement, so only the axes larger than 1 are permuted:
+/// the pipeline axis, the data-parallel block (`dp` outside `ep`, kept together: together
+/// they form the gradient-reduction group), `cp` and `tp`. Every permutation is listed,
+/// Megatron-LM's order (`pp dp ep cp tp`, tensor parallelism innermost) first; among them are
+/// those that put `dp` or `pp` inside the node. A pinned order is the only one.
+pub(crate) fn axis_orders(s: &Shape, pinned: Option<&Vec<String>>) -> Vec<Vec<String>> {
+    if let Some(order) = pinned {
+        return vec![order.clone()];
+    }
+    let mut units: Vec<Vec<&'static str>> = Vec::new();
+    if s.pp > 1 {
+        units.push(vec!["pp"]);
+    }
+    let dp_block: Vec<&'static str> = [("dp", s.dp / s.ep), ("ep", s.ep)]
+        .into_iter()
+        .filter(|&(_, n)| n > 1)
+        .map(|(a, _)| a)
+        .collect();
+    if !dp_block.is_empty() {
+        units.push(dp_block);
+    }
+    if s.cp > 1 {
+        units.push(vec!["cp"]);
+    }
+    if s.tp > 1 {
+        units.push(vec!["tp"]);
+    }
+    let used: Vec<&str> = units.iter().flatten().copied().collect();
+    let trivial: Vec<String> = Plan::DEFAULT_ORDER
+        .iter()
+        .filter(|a| !used.contains(a))
+        .map(|a| a.to_string())
+        .collect();
+    permutations(units.len())
+        .into_iter()
+        .map(|perm| {
+            if perm.iter().enumerate().all(|(i, &p)| i == p) {
+                Plan::DEFAULT_ORDER.iter().map(|a| a.to_string()).collect()
+            } else {
+                let mut order = trivial.clone();
+                for &u in &perm {
+                    order.extend(units[u].iter().map(|a| a.to_string()));
+                }
+                order
+            }
+        })
+        .collect()
+}
+
+/// Keeps the first order of each class of orders that place every group alike, so that no
+/// two plans differing only in such orders are both estimated.
+///
+/// Lay the axes larger than 1 out from the innermost, with consecutive devices forming nodes
+/// of `g = gpus_per_node`. An axis is *inside* when it and the axes inside it fit in a node
+/// (the product of their sizes is at most `g`), the *straddler* when it starts inside a node
+/// but ends outside, and *outer* otherwise. When the product of the inside sizes divides `g`
+/// and the product up to the straddler is a multiple of `g`:
+///
+/// - every group of an inside axis lies in one node, whatever its stride, so it is described
+///   by its size alone; pipeline neighbours along an inside `pp` share a node;
+/// - the straddler's stride is the product of the inside sizes, whatever their order, so its
+///   groups sit the same way;
+/// - every outer axis has a stride that is a multiple of `g`: one member per node, one NIC per
+///   member, every device of a node in a different group, whatever the order among the outer
+///   axes; pipeline neighbours along an outer `pp` never share a node.
+///
+/// Everything the estimate reads from a mapping (the groups of `tp`, `cp`, `ep`, `pp` and of
+/// `dp` with `ep`, and which pipeline neighbours share a node) is then the same for two orders
+/// with the same inside set, straddler and outer set. When the conditions fail no order is
+/// merged.
+pub(crate) fn distinct_placements(
+    s: &Shape,
+    orders: Vec<Vec<String>>,
+    gpus_per_node: usize,
+) -> Vec<Vec<String>> {
+    let mut seen = std::collections::HashSet::new();
+    orders
+        .into_iter()
+        .filter(|o| match placement_class(s, o, gpus_per_node) {
+            Some(class) => seen.insert(class),
+            None => true,
+        })
+        .collect()
+}
+
+/// The class of an order under [`distinct_placements`]: the sorted inside axes, the
+/// straddler, the sorted outer axes; `None` when the conditions fail.
+pub(crate) fn placement_class(
+    s: &Shape,
+    order: &[String],
+    gpus_per_node: usize,
+) -> Option<(Vec<String>, Option<String>, Vec<String>)> {
+    let size = |a: &str| match a {
+        "pp" => s.pp,
+        "dp" => s.dp / s.ep,
+        "ep" => s.ep,
+        "cp" => s.cp,
+        "tp" => s.tp,
+        _ => 1,
+    };
+    let g = gpus_per_node.max(1);
+    let (mut inside, mut straddler, mut outer) = (Vec::new(), None, Vec::new());
+    let (mut inside_product, mut stride) = (1, 1);
+    for a in order.iter().rev().filter(|a| size(a) > 1) {
+        let n = size(a);
+        if stride * n <= g {
+            inside.push(a.clone());
+            inside_product *= n;
+        } else if stride < g {
+            straddler = Some(a.clone());
+        } else {
+            outer.push(a.clone());
+        }
+        stride *= n;
+    }
+    let boundary = inside_product * straddler.as_deref().map_or(1, size);
+    if !g.is_multiple_of(inside_product) || !boundary.is_multiple_of(g) {
+        return None;
+    }
+    inside.sort();
+    outer.sort();
+    Some((inside, straddler, outer))
+}
+
+/// All permutations of `0..n` in lexicographic order (identity first).
+fn permutations(n: usize) -> Vec<Vec<usize>> {
+    let mut p: Vec<usize> = (0..n).collect();
+    let mut out = vec![p.clone()];
+    loop {
+        // Next lexicographic permutation.
+        let Some(i) = (1..p.len()).rev().find(|&i| p[i - 1] < p[i]) else {
+            return out;
+        };
+        let Some(j) = (i..p.len()).rev().find(|&j| p[j] > p[i - 1]) else {
+            return out;
+        };
+        p.swap(i - 1, j);
+        p[i..].reverse();
+        out.push(p.clone());
+    }
+}
+
+/// Micro-batch sizes: the divisors of the per-replica batch `global_batch / dp` (whole
+/// micro-batches; Megatron-LM requires it).
+pub(crate) fn micro_batch_sizes(s: &Shape, global_batch: usize, c: &Constraints) -> Vec<usize> {
+    divisors(global_batch / s.dp)
+        .into_iter()
+        .filter(|&b| c.mbs.is_none_or(|p| p == b))
+        .collect()
+}
+
+/// `(vpp, schedule)` pairs for `pp` ranks and `m` micro-batches:
+///
+/// - `pp = 1`: 1F1B only. With one stage GPipe runs the same work in the same order of
+///   completion but holds every micro-batch's activations, so the cost model gives it the
+///   same time and no less memory: an exact equivalence, of which 1F1B is kept.
+/// - `pp > 1`: 1F1B and GPipe with one chunk per rank (layers may divide unevenly: earlier
+///   stages take one more), and the interleaved schedule with every `vpp > 1` such that
+///   `pp * vpp` divides the layers and `pp` divides `m` (as Megatron-LM requires).
+pub(crate) fn pipelines(
+    cfg: &TransformerConfig,
+    pp: usize,
+    m: usize,
+    c: &Constraints,
+) -> Vec<(usize, ScheduleKind)> {
+    let mut out = vec![(1, ScheduleKind::OneFOneB)];
+    if pp > 1 {
+        out.push((1, ScheduleKind::GPipe));
+        if m.is_multiple_of(pp) {
+            for vpp in 2..=cfg.layers / pp {
+                if cfg.layers.is_multiple_of(pp * vpp) {
+                    out.push((vpp, ScheduleKind::Interleaved));
+                }
+            }
+        }
+    } else if c.schedule == Some(ScheduleKind::GPipe) {
+        // Pinned: honour it even though it is equivalent to 1F1B.
+        out = vec![(1, ScheduleKind::GPipe)];
+    }
+    out.retain(|&(vpp, kind)| {
+        c.vpp.is_none_or(|p| p == vpp)
+            && c.schedule.is_none_or(|p| p == kind)
+            && c.stage_layers
+                .as_ref()
+                .is_none_or(|s| *s == layers_per_virtual_stage(cfg.layers, pp * vpp))
+    });
+    out
+}
+
+/// ZeRO stages. With `dp = 1` every stage divides by one and every data-parallel collective
+/// runs on a group of one (free), so the stages are exactly equivalent and 0 is kept.
+pub(crate) fn zero_stages(s: &Shape, c: &Constraints) -> Vec<u8> {
+    match c.zero {
+        Some(z) => vec![z],
+        None if s.dp == 1 => vec![0],
+        None => vec![0, 1, 2, 3],
+    }
+}
+
+/// Sequence parallelism: only with `tp > 1` (the cost model ignores it otherwise), and only
+/// when `cp * tp` divides the sequence.
+pub(crate) fn sequence_parallel(cfg: &TransformerConfig, s: &Shape, c: &Constraints) -> Vec<bool> {
+    let mut out = vec![false];
+    if s.tp > 1 && cfg.seq.is_multiple_of(s.cp * s.tp) {
+        out.push(true);
+    }
+    out.retain(|&sp| c.sp.is_none_or(|p| p == sp));
+    out
+}
+
+/// Recompute policies, from least to most recomputation (the search relies on this order).
+/// Selective recompute re-runs the attention core; with a FlashAttention-style kernel the
+/// scores are never stored and the backward recomputes them anyway, so the cost model gives
+/// selective exactly the time and memory of none, and it is listed only for unfused
+/// attention (or when pinned).
+pub(crate) fn recomputes(attention: AttentionKernel, c: &Constraints) -> Vec<Recompute> {
+    if let Some(r) = c.recompute {
+        return vec![r];
+    }
+    match attention {
+        AttentionKernel::Unfused => vec![Recompute::None, Recompute::Selective, Recompute::Full],
+        AttentionKernel::Flash => vec![Recompute::None, Recompute::Full],
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn divisors_and_permutations() {
+        assert_eq!(divisors(12), [1, 2, 3, 4, 6, 12]);
+        assert_eq!(divisors(1), [1]);
+        assert_eq!(divisors(16), [1, 2, 4, 8, 16]);
+        let p = permutations(3);
+        assert_eq!(p.len(), 6);
+        assert_eq!(p[0], [0, 1, 2]);
+        assert_eq!(p[5], [2, 1, 0]);
+        assert_eq!(permutations(0), [Vec::<usize>::new()]);
+    }
+
+    #[test]
+    fn orders_start_with_megatron_and_move_dp_and_pp_inward() {
+        let s = Shape {
+            dp: 8,
+            tp: 8,
+            pp: 16,
+            cp: 1,
+            ep: 1,
+        };
+        let orders = axis_orders(&s, None);
+        assert_eq!(orders.len(), 6);
+        assert_eq!(orders[0], Plan::DEFAULT_ORDER);
+        let inner = |o: &Vec<String>| o.last().cloned().unwrap_or_default();
+        assert!(orders.iter().any(|o| inner(o) == "dp"));
+        assert!(orders.iter().any(|o| inner(o) == "pp"));
+        // Each order names all five axes once.
+        for o in &orders {
+            let mut sorted = o.clone();
+            sorted.sort();
+            assert_eq!(sorted, ["cp", "dp", "ep", "pp", "tp"]);
+        }
+        // A single non-trivial axis has one placement.
+        let s = Shape {
+            dp: 8,
+            tp: 1,
+            pp: 1,
+            cp: 1,
+            ep: 1,
+        };
+        assert_eq!(axis_orders(&s, None).len(), 1);
+    }
+
+    /// Orders merged by [`distinct_placements`] give the same groups, pipeline neighbours and
+    /// estimates.
+    #[test]
+    fn merged_orders_place_every_group_alike() {
+        use autopar_cost_model::{Cluster, CostModel, MeshMapping};
+        let m = CostModel::new(Cluster::preset("dgx-a100:nodes=16").unwrap());
+        let cfg = TransformerConfig::gpt("t", 16, 2048, 16, 2048, 32000);
+        let shapes = [
+            (8, 2, 4, 2, 1),
+            (2, 8, 4, 1, 2),
+            (16, 4, 2, 1, 1),
+            (4, 2, 16, 1, 1),
+        ];
+        let mut merged = 0;
+        for (dp, tp, pp, cp, ep) in shapes {
+            let s = Shape { dp, tp, pp, cp, ep };
+            let orders = axis_orders(&s, None);
+            let kept = distinct_placements(&s, orders.clone(), 8);
+            merged += orders.len() - kept.len();
+            let facts = |o: &Vec<String>| {
+                let plan = Plan {
+                    dp,
+                    tp,
+                    pp,
+                    cp,
+                    ep,
+                    global_batch: 8 * dp,
+                    axis_order: o.clone(),
+                    ..Plan::default()
+                };
+                let mapping = MeshMapping::new(&plan.mesh_axes(), &m.cluster).unwrap();
+                let groups: Vec<_> = ["tp", "cp", "ep", "pp", "dp"]
+                    .iter()
+                    .map(|a| mapping.axis_group(a).unwrap().clone())
+                    .chain([mapping.group(&["dp".into(), "ep".into()]).unwrap()])
+                    .collect();
+                let at = |r: usize| {
+                    let mut c = vec![0; mapping.axes().len()];
+                    c[mapping.mesh().axis_index("pp").unwrap()] = r % pp;
+                    mapping.mesh().linear(&c)
+                };
+                let neighbours: Vec<bool> = (0..pp)
+                    .map(|r| mapping.same_node(at(r), at(r + 1)))
+                    .collect();
+                let mut cfg = cfg.clone();
+                cfg.experts = ep.max(1) * 2;
+                let e = m.estimate(&cfg, &plan).unwrap();
+                (groups, neighbours, e.iter_time_s, e.peak_memory_gib)
+            };
+            for o in &orders {
+                let class = placement_class(&s, o, 8);
+                let Some(k) = kept
+                    .iter()
+                    .find(|k| class.is_some() && placement_class(&s, k, 8) == class)
+                else {
+                    continue;
+                };
+                assert_eq!(facts(o), facts(k), "{o:?} vs {k:?}");
+            }
+        }
+        assert!(merged > 0);
+    }
+
+    #[test]
+    fn constraints_parse_and_admit() {
+        let c =
+            Constraints::parse("tp=8, pp=16, vpp=2, recompute=full, schedule=interleaved").unwrap();
+        let cfg = TransformerConfig::gpt3_175b();
+        let plan = Plan::parse("dp=8,tp=8,pp=16,vpp=2,recompute=full,gbs=1536").unwrap();
+        assert!(c.admits(&cfg, &plan));
+        let other = Plan {
+            tp: 4,
+            ..plan.clone()
+        };
+        assert!(!c.admits(&cfg, &other));
+        let stages = Constraints::parse(&format!("stages={}", vec!["3"; 32].join("-"))).unwrap();
+        assert!(stages.admits(&cfg, &plan));
+        assert!(!stages.admits(&cfg, &Plan { vpp: 1, ..plan }));
+        for bad in ["tp", "tp=x", "zero=5", "stages=1-0", "colour=red", "ep=0"] {
+            assert!(
+                matches!(Constraints::parse(bad), Err(SearchError::Constraint { .. })),
+                "{bad}"
+            );
+        }
+        assert_eq!(Constraints::parse("ep=8").unwrap().ep, Some(8));
+    }
+}

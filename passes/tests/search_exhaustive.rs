@@ -1,0 +1,293 @@
+//! The pruned search against exhaustive enumeration of the same space with the same cost
+//! model: equal rankings on small spaces (dense, MoE, unfused attention, tight memory, random
+//! configurations), bounds that never exceed what the estimate predicts, determinism across
+//! thread counts, constraints respected, and the time limit honoured.
+
+use std::time::Duration;
+
+use autopar_cost_model::{AttentionKernel, Cluster, CostModel, Plan, TransformerConfig};
+use autopar_ir::schedule::Schedule;
+use autopar_passes::search::{
+    Constraints, SearchOptions, SearchResult, memory_lower_bound, search, step_time_lower_bound,
+};
+
+fn a100(nodes: usize) -> CostModel {
+    CostModel::new(Cluster::preset(&format!("dgx-a100:nodes={nodes}")).expect("preset"))
+}
+
+fn small_gpt(layers: usize, hidden: usize, heads: usize, seq: usize) -> TransformerConfig {
+    TransformerConfig::gpt("small", layers, hidden, heads, seq, 32000)
+}
+
+fn small_moe() -> TransformerConfig {
+    TransformerConfig {
+        name: "small-moe".into(),
+        layers: 4,
+        hidden: 1024,
+        heads: 16,
+        kv_heads: 4,
+        ffn: 2048,
+        vocab: 32000,
+        seq: 1024,
+        experts: 4,
+        top_k: 2,
+        gated_mlp: true,
+        tied_embeddings: false,
+        learned_positions: false,
+    }
+}
+
+fn run(model: &CostModel, cfg: &TransformerConfig, opts: &SearchOptions) -> SearchResult {
+    search(model, cfg, opts).expect("search")
+}
+
+/// The pruned search returns exactly the exhaustive top `k`: the same plans, in the same
+/// order, with the same estimates.
+fn assert_same_as_exhaustive(
+    model: &CostModel,
+    cfg: &TransformerConfig,
+    batch: usize,
+    k: usize,
+) -> SearchResult {
+    let mut opts = SearchOptions::new(batch);
+    opts.top_k = k;
+    let pruned = run(model, cfg, &opts);
+    opts.prune = false;
+    let all = run(model, cfg, &opts);
+    assert!(pruned.stats.complete && all.stats.complete);
+    assert_eq!(all.stats.pruned_by_memory + all.stats.pruned_by_time, 0);
+    assert_eq!(all.stats.estimated, all.stats.candidates);
+    assert_eq!(pruned.stats.candidates, all.stats.candidates);
+    let names = |r: &SearchResult| {
+        r.plans
+            .iter()
+            .map(|p| p.plan.to_string())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        names(&pruned),
+        names(&all),
+        "{} batch {batch} top {k}",
+        cfg.name
+    );
+    assert_eq!(pruned.plans, all.plans);
+    assert!(pruned.plans.iter().all(|p| p.estimate.fits));
+    pruned
+}
+
+#[test]
+fn equals_exhaustive_on_small_dense_spaces() {
+    let m = a100(2);
+    let cfg = small_gpt(8, 1024, 16, 1024);
+    for k in [1, 7, 40] {
+        let r = assert_same_as_exhaustive(&m, &cfg, 32, k);
+        assert_eq!(r.plans.len(), k);
+        // The bounds did cut: fewer estimates than plans.
+        assert!(r.stats.estimated < r.stats.candidates / 2, "{:?}", r.stats);
+    }
+}
+
+#[test]
+fn equals_exhaustive_with_tight_memory_moe_and_unfused_attention() {
+    // Memory so tight that most plans do not fit: the memory bound does most of the work.
+    let mut m = a100(1);
+    m.cluster.gpu.hbm_capacity_gib = 6.0;
+    let cfg = small_gpt(8, 2048, 16, 2048);
+    assert_same_as_exhaustive(&m, &cfg, 16, 10);
+    // Experts spread over data-parallel ranks.
+    assert_same_as_exhaustive(&a100(1), &small_moe(), 16, 10);
+    // Unfused attention: selective recompute becomes a distinct choice.
+    let mut m = a100(1);
+    m.compute.attention = AttentionKernel::Unfused;
+    assert_same_as_exhaustive(&m, &small_gpt(4, 1024, 16, 2048), 16, 10);
+}
+
+/// A small deterministic generator (SplitMix64), so the random cases are the same each run.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn pick<T: Copy>(&mut self, xs: &[T]) -> T {
+        xs[(self.next() % xs.len() as u64) as usize]
+    }
+}
+
+fn random_config(rng: &mut Rng) -> TransformerConfig {
+    let heads = rng.pick(&[4, 8, 16]);
+    let mut cfg = small_gpt(
+        rng.pick(&[2, 3, 4, 6, 8]),
+        heads * rng.pick(&[32, 64, 128]),
+        heads,
+        rng.pick(&[512, 1024, 2048]),
+    );
+    if rng.next().is_multiple_of(3) {
+        cfg.kv_heads = heads / 4;
+        cfg.gated_mlp = true;
+        cfg.tied_embeddings = false;
+        cfg.learned_positions = false;
+    }
+    if rng.next().is_multiple_of(4) {
+        cfg.experts = 4;
+        cfg.top_k = 2;
+    }
+    cfg.name = format!(
+        "random l{} h{} a{} kv{} s{} e{}",
+        cfg.layers, cfg.hidden, cfg.heads, cfg.kv_heads, cfg.seq, cfg.experts
+    );
+    cfg
+}
+
+fn random_model(rng: &mut Rng) -> CostModel {
+    let mut m = a100(rng.pick(&[1, 2]));
+    // From very tight to roomy, so that the memory bound both cuts and does not.
+    m.cluster.gpu.hbm_capacity_gib = rng.pick(&[3.0, 4.0, 6.0, 10.0, 80.0]);
+    if rng.next().is_multiple_of(3) {
+        m.compute.attention = AttentionKernel::Unfused;
+    }
+    m
+}
+
+#[test]
+fn pruning_never_removes_the_optimum_on_random_configurations() {
+    let mut rng = Rng(7);
+    let (mut by_memory, mut by_time, mut ranked) = (0, 0, 0);
+    for _ in 0..12 {
+        let m = random_model(&mut rng);
+        let cfg = random_config(&mut rng);
+        let batch = rng.pick(&[8, 16, 24, 32]);
+        let k = rng.pick(&[1, 3, 10]);
+        let r = assert_same_as_exhaustive(&m, &cfg, batch, k);
+        by_memory += r.stats.pruned_by_memory;
+        by_time += r.stats.pruned_by_time;
+        ranked += r.plans.len();
+    }
+    // The cases exercise both bounds and rank plans.
+    assert!(
+        by_memory > 0 && by_time > 0 && ranked > 12,
+        "{by_memory} {by_time} {ranked}"
+    );
+}
+
+#[test]
+fn bounds_never_exceed_the_estimate() {
+    let mut rng = Rng(11);
+    let mut checked = 0;
+    while checked < 300 {
+        let m = random_model(&mut rng);
+        let cfg = random_config(&mut rng);
+        let devices = m.cluster.num_devices();
+        let tp = rng.pick(&[1, 2, 4, 8]);
+        let pp = rng.pick(&[1, 2, 4]);
+        let cp = rng.pick(&[1, 1, 2]);
+        if !devices.is_multiple_of(tp * pp * cp) {
+            continue;
+        }
+        let dp = devices / (tp * pp * cp);
+        let vpp = if pp > 1 { rng.pick(&[1, 2]) } else { 1 };
+        let ep = if cfg.experts > 1 {
+            rng.pick(&[1, 2, 4])
+        } else {
+            1
+        };
+        let plan = format!(
+            "dp={dp},tp={tp},pp={pp},vpp={vpp},cp={cp},ep={ep},mbs={},gbs={},zero={},\
+             recompute={},sp={},order={}",
+            rng.pick(&[1, 2, 4]),
+            dp * rng.pick(&[1, 2, 4]) * pp * 2,
+            rng.pick(&["0", "1", "2", "3"]),
+            rng.pick(&["none", "selective", "full"]),
+            rng.pick(&["true", "false"]),
+            rng.pick(&["pp-dp-tp", "tp-pp-dp", "dp-tp-pp", "cp-tp-dp-pp"]),
+        );
+        let Ok(plan) = Plan::parse(&plan) else {
+            continue;
+        };
+        let Ok(est) = m.estimate(&cfg, &plan) else {
+            continue;
+        };
+        let schedule = Schedule::new(plan.schedule, plan.pp, plan.vpp, plan.micro_batches())
+            .expect("schedule");
+        let in_flight: Vec<usize> = (0..plan.pp).map(|r| schedule.max_in_flight(r)).collect();
+        let gib = (1u64 << 30) as f64;
+        let peak = est.peak_memory_gib * gib;
+        assert!(
+            memory_lower_bound(&m, &cfg, &plan, None) <= peak * (1.0 + 1e-12),
+            "{plan}"
+        );
+        assert!(
+            memory_lower_bound(&m, &cfg, &plan, Some(&in_flight)) <= peak * (1.0 + 1e-12),
+            "{plan}"
+        );
+        let stages = autopar_cost_model::StageTimes {
+            forward_s: est.time.stage_forward_s.clone(),
+            backward_s: est.time.stage_backward_s.clone(),
+        };
+        let lb = step_time_lower_bound(&stages, plan.pp, plan.vpp, plan.micro_batches());
+        assert!(lb <= est.iter_time_s, "{plan}: {lb} > {}", est.iter_time_s);
+        assert!(lb <= est.time.pipeline_s, "{plan}");
+        checked += 1;
+    }
+}
+
+#[test]
+fn deterministic_across_runs_and_thread_counts() {
+    let m = a100(2);
+    let cfg = small_gpt(8, 1024, 16, 1024);
+    let mut opts = SearchOptions::new(32);
+    opts.top_k = 20;
+    opts.threads = 1;
+    let one = run(&m, &cfg, &opts);
+    opts.threads = 2;
+    let two = run(&m, &cfg, &opts);
+    let again = run(&m, &cfg, &opts);
+    assert_eq!(one.plans, two.plans);
+    assert_eq!(two.plans, again.plans);
+}
+
+#[test]
+fn pinned_values_and_stage_boundaries_are_respected() {
+    let m = a100(2);
+    let cfg = small_gpt(8, 1024, 16, 1024);
+    for pins in [
+        "tp=2",
+        "pp=2,recompute=full",
+        "zero=1,sp=true",
+        "stages=2-2-2-2",
+        "order=tp-dp",
+        "mbs=2,schedule=gpipe",
+    ] {
+        let mut opts = SearchOptions::new(32);
+        opts.top_k = 50;
+        opts.constraints = Constraints::parse(pins).expect("pins");
+        let r = run(&m, &cfg, &opts);
+        assert!(!r.plans.is_empty(), "{pins}");
+        for p in &r.plans {
+            assert!(opts.constraints.admits(&cfg, &p.plan), "{pins}: {}", p.plan);
+        }
+    }
+    // Pins that no plan satisfies give no plan, not an error.
+    let mut opts = SearchOptions::new(32);
+    opts.constraints = Constraints::parse("tp=3").expect("pins");
+    let r = run(&m, &cfg, &opts);
+    assert!(r.plans.is_empty() && r.stats.mesh_shapes == 0);
+}
+
+#[test]
+fn time_limit_stops_the_search_and_says_so() {
+    let m = a100(2);
+    let cfg = small_gpt(8, 1024, 16, 1024);
+    let mut opts = SearchOptions::new(32);
+    opts.max_time = Some(Duration::ZERO);
+    let r = run(&m, &cfg, &opts);
+    assert!(!r.stats.complete);
+    assert!(r.stats.mesh_shapes_done < r.stats.mesh_shapes);
+    opts.top_k = 0;
+    assert!(search(&m, &cfg, &opts).is_err());
+}

@@ -1,0 +1,123 @@
+//! The search on the three workloads: GPT-3 175B on 1024 A100s (best plan at least as
+//! fast as the hand-tuned Megatron-LM configuration, with an explanation naming the deciding
+//! term), Llama 3 70B on 64 H100s and Mixtral 8x7B on 32 H100s (fitting plans).
+
+use std::time::Instant;
+
+use autopar_cost_model::{Cluster, CostModel, Plan, TransformerConfig};
+use autopar_passes::search::explain::{Comparison, Term};
+use autopar_passes::search::{SearchOptions, search};
+
+fn model(preset: &str) -> CostModel {
+    CostModel::new(Cluster::preset(preset).expect("preset"))
+}
+
+/// Llama 3 70B as the model zoo builds it.
+fn llama3_70b() -> TransformerConfig {
+    TransformerConfig {
+        name: "llama3-70b".into(),
+        layers: 80,
+        hidden: 8192,
+        heads: 64,
+        kv_heads: 8,
+        ffn: 28672,
+        vocab: 128256,
+        seq: 8192,
+        experts: 1,
+        top_k: 1,
+        gated_mlp: true,
+        tied_embeddings: false,
+        learned_positions: false,
+    }
+}
+
+/// Mixtral 8x7B as the model zoo builds it.
+fn mixtral_8x7b() -> TransformerConfig {
+    TransformerConfig {
+        name: "mixtral-8x7b".into(),
+        layers: 32,
+        hidden: 4096,
+        heads: 32,
+        kv_heads: 8,
+        ffn: 14336,
+        vocab: 32000,
+        seq: 4096,
+        experts: 8,
+        top_k: 2,
+        gated_mlp: true,
+        tied_embeddings: false,
+        learned_positions: false,
+    }
+}
+
+#[test]
+fn gpt3_175b_on_1024_a100s_beats_the_hand_tuned_plan() {
+    let m = model("dgx-a100:nodes=128");
+    let cfg = TransformerConfig::gpt3_175b();
+    let opts = SearchOptions::new(1536);
+    let t = Instant::now();
+    let r = search(&m, &cfg, &opts).unwrap();
+    // The budget is 10 s on two cores in release; this holds in test builds too.
+    assert!(t.elapsed().as_secs_f64() < 10.0, "{:?}", r.stats);
+    assert!(r.stats.complete);
+    let best = &r.plans[0];
+    assert!(best.estimate.fits);
+    let hand =
+        Plan::parse("dp=8,tp=8,pp=16,vpp=2,mbs=1,recompute=full,schedule=interleaved,gbs=1536")
+            .unwrap();
+    let hand_est = m.estimate(&cfg, &hand).unwrap();
+    assert!(hand_est.fits);
+    assert!(
+        best.estimate.tokens_per_s >= hand_est.tokens_per_s,
+        "{} < {}",
+        best.estimate.tokens_per_s,
+        hand_est.tokens_per_s
+    );
+    let why = Comparison::new(
+        &cfg,
+        "the hand-tuned plan",
+        (&best.plan, &best.estimate),
+        (&hand, &hand_est),
+    );
+    if best.estimate.iter_time_s < hand_est.iter_time_s {
+        assert!(why.deciding_saving_s > 0.0);
+        assert!(
+            why.summary()
+                .contains(&format!("The deciding term is {}", why.deciding.name())),
+            "{why}"
+        );
+        assert!(Term::ALL.contains(&why.deciding));
+        // The terms add up to the step times.
+        let (b, o): (f64, f64) = why
+            .terms
+            .iter()
+            .fold((0.0, 0.0), |(b, o), d| (b + d.best_s, o + d.other_s));
+        assert!((b - why.best_iter_time_s).abs() < 1e-9 * b);
+        assert!((o - why.other_iter_time_s).abs() < 1e-9 * o);
+    }
+}
+
+#[test]
+fn llama3_70b_on_64_h100s_and_mixtral_on_32_h100s_fit() {
+    for (cfg, preset, batch) in [
+        (llama3_70b(), "dgx-h100:nodes=8", 512),
+        (mixtral_8x7b(), "dgx-h100:nodes=4", 256),
+    ] {
+        let m = model(preset);
+        let t = Instant::now();
+        let r = search(&m, &cfg, &SearchOptions::new(batch)).unwrap();
+        assert!(t.elapsed().as_secs_f64() < 10.0, "{:?}", r.stats);
+        assert!(r.stats.complete);
+        assert!(!r.plans.is_empty(), "{}", cfg.name);
+        for p in &r.plans {
+            assert!(p.estimate.fits);
+            assert!(p.estimate.peak_memory_gib <= 80.0);
+        }
+        // Ranked best first.
+        assert!(
+            r.plans
+                .windows(2)
+                .all(|w| w[0].estimate.iter_time_s <= w[1].estimate.iter_time_s)
+        );
+    }
+}

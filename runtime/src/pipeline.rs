@@ -1,0 +1,554 @@
+//! The pipeline executor: runs a [`PipelineProgram`] under its schedule, one thread per
+//! pipeline rank, with activations and gradients exchanged by `send`/`recv` over mesh axis
+//! `pp` through the in-process communicator.
+//!
+//! Each rank keeps a store of tensors keyed by the step graph's value ids. It starts with the
+//! state and inputs the rank reads; every forward, backward and optimizer segment moves its
+//! inputs out of the store, runs on the reference interpreter and puts its exports back; a
+//! value leaves the store after its last use on the rank (so a micro-batch's activations are
+//! freed once its backward has run). Gradients accumulate over micro-batches inside the
+//! backward sub-programs; the optimizer runs after the last backward.
+//!
+//! Messages between two ranks travel in the order the sender posts them; a receiver that
+//! needs a later message first keeps the earlier ones aside until their turn, so the action
+//! lists' own order decides nothing about matching.
+//!
+//! The executor records, per rank, the peak bytes of its store (plus the working set of the
+//! sub-program running), the peak bytes of stored forward activations, the largest number of
+//! (micro-batch, chunk) forwards whose backward had not yet run, and when each action started
+//! and ended.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::time::Instant;
+
+use autopar_ir::pipeline::{Carried, PipelineProgram, StageProgram, value_name};
+use autopar_ir::schedule::Action;
+use autopar_ir::{DeviceMesh, Op, ValueId};
+
+use crate::TensorMap;
+use crate::comm::{CommOptions, InProcessCommunicator, in_process_communicators};
+use crate::error::RuntimeError;
+use crate::interp::{RunOptions, run};
+use crate::tensor::Tensor;
+
+/// The mesh axis pipeline messages travel on.
+pub const PP_AXIS: &str = "pp";
+
+/// What one rank did during a step.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RankReport {
+    /// Peak bytes held by the rank: its store plus the working set of the running sub-program.
+    pub peak_bytes: u64,
+    /// Peak bytes of forward activations held for backwards (including received ones).
+    pub peak_activation_bytes: u64,
+    /// Largest number of (micro-batch, chunk) forwards run whose backward had not.
+    pub max_in_flight: usize,
+    /// `(start, end)` in nanoseconds since the step began, one per action of the rank's list.
+    pub spans: Vec<(u64, u64)>,
+    /// The rank's next state: the state it reads, updated.
+    pub state: TensorMap,
+}
+
+/// What a pipeline step produced.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PipelineStepReport {
+    /// The step graph's outputs (loss, next state, ...), each from the rank that holds it.
+    pub outputs: TensorMap,
+    /// Per pipeline rank.
+    pub ranks: Vec<RankReport>,
+}
+
+/// Runs one step of `program` on the ranks of `mesh` (which must have the single axis
+/// `pp`), rank `r` starting from `states[r]` (at least the state it reads) and the global
+/// `batch`.
+pub fn run_pipeline_step(
+    program: &PipelineProgram,
+    mesh: &DeviceMesh,
+    states: &[TensorMap],
+    batch: &TensorMap,
+    options: RunOptions,
+    comm: CommOptions,
+) -> Result<PipelineStepReport, RuntimeError> {
+    let pp = program.pp();
+    if mesh.axis_size(PP_AXIS) != Some(pp) || mesh.num_devices() != pp || states.len() != pp {
+        return Err(RuntimeError::SpmdSetup {
+            detail: format!(
+                "a {pp}-stage pipeline needs the mesh `pp={pp}` and {pp} rank states (got `{mesh}`, {} states)",
+                states.len()
+            ),
+        });
+    }
+    let comms = in_process_communicators(mesh, comm);
+    let results: Vec<Result<RankReport, RuntimeError>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = comms
+            .into_iter()
+            .enumerate()
+            .map(|(rank, comm)| {
+                let state = &states[rank];
+                scope.spawn(move || {
+                    let mut rank_run = RankRun::new(program, rank, comm);
+                    let result = rank_run.run(state, batch, options);
+                    if let Err(e) = &result {
+                        rank_run.comm.abort(e);
+                    }
+                    result
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .enumerate()
+            .map(|(rank, h)| {
+                h.join().unwrap_or_else(|_| {
+                    Err(RuntimeError::RankPanicked {
+                        rank,
+                        message: "the pipeline rank panicked".into(),
+                    })
+                })
+            })
+            .collect()
+    });
+    let mut ranks = Vec::with_capacity(pp);
+    let mut first_err = None;
+    for (rank, r) in results.into_iter().enumerate() {
+        match r {
+            Ok(report) => ranks.push(report),
+            Err(e) => {
+                let consequence = matches!(
+                    e.innermost(),
+                    RuntimeError::PeerFailed { .. } | RuntimeError::PeerExited { .. }
+                );
+                if first_err.as_ref().is_none_or(|(c, _)| *c && !consequence) {
+                    first_err = Some((
+                        consequence,
+                        RuntimeError::OnRank {
+                            rank,
+                            source: Box::new(e),
+                        },
+                    ));
+                }
+            }
+        }
+    }
+    if let Some((_, e)) = first_err {
+        return Err(e);
+    }
+    let mut outputs = TensorMap::new();
+    for (name, v, rank) in &program.outputs {
+        let t = ranks[*rank]
+            .state
+            .get(&value_name(*v))
+            .cloned()
+            .ok_or_else(|| RuntimeError::Pipeline {
+                rank: *rank,
+                detail: format!("output `{name}` ({v}) was not produced"),
+            })?;
+        outputs.insert(name.clone(), t);
+    }
+    // The rank states keep only state names.
+    for (rank, report) in ranks.iter_mut().enumerate() {
+        let held = std::mem::take(&mut report.state);
+        for (name, v) in &program.state_outputs[rank] {
+            if let Some(t) = held.get(&value_name(*v)) {
+                report.state.insert(name.clone(), t.clone());
+            }
+        }
+    }
+    Ok(PipelineStepReport { outputs, ranks })
+}
+
+/// The kinds of message a rank sends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Msg {
+    /// Activations of (sending virtual stage, micro-batch).
+    Act(usize, usize),
+    /// Gradients of (sending virtual stage, micro-batch).
+    Grad(usize, usize),
+    /// Optimizer segment `i`'s values for the receiver.
+    Opt(usize),
+}
+
+struct RankRun<'p> {
+    program: &'p PipelineProgram,
+    rank: usize,
+    comm: InProcessCommunicator,
+    store: HashMap<ValueId, Tensor>,
+    /// Remaining uses of each value on this rank; `usize::MAX` for values kept to the end.
+    uses: HashMap<ValueId, usize>,
+    /// Per peer, the messages it will send us, in its order.
+    incoming: Vec<VecDeque<Msg>>,
+    stash: HashMap<Msg, Vec<(ValueId, Tensor)>>,
+    activations: HashSet<ValueId>,
+    store_bytes: u64,
+    activation_bytes: u64,
+    peak_bytes: u64,
+    peak_activation_bytes: u64,
+}
+
+impl<'p> RankRun<'p> {
+    fn new(program: &'p PipelineProgram, rank: usize, comm: InProcessCommunicator) -> Self {
+        let s = &program.schedule;
+        let pp = s.pp;
+        let mut uses: HashMap<ValueId, usize> = HashMap::new();
+        let mut use_all = |vals: &mut dyn Iterator<Item = ValueId>| {
+            for v in vals {
+                *uses.entry(v).or_insert(0) += 1;
+            }
+        };
+        let mut activations = HashSet::new();
+        for a in &s.per_rank[rank] {
+            match *a {
+                Action::Forward { micro_batch, chunk } => {
+                    let p = &program.forward[s.virtual_stage(rank, chunk)][micro_batch];
+                    use_all(&mut p.inputs.iter().copied());
+                    activations.extend(p.outputs.iter().copied());
+                }
+                Action::Backward { micro_batch, chunk } => {
+                    let p = &program.backward[s.virtual_stage(rank, chunk)][micro_batch];
+                    use_all(&mut p.inputs.iter().copied());
+                }
+                Action::SendActivation {
+                    micro_batch, chunk, ..
+                } => {
+                    let m = &program.activations[s.virtual_stage(rank, chunk)][micro_batch];
+                    use_all(&mut m.iter().map(|c| c.value));
+                }
+                Action::SendGradient {
+                    micro_batch, chunk, ..
+                } => {
+                    let m = &program.gradients[s.virtual_stage(rank, chunk)][micro_batch];
+                    use_all(&mut m.iter().map(|c| c.value));
+                }
+                Action::RecvActivation {
+                    micro_batch, chunk, ..
+                } => {
+                    let m = &program.activations[s.virtual_stage(rank, chunk) - 1][micro_batch];
+                    activations.extend(m.iter().map(|c| c.value));
+                }
+                Action::RecvGradient { .. } | Action::OptimizerStep => {}
+            }
+        }
+        for seg in program.optimizer.iter().filter(|seg| seg.rank == rank) {
+            use_all(&mut seg.program.inputs.iter().copied());
+            for (_, vals) in &seg.sends {
+                use_all(&mut vals.iter().map(|c| c.value));
+            }
+        }
+        for &(_, v) in &program.state_outputs[rank] {
+            uses.insert(v, usize::MAX);
+        }
+        for &(_, v, r) in &program.outputs {
+            if r == rank {
+                uses.insert(v, usize::MAX);
+            }
+        }
+        // What each peer sends us, in its order.
+        let mut incoming = vec![VecDeque::new(); pp];
+        for (peer, list) in s.per_rank.iter().enumerate() {
+            for a in list {
+                match *a {
+                    Action::SendActivation {
+                        micro_batch,
+                        chunk,
+                        to,
+                    } if to == rank => incoming[peer]
+                        .push_back(Msg::Act(s.virtual_stage(peer, chunk), micro_batch)),
+                    Action::SendGradient {
+                        micro_batch,
+                        chunk,
+                        to,
+                    } if to == rank => incoming[peer]
+                        .push_back(Msg::Grad(s.virtual_stage(peer, chunk), micro_batch)),
+                    _ => {}
+                }
+            }
+        }
+        for (i, seg) in program.optimizer.iter().enumerate() {
+            if seg.sends.iter().any(|(to, _)| *to == rank) {
+                incoming[seg.rank].push_back(Msg::Opt(i));
+            }
+        }
+        RankRun {
+            program,
+            rank,
+            comm,
+            store: HashMap::new(),
+            uses,
+            incoming,
+            stash: HashMap::new(),
+            activations,
+            store_bytes: 0,
+            activation_bytes: 0,
+            peak_bytes: 0,
+            peak_activation_bytes: 0,
+        }
+    }
+
+    fn run(
+        &mut self,
+        state: &TensorMap,
+        batch: &TensorMap,
+        options: RunOptions,
+    ) -> Result<RankReport, RuntimeError> {
+        let program = self.program;
+        let s = &program.schedule;
+        for src in &program.sources[self.rank] {
+            let map = if src.is_state { state } else { batch };
+            let t = map.get(&src.name).ok_or_else(|| RuntimeError::Missing {
+                feed: if src.is_state {
+                    crate::Feed::Parameter
+                } else {
+                    crate::Feed::Input
+                },
+                name: src.name.clone(),
+                expected: src.ty.clone(),
+            })?;
+            self.put(src.value, t.clone());
+        }
+        let start = Instant::now();
+        let ns = |t: Instant| t.duration_since(start).as_nanos() as u64;
+        let mut spans = Vec::with_capacity(s.per_rank[self.rank].len());
+        let (mut in_flight, mut max_in_flight) = (0usize, 0usize);
+        for a in &s.per_rank[self.rank] {
+            let t0 = Instant::now();
+            match *a {
+                Action::Forward { micro_batch, chunk } => {
+                    let vs = s.virtual_stage(self.rank, chunk);
+                    self.execute(&program.forward[vs][micro_batch], options)?;
+                    in_flight += 1;
+                    max_in_flight = max_in_flight.max(in_flight);
+                }
+                Action::Backward { micro_batch, chunk } => {
+                    let vs = s.virtual_stage(self.rank, chunk);
+                    self.execute(&program.backward[vs][micro_batch], options)?;
+                    in_flight = in_flight.saturating_sub(1);
+                }
+                Action::SendActivation {
+                    micro_batch,
+                    chunk,
+                    to,
+                } => {
+                    let vs = s.virtual_stage(self.rank, chunk);
+                    self.send(to, &program.activations[vs][micro_batch])?;
+                }
+                Action::SendGradient {
+                    micro_batch,
+                    chunk,
+                    to,
+                } => {
+                    let vs = s.virtual_stage(self.rank, chunk);
+                    self.send(to, &program.gradients[vs][micro_batch])?;
+                }
+                Action::RecvActivation {
+                    micro_batch,
+                    chunk,
+                    from,
+                } => {
+                    let vs = s.virtual_stage(self.rank, chunk);
+                    self.receive(from, Msg::Act(vs - 1, micro_batch))?;
+                }
+                Action::RecvGradient {
+                    micro_batch,
+                    chunk,
+                    from,
+                } => {
+                    let vs = s.virtual_stage(self.rank, chunk);
+                    self.receive(from, Msg::Grad(vs + 1, micro_batch))?;
+                }
+                Action::OptimizerStep => self.optimizer_step(options)?,
+            }
+            spans.push((ns(t0), ns(Instant::now())));
+        }
+        let mut held = TensorMap::new();
+        for (_, v) in &program.state_outputs[self.rank] {
+            if let Some(t) = self.store.get(v) {
+                held.insert(value_name(*v), t.clone());
+            }
+        }
+        for (_, v, r) in &program.outputs {
+            if *r == self.rank
+                && let Some(t) = self.store.get(v)
+            {
+                held.insert(value_name(*v), t.clone());
+            }
+        }
+        Ok(RankReport {
+            peak_bytes: self.peak_bytes,
+            peak_activation_bytes: self.peak_activation_bytes,
+            max_in_flight,
+            spans,
+            state: held,
+        })
+    }
+
+    /// Walks the optimizer segments in their global order: runs ours and sends their
+    /// results, receives what others send us.
+    fn optimizer_step(&mut self, options: RunOptions) -> Result<(), RuntimeError> {
+        let program = self.program;
+        for (i, seg) in program.optimizer.iter().enumerate() {
+            if seg.rank == self.rank {
+                self.execute(&seg.program, options)?;
+                for (to, vals) in &seg.sends {
+                    self.send(*to, vals)?;
+                }
+            } else if seg.sends.iter().any(|(to, _)| *to == self.rank) {
+                self.receive(seg.rank, Msg::Opt(i))?;
+            }
+        }
+        Ok(())
+    }
+
+    fn put(&mut self, v: ValueId, t: Tensor) {
+        let bytes = t.size_bytes();
+        if let Some(old) = self.store.insert(v, t) {
+            self.forget_bytes(v, old.size_bytes());
+        }
+        self.store_bytes += bytes;
+        if self.activations.contains(&v) {
+            self.activation_bytes += bytes;
+        }
+        self.peak_bytes = self.peak_bytes.max(self.store_bytes);
+        self.peak_activation_bytes = self.peak_activation_bytes.max(self.activation_bytes);
+    }
+
+    fn forget_bytes(&mut self, v: ValueId, bytes: u64) {
+        self.store_bytes -= bytes;
+        if self.activations.contains(&v) {
+            self.activation_bytes -= bytes;
+        }
+    }
+
+    /// Counts one use of `v`, dropping it after its last.
+    fn used(&mut self, v: ValueId) {
+        let Some(n) = self.uses.get_mut(&v) else {
+            return;
+        };
+        if *n == usize::MAX {
+            return;
+        }
+        *n = n.saturating_sub(1);
+        if *n == 0
+            && let Some(t) = self.store.remove(&v)
+        {
+            self.forget_bytes(v, t.size_bytes());
+        }
+    }
+
+    fn missing(&self, v: ValueId, what: &str) -> RuntimeError {
+        RuntimeError::Pipeline {
+            rank: self.rank,
+            detail: format!("{v} is not on the rank when {what} needs it"),
+        }
+    }
+
+    /// Runs a sub-program on values moved out of the store, then puts them and the exports
+    /// back.
+    fn execute(&mut self, p: &StageProgram, options: RunOptions) -> Result<(), RuntimeError> {
+        if p.graph.num_nodes() == 0 {
+            return Ok(());
+        }
+        let mut feed = TensorMap::new();
+        let mut moved_bytes = 0;
+        for &v in &p.inputs {
+            let t = self
+                .store
+                .remove(&v)
+                .ok_or_else(|| self.missing(v, p.graph.name()))?;
+            moved_bytes += t.size_bytes();
+            feed.insert(value_name(v), t);
+        }
+        let out = run(&p.graph, &TensorMap::new(), &feed, options);
+        // Put the inputs back before anything else, so that a failure leaves the store whole.
+        for &v in &p.inputs {
+            if let Some(t) = feed.remove(&value_name(v)) {
+                self.store.insert(v, t);
+            }
+        }
+        let out = out?;
+        self.peak_bytes = self
+            .peak_bytes
+            .max(self.store_bytes - moved_bytes + out.peak_bytes);
+        for v in &p.inputs {
+            self.used(*v);
+        }
+        for (name, t) in out.outputs {
+            let v = p
+                .outputs
+                .iter()
+                .copied()
+                .find(|&v| value_name(v) == name)
+                .ok_or_else(|| self.missing(ValueId(u32::MAX), &name))?;
+            if self.uses.contains_key(&v) {
+                self.put(v, t);
+            }
+        }
+        Ok(())
+    }
+
+    fn shift(&self, peer: usize) -> i64 {
+        peer as i64 - self.rank as i64
+    }
+
+    fn send(&mut self, to: usize, values: &[Carried]) -> Result<(), RuntimeError> {
+        let op = Op::Send {
+            axis: PP_AXIS.into(),
+            shift: self.shift(to),
+        };
+        for c in values {
+            let t = self
+                .store
+                .get(&c.value)
+                .ok_or_else(|| self.missing(c.value, "a send"))?;
+            self.comm.execute(&op, &[t])?;
+        }
+        for c in values {
+            self.used(c.value);
+        }
+        Ok(())
+    }
+
+    /// Receives message `want` from `from`, keeping aside the ones it sent before.
+    fn receive(&mut self, from: usize, want: Msg) -> Result<(), RuntimeError> {
+        while !self.stash.contains_key(&want) {
+            let next = self.incoming[from]
+                .pop_front()
+                .ok_or_else(|| RuntimeError::Pipeline {
+                    rank: self.rank,
+                    detail: format!("rank {from} never sends {want:?}"),
+                })?;
+            let carried = self.carried(next);
+            let mut got = Vec::with_capacity(carried.len());
+            for c in carried {
+                let op = Op::Recv {
+                    axis: PP_AXIS.into(),
+                    shift: self.shift(from),
+                    ty: c.ty.clone(),
+                };
+                let mut t = self.comm.execute(&op, &[])?;
+                let t = t.pop().ok_or_else(|| self.missing(c.value, "a receive"))?;
+                got.push((c.value, t));
+            }
+            self.stash.insert(next, got);
+        }
+        for (v, t) in self.stash.remove(&want).unwrap_or_default() {
+            if self.uses.contains_key(&v) {
+                self.put(v, t);
+            }
+        }
+        Ok(())
+    }
+
+    /// The values message `m` carries to this rank.
+    fn carried(&self, m: Msg) -> &'p [Carried] {
+        let p = self.program;
+        match m {
+            Msg::Act(vs, mb) => &p.activations[vs][mb],
+            Msg::Grad(vs, mb) => &p.gradients[vs][mb],
+            Msg::Opt(i) => p.optimizer[i]
+                .sends
+                .iter()
+                .find(|(to, _)| *to == self.rank)
+                .map_or(&[], |(_, v)| v.as_slice()),
+        }
+    }
+}

@@ -1,0 +1,305 @@
+//! `autopar plan`: the strategy search on the command line. Searches the training plans of a
+//! model on a cluster, prints the best ones as a table with an explanation of why the best
+//! wins (against the runner-up and a reference configuration), as JSON, or exported as
+//! Megatron-LM arguments or torchtitan TOML.
+
+use std::io::IsTerminal;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use clap::ValueEnum;
+
+use autopar::cost_model::{CostModel, Plan, TransformerConfig};
+use autopar::ir::DType;
+use autopar::passes::search::explain::{Comparison, megatron_reference, placed_axes};
+use autopar::passes::search::export::{megatron_args, torchtitan_toml};
+use autopar::passes::search::{
+    Constraints, Progress, RankedPlan, SearchOptions, SearchResult, search_with_progress,
+};
+
+#[derive(clap::Args)]
+pub struct PlanArgs {
+    /// A transformer from the zoo (name or spec) or a .air/.json file.
+    model: String,
+    /// A preset (dgx-a100:nodes=N, dgx-h100:nodes=N, hgx-h200:nodes=N, cpu:ranks=N) or a TOML file.
+    #[arg(long)]
+    cluster: String,
+    /// Global batch size in sequences.
+    #[arg(long)]
+    batch: usize,
+    /// Compute dtype.
+    #[arg(long, value_enum, default_value_t = PlanDtype::Bf16)]
+    dtype: PlanDtype,
+    /// How many plans to rank.
+    #[arg(long, default_value_t = 10)]
+    top: usize,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+    /// Print the best plan as the arguments or configuration of another stack.
+    #[arg(long, value_enum)]
+    export: Option<ExportTarget>,
+    /// Stop searching after this many seconds and rank what was found.
+    #[arg(long, value_name = "S")]
+    max_seconds: Option<f64>,
+    /// Pin values, e.g. "tp=8,recompute=full" (keys of --plan in `estimate`, and
+    /// stages=L0-L1-... for the layers of each virtual stage).
+    #[arg(long, default_value = "")]
+    pin: String,
+    /// Compare the best plan with this plan (as in `estimate --plan`) instead of the
+    /// Megatron-style reference.
+    #[arg(long, value_name = "PLAN")]
+    reference: Option<String>,
+    /// Worker threads (0: all cores).
+    #[arg(long, default_value_t = 0)]
+    threads: usize,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum PlanDtype {
+    Bf16,
+    #[value(alias = "f16")]
+    Fp16,
+    #[value(alias = "f32")]
+    Fp32,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum ExportTarget {
+    /// Megatron-LM command-line arguments.
+    Megatron,
+    /// torchtitan TOML sections.
+    Torchtitan,
+}
+
+pub fn plan(args: PlanArgs) -> Result<()> {
+    let cluster = autopar::load_cluster(&args.cluster)?;
+    let devices = cluster.num_devices();
+    let gpu = cluster.gpu.model.clone();
+    let model = CostModel::new(cluster);
+    let cfg = autopar::model_config(&args.model)?;
+    let mut opts = SearchOptions::new(args.batch);
+    opts.dtype = match args.dtype {
+        PlanDtype::Bf16 => DType::BF16,
+        PlanDtype::Fp16 => DType::F16,
+        PlanDtype::Fp32 => DType::F32,
+    };
+    opts.top_k = args.top;
+    opts.threads = args.threads;
+    opts.constraints = Constraints::parse(&args.pin)?;
+    if let Some(s) = args.max_seconds {
+        if !(s.is_finite() && s >= 0.0) {
+            bail!("--max-seconds must be a non-negative number of seconds, not {s}");
+        }
+        opts.max_time = Some(Duration::from_secs_f64(s));
+    }
+
+    let result = if std::io::stderr().is_terminal() {
+        let last = Mutex::new(Instant::now());
+        let report = |p: &Progress| {
+            let Ok(mut last) = last.lock() else { return };
+            if last.elapsed() < Duration::from_millis(100) && p.shapes_done < p.shapes_total {
+                return;
+            }
+            *last = Instant::now();
+            eprint!(
+                "\r\x1b[Ksearching: {}/{} mesh shapes, {} plans estimated",
+                p.shapes_done, p.shapes_total, p.estimated
+            );
+        };
+        let r = search_with_progress(&model, &cfg, &opts, &report);
+        eprint!("\r\x1b[K");
+        r?
+    } else {
+        search_with_progress(&model, &cfg, &opts, &|_| {})?
+    };
+
+    if result.stats.mesh_shapes == 0 {
+        bail!(
+            "no mesh shape (dp x tp x pp x cp = {devices}) divides the model, the global batch \
+             {} and the pins: tp must divide the heads, the key/value heads and the MLP width, \
+             dp the global batch, pp be at most the {} layers",
+            args.batch,
+            cfg.layers
+        );
+    }
+    let Some(best) = result.plans.first() else {
+        bail!(
+            "no plan fits: {} of the {} plans in the space were ruled out by memory{}",
+            result.stats.pruned_by_memory + result.stats.estimated - result.stats.fitting,
+            result.stats.candidates,
+            if result.stats.complete {
+                String::new()
+            } else {
+                " (the search stopped at --max-seconds before exploring the whole space)".into()
+            }
+        );
+    };
+
+    let mut comparisons = Vec::new();
+    if let Some(second) = result.plans.get(1) {
+        comparisons.push(Comparison::new(
+            &cfg,
+            "the runner-up (#2)",
+            (&best.plan, &best.estimate),
+            (&second.plan, &second.estimate),
+        ));
+    }
+    let reference = match &args.reference {
+        Some(text) => {
+            let mut p = Plan::parse(text).context("--reference")?;
+            p.global_batch = args.batch;
+            p.dtype = opts.dtype;
+            Some(("your reference".to_string(), p))
+        }
+        None => megatron_reference(&model, &cfg, &opts),
+    };
+    if let Some((name, p)) = &reference {
+        let est = model
+            .estimate(&cfg, p)
+            .context("estimating the reference plan")?;
+        comparisons.push(Comparison::new(
+            &cfg,
+            name,
+            (&best.plan, &best.estimate),
+            (p, &est),
+        ));
+    }
+
+    let export = match args.export {
+        Some(ExportTarget::Megatron) => Some(megatron_args(&cfg, &best.plan)?),
+        Some(ExportTarget::Torchtitan) => Some(torchtitan_toml(&cfg, &best.plan)?),
+        None => None,
+    };
+
+    if args.json {
+        let plans: Vec<serde_json::Value> = result
+            .plans
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                serde_json::json!({
+                    "rank": i + 1,
+                    "plan": p.plan.to_string(),
+                    "config": p.plan,
+                    "estimate": p.estimate,
+                })
+            })
+            .collect();
+        let doc = serde_json::json!({
+            "model": cfg,
+            "cluster": args.cluster,
+            "devices": devices,
+            "global_batch": args.batch,
+            "stats": result.stats,
+            "plans": plans,
+            "explanations": comparisons,
+            "export": export,
+        });
+        return super::print_stdout(&(serde_json::to_string_pretty(&doc)? + "\n"));
+    }
+    if let Some(text) = export {
+        let header = format!(
+            "# best plan found by `autopar plan` ({:.1}% MFU predicted): {}\n",
+            100.0 * best.estimate.mfu,
+            best.plan
+        );
+        return super::print_stdout(&(header + &text));
+    }
+    let mut out = header(&args, &cfg, devices, &gpu, &result);
+    out += &table(&result.plans);
+    out += &format!("\nbest plan: {}\n", best.plan);
+    if !comparisons.is_empty() {
+        out += "\nwhy it wins\n";
+        for c in &comparisons {
+            out += &format!("\n{c}");
+        }
+    }
+    super::print_stdout(&out)
+}
+
+fn header(
+    args: &PlanArgs,
+    cfg: &TransformerConfig,
+    devices: usize,
+    gpu: &str,
+    r: &SearchResult,
+) -> String {
+    let s = &r.stats;
+    let mut out = format!(
+        "model {} ({} layers, hidden {}, {} heads, seq {}) on {} ({devices} x {gpu}), global batch {}\n",
+        args.model, cfg.layers, cfg.hidden, cfg.heads, cfg.seq, args.cluster, args.batch
+    );
+    out += &format!(
+        "searched {} plans over {} mesh shapes in {:.2} s on {} thread(s): {} estimated, {} ruled \
+         out by the memory bound, {} by the step-time bound; {}\n\n",
+        s.candidates,
+        s.mesh_shapes,
+        s.elapsed_s,
+        s.threads,
+        s.estimated,
+        s.pruned_by_memory,
+        s.pruned_by_time,
+        if s.complete {
+            "the space was fully explored".to_string()
+        } else {
+            format!(
+                "NOT fully explored: --max-seconds stopped it after {} of {} mesh shapes",
+                s.mesh_shapes_done, s.mesh_shapes
+            )
+        }
+    );
+    out
+}
+
+fn table(plans: &[RankedPlan]) -> String {
+    let mut out = format!(
+        "{:>4} {:>5} {:>3} {:>3} {:>3} {:>3} {:>3} {:>4} {:>4} {:<9} {:<3} {:<11} {:<14} {:>8} {:>10} {:>7} {:>7} {:>6} {:>7}\n",
+        "rank",
+        "dp",
+        "tp",
+        "pp",
+        "vpp",
+        "cp",
+        "ep",
+        "mbs",
+        "zero",
+        "recompute",
+        "sp",
+        "schedule",
+        "placement",
+        "step s",
+        "tokens/s",
+        "TFLOP/s",
+        "hw TF/s",
+        "MFU",
+        "mem GiB"
+    );
+    for (i, p) in plans.iter().enumerate() {
+        let (plan, e) = (&p.plan, &p.estimate);
+        out += &format!(
+            "{:>4} {:>5} {:>3} {:>3} {:>3} {:>3} {:>3} {:>4} {:>4} {:<9} {:<3} {:<11} {:<14} {:>8.3} {:>10.0} {:>7.1} {:>7.1} {:>5.1}% {:>7.1}\n",
+            i + 1,
+            plan.dp,
+            plan.tp,
+            plan.pp,
+            plan.vpp,
+            plan.cp,
+            plan.ep,
+            plan.micro_batch_size,
+            plan.zero_stage,
+            plan.recompute.name(),
+            if plan.sequence_parallel { "yes" } else { "no" },
+            plan.schedule.name(),
+            placed_axes(plan).join("-"),
+            e.iter_time_s,
+            e.tokens_per_s,
+            e.model_tflops_per_gpu,
+            e.hardware_tflops_per_gpu,
+            100.0 * e.mfu,
+            e.peak_memory_gib
+        );
+    }
+    out
+}

@@ -1,0 +1,154 @@
+//! `autopar run --mesh pp=N` and `autopar dump --stage pipeline|schedule` end to end.
+
+use std::process::Command;
+
+use autopar::ir::schedule::{Action, Schedule, ScheduleKind};
+
+const SMALL: &str = "gpt:layers=4,hidden=32,heads=2,seq=8,vocab=64";
+
+fn autopar(args: &[&str]) -> (bool, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_autopar"))
+        .args(args)
+        .output()
+        .expect("autopar runs");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr),
+    )
+}
+
+#[test]
+fn gpt_tiny_verifies_under_1f1b() {
+    let (ok, out) = autopar(&[
+        "run",
+        "gpt-tiny",
+        "--mesh",
+        "pp=2",
+        "--micro-batches",
+        "4",
+        "--schedule",
+        "1f1b",
+        "--verify",
+    ]);
+    assert!(ok, "{out}");
+    assert!(
+        out.contains("verify: max_abs_err=") && out.trim_end().ends_with("OK"),
+        "{out}"
+    );
+}
+
+#[test]
+fn interleaved_verifies_and_its_trace_follows_the_schedule() {
+    let dir = std::env::temp_dir().join(format!("autopar-pipe-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let path = dir.join("trace.json");
+    let path_s = path.to_string_lossy().into_owned();
+    let (ok, out) = autopar(&[
+        "run",
+        SMALL,
+        "--batch",
+        "4",
+        "--mesh",
+        "pp=2",
+        "--micro-batches",
+        "4",
+        "--schedule",
+        "interleaved",
+        "--vpp",
+        "2",
+        "--verify",
+        "--trace",
+        &path_s,
+    ]);
+    assert!(ok && out.contains(" OK"), "{out}");
+    let text = std::fs::read_to_string(&path).expect("trace written");
+    let doc: serde_json::Value = serde_json::from_str(&text).expect("trace is JSON");
+    let events = doc["traceEvents"].as_array().expect("events");
+    let schedule = Schedule::new(ScheduleKind::Interleaved, 2, 2, 4).expect("schedule");
+    assert_eq!(
+        events.iter().filter(|e| e["ph"] == "M").count(),
+        2,
+        "one track per rank"
+    );
+    for (rank, list) in schedule.per_rank.iter().enumerate() {
+        let mut slices: Vec<&serde_json::Value> = events
+            .iter()
+            .filter(|e| e["ph"] == "X" && e["tid"] == rank)
+            .collect();
+        assert_eq!(
+            slices.len(),
+            list.len(),
+            "one slice per action on rank {rank}"
+        );
+        slices.sort_by(|a, b| {
+            let key = |e: &serde_json::Value| e["ts"].as_f64().unwrap_or(0.0);
+            key(a).total_cmp(&key(b))
+        });
+        // Compute slices appear in the schedule's order.
+        let computed: Vec<String> = slices
+            .iter()
+            .filter(|e| e["cat"] == "forward" || e["cat"] == "backward")
+            .map(|e| e["name"].as_str().unwrap_or("").to_string())
+            .collect();
+        let expected: Vec<String> = list
+            .iter()
+            .filter(|a| matches!(a, Action::Forward { .. } | Action::Backward { .. }))
+            .map(|a| autopar::ir::trace::describe(a).0)
+            .collect();
+        assert_eq!(computed, expected, "rank {rank}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn dumps_show_stage_costs_and_action_lists() {
+    let (ok, out) = autopar(&[
+        "dump",
+        "gpt:layers=4,hidden=32,heads=2,seq=8,vocab=4096",
+        "--batch",
+        "2",
+        "--mesh",
+        "pp=2",
+        "--stage",
+        "pipeline",
+    ]);
+    assert!(ok, "{out}");
+    assert!(
+        out.contains("stage 1 (rank 1, chunk 0)") && out.contains("FLOPs"),
+        "{out}"
+    );
+    assert!(out.contains("equal layer counts: starts [0, 4]"), "{out}");
+    assert!(!out.contains("balanced: starts [0, 4]"), "{out}");
+    let (ok, out) = autopar(&[
+        "dump",
+        "gpt-tiny",
+        "--mesh",
+        "pp=2",
+        "--micro-batches",
+        "4",
+        "--stage",
+        "schedule",
+    ]);
+    assert!(ok, "{out}");
+    assert!(
+        out.contains("rank 1 (peak in flight 1):") && out.contains("F mb0 c0"),
+        "{out}"
+    );
+}
+
+#[test]
+fn bad_pipeline_options_are_errors() {
+    let (ok, out) = autopar(&["run", "gpt-tiny", "--mesh", "pp=2", "--schedule", "zigzag"]);
+    assert!(!ok && out.contains("zigzag"), "{out}");
+    let (ok, out) = autopar(&[
+        "run",
+        SMALL,
+        "--mesh",
+        "pp=2",
+        "--stage-boundaries",
+        "h.9",
+        "--micro-batches",
+        "2",
+    ]);
+    assert!(!ok && out.contains("h.9"), "{out}");
+}

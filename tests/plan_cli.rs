@@ -1,0 +1,153 @@
+//! End-to-end tests of `autopar plan` on the zoo's models: the three workloads, the
+//! JSON contract, the exports, the time limit, and no progress output when piped.
+
+mod common;
+
+use common::{autopar, autopar_err, autopar_ok};
+
+fn json(args: &[&str]) -> serde_json::Value {
+    serde_json::from_str(&autopar_ok(args)).expect("plan --json prints JSON")
+}
+
+#[test]
+fn gpt3_175b_on_1024_a100s_beats_the_hand_tuned_plan_and_says_why() {
+    let base = [
+        "gpt3-175b",
+        "--cluster",
+        "dgx-a100:nodes=128",
+        "--batch",
+        "1536",
+    ];
+    let text = autopar_ok(&[&["plan"][..], &base].concat());
+    assert!(text.contains("the space was fully explored"), "{text}");
+    assert!(text.contains("best plan: dp="), "{text}");
+    assert!(text.contains("The deciding term is "), "{text}");
+    assert!(text.contains("against the runner-up (#2)"), "{text}");
+    assert!(text.contains("Megatron-style reference"), "{text}");
+
+    let doc = json(&[&["plan"][..], &base, &["--json"]].concat());
+    let plans = doc["plans"].as_array().expect("plans");
+    assert!(!plans.is_empty());
+    assert!(plans.iter().all(|p| p["estimate"]["fits"] == true));
+    let best = plans[0]["estimate"]["tokens_per_s"]
+        .as_f64()
+        .expect("tokens/s");
+    let hand = json(
+        &[
+            &["estimate"][..],
+            &base,
+            &[
+                "--plan",
+                "dp=8,tp=8,pp=16,vpp=2,mbs=1,recompute=full,schedule=interleaved",
+                "--json",
+            ],
+        ]
+        .concat(),
+    );
+    let hand = hand["tokens_per_s"].as_f64().expect("tokens/s");
+    assert!(best >= hand, "{best} < {hand}");
+    assert_eq!(doc["stats"]["complete"], true);
+    assert!(
+        doc["explanations"][0]["deciding"].is_string(),
+        "{}",
+        doc["explanations"]
+    );
+    // The estimate of the best plan, given back to `estimate`, is the same.
+    let plan = plans[0]["plan"].as_str().expect("plan text");
+    let again = json(&[&["estimate"][..], &base, &["--plan", plan, "--json"]].concat());
+    assert_eq!(again["iter_time_s"], plans[0]["estimate"]["iter_time_s"]);
+}
+
+#[test]
+fn llama3_70b_and_mixtral_plans_fit() {
+    for (model, cluster, batch) in [
+        ("llama3-70b", "dgx-h100:nodes=8", "512"),
+        ("mixtral-8x7b", "dgx-h100:nodes=4", "256"),
+    ] {
+        let doc = json(&[
+            "plan",
+            model,
+            "--cluster",
+            cluster,
+            "--batch",
+            batch,
+            "--top",
+            "3",
+            "--json",
+        ]);
+        let plans = doc["plans"].as_array().expect("plans");
+        assert_eq!(plans.len(), 3, "{model}");
+        for p in plans {
+            assert_eq!(p["estimate"]["fits"], true, "{model}");
+            assert!(p["estimate"]["peak_memory_gib"].as_f64().expect("memory") <= 80.0);
+        }
+    }
+}
+
+#[test]
+fn exports_name_the_frameworks_options() {
+    let base = [
+        "plan",
+        "llama3-70b",
+        "--cluster",
+        "dgx-h100:nodes=8",
+        "--batch",
+        "512",
+    ];
+    let megatron = autopar_ok(&[&base[..], &["--export", "megatron"]].concat());
+    for want in [
+        "--tensor-model-parallel-size ",
+        "--pipeline-model-parallel-size ",
+        "--context-parallel-size ",
+        "--micro-batch-size ",
+        "--global-batch-size 512",
+        "--bf16",
+        "--group-query-attention",
+    ] {
+        assert!(megatron.contains(want), "{want} missing:\n{megatron}");
+    }
+    let titan = autopar_ok(&[&base[..], &["--export", "torchtitan"]].concat());
+    for want in [
+        "[training]",
+        "global_batch_size = 512",
+        "mixed_precision_param = \"bfloat16\"",
+        "[parallelism]",
+        "data_parallel_shard_degree = ",
+        "tensor_parallel_degree = ",
+        "pipeline_parallel_degree = ",
+        "context_parallel_degree = ",
+        "[activation_checkpoint]",
+    ] {
+        assert!(titan.contains(want), "{want} missing:\n{titan}");
+    }
+}
+
+#[test]
+fn pins_time_limits_and_piped_output() {
+    let base = [
+        "plan",
+        "gpt3-13b",
+        "--cluster",
+        "dgx-a100:nodes=2",
+        "--batch",
+        "64",
+    ];
+    let out = autopar(&[&base[..], &["--pin", "tp=2,recompute=full", "--top", "5"]].concat());
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).expect("UTF-8");
+    // No progress bar when stderr is not a terminal.
+    assert!(!String::from_utf8_lossy(&out.stderr).contains('\r'));
+    let rows: Vec<&str> = text
+        .lines()
+        .filter(|l| l.trim_start().starts_with(|c: char| c.is_ascii_digit()))
+        .collect();
+    assert_eq!(rows.len(), 5, "{text}");
+    for r in rows {
+        let cols: Vec<&str> = r.split_whitespace().collect();
+        assert_eq!((cols[2], cols[9]), ("2", "full"), "{r}");
+    }
+    let err = autopar_err(&[&base[..], &["--max-seconds", "0"]].concat());
+    assert!(err.contains("--max-seconds"), "{err}");
+    let err = autopar_err(&[&base[..], &["--pin", "tp=x"]].concat());
+    assert!(err.contains("constraint `tp`"), "{err}");
+}
