@@ -92,7 +92,14 @@ fn run_options_shape_the_step() {
         assert_eq!(losses.len(), 2, "{extra:?}");
     }
     // The MLP has no attention core: recompute refuses it rather than doing nothing.
-    let out = autopar(&["run", "mlp-tiny", "--steps", "2", "--recompute", "selective"]);
+    let out = autopar(&[
+        "run",
+        "mlp-tiny",
+        "--steps",
+        "2",
+        "--recompute",
+        "selective",
+    ]);
     assert!(!out.status.success());
 }
 
