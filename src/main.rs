@@ -587,7 +587,9 @@ fn run(args: RunArgs) -> Result<()> {
             load_train_step(&args.model, args.batch, &args.train.options())?.graph
         };
         let steps = if args.forward { 1 } else { args.steps };
-        return spmd_cmd::run(&g, mesh, &args.spmd, args.seed, steps, args.verify);
+        let tolerance = autopar::spmd::verify_tolerance(args.train.options().compute_dtype);
+        let verify = args.verify.then_some(tolerance);
+        return spmd_cmd::run(&g, mesh, &args.spmd, args.seed, steps, verify);
     }
     if args.forward {
         let g = load_model(&args.model, args.batch)?;

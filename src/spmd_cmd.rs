@@ -75,14 +75,14 @@ pub fn dump_graph(
 }
 
 /// `run --mesh`: runs `steps` steps of `g` on the mesh's CPU ranks, printing each loss, and
-/// with `verify` the comparison with the single-device reference (an error when it fails).
+/// with `verify: Some(tolerance)` the comparison with the single-device reference (an error when it fails).
 pub fn run(
     g: &Graph,
     mesh: &str,
     args: &SpmdArgs,
     seed: u64,
     steps: u64,
-    verify: bool,
+    verify: Option<f64>,
 ) -> Result<()> {
     let Some((mesh, options)) = args.options(Some(mesh))? else {
         bail!("--verify needs --mesh");

@@ -13,7 +13,7 @@ fn check(model: &str, mesh: &str, zero: u8) {
         ..ParallelOptions::default()
     };
     let program = spmd::compile(&g, &mesh, &options).expect("ok");
-    let summary = spmd::run(&program, 0, 1, true, |_, _| {}).expect("ok");
+    let summary = spmd::run(&program, 0, 1, Some(spmd::VERIFY_TOLERANCE), |_, _| {}).expect("ok");
     let report = summary.verify.expect("ok");
     assert!(report.ok(), "{model} on {mesh}: {}", report.line());
 }

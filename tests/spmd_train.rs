@@ -15,7 +15,7 @@ fn check(model: &str, mesh: &str, zero: u8) {
         ..ParallelOptions::default()
     };
     let program = spmd::compile(&step.graph, &mesh, &options).expect("ok");
-    let summary = spmd::run(&program, 0, 3, true, |_, _| {}).expect("ok");
+    let summary = spmd::run(&program, 0, 3, Some(spmd::VERIFY_TOLERANCE), |_, _| {}).expect("ok");
     let report = summary.verify.expect("ok");
     eprintln!(
         "{model} {mesh} zero={zero}: {} worst {}",
