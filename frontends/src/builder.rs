@@ -219,7 +219,7 @@ impl ModelBuilder {
             st.fail(|scope| FrontendError::Op {
                 scope,
                 op: "output",
-                error,
+                error: Box::new(error),
             });
         }
     }
@@ -240,7 +240,7 @@ impl ModelBuilder {
         if let Some(e) = st.error {
             return Err(e);
         }
-        verify(&st.graph).map_err(FrontendError::Verify)?;
+        verify(&st.graph).map_err(|e| FrontendError::Verify(Box::new(e)))?;
         Ok(st.graph)
     }
 
@@ -267,7 +267,7 @@ impl ModelBuilder {
                 st.fail(|scope| FrontendError::Op {
                     scope,
                     op: op_name,
-                    error,
+                    error: Box::new(error),
                 });
                 None
             }
@@ -296,9 +296,11 @@ impl ModelBuilder {
 
     /// Records an op error found before the op reached the graph (e.g. an unparsable spec).
     pub(crate) fn fail_op(&self, op: &'static str, error: IrError) {
-        self.state
-            .borrow_mut()
-            .fail(|scope| FrontendError::Op { scope, op, error });
+        self.state.borrow_mut().fail(|scope| FrontendError::Op {
+            scope,
+            op,
+            error: Box::new(error),
+        });
     }
 
     /// Appends `(axis, placement)` to the user sharding of `t`.
@@ -342,7 +344,7 @@ impl ModelBuilder {
             st.fail(|scope| FrontendError::Op {
                 scope,
                 op: "annotation",
-                error,
+                error: Box::new(error),
             });
         }
     }

@@ -17,8 +17,9 @@ pub enum FrontendError {
         scope: String,
         /// Text name of the op.
         op: &'static str,
-        /// What the IR's typing rule said, naming the shapes involved.
-        error: IrError,
+        /// What the IR's typing rule said, naming the shapes involved (boxed: errors stay
+        /// small on the happy path).
+        error: Box<IrError>,
     },
     /// An op was given a tensor handle that belongs to another [`crate::ModelBuilder`].
     #[error("{}`{op}`: operand {operand} comes from another model builder", at(.scope))]
@@ -56,7 +57,7 @@ pub enum FrontendError {
     },
     /// The finished graph does not verify. This is a bug in the builder, not in model code.
     #[error("the built graph does not verify: {0}")]
-    Verify(IrError),
+    Verify(Box<IrError>),
 
     /// A model argument that is neither a zoo name nor a spec of a known family.
     #[error(

@@ -25,7 +25,7 @@ fn scopes_nest_and_qualify_parameter_names() -> Result<(), FrontendError> {
     assert_eq!(m.current_scope(), "");
     m.output("loss", y.mean([0, 1]));
     let g = m.finish()?;
-    verify(&g).map_err(FrontendError::Verify)?;
+    verify(&g).map_err(|e| FrontendError::Verify(Box::new(e)))?;
 
     assert_eq!(param_scope(&g, "h.1.mlp.w1").as_deref(), Some("h.1.mlp"));
     let gelu = g

@@ -67,7 +67,7 @@ fn every_preset_builds_and_verifies() -> Result<(), FrontendError> {
     assert_eq!(names.len(), 13);
     for name in names {
         let g = zoo::build(name, DEFAULT_BATCH)?;
-        verify(&g).map_err(FrontendError::Verify)?;
+        verify(&g).map_err(|e| FrontendError::Verify(Box::new(e)))?;
         assert_eq!(g.name(), name);
         assert_eq!(g.outputs().len(), 1, "{name}");
         let loss = g.output("loss").expect("a loss output");
@@ -192,7 +192,7 @@ fn analytic_parameter_counts_agree_with_the_graphs() -> Result<(), FrontendError
     for name in presets() {
         let model = zoo::resolve(name)?;
         let g = model.build(1)?;
-        verify(&g).map_err(FrontendError::Verify)?;
+        verify(&g).map_err(|e| FrontendError::Verify(Box::new(e)))?;
         assert_eq!(g.num_parameter_elements(), model.num_parameters(), "{name}");
     }
     for spec in [
