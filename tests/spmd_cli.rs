@@ -273,3 +273,46 @@ fn annotation_files() {
     assert!(err.contains("`fc1.w`") && err.contains("dim 0"), "{err}");
     assert!(autopar(&["run", "mlp-tiny", "--verify"]).status.code() != Some(0));
 }
+
+#[test]
+fn zero2_reduce_scatters_every_micro_batch_and_zero1_once() {
+    let scatters_on_dp = |zero: &str| {
+        let dump = autopar_ok(&[
+            "dump",
+            "gpt-tiny",
+            "--mesh",
+            "dp=2",
+            "--zero",
+            zero,
+            "--micro-batches",
+            "4",
+            "--stage",
+            "partitioned",
+        ]);
+        collectives(&dump)
+            .into_iter()
+            .filter(|(o, axes, _)| o == "reduce_scatter" && axes == "\"dp\"")
+            .count()
+    };
+    let (z1, z2) = (scatters_on_dp("1"), scatters_on_dp("2"));
+    // ZeRO-1 sums the four micro-batches' partial gradients, then reduce-scatters once per
+    // weight; ZeRO-2 keeps the accumulated gradient sharded, so every micro-batch scatters.
+    assert!(
+        z1 > 0 && z2 >= 4 * z1 - z1 / 2,
+        "zero 1: {z1}, zero 2: {z2}"
+    );
+    let out = autopar_ok(&[
+        "run",
+        "gpt-tiny",
+        "--mesh",
+        "dp=2",
+        "--zero",
+        "2",
+        "--micro-batches",
+        "4",
+        "--steps",
+        "2",
+        "--verify",
+    ]);
+    assert!(out.trim_end().ends_with("OK"), "{out}");
+}

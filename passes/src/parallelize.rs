@@ -14,10 +14,11 @@
 //!   - stage 1: optimizer state `S(z)` on `dp`, and the gradient `S(z)` where the optimizer
 //!     reads it: gradients are reduce-scattered, each rank updates its shard, and the updated
 //!     weight (replicated, like the weight it replaces) is all-gathered;
-//!   - stage 2: as stage 1 (this step graph keeps no gradient buffer between steps, so the
-//!     sharded gradient of stage 2 and the reduce-scattered one of stage 1 coincide; with
-//!     several micro-batches, partial gradients are summed before one reduce-scatter, which
-//!     sends less than scattering every micro-batch);
+//!   - stage 2: also the accumulated gradient `S(z)` on `dp` across micro-batches: every
+//!     micro-batch's gradient is reduce-scattered as it is added, so no rank ever holds a
+//!     full gradient accumulator (stage 1 sums the full partial gradients of all
+//!     micro-batches and reduce-scatters once, sending less but holding more; with one
+//!     micro-batch the two coincide);
 //!   - stage 3 (FSDP): also the weights `S(z)` on `dp`, gathered before each use
 //!     ([`Constraints::gather_on_use`]), updated in place as shards.
 //!
@@ -255,6 +256,14 @@ pub fn zero_constraints(g: &Graph, mesh: &DeviceMesh, zero: u8) -> Result<Constr
                 for &b in &buffers {
                     fix(&mut c, b, Placement::Shard(z));
                 }
+                if zero >= 2 {
+                    // ZeRO-2: the accumulated gradient is kept sharded across micro-batches,
+                    // so each micro-batch's gradient is reduce-scattered as it is added
+                    // (ZeRO-1 accumulates the full partial gradient and reduce-scatters once).
+                    for v in accumulation_chain(g, grad) {
+                        fix(&mut c, v, Placement::Shard(z));
+                    }
+                }
                 if zero == 3 {
                     fix(&mut c, weight, Placement::Shard(z));
                     c.gather_on_use.insert((weight, DATA_AXIS.to_string()));
@@ -287,6 +296,31 @@ fn zero_dim(g: &Graph, v: ValueId, mesh: &DeviceMesh, dp: usize) -> Option<usize
     (0..ty.rank())
         .find(|&d| free(d) && fits(d))
         .or_else(|| (0..ty.rank()).find(|&d| fits(d)))
+}
+
+/// The running sums of a gradient accumulation ending in `sum`, earliest last, down to the
+/// first micro-batch's gradient: `sum = add(add(g0, g1), g2)` gives `[add(g0, g1), g0]`.
+fn accumulation_chain(g: &Graph, mut sum: ValueId) -> Vec<ValueId> {
+    let mut chain = Vec::new();
+    loop {
+        let node = g.node(g.value(sum).producer);
+        let accumulates = node
+            .scope
+            .as_deref()
+            .is_some_and(|s| s.contains(crate::train::ACCUMULATE_TAG));
+        match (&node.op, &node.inputs[..]) {
+            (
+                Op::Binary {
+                    func: BinaryOp::Add,
+                },
+                &[prev, _],
+            ) if accumulates => {
+                chain.push(prev);
+                sum = prev;
+            }
+            _ => return chain,
+        }
+    }
 }
 
 /// The accumulated gradient behind an optimizer's gradient operand: back through the
