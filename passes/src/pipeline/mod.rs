@@ -329,15 +329,6 @@ pub fn split_pipeline(
         .chain(&step.optimizer_state)
         .map(String::as_str)
         .collect();
-    // Per rank, the next-state values it must end the step with.
-    let mut state_outputs: Vec<Vec<(String, ValueId)>> = vec![Vec::new(); pp];
-    for (rank, srcs) in sources.iter().enumerate() {
-        for s in srcs.values().filter(|s| s.is_state) {
-            if let Some(next) = g.output(&s.name) {
-                state_outputs[rank].push((s.name.clone(), next));
-            }
-        }
-    }
     // Sends: (producing segment or the rank's pre-optimizer store) -> (rank, values).
     let mut seg_sends: Vec<BTreeMap<usize, BTreeSet<ValueId>>> =
         vec![BTreeMap::new(); segments.len()];
@@ -369,6 +360,16 @@ pub fn split_pipeline(
             need(v, *rank, &mut sources);
         }
         seg_programs.push(p);
+    }
+    // Per rank, the next-state values it must end the step with: for every state it reads,
+    // in forwards, backwards or optimizer segments (so only after the segments' sources).
+    let mut state_outputs: Vec<Vec<(String, ValueId)>> = vec![Vec::new(); pp];
+    for (rank, srcs) in sources.iter().enumerate() {
+        for s in srcs.values().filter(|s| s.is_state) {
+            if let Some(next) = g.output(&s.name) {
+                state_outputs[rank].push((s.name.clone(), next));
+            }
+        }
     }
     for (rank, outs) in state_outputs.iter().enumerate() {
         for &(_, v) in outs {
