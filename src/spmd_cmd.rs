@@ -19,6 +19,11 @@ pub struct SpmdArgs {
     /// `h.0.mlp.w1: tp=S(1)` (placements R, S(dim), P(sum); `#` starts a comment).
     #[arg(long, value_name = "FILE", requires = "mesh")]
     pub annotate: Option<String>,
+    /// Megatron sequence parallelism: the residual stream and layer norms sharded on the
+    /// sequence over `tp`, so each tensor-parallel all-reduce becomes a reduce-scatter and an
+    /// all-gather.
+    #[arg(long, requires = "mesh")]
+    pub sp: bool,
 }
 
 /// True when `mesh` asks for a pipeline (a `pp` axis of size above 1); an error when it
@@ -47,6 +52,7 @@ impl SpmdArgs {
             ParallelOptions {
                 zero: self.zero,
                 annotations,
+                sequence_parallel: self.sp,
             },
         )))
     }

@@ -316,3 +316,52 @@ fn zero2_reduce_scatters_every_micro_batch_and_zero1_once() {
     ]);
     assert!(out.trim_end().ends_with("OK"), "{out}");
 }
+
+#[test]
+fn sequence_parallelism_turns_each_block_all_reduce_into_reduce_scatter_and_all_gather() {
+    let sp = collectives(&autopar_ok(&[
+        "dump",
+        "gpt-tiny",
+        "--mesh",
+        "tp=2",
+        "--sp",
+        "--stage",
+        "partitioned",
+    ]));
+    let forward = |op: &str, scope: &str| {
+        sp.iter()
+            .filter(|(o, axes, s)| o == op && axes == "\"tp\"" && s == scope)
+            .count()
+    };
+    for layer in 0..2 {
+        for block in ["attn", "mlp"] {
+            let scope = format!("mb0/h.{layer}.{block}");
+            assert_eq!(forward("all_gather", &scope), 1, "{scope}: {sp:?}");
+            assert_eq!(forward("reduce_scatter", &scope), 1, "{scope}: {sp:?}");
+            assert_eq!(forward("all_reduce", &scope), 0, "{scope}: {sp:?}");
+        }
+    }
+    // No all-reduce of activations anywhere in the forward layers.
+    assert!(
+        !sp.iter()
+            .any(|(o, _, s)| o == "all_reduce" && s.starts_with("mb0/h.")),
+        "{sp:?}"
+    );
+    let out = autopar_ok(&[
+        "run", "gpt-tiny", "--mesh", "tp=2", "--sp", "--steps", "3", "--verify",
+    ]);
+    assert!(out.trim_end().ends_with("OK"), "{out}");
+    let out = autopar_ok(&[
+        "run",
+        "llama-tiny",
+        "--mesh",
+        "dp=2,tp=2",
+        "--sp",
+        "--steps",
+        "2",
+        "--verify",
+    ]);
+    assert!(out.trim_end().ends_with("OK"), "{out}");
+    let err = autopar_err(&["run", "gpt-tiny", "--mesh", "dp=2", "--sp"]);
+    assert!(err.contains("--sp") && err.contains("tp"), "{err}");
+}

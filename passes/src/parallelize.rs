@@ -54,6 +54,9 @@ use crate::propagate::{Constraints, ShardingPlan, propagate_sharding};
 /// The data-parallel mesh axis.
 pub const DATA_AXIS: &str = "dp";
 
+/// The tensor-parallel mesh axis (sequence parallelism shards over it too).
+pub const TENSOR_AXIS: &str = "tp";
+
 /// How to parallelise a graph on a mesh.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ParallelOptions {
@@ -61,6 +64,8 @@ pub struct ParallelOptions {
     pub zero: u8,
     /// Shardings by tensor name that replace the model's (see the module docs).
     pub annotations: Vec<Annotation>,
+    /// Megatron sequence parallelism on the tensor axis (see the module docs).
+    pub sequence_parallel: bool,
 }
 
 /// One sharding given by tensor name.
@@ -164,7 +169,10 @@ pub fn parallelize(
     let mut graph = g.clone();
     graph.set_mesh(Some(mesh.clone()));
     apply_annotations(&mut graph, &options.annotations)?;
-    let constraints = zero_constraints(&graph, mesh, options.zero)?;
+    let mut constraints = zero_constraints(&graph, mesh, options.zero)?;
+    if options.sequence_parallel {
+        sequence_parallel_constraints(&graph, mesh, &mut constraints)?;
+    }
     let plan = propagate_sharding(&mut graph, &constraints)?;
     Ok(Parallelized { graph, plan })
 }
@@ -272,6 +280,87 @@ pub fn zero_constraints(g: &Graph, mesh: &DeviceMesh, zero: u8) -> Result<Constr
         }
     }
     Ok(c)
+}
+
+/// Megatron sequence parallelism: in the forward, the residual stream (the activation every
+/// layer norm reads) and every layer norm's result are sharded on the sequence dim over
+/// [`TENSOR_AXIS`]. Nothing else is fixed: propagation then turns the all-reduce that ends each
+/// tensor-parallel block into a reduce-scatter onto the sequence shards, and gathers the
+/// sequence before the next column-parallel matmul.
+pub fn sequence_parallel_constraints(
+    g: &Graph,
+    mesh: &DeviceMesh,
+    c: &mut Constraints,
+) -> Result<(), PassError> {
+    let Some(tp) = mesh.axis_size(TENSOR_AXIS).filter(|&n| n > 1) else {
+        return Err(PassError::BadOption {
+            option: "--sp",
+            detail: format!(
+                "sequence parallelism needs a `{TENSOR_AXIS}` axis above 1 in the mesh"
+            ),
+        });
+    };
+    let mut found = false;
+    let forward = |n: autopar_ir::NodeId| {
+        let tags = g
+            .node(n)
+            .scope
+            .as_deref()
+            .map_or("", |s| crate::autodiff::split_scope(s).0);
+        !tags.contains(crate::autodiff::GRAD_TAG)
+    };
+    for n in g.nodes_in_order() {
+        let node = g.node(n);
+        if !matches!(node.op, Op::LayerNorm { .. } | Op::RmsNorm { .. }) || !forward(n) {
+            continue;
+        }
+        // The residual stream: the norm's input, its result, and, when the input is a
+        // residual add, both addends (so the block output is reduce-scattered onto the
+        // sequence shards before the bias and residual adds, as in Megatron).
+        let x = node.inputs[0];
+        let producer = g.node(g.value(x).producer);
+        let mut stream = vec![x, node.outputs[0]];
+        if matches!(
+            producer.op,
+            Op::Binary {
+                func: BinaryOp::Add
+            }
+        ) && forward(g.value(x).producer)
+        {
+            stream.extend(producer.inputs.iter().copied());
+        }
+        for v in stream {
+            let ty = g.ty(v);
+            if ty.rank() != 3 {
+                continue;
+            }
+            let seq = ty.dims()[1];
+            if !seq.is_multiple_of(tp) {
+                return Err(PassError::BadOption {
+                    option: "--sp",
+                    detail: format!(
+                        "the sequence dim (dim 1, size {seq}) of {v} ({ty}) does not split over mesh axis `{TENSOR_AXIS}` ({tp} ways)"
+                    ),
+                });
+            }
+            let fixed = c.fixed.entry(v).or_default();
+            if !fixed.iter().any(|(a, _)| a == TENSOR_AXIS) {
+                fixed.push((TENSOR_AXIS.to_string(), Placement::Shard(1)));
+            }
+            found = true;
+        }
+    }
+    if found {
+        Ok(())
+    } else {
+        Err(PassError::BadOption {
+            option: "--sp",
+            detail: format!(
+                "`{}` has no `[batch, seq, hidden]` layer norm to shard on the sequence",
+                g.name()
+            ),
+        })
+    }
 }
 
 /// The dim ZeRO shards weight `v` on: the first whose size, divided by the axes its own

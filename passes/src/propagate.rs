@@ -30,7 +30,7 @@
 //! plus [`COLLECTIVE_BYTES`] per collective for its latency. Ties go to the first strategy in
 //! the table's fixed order (all-replicated first), so the result is deterministic.
 //!
-//! **Admissible** strategies follow three rules that keep the result close to what Megatron and
+//! **Admissible** strategies follow four rules that keep the result close to what Megatron and
 //! GSPMD produce, and away from clever but costly local optima:
 //! 1. A value is never made partial (`R → P` would need zeros on all but one device).
 //! 2. Partial sums are reduced at their first use: a strategy may take a partial operand and
@@ -38,8 +38,14 @@
 //!    sums are all-reduced where they are used, as in Megatron.
 //! 3. A strategy may shard a non-source operand that is not sharded that way yet (a slice,
 //!    all-to-all or reduce-scatter) only when another of its operands is already sharded as it
-//!    needs: shardings spread from where they are, they are not invented mid-graph. Sources
+//!    needs, or when its result is fixed to the sharding the strategy gives: shardings spread
+//!    from where they are or where they are required, they are not invented mid-graph. Sources
 //!    (weights, inputs, constants) can be sliced freely.
+//! 4. A source the user sharded on this axis is stationary: it is used as it is stored, never
+//!    gathered or re-split on this axis (the owner computes, as in Megatron), unless a policy
+//!    gathers it before each use (ZeRO-3). Without this rule a small model's weights would be
+//!    cheaper to gather than its activations, and tensor parallelism would turn into weight
+//!    gathering.
 //!
 //! Besides the per-op table, softmax has one more strategy here: sharded on its own dim (the
 //! vocabulary of vocabulary-parallel logits), lowered by the partitioner to a local max and
@@ -305,6 +311,7 @@ pub fn propagate_sharding(g: &mut Graph, c: &Constraints) -> Result<ShardingPlan
             place: vec![None; n_values],
             fixed: vec![None; n_values],
             gather: vec![false; n_values],
+            stationary: vec![false; n_values],
             cands: HashMap::new(),
             choice: HashMap::new(),
             stage_ops: &stage_ops,
@@ -323,6 +330,11 @@ pub fn propagate_sharding(g: &mut Graph, c: &Constraints) -> Result<ShardingPlan
                 ax.fixed[i] = list.iter().find(|(a, _)| a == axis).map(|&(_, p)| p);
             }
             ax.gather[i] = c.gather_on_use.contains(&(v, axis.clone()));
+            ax.stationary[i] = !ax.gather[i]
+                && g.node(g.value(v).producer).op.is_source()
+                && user[i]
+                    .as_ref()
+                    .is_some_and(|s| matches!(s.get(axis), Some(Placement::Shard(_))));
         }
         // Sources.
         for &n in &order {
@@ -515,6 +527,7 @@ struct AxisPass<'a> {
     place: Vec<Option<Placement>>,
     fixed: Vec<Option<Placement>>,
     gather: Vec<bool>,
+    stationary: Vec<bool>,
     cands: HashMap<NodeId, Vec<AxisStrategy>>,
     choice: HashMap<NodeId, usize>,
     stage_ops: &'a HashMap<NodeId, Vec<TensorType>>,
@@ -623,6 +636,9 @@ impl AxisPass<'_> {
             let have = self.seen(v);
             let bytes = self.stage_ops[&n][i].size_bytes() as f64;
             total += reshard_cost(have, want, bytes, self.size)?;
+            if self.stationary[v.0 as usize] && have != want {
+                return None;
+            }
             let source = self.g.node(self.g.value(v).producer).op.is_source();
             if shards_anew(have, want) && !source {
                 needs_anchor = true;
@@ -631,7 +647,12 @@ impl AxisPass<'_> {
                 anchored = true;
             }
         }
-        if needs_anchor && !anchored {
+        // A result fixed to the strategy's sharding anchors it too: the sharding is required
+        // where the value goes (e.g. sequence parallelism's residual stream).
+        let required = node.outputs.iter().zip(&s.results).any(|(&v, &p)| {
+            self.fixed[v.0 as usize] == Some(p) && matches!(p, Placement::Shard(_))
+        });
+        if needs_anchor && !anchored && !required {
             return None;
         }
         Some(total)
