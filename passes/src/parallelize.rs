@@ -350,6 +350,40 @@ pub fn sequence_parallel_constraints(
             found = true;
         }
     }
+    // The backward of the norms runs on the sequence shards too: its rank-3 values are fixed
+    // like the forward stream, so the column-parallel input gradient is reduce-scattered into
+    // it rather than all-reduced.
+    let norm_paths: std::collections::BTreeSet<&str> = g
+        .nodes_in_order()
+        .into_iter()
+        .filter(|&n| {
+            matches!(g.node(n).op, Op::LayerNorm { .. } | Op::RmsNorm { .. }) && forward(n)
+        })
+        .filter_map(|n| {
+            g.node(n)
+                .scope
+                .as_deref()
+                .map(|s| crate::autodiff::split_scope(s).1)
+        })
+        .collect();
+    for n in g.nodes_in_order() {
+        let node = g.node(n);
+        let Some((_, path)) = node.scope.as_deref().map(crate::autodiff::split_scope) else {
+            continue;
+        };
+        if forward(n) || !norm_paths.contains(path) {
+            continue;
+        }
+        for &v in &node.outputs {
+            let ty = g.ty(v);
+            if ty.rank() == 3 && ty.dtype.is_float() && ty.dims()[1].is_multiple_of(tp) {
+                let fixed = c.fixed.entry(v).or_default();
+                if !fixed.iter().any(|(a, _)| a == TENSOR_AXIS) {
+                    fixed.push((TENSOR_AXIS.to_string(), Placement::Shard(1)));
+                }
+            }
+        }
+    }
     if found {
         Ok(())
     } else {
