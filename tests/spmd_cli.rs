@@ -341,12 +341,19 @@ fn sequence_parallelism_turns_each_block_all_reduce_into_reduce_scatter_and_all_
             assert_eq!(forward("all_reduce", &scope), 0, "{scope}: {sp:?}");
         }
     }
-    // No all-reduce of activations anywhere in the forward layers.
+    // No all-reduce of activations anywhere in the layers, forward or backward: the norms'
+    // backward reduce-scatters the column-parallel input gradient onto the sequence shards.
+    let in_layers = |s: &str| s.starts_with("mb0/h.") || s.starts_with("mb0/grad/h.");
     assert!(
-        !sp.iter()
-            .any(|(o, _, s)| o == "all_reduce" && s.starts_with("mb0/h.")),
+        !sp.iter().any(|(o, _, s)| o == "all_reduce" && in_layers(s)),
         "{sp:?}"
     );
+    for layer in 0..2 {
+        for norm in ["ln1", "ln2"] {
+            let scope = format!("mb0/grad/h.{layer}.{norm}");
+            assert_eq!(forward("reduce_scatter", &scope), 1, "{scope}: {sp:?}");
+        }
+    }
     let out = autopar_ok(&[
         "run", "gpt-tiny", "--mesh", "tp=2", "--sp", "--steps", "3", "--verify",
     ]);
