@@ -151,8 +151,8 @@ struct RunArgs {
 #[derive(clap::Args)]
 struct PipelineArgs {
     /// Device mesh, e.g. `dp=2,tp=2` (data, tensor and expert parallel on CPU ranks, with
-    /// ZeRO and annotations) or `pp=2` (a pipeline); pipelines do not combine with other
-    /// axes yet.
+    /// ZeRO and annotations), `pp=2` (a pipeline) or both (`dp=2,tp=2,pp=2`: every
+    /// `dp`/`tp` rank's local step cut into a pipeline).
     #[arg(long)]
     mesh: Option<String>,
     /// Pipeline schedule.
@@ -626,9 +626,28 @@ fn run(args: RunArgs) -> Result<()> {
 /// `run --mesh pp=N`: the pipelined step, checked with --verify, traced with --trace.
 fn run_pipelined(args: &RunArgs, step: &autopar::TrainStep, mesh: &str) -> Result<()> {
     use autopar::pipeline_cmd as pc;
-    let (_, pp) = pc::pipeline_degree(mesh)?;
     let p = &args.pipeline;
     let kind: autopar::ir::schedule::ScheduleKind = p.schedule.parse()?;
+    if spmd_cmd::has_spmd_axes(mesh)? {
+        if args.trace.is_some() {
+            anyhow::bail!("--trace applies to pp-only meshes");
+        }
+        let pp = autopar::ir::DeviceMesh::parse(mesh)?
+            .axis_size("pp")
+            .unwrap_or(1);
+        let options = autopar::passes::pipeline::PipelineOptions {
+            pp,
+            vpp: p.vpp,
+            schedule: kind,
+            boundaries: p.stage_boundaries.clone(),
+        };
+        let tolerance = autopar::spmd::verify_tolerance(args.train.options().compute_dtype);
+        let verify = args.verify.then_some(tolerance);
+        return spmd_cmd::run_pipelined(
+            step, mesh, &args.spmd, &options, args.seed, args.steps, verify,
+        );
+    }
+    let (_, pp) = pc::pipeline_degree(mesh)?;
     let split = pc::split(step, pp, kind, p.vpp, &p.stage_boundaries)?;
     let summary = pc::run_steps(step, &split, args.seed, args.steps)?;
     for (i, loss) in summary.losses.iter().enumerate() {

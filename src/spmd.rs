@@ -335,3 +335,188 @@ fn compare(got: &Tensor, want: &Tensor) -> (f64, f64) {
     }
     (abs, abs / scale.max(REL_FLOOR))
 }
+
+/// A training step parallelised over the mesh's axes other than `pp` and then cut into a
+/// pipeline along `pp`: every coordinate on the other axes gets its own pipeline, cut from
+/// its partitioned local step at the same layer boundaries.
+#[derive(Clone, Debug)]
+pub struct PipelinedSpmd {
+    /// The whole mesh, `pp` included.
+    pub mesh: DeviceMesh,
+    /// The step parallelised and partitioned on the mesh without `pp`.
+    pub spmd: SpmdProgram,
+    /// The stage split of the global step, shared by every pipeline.
+    pub split: autopar_passes::pipeline::StageSplit,
+    /// One pipeline per coordinate on the axes other than `pp`, in row-major order.
+    pub pipelines: Vec<autopar_ir::pipeline::PipelineProgram>,
+}
+
+/// The mesh without its `pp` axis (`None` when no other axis is left).
+pub fn without_pp(mesh: &DeviceMesh) -> Result<Option<DeviceMesh>, Error> {
+    let text: Vec<String> = mesh
+        .axes()
+        .iter()
+        .filter(|a| a.name != rt::pipeline::PP_AXIS)
+        .map(|a| format!("{}={}", a.name, a.size))
+        .collect();
+    if text.is_empty() {
+        return Ok(None);
+    }
+    let text = text.join(",");
+    DeviceMesh::parse(&text)
+        .map(Some)
+        .map_err(|e| Error::Usage(format!("mesh `{text}`: {e}")))
+}
+
+/// Parallelises `step` over the axes of `mesh` other than `pp`, then cuts every rank's
+/// local step into the pipeline `pipeline` describes (its `pp` must be the mesh's).
+pub fn compile_pipelined(
+    step: &crate::TrainStep,
+    mesh: &DeviceMesh,
+    options: &ParallelOptions,
+    pipeline: &autopar_passes::pipeline::PipelineOptions,
+) -> Result<PipelinedSpmd, Error> {
+    use autopar_passes::pipeline::{PipelineOptions, plan_stages, split_pipeline};
+    let sub = without_pp(mesh)?
+        .ok_or_else(|| Error::Usage(format!("the mesh `{mesh}` has no axis besides `pp`")))?;
+    let spmd = compile(&step.graph, &sub, options)?;
+    let n_stages = pipeline.pp * pipeline.vpp;
+    let split = plan_stages(&step.graph, n_stages, &pipeline.boundaries)?;
+    // Every local step is cut at the global step's boundaries, so that all pipelines agree.
+    let pins: Vec<String> = split.starts.iter().skip(1).map(|s| s.to_string()).collect();
+    let local_options = PipelineOptions {
+        boundaries: pins,
+        ..pipeline.clone()
+    };
+    let pipelines = spmd
+        .ranks
+        .iter()
+        .map(|local| {
+            let local_step = crate::TrainStep {
+                graph: local.clone(),
+                ..step.clone()
+            };
+            split_pipeline(&local_step, &local_options).map(|p| p.program)
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(PipelinedSpmd {
+        mesh: mesh.clone(),
+        spmd,
+        split,
+        pipelines,
+    })
+}
+
+/// What a pipelined SPMD run reports.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PipelinedSummary {
+    /// The loss of every step.
+    pub losses: Vec<f64>,
+    /// The comparison with the reference, when asked for.
+    pub verify: Option<VerifyReport>,
+    /// The last step's report of every pipeline.
+    pub last: Vec<rt::PipelineStepReport>,
+}
+
+/// Runs `steps` steps of `program` on the CPU ranks of its mesh (one thread per rank), from
+/// the state and data of `seed`; with `verify: Some(tolerance)`, runs the single-device
+/// reference next to it and compares the losses and every state tensor, gathered back to
+/// its global shape.
+pub fn run_pipelined(
+    program: &PipelinedSpmd,
+    seed: u64,
+    steps: u64,
+    verify: Option<f64>,
+    mut each: impl FnMut(u64, f64),
+) -> Result<PipelinedSummary, Error> {
+    let g = &program.spmd.global.graph;
+    let sub = program.spmd.mesh()?;
+    let mesh = &program.mesh;
+    let n = mesh.num_devices();
+    let sub_rank = |rank: usize| rt::split_pipeline_rank(mesh, rank).1;
+    let mut states: Vec<TensorMap> = (0..n)
+        .map(|rank| init_rank_state(g, sub, sub_rank(rank), seed))
+        .collect::<Result<_, _>>()?;
+    let mut reference = if verify.is_some() {
+        Some(rt::init_parameters(g, seed)?)
+    } else {
+        None
+    };
+    let (mut abs, mut rel) = (0.0f64, 0.0f64);
+    let mut worst = "loss".to_string();
+    let mut losses = Vec::new();
+    let mut last = Vec::new();
+    for step in 0..steps.max(1) {
+        let batch = rt::synthetic_batch(g, seed, step)?;
+        let batches: Vec<TensorMap> = (0..n)
+            .map(|rank| rank_inputs(g, &batch, sub, sub_rank(rank)))
+            .collect::<Result<_, _>>()?;
+        let reports = rt::run_pipeline_step_spmd(
+            &program.pipelines,
+            mesh,
+            &states,
+            &batches,
+            RunOptions::default(),
+            rt::CommOptions::default(),
+        )?;
+        let loss = reports
+            .first()
+            .and_then(|r| r.outputs.get("loss"))
+            .and_then(|t| t.scalar_value())
+            .ok_or_else(|| Error::Usage("the pipelined step has no loss".into()))?;
+        each(step, loss);
+        losses.push(loss);
+        // Every rank keeps its coordinate's state, each tensor replaced by its next value
+        // (from the pipeline rank that computed it).
+        for (rank, state) in states.iter_mut().enumerate() {
+            let next = &reports[sub_rank(rank)].outputs;
+            for (name, slot) in state.iter_mut() {
+                if let Some(t) = next.get(name) {
+                    *slot = t.clone();
+                }
+            }
+        }
+        if let Some(reference) = reference.as_mut() {
+            let out = rt::run(g, reference, &batch, RunOptions::default())?;
+            let want = out.scalar("loss")?;
+            abs = abs.max((loss - want).abs());
+            rel = rel.max((loss - want).abs() / want.abs().max(f64::MIN_POSITIVE));
+            for (name, t) in out.outputs {
+                if let Some(slot) = reference.get_mut(&name) {
+                    *slot = t;
+                }
+            }
+        }
+        last = reports;
+    }
+    let mut verify_report = None;
+    if let Some(reference) = &reference {
+        // Every coordinate's state: its pipeline's outputs (each next state, from the rank
+        // that holds it) of the last step.
+        let merged: Vec<TensorMap> = last.iter().map(|r| r.outputs.clone()).collect();
+        for (v, name, ty) in g.parameters() {
+            let Some(want) = reference.get(name) else {
+                continue;
+            };
+            let s = sharding_of(g, v)?;
+            let got = gather(name, ty, &s, sub, &merged)?;
+            let (a, r) = compare(&got, want);
+            abs = abs.max(a);
+            if r > rel {
+                rel = r;
+                worst = name.to_string();
+            }
+        }
+        verify_report = Some(VerifyReport {
+            worst,
+            max_abs_err: abs,
+            max_rel_err: rel,
+            tolerance: verify.unwrap_or(VERIFY_TOLERANCE),
+        });
+    }
+    Ok(PipelinedSummary {
+        losses,
+        verify: verify_report,
+        last,
+    })
+}

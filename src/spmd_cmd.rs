@@ -26,15 +26,61 @@ pub struct SpmdArgs {
     pub sp: bool,
 }
 
-/// True when `mesh` asks for a pipeline (a `pp` axis of size above 1); an error when it
-/// also has other axes of size above 1, which no runtime combines yet.
+/// True when `mesh` asks for a pipeline (a `pp` axis of size above 1), alone or with other
+/// axes.
 pub fn is_pipeline(mesh: &str) -> Result<bool> {
     let m = DeviceMesh::parse(mesh).with_context(|| format!("--mesh `{mesh}`"))?;
-    let pp = m.axis_size("pp").unwrap_or(1) > 1;
-    if pp && m.axes().iter().any(|a| a.name != "pp" && a.size > 1) {
-        bail!("--mesh `{mesh}`: pipelines do not combine with other mesh axes yet");
+    Ok(m.axis_size("pp").unwrap_or(1) > 1)
+}
+
+/// True when `mesh` has an axis besides `pp` of size above 1 (SPMD inside the pipeline).
+pub fn has_spmd_axes(mesh: &str) -> Result<bool> {
+    let m = DeviceMesh::parse(mesh).with_context(|| format!("--mesh `{mesh}`"))?;
+    Ok(m.axes().iter().any(|a| a.name != "pp" && a.size > 1))
+}
+
+/// `run --mesh dp=..,tp=..,pp=N`: the step parallelised over the axes other than `pp`,
+/// each rank's local step cut into the pipeline `pipeline` describes, run on one CPU thread
+/// per rank of the whole mesh, and with `verify: Some(tolerance)` compared with the
+/// single-device reference (an error when it fails).
+pub fn run_pipelined(
+    step: &autopar::TrainStep,
+    mesh: &str,
+    args: &SpmdArgs,
+    pipeline: &autopar::passes::pipeline::PipelineOptions,
+    seed: u64,
+    steps: u64,
+    verify: Option<f64>,
+) -> Result<()> {
+    let Some((mesh, options)) = args.options(Some(mesh))? else {
+        bail!("a pipeline needs --mesh");
+    };
+    let program = spmd::compile_pipelined(step, &mesh, &options, pipeline)?;
+    let summary = spmd::run_pipelined(&program, seed, steps, verify, |step, loss| {
+        println!("step {} loss: {loss:.6}", step + 1);
+    })?;
+    let peak = summary
+        .last
+        .iter()
+        .flat_map(|r| r.ranks.iter().map(|k| k.peak_bytes))
+        .max()
+        .unwrap_or(0);
+    println!(
+        "ranks: {} ({mesh}), {} pipelines of {} stages, peak memory per rank: {peak}",
+        mesh.num_devices(),
+        program.pipelines.len(),
+        pipeline.pp * pipeline.vpp,
+    );
+    if let Some(report) = summary.verify {
+        println!("{}", report.line());
+        if !report.ok() {
+            bail!(
+                "the parallel run differs from the single-device reference (worst: `{}`)",
+                report.worst
+            );
+        }
     }
-    Ok(pp)
+    Ok(())
 }
 
 impl SpmdArgs {

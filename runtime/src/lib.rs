@@ -57,7 +57,9 @@ pub use executor::{RankProgram, SpmdOptions, run_spmd, run_spmd_per_rank};
 pub use init::{element_init, init_parameter, init_parameters};
 pub use interp::{Communicator, RunOptions, RunOutput, SingleDevice, run, run_with_communicator};
 pub use kernels::eval_op;
-pub use pipeline::{PipelineStepReport, RankReport, run_pipeline_step};
+pub use pipeline::{
+    PipelineStepReport, RankReport, run_pipeline_step, run_pipeline_step_spmd, split_pipeline_rank,
+};
 pub use reference::decomposed_attention;
 pub use tensor::{Data, Precision, Tensor, round_to_dtype};
 pub use train::{StepReport, Trainer};

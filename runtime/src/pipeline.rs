@@ -28,7 +28,7 @@ use autopar_ir::{DeviceMesh, Op, ValueId};
 use crate::TensorMap;
 use crate::comm::{CommOptions, InProcessCommunicator, in_process_communicators};
 use crate::error::RuntimeError;
-use crate::interp::{RunOptions, run};
+use crate::interp::{RunOptions, run_with_communicator};
 use crate::tensor::Tensor;
 
 /// The mesh axis pipeline messages travel on.
@@ -78,6 +78,68 @@ pub fn run_pipeline_step(
             ),
         });
     }
+    let batches = vec![batch.clone(); pp];
+    let mut reports = run_pipeline_step_spmd(
+        std::slice::from_ref(program),
+        mesh,
+        states,
+        &batches,
+        options,
+        comm,
+    )?;
+    reports.pop().ok_or_else(|| RuntimeError::SpmdSetup {
+        detail: "the pipeline produced no report".into(),
+    })
+}
+
+/// The pipeline coordinate of linear `rank` of `mesh`, and the linear index of its
+/// coordinates on the other axes (row-major, in the mesh's axis order without `pp`).
+pub fn split_pipeline_rank(mesh: &DeviceMesh, rank: usize) -> (usize, usize) {
+    let coords = mesh.coords(rank);
+    let (mut pp_coord, mut other) = (0, 0);
+    for (axis, c) in mesh.axes().iter().zip(coords) {
+        if axis.name == PP_AXIS {
+            pp_coord = c;
+        } else {
+            other = other * axis.size + c;
+        }
+    }
+    (pp_coord, other)
+}
+
+/// Runs one step of pipelines that are also split over the other axes of `mesh`:
+/// `programs[i]` is the pipeline of the `i`-th coordinate on the axes other than `pp`
+/// (row-major, see [`split_pipeline_rank`]); its sub-programs may hold collectives over
+/// those axes, which the ranks sharing a pipeline coordinate issue in the same order
+/// because they walk the same action list. Rank `r` of `mesh` starts from `states[r]` and
+/// reads the inputs `batches[r]` (its part of the batch). Returns one report per program,
+/// its `ranks` indexed by pipeline coordinate.
+pub fn run_pipeline_step_spmd(
+    programs: &[PipelineProgram],
+    mesh: &DeviceMesh,
+    states: &[TensorMap],
+    batches: &[TensorMap],
+    options: RunOptions,
+    comm: CommOptions,
+) -> Result<Vec<PipelineStepReport>, RuntimeError> {
+    let n = mesh.num_devices();
+    let pp = mesh.axis_size(PP_AXIS).unwrap_or(1);
+    let bad = programs.len() * pp != n
+        || states.len() != n
+        || batches.len() != n
+        || programs.iter().any(|p| p.pp() != pp);
+    if bad {
+        return Err(RuntimeError::SpmdSetup {
+            detail: format!(
+                "the mesh `{mesh}` needs {} pipelines of {pp} stages and {n} rank states and \
+                 batches (got {} pipelines, {} states, {} batches)",
+                n / pp.max(1),
+                programs.len(),
+                states.len(),
+                batches.len()
+            ),
+        });
+    }
     let comms = in_process_communicators(mesh, comm);
     let results: Vec<Result<RankReport, RuntimeError>> = std::thread::scope(|scope| {
         let handles: Vec<_> = comms
@@ -85,8 +147,11 @@ pub fn run_pipeline_step(
             .enumerate()
             .map(|(rank, comm)| {
                 let state = &states[rank];
+                let batch = &batches[rank];
+                let (pp_rank, which) = split_pipeline_rank(mesh, rank);
+                let program = &programs[which];
                 scope.spawn(move || {
-                    let mut rank_run = RankRun::new(program, rank, comm);
+                    let mut rank_run = RankRun::new(program, pp_rank, comm);
                     let result = rank_run.run(state, batch, options);
                     if let Err(e) = &result {
                         rank_run.comm.abort(e);
@@ -108,11 +173,14 @@ pub fn run_pipeline_step(
             })
             .collect()
     });
-    let mut ranks = Vec::with_capacity(pp);
+    let mut per_program: Vec<Vec<Option<RankReport>>> = vec![vec![None; pp]; programs.len()];
     let mut first_err = None;
     for (rank, r) in results.into_iter().enumerate() {
         match r {
-            Ok(report) => ranks.push(report),
+            Ok(report) => {
+                let (pp_rank, which) = split_pipeline_rank(mesh, rank);
+                per_program[which][pp_rank] = Some(report);
+            }
             Err(e) => {
                 let consequence = matches!(
                     e.innermost(),
@@ -133,28 +201,33 @@ pub fn run_pipeline_step(
     if let Some((_, e)) = first_err {
         return Err(e);
     }
-    let mut outputs = TensorMap::new();
-    for (name, v, rank) in &program.outputs {
-        let t = ranks[*rank]
-            .state
-            .get(&value_name(*v))
-            .cloned()
-            .ok_or_else(|| RuntimeError::Pipeline {
-                rank: *rank,
-                detail: format!("output `{name}` ({v}) was not produced"),
-            })?;
-        outputs.insert(name.clone(), t);
-    }
-    // The rank states keep only state names.
-    for (rank, report) in ranks.iter_mut().enumerate() {
-        let held = std::mem::take(&mut report.state);
-        for (name, v) in &program.state_outputs[rank] {
-            if let Some(t) = held.get(&value_name(*v)) {
-                report.state.insert(name.clone(), t.clone());
+    let mut reports = Vec::with_capacity(programs.len());
+    for (program, ranks) in programs.iter().zip(per_program) {
+        let mut ranks: Vec<RankReport> = ranks.into_iter().flatten().collect();
+        let mut outputs = TensorMap::new();
+        for (name, v, rank) in &program.outputs {
+            let t = ranks[*rank]
+                .state
+                .get(&value_name(*v))
+                .cloned()
+                .ok_or_else(|| RuntimeError::Pipeline {
+                    rank: *rank,
+                    detail: format!("output `{name}` ({v}) was not produced"),
+                })?;
+            outputs.insert(name.clone(), t);
+        }
+        // The rank states keep only state names.
+        for (rank, report) in ranks.iter_mut().enumerate() {
+            let held = std::mem::take(&mut report.state);
+            for (name, v) in &program.state_outputs[rank] {
+                if let Some(t) = held.get(&value_name(*v)) {
+                    report.state.insert(name.clone(), t.clone());
+                }
             }
         }
+        reports.push(PipelineStepReport { outputs, ranks });
     }
-    Ok(PipelineStepReport { outputs, ranks })
+    Ok(reports)
 }
 
 /// The kinds of message a rank sends.
@@ -457,7 +530,8 @@ impl<'p> RankRun<'p> {
             moved_bytes += t.size_bytes();
             feed.insert(value_name(v), t);
         }
-        let out = run(&p.graph, &TensorMap::new(), &feed, options);
+        let out =
+            run_with_communicator(&p.graph, &TensorMap::new(), &feed, options, &mut self.comm);
         // Put the inputs back before anything else, so that a failure leaves the store whole.
         for &v in &p.inputs {
             if let Some(t) = feed.remove(&value_name(v)) {

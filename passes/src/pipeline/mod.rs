@@ -24,8 +24,14 @@
 //! the gradient messages and summed on the first stage, which owns the update; the updated
 //! weight is then sent to the last stage in the optimizer phase. The optimizer phase (the
 //! global gradient norm for clipping crosses every stage) runs as segments in one global
-//! order, each segment's results sent to the ranks that read them. Any other flow (a forward
-//! value read by an earlier stage) is a [`PassError::PipelineCut`].
+//! order, each segment's results sent to the ranks that read them. A forward value of
+//! micro-batch `a` read by a later micro-batch on the same stage (a batch input the SPMD
+//! partitioner resharded once for all micro-batches) stays in that rank's store until its
+//! last reader. Any other flow (a forward value read by an earlier stage) is a
+//! [`PassError::PipelineCut`].
+//!
+//! The step may be a partitioned local program with collectives over mesh axes other than
+//! `pp` (it keeps the scopes of the global step); the sub-programs keep its mesh.
 
 pub mod balance;
 
@@ -484,8 +490,14 @@ fn check_flows(g: &Graph, role: &HashMap<NodeId, Role>) -> Result<(), PassError>
             };
             let ok = match (from_phase, to_phase) {
                 (_, Phase::Optimizer) => true,
+                // A value of an earlier micro-batch's forward (a batch input resharded
+                // once by the partitioner, then sliced per micro-batch) stays in the store
+                // of its rank: every schedule runs forward `a` of a stage before forward
+                // or backward `b > a` of that stage.
                 (Phase::Forward(a), Phase::Forward(b))
-                | (Phase::Forward(a), Phase::Backward(b)) => a == b && from <= to,
+                | (Phase::Forward(a), Phase::Backward(b)) => {
+                    (a == b && from <= to) || (a < b && from == to)
+                }
                 (Phase::Backward(a), Phase::Backward(b)) => {
                     (a == b && from >= to) || (a < b && from == to)
                 }
@@ -522,6 +534,8 @@ fn extract(
     exported: impl Fn(ValueId) -> bool,
 ) -> Result<StageProgram, PassError> {
     let mut sub = Graph::new(name);
+    // Collectives of a partitioned step size their groups from the mesh.
+    sub.set_mesh(g.mesh().cloned());
     let inside: HashSet<NodeId> = nodes.iter().copied().collect();
     let mut defined: HashSet<ValueId> = HashSet::new();
     let mut inputs = Vec::new();
