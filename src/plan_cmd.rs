@@ -44,13 +44,17 @@ pub struct PlanArgs {
     #[arg(long, value_name = "S")]
     max_seconds: Option<f64>,
     /// Pin values, e.g. "tp=8,recompute=full" (keys of --plan in `estimate`, and
-    /// stages=L0-L1-... for the layers of each virtual stage).
+    /// stages=L0-L1-... for the layers of each virtual stage, runtime=cpu for only the plans
+    /// `autopar run --plan-file` executes on CPU ranks).
     #[arg(long, default_value = "")]
     pin: String,
     /// Compare the best plan with this plan (as in `estimate --plan`) instead of the
     /// Megatron-style reference.
     #[arg(long, value_name = "PLAN")]
     reference: Option<String>,
+    /// Write the best plan as JSON to this file (run it with `autopar run MODEL --plan-file FILE`).
+    #[arg(long, value_name = "FILE")]
+    save: Option<String>,
     /// Worker threads (0: all cores).
     #[arg(long, default_value_t = 0)]
     threads: usize,
@@ -136,6 +140,11 @@ pub fn plan(args: PlanArgs) -> Result<()> {
             }
         );
     };
+
+    if let Some(path) = &args.save {
+        std::fs::write(path, serde_json::to_string_pretty(&best.plan)? + "\n")
+            .with_context(|| format!("cannot write `{path}`"))?;
+    }
 
     let mut comparisons = Vec::new();
     if let Some(second) = result.plans.get(1) {
