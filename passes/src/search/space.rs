@@ -52,6 +52,10 @@ pub struct Constraints {
     /// is found rather than the best plan filtered afterwards.
     #[serde(default)]
     pub cpu_executable: bool,
+    /// Mesh axes (`dp tp pp cp ep`) that must be longer than 1: an annotation shards a
+    /// tensor over them (`plan --annotate`), which a plan without the axis cannot honour.
+    #[serde(default)]
+    pub sharded_axes: Vec<String>,
 }
 
 impl Constraints {
@@ -161,6 +165,21 @@ impl Constraints {
                 .as_ref()
                 .is_none_or(|s| *s == layers_per_virtual_stage(cfg.layers, plan.pp * plan.vpp))
             && (!self.cpu_executable || cpu_unsupported(plan).is_empty())
+            && [
+                ("dp", plan.dp),
+                ("tp", plan.tp),
+                ("pp", plan.pp),
+                ("cp", plan.cp),
+                ("ep", plan.ep),
+            ]
+            .iter()
+            .all(|&(axis, n)| self.allows_degree(axis, n))
+    }
+
+    /// False when `axis` must be sharded over (see [`Constraints::sharded_axes`]) and
+    /// `degree` is 1.
+    pub fn allows_degree(&self, axis: &str, degree: usize) -> bool {
+        degree > 1 || !self.sharded_axes.iter().any(|a| a == axis)
     }
 }
 
@@ -246,13 +265,14 @@ pub(crate) fn mesh_shapes(
         let tp_ok = cfg.heads.is_multiple_of(tp)
             && cfg.kv_heads.is_multiple_of(tp)
             && cfg.ffn.is_multiple_of(tp);
-        if !tp_ok || c.tp.is_some_and(|p| p != tp) {
+        if !tp_ok || c.tp.is_some_and(|p| p != tp) || !c.allows_degree("tp", tp) {
             continue;
         }
         for cp in divisors(devices / tp) {
             let useful = cp == 1 || c.cp.is_some() || cfg.seq >= cp_min_seq;
             if !useful
                 || (c.cpu_executable && cp > 1)
+                || !c.allows_degree("cp", cp)
                 || (cp > 1 && !cfg.seq.is_multiple_of(2 * cp))
                 || c.cp.is_some_and(|p| p != cp)
             {
@@ -261,11 +281,18 @@ pub(crate) fn mesh_shapes(
             for pp in divisors(devices / (tp * cp)) {
                 // The CPU runtime runs a pipeline only on its own.
                 let cpu_ok = !c.cpu_executable || pp == 1 || pp == devices;
-                if pp > cfg.layers || c.pp.is_some_and(|p| p != pp) || !cpu_ok {
+                if pp > cfg.layers
+                    || c.pp.is_some_and(|p| p != pp)
+                    || !cpu_ok
+                    || !c.allows_degree("pp", pp)
+                {
                     continue;
                 }
                 let dp = devices / (tp * cp * pp);
-                if !global_batch.is_multiple_of(dp) || c.dp.is_some_and(|p| p != dp) {
+                if !global_batch.is_multiple_of(dp)
+                    || c.dp.is_some_and(|p| p != dp)
+                    || !c.allows_degree("dp", dp)
+                {
                     continue;
                 }
                 for ep in divisors(dp) {
@@ -274,7 +301,7 @@ pub(crate) fn mesh_shapes(
                     } else {
                         ep == 1
                     };
-                    let cpu_ok = !c.cpu_executable || ep == 1;
+                    let cpu_ok = (!c.cpu_executable || ep == 1) && c.allows_degree("ep", ep);
                     if ep_ok && cpu_ok && c.ep.is_none_or(|p| p == ep) {
                         out.push(Shape { dp, tp, pp, cp, ep });
                     }
