@@ -15,6 +15,7 @@ use autopar::{
     DumpFormat, LossScaling, Optimizer, Recompute, TrainOptions, dump, load_model, load_train_step,
 };
 
+mod auto_cmd;
 mod plan_cmd;
 
 /// autopar: an auto-parallel compiler for deep-learning training.
@@ -145,6 +146,16 @@ struct RunArgs {
     /// Write the executed (last) step as a Chrome trace JSON (open in Perfetto).
     #[arg(long, value_name = "FILE")]
     trace: Option<String>,
+    /// Search the plans the CPU runtime executes on --cluster, print the best and run it.
+    #[arg(long, requires = "cluster", conflicts_with = "plan_file")]
+    auto: bool,
+    /// The cluster of --auto (e.g. `cpu:ranks=8`): its device count is the number of ranks.
+    #[arg(long, requires = "auto")]
+    cluster: Option<String>,
+    /// Run exactly this plan (written by `autopar plan --save`, or an `autopar plan --json`
+    /// document, whose best plan is taken).
+    #[arg(long, value_name = "FILE")]
+    plan_file: Option<String>,
 }
 
 /// Options of a pipeline-parallel run or dump.
@@ -575,6 +586,9 @@ fn models(json: bool) -> Result<()> {
 }
 
 fn run(args: RunArgs) -> Result<()> {
+    if args.auto || args.plan_file.is_some() {
+        return auto_cmd::run(&args);
+    }
     if let Some(mesh) = &args.pipeline.mesh
         && !spmd_cmd::is_pipeline(mesh)?
     {

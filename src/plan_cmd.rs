@@ -44,13 +44,23 @@ pub struct PlanArgs {
     #[arg(long, value_name = "S")]
     max_seconds: Option<f64>,
     /// Pin values, e.g. "tp=8,recompute=full" (keys of --plan in `estimate`, and
-    /// stages=L0-L1-... for the layers of each virtual stage).
+    /// stages=L0-L1-... for the layers of each virtual stage, runtime=cpu for only the plans
+    /// `autopar run --plan-file` executes on CPU ranks).
     #[arg(long, default_value = "")]
     pin: String,
     /// Compare the best plan with this plan (as in `estimate --plan`) instead of the
     /// Megatron-style reference.
     #[arg(long, value_name = "PLAN")]
     reference: Option<String>,
+    /// An annotation file whose pins every ranked plan respects: a line `mesh: tp=2,zero=1`
+    /// pins plan keys (as --pin, with which it must agree), and a tensor line
+    /// `h.0.mlp.w1: tp=S(1)` (the format of `run --annotate`) requires each axis it shards
+    /// over to be longer than 1.
+    #[arg(long, value_name = "FILE")]
+    annotate: Option<String>,
+    /// Write the best plan as JSON to this file (run it with `autopar run MODEL --plan-file FILE`).
+    #[arg(long, value_name = "FILE")]
+    save: Option<String>,
     /// Worker threads (0: all cores).
     #[arg(long, default_value_t = 0)]
     threads: usize,
@@ -88,6 +98,9 @@ pub fn plan(args: PlanArgs) -> Result<()> {
     opts.top_k = args.top;
     opts.threads = args.threads;
     opts.constraints = Constraints::parse(&args.pin)?;
+    if let Some(path) = &args.annotate {
+        opts.constraints = annotation_constraints(path, &args.pin)?;
+    }
     if let Some(s) = args.max_seconds {
         if !(s.is_finite() && s >= 0.0) {
             bail!("--max-seconds must be a non-negative number of seconds, not {s}");
@@ -136,6 +149,11 @@ pub fn plan(args: PlanArgs) -> Result<()> {
             }
         );
     };
+
+    if let Some(path) = &args.save {
+        std::fs::write(path, serde_json::to_string_pretty(&best.plan)? + "\n")
+            .with_context(|| format!("cannot write `{path}`"))?;
+    }
 
     let mut comparisons = Vec::new();
     if let Some(second) = result.plans.get(1) {
@@ -217,6 +235,67 @@ pub fn plan(args: PlanArgs) -> Result<()> {
         }
     }
     super::print_stdout(&out)
+}
+
+/// The constraints of `--annotate FILE` combined with `--pin`: `mesh:` lines pin plan keys,
+/// tensor lines require the axes they shard over to be longer than 1.
+pub fn annotation_constraints(path: &str, pin: &str) -> Result<Constraints> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read `{path}`"))?;
+    let mut pins = Vec::new();
+    // Tensor lines go to the annotation parser with their line numbers kept.
+    let mut tensors = String::new();
+    for line in text.lines() {
+        let content = line.split('#').next().unwrap_or("").trim();
+        match content.split_once(':') {
+            Some((name, rest)) if name.trim() == "mesh" => {
+                pins.push(rest.trim().to_string());
+                tensors.push('\n');
+            }
+            _ => {
+                tensors.push_str(line);
+                tensors.push('\n');
+            }
+        }
+    }
+    let file_pins = pins.join(",");
+    let from_file = Constraints::parse(&file_pins).with_context(|| format!("{path}: `mesh:`"))?;
+    let from_flag = Constraints::parse(pin)?;
+    let (a, b) = (
+        serde_json::to_value(&from_file)?,
+        serde_json::to_value(&from_flag)?,
+    );
+    if let (Some(a), Some(b)) = (a.as_object(), b.as_object()) {
+        for (key, va) in a {
+            if let Some(vb) = b.get(key)
+                && !va.is_null()
+                && !vb.is_null()
+                && va != vb
+            {
+                bail!("{path} pins {key} to {va}, --pin to {vb}");
+            }
+        }
+    }
+    let mut c = Constraints::parse(&format!("{pin},{file_pins}"))?;
+    let annotations = autopar::passes::parallelize::parse_annotations(&tensors)
+        .map_err(|e| anyhow::anyhow!("{path}: {e}"))?;
+    for a in &annotations {
+        for (axis, placement) in &a.axes {
+            if !matches!(placement, autopar::ir::Placement::Shard(_)) {
+                continue;
+            }
+            if !["dp", "tp", "pp", "cp", "ep"].contains(&axis.as_str()) {
+                bail!(
+                    "{path}:{}: `{}` is sharded over `{axis}`, which is not a plan axis (dp, tp, pp, cp, ep)",
+                    a.line,
+                    a.tensor
+                );
+            }
+            if !c.sharded_axes.contains(axis) {
+                c.sharded_axes.push(axis.clone());
+            }
+        }
+    }
+    Ok(c)
 }
 
 fn header(

@@ -60,7 +60,7 @@ use autopar_ir::schedule::{Schedule, ScheduleKind};
 
 pub use bound::{capacity_bytes, memory_lower_bound, step_time_lower_bound};
 pub use error::SearchError;
-pub use space::Constraints;
+pub use space::{Constraints, cpu_unsupported};
 
 use space::Shape;
 

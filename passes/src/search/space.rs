@@ -46,12 +46,23 @@ pub struct Constraints {
     /// Layers of each virtual stage, in order (pins the stage boundaries; the length pins
     /// `pp * vpp`).
     pub stage_layers: Option<Vec<usize>>,
+    /// Only plans the CPU runtime executes (`autopar run --auto`): no context or expert
+    /// parallelism, no sequence parallelism, and a pipeline (`pp > 1`) only on its own
+    /// (`dp = tp = 1`). Applied while the space is enumerated, so the best executable plan
+    /// is found rather than the best plan filtered afterwards.
+    #[serde(default)]
+    pub cpu_executable: bool,
+    /// Mesh axes (`dp tp pp cp ep`) that must be longer than 1: an annotation shards a
+    /// tensor over them (`plan --annotate`), which a plan without the axis cannot honour.
+    #[serde(default)]
+    pub sharded_axes: Vec<String>,
 }
 
 impl Constraints {
     /// Parses `key=value` pairs separated by commas, with the keys of [`Plan::parse`] (`dp tp
     /// pp vpp cp ep mbs zero recompute sp schedule order`) and `stages` (layers per virtual
-    /// stage joined by `-`, e.g. `stages=12-12-12-12`).
+    /// stage joined by `-`, e.g. `stages=12-12-12-12`) and `runtime=cpu` (only plans the CPU
+    /// runtime executes, see [`cpu_unsupported`]).
     ///
     /// ```
     /// # use autopar_passes::search::Constraints;
@@ -97,6 +108,11 @@ impl Constraints {
                     c.schedule = Some(v.parse().map_err(|e| err(format!("{e}")))?);
                 }
                 "order" => c.axis_order = Some(one()?.axis_order),
+                "runtime" => match v {
+                    "cpu" => c.cpu_executable = true,
+                    "any" => c.cpu_executable = false,
+                    _ => return Err(err(format!("expected cpu or any, not `{v}`"))),
+                },
                 "stages" => {
                     let layers: Result<Vec<usize>, _> =
                         v.split('-').map(|x| x.trim().parse::<usize>()).collect();
@@ -114,7 +130,7 @@ impl Constraints {
                 _ => {
                     return Err(err(
                         "unknown key (expected dp, tp, pp, vpp, cp, ep, mbs, zero, recompute, \
-                         sp, schedule, order or stages)"
+                         sp, schedule, order, stages or runtime)"
                             .into(),
                     ));
                 }
@@ -148,7 +164,56 @@ impl Constraints {
                 .stage_layers
                 .as_ref()
                 .is_none_or(|s| *s == layers_per_virtual_stage(cfg.layers, plan.pp * plan.vpp))
+            && (!self.cpu_executable || cpu_unsupported(plan).is_empty())
+            && [
+                ("dp", plan.dp),
+                ("tp", plan.tp),
+                ("pp", plan.pp),
+                ("cp", plan.cp),
+                ("ep", plan.ep),
+            ]
+            .iter()
+            .all(|&(axis, n)| self.allows_degree(axis, n))
     }
+
+    /// False when `axis` must be sharded over (see [`Constraints::sharded_axes`]) and
+    /// `degree` is 1.
+    pub fn allows_degree(&self, axis: &str, degree: usize) -> bool {
+        degree > 1 || !self.sharded_axes.iter().any(|a| a == axis)
+    }
+}
+
+/// What in `plan` the CPU runtime cannot execute, one phrase each (empty: it executes it).
+/// The runtime runs data and tensor parallelism with ZeRO 0-3 on one mesh, or a pipeline
+/// (any schedule, micro-batches and virtual stages) on its own.
+///
+/// ```
+/// # use autopar_cost_model::Plan;
+/// # use autopar_passes::search::cpu_unsupported;
+/// assert!(cpu_unsupported(&Plan::parse("dp=2,tp=2,zero=3").unwrap()).is_empty());
+/// assert_eq!(cpu_unsupported(&Plan::parse("tp=2,cp=2").unwrap()), ["context parallelism (cp=2)"]);
+/// ```
+pub fn cpu_unsupported(plan: &Plan) -> Vec<String> {
+    let mut out = Vec::new();
+    if plan.pp > 1 && (plan.dp > 1 || plan.tp > 1) {
+        out.push(format!(
+            "a pipeline combined with data or tensor parallelism (pp={} with dp={}, tp={})",
+            plan.pp, plan.dp, plan.tp
+        ));
+    }
+    if plan.cp > 1 {
+        out.push(format!("context parallelism (cp={})", plan.cp));
+    }
+    if plan.ep > 1 {
+        out.push(format!(
+            "expert parallelism with token dispatch (ep={})",
+            plan.ep
+        ));
+    }
+    if plan.sequence_parallel {
+        out.push("sequence parallelism (sp=true)".to_string());
+    }
+    out
 }
 
 /// A mesh shape: `dp * tp * pp * cp` devices, `ep` dividing `dp`.
@@ -200,23 +265,34 @@ pub(crate) fn mesh_shapes(
         let tp_ok = cfg.heads.is_multiple_of(tp)
             && cfg.kv_heads.is_multiple_of(tp)
             && cfg.ffn.is_multiple_of(tp);
-        if !tp_ok || c.tp.is_some_and(|p| p != tp) {
+        if !tp_ok || c.tp.is_some_and(|p| p != tp) || !c.allows_degree("tp", tp) {
             continue;
         }
         for cp in divisors(devices / tp) {
             let useful = cp == 1 || c.cp.is_some() || cfg.seq >= cp_min_seq;
             if !useful
+                || (c.cpu_executable && cp > 1)
+                || !c.allows_degree("cp", cp)
                 || (cp > 1 && !cfg.seq.is_multiple_of(2 * cp))
                 || c.cp.is_some_and(|p| p != cp)
             {
                 continue;
             }
             for pp in divisors(devices / (tp * cp)) {
-                if pp > cfg.layers || c.pp.is_some_and(|p| p != pp) {
+                // The CPU runtime runs a pipeline only on its own.
+                let cpu_ok = !c.cpu_executable || pp == 1 || pp == devices;
+                if pp > cfg.layers
+                    || c.pp.is_some_and(|p| p != pp)
+                    || !cpu_ok
+                    || !c.allows_degree("pp", pp)
+                {
                     continue;
                 }
                 let dp = devices / (tp * cp * pp);
-                if !global_batch.is_multiple_of(dp) || c.dp.is_some_and(|p| p != dp) {
+                if !global_batch.is_multiple_of(dp)
+                    || c.dp.is_some_and(|p| p != dp)
+                    || !c.allows_degree("dp", dp)
+                {
                     continue;
                 }
                 for ep in divisors(dp) {
@@ -225,7 +301,8 @@ pub(crate) fn mesh_shapes(
                     } else {
                         ep == 1
                     };
-                    if ep_ok && c.ep.is_none_or(|p| p == ep) {
+                    let cpu_ok = (!c.cpu_executable || ep == 1) && c.allows_degree("ep", ep);
+                    if ep_ok && cpu_ok && c.ep.is_none_or(|p| p == ep) {
                         out.push(Shape { dp, tp, pp, cp, ep });
                     }
                 }
@@ -444,7 +521,7 @@ pub(crate) fn sequence_parallel(cfg: &TransformerConfig, s: &Shape, c: &Constrai
     if s.tp > 1 && cfg.seq.is_multiple_of(s.cp * s.tp) {
         out.push(true);
     }
-    out.retain(|&sp| c.sp.is_none_or(|p| p == sp));
+    out.retain(|&sp| c.sp.is_none_or(|p| p == sp) && !(c.cpu_executable && sp));
     out
 }
 

@@ -1,0 +1,146 @@
+//! End-to-end tests of executable plans: `autopar plan --save` and `--json` write a plan,
+//! `autopar run --plan-file` runs exactly it on CPU ranks (or refuses what the CPU runtime
+//! cannot execute), and `autopar run --auto` searches, prints and runs the best executable
+//! plan.
+
+mod common;
+
+use common::{autopar_err, autopar_ok, scratch};
+
+#[test]
+fn auto_on_eight_cpu_ranks_searches_runs_and_verifies() {
+    let out = autopar_ok(&[
+        "run",
+        "gpt-tiny",
+        "--auto",
+        "--cluster",
+        "cpu:ranks=8",
+        "--steps",
+        "3",
+        "--verify",
+    ]);
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(lines[0].starts_with("plan: dp="), "{out}");
+    assert!(lines[0].contains("cp=1,ep=1"), "{out}");
+    assert!(lines[0].contains("sp=false"), "{out}");
+    assert!(out.contains("step 3 loss: "), "{out}");
+    assert!(out.contains("ranks: 8 ("), "{out}");
+    let verify = lines.last().expect("a verify line");
+    assert!(
+        verify.starts_with("verify: ") && verify.ends_with(" OK"),
+        "{out}"
+    );
+}
+
+#[test]
+fn auto_needs_a_cluster_and_refuses_one_without_an_executable_plan() {
+    autopar_err(&["run", "gpt-tiny", "--auto"]);
+    let err = autopar_err(&["run", "gpt-tiny", "--auto", "--cluster", "cpu:ranks=3"]);
+    assert!(err.contains("no plan the CPU runtime executes"), "{err}");
+}
+
+#[test]
+fn every_plan_of_the_cpu_runtime_search_is_executable() {
+    let out = autopar_ok(&[
+        "plan",
+        "gpt-tiny",
+        "--cluster",
+        "cpu:ranks=8",
+        "--batch",
+        "8",
+        "--top",
+        "100",
+        "--pin",
+        "runtime=cpu",
+        "--json",
+    ]);
+    let doc: serde_json::Value = serde_json::from_str(&out).expect("JSON");
+    let plans = doc["plans"].as_array().expect("plans");
+    assert!(!plans.is_empty());
+    for p in plans {
+        let c = &p["config"];
+        assert_eq!(c["cp"], 1, "{p}");
+        assert_eq!(c["ep"], 1, "{p}");
+        assert_eq!(c["sequence_parallel"], false, "{p}");
+        assert!(c["pp"] == 1 || (c["dp"] == 1 && c["tp"] == 1), "{p}");
+    }
+}
+
+#[test]
+fn a_saved_plan_runs_exactly_as_written() {
+    let dir = scratch("auto_saved_plan");
+    let file = dir.join("plan.json");
+    let file = file.to_str().expect("UTF-8 path");
+    autopar_ok(&[
+        "plan",
+        "gpt-tiny",
+        "--cluster",
+        "cpu:ranks=4",
+        "--batch",
+        "8",
+        "--dtype",
+        "f32",
+        "--pin",
+        "dp=2,tp=2,zero=1,sp=false",
+        "--save",
+        file,
+    ]);
+    let plan: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(file).expect("saved")).expect("JSON");
+    assert_eq!(plan["tp"], 2);
+    assert_eq!(plan["zero_stage"], 1);
+    let out = autopar_ok(&["run", "gpt-tiny", "--plan-file", file, "--verify"]);
+    assert!(out.contains("ranks: 4 (dp=2, tp=2)"), "{out}");
+    assert!(out.trim_end().ends_with(" OK"), "{out}");
+}
+
+#[test]
+fn a_pipeline_plan_from_plan_json_runs_its_schedule() {
+    let dir = scratch("auto_pipeline_plan");
+    let file = dir.join("plans.json");
+    let doc = autopar_ok(&[
+        "plan",
+        "gpt-tiny",
+        "--cluster",
+        "cpu:ranks=2",
+        "--batch",
+        "8",
+        "--dtype",
+        "f32",
+        "--pin",
+        "pp=2,schedule=gpipe",
+        "--json",
+    ]);
+    std::fs::write(&file, doc).expect("write");
+    let file = file.to_str().expect("UTF-8 path");
+    let out = autopar_ok(&["run", "gpt-tiny", "--plan-file", file, "--verify"]);
+    assert!(out.contains("ranks: 2 (pp=2)"), "{out}");
+    assert!(out.trim_end().ends_with(" OK"), "{out}");
+}
+
+#[test]
+fn a_plan_the_cpu_runtime_cannot_execute_is_refused_by_name() {
+    let dir = scratch("auto_refused_plan");
+    let file = dir.join("plan.json");
+    std::fs::write(
+        &file,
+        r#"{"dp":2,"tp":2,"pp":2,"vpp":1,"cp":1,"ep":1,"micro_batch_size":1,"global_batch":8,
+            "zero_stage":0,"recompute":"none","sequence_parallel":true,"schedule":"1f1b",
+            "dtype":"f32","axis_order":["pp","dp","ep","cp","tp"]}"#,
+    )
+    .expect("write");
+    let err = autopar_err(&[
+        "run",
+        "gpt-tiny",
+        "--plan-file",
+        file.to_str().expect("UTF-8 path"),
+    ]);
+    assert!(err.contains("cannot run on the CPU runtime"), "{err}");
+    assert!(
+        err.contains("pipeline combined with data or tensor"),
+        "{err}"
+    );
+    assert!(err.contains("sequence parallelism"), "{err}");
+    let err = autopar_err(&["run", "gpt-tiny", "--plan-file", "/nonexistent/plan.json"]);
+    assert!(err.contains("cannot read"), "{err}");
+}
