@@ -137,6 +137,7 @@ fn execute(args: &RunArgs, plan: &Plan) -> Result<()> {
     let spmd = spmd_cmd::SpmdArgs {
         zero: plan.zero_stage,
         annotate: None,
+        sp: plan.sequence_parallel,
     };
     let verify = args
         .verify
@@ -154,13 +155,8 @@ fn run_pipeline(args: &RunArgs, plan: &Plan, step: &autopar::TrainStep) -> Resul
     }
     print_stdout(&format!("ranks: {} (pp={})\n", plan.pp, plan.pp))?;
     if args.verify {
-        // The comparison is of one step from the initial state.
-        let first = if args.steps == 1 {
-            summary.last
-        } else {
-            pc::run_steps(step, &split, args.seed, 1)?.last
-        };
-        let (abs, rel) = pc::compare_with_reference(step, args.seed, &first.outputs)?;
+        let steps = args.steps.max(1);
+        let (abs, rel) = pc::compare_with_reference(step, args.seed, steps, &summary.last.outputs)?;
         let tolerance = autopar::spmd::verify_tolerance(plan.dtype).max(pc::VERIFY_TOLERANCE);
         let ok = abs < tolerance;
         print_stdout(&format!(

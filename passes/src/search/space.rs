@@ -47,7 +47,7 @@ pub struct Constraints {
     /// `pp * vpp`).
     pub stage_layers: Option<Vec<usize>>,
     /// Only plans the CPU runtime executes (`autopar run --auto`): no context or expert
-    /// parallelism, no sequence parallelism, and a pipeline (`pp > 1`) only on its own
+    /// parallelism, and a pipeline (`pp > 1`) only on its own
     /// (`dp = tp = 1`). Applied while the space is enumerated, so the best executable plan
     /// is found rather than the best plan filtered afterwards.
     #[serde(default)]
@@ -209,9 +209,6 @@ pub fn cpu_unsupported(plan: &Plan) -> Vec<String> {
             "expert parallelism with token dispatch (ep={})",
             plan.ep
         ));
-    }
-    if plan.sequence_parallel {
-        out.push("sequence parallelism (sp=true)".to_string());
     }
     out
 }
@@ -521,7 +518,7 @@ pub(crate) fn sequence_parallel(cfg: &TransformerConfig, s: &Shape, c: &Constrai
     if s.tp > 1 && cfg.seq.is_multiple_of(s.cp * s.tp) {
         out.push(true);
     }
-    out.retain(|&sp| c.sp.is_none_or(|p| p == sp) && !(c.cpu_executable && sp));
+    out.retain(|&sp| c.sp.is_none_or(|p| p == sp));
     out
 }
 
