@@ -140,8 +140,7 @@ pub fn run(
         verify: None,
         peak_bytes: 0,
     };
-    let (mut abs, mut rel) = (0.0f64, 0.0f64);
-    let mut worst = "loss".to_string();
+    let mut discrepancy = Discrepancy::new();
     for step in 0..steps {
         let batch = rt::synthetic_batch(g, seed, step)?;
         let inputs: Vec<TensorMap> = (0..mesh.num_devices())
@@ -174,39 +173,86 @@ pub fn run(
             }
         }
         if let Some(reference) = reference.as_mut() {
-            let out = rt::run(g, reference, &batch, RunOptions::default())?;
-            let want = out.scalar("loss")?;
-            abs = abs.max((loss - want).abs());
-            rel = rel.max((loss - want).abs() / want.abs().max(f64::MIN_POSITIVE));
-            for (name, t) in out.outputs {
-                if let Some(slot) = reference.get_mut(&name) {
-                    *slot = t;
-                }
-            }
+            discrepancy.reference_step(g, reference, &batch, loss)?;
         }
     }
     if let Some(reference) = &reference {
+        let tolerance = verify.unwrap_or(VERIFY_TOLERANCE);
+        summary.verify = Some(discrepancy.finish(g, reference, mesh, &states, tolerance)?);
+    }
+    Ok(summary)
+}
+
+/// The running comparison of a parallel run with the single-device reference: the loss of
+/// every step, then every state tensor gathered back to its global shape.
+struct Discrepancy {
+    abs: f64,
+    rel: f64,
+    worst: String,
+}
+
+impl Discrepancy {
+    fn new() -> Self {
+        Discrepancy {
+            abs: 0.0,
+            rel: 0.0,
+            worst: "loss".to_string(),
+        }
+    }
+
+    /// Runs the reference step on `reference` (its state, advanced in place) and compares its
+    /// loss with the parallel run's.
+    fn reference_step(
+        &mut self,
+        g: &Graph,
+        reference: &mut TensorMap,
+        batch: &TensorMap,
+        loss: f64,
+    ) -> Result<(), Error> {
+        let out = rt::run(g, reference, batch, RunOptions::default())?;
+        let want = out.scalar("loss")?;
+        self.abs = self.abs.max((loss - want).abs());
+        self.rel = self
+            .rel
+            .max((loss - want).abs() / want.abs().max(f64::MIN_POSITIVE));
+        for (name, t) in out.outputs {
+            if let Some(slot) = reference.get_mut(&name) {
+                *slot = t;
+            }
+        }
+        Ok(())
+    }
+
+    /// Compares every parameter of `g` held by the ranks' `states` (laid out on `mesh`) with
+    /// the reference, and reports the result against `tolerance`.
+    fn finish(
+        mut self,
+        g: &Graph,
+        reference: &TensorMap,
+        mesh: &DeviceMesh,
+        states: &[TensorMap],
+        tolerance: f64,
+    ) -> Result<VerifyReport, Error> {
         for (v, name, ty) in g.parameters() {
             let Some(want) = reference.get(name) else {
                 continue;
             };
             let s = sharding_of(g, v)?;
-            let got = gather(name, ty, &s, mesh, &states)?;
+            let got = gather(name, ty, &s, mesh, states)?;
             let (a, r) = compare(&got, want);
-            abs = abs.max(a);
-            if r > rel {
-                rel = r;
-                worst = name.to_string();
+            self.abs = self.abs.max(a);
+            if r > self.rel {
+                self.rel = r;
+                self.worst = name.to_string();
             }
         }
-        summary.verify = Some(VerifyReport {
-            worst,
-            max_abs_err: abs,
-            max_rel_err: rel,
-            tolerance: verify.unwrap_or(VERIFY_TOLERANCE),
-        });
+        Ok(VerifyReport {
+            worst: self.worst,
+            max_abs_err: self.abs,
+            max_rel_err: self.rel,
+            tolerance,
+        })
     }
-    Ok(summary)
 }
 
 fn sharding_of(g: &Graph, v: autopar_ir::ValueId) -> Result<Sharding, Error> {
@@ -442,8 +488,7 @@ pub fn run_pipelined(
     } else {
         None
     };
-    let (mut abs, mut rel) = (0.0f64, 0.0f64);
-    let mut worst = "loss".to_string();
+    let mut discrepancy = Discrepancy::new();
     let mut losses = Vec::new();
     let mut last = Vec::new();
     for step in 0..steps.max(1) {
@@ -477,15 +522,7 @@ pub fn run_pipelined(
             }
         }
         if let Some(reference) = reference.as_mut() {
-            let out = rt::run(g, reference, &batch, RunOptions::default())?;
-            let want = out.scalar("loss")?;
-            abs = abs.max((loss - want).abs());
-            rel = rel.max((loss - want).abs() / want.abs().max(f64::MIN_POSITIVE));
-            for (name, t) in out.outputs {
-                if let Some(slot) = reference.get_mut(&name) {
-                    *slot = t;
-                }
-            }
+            discrepancy.reference_step(g, reference, &batch, loss)?;
         }
         last = reports;
     }
@@ -494,25 +531,8 @@ pub fn run_pipelined(
         // Every coordinate's state: its pipeline's outputs (each next state, from the rank
         // that holds it) of the last step.
         let merged: Vec<TensorMap> = last.iter().map(|r| r.outputs.clone()).collect();
-        for (v, name, ty) in g.parameters() {
-            let Some(want) = reference.get(name) else {
-                continue;
-            };
-            let s = sharding_of(g, v)?;
-            let got = gather(name, ty, &s, sub, &merged)?;
-            let (a, r) = compare(&got, want);
-            abs = abs.max(a);
-            if r > rel {
-                rel = r;
-                worst = name.to_string();
-            }
-        }
-        verify_report = Some(VerifyReport {
-            worst,
-            max_abs_err: abs,
-            max_rel_err: rel,
-            tolerance: verify.unwrap_or(VERIFY_TOLERANCE),
-        });
+        let tolerance = verify.unwrap_or(VERIFY_TOLERANCE);
+        verify_report = Some(discrepancy.finish(g, reference, sub, &merged, tolerance)?);
     }
     Ok(PipelinedSummary {
         losses,
