@@ -560,12 +560,9 @@ impl<'a> Ctx<'a> {
         )
     }
 
-    fn layer_forward(&self) -> (PassTime, f64) {
-        let mut p = PassTime::default();
-        let (attn, mlp) = self.layer_gemms();
-        let act_sp = self.act_sp();
-        let e = self.e;
-        // Two layer norms, two bias-dropout-residual adds, the MLP activation.
+    /// What the MLP's element-wise kernels touch per layer: the local MLP width times the
+    /// tokens (`f/t * n`), the gate factor (2 for gated MLPs) and the experts each token visits.
+    fn mlp_activation_shape(&self) -> (f64, f64, f64) {
         let f_t = (self.cfg.ffn / self.plan.tp) as f64 * self.n as f64;
         let gate = if self.cfg.gated_mlp { 2.0 } else { 1.0 };
         let topk = if self.cfg.experts > 1 {
@@ -573,6 +570,16 @@ impl<'a> Ctx<'a> {
         } else {
             1.0
         };
+        (f_t, gate, topk)
+    }
+
+    fn layer_forward(&self) -> (PassTime, f64) {
+        let mut p = PassTime::default();
+        let (attn, mlp) = self.layer_gemms();
+        let act_sp = self.act_sp();
+        let e = self.e;
+        // Two layer norms, two bias-dropout-residual adds, the MLP activation.
+        let (f_t, gate, topk) = self.mlp_activation_shape();
         p.memory_s += 2.0 * self.mem(act_sp * 2.0 * e)
             + 2.0 * self.mem(act_sp * (3.0 * e + 1.0))
             + self.mem(f_t * topk * (gate + 1.0) * e);
@@ -604,13 +611,7 @@ impl<'a> Ctx<'a> {
         let (attn, mlp) = self.layer_gemms();
         let act_sp = self.act_sp();
         let e = self.e;
-        let f_t = (self.cfg.ffn / self.plan.tp) as f64 * self.n as f64;
-        let gate = if self.cfg.gated_mlp { 2.0 } else { 1.0 };
-        let topk = if self.cfg.experts > 1 {
-            self.cfg.top_k as f64
-        } else {
-            1.0
-        };
+        let (f_t, gate, topk) = self.mlp_activation_shape();
         p.memory_s += 2.0 * self.mem(act_sp * 4.0 * e)
             + 2.0 * self.mem(act_sp * (3.0 * e + 1.0))
             + self.mem(f_t * topk * (gate + 2.0) * e);
