@@ -3,11 +3,12 @@
 //! document, whose first plan is taken), and `autopar run MODEL --auto --cluster C`
 //! searches the plans the CPU runtime executes, prints the best in one line and runs it.
 //!
-//! A plan maps onto the CPU runtime as follows: `dp`/`tp` (in the plan's axis order) with
-//! its ZeRO stage become an SPMD mesh; `pp` with its schedule and virtual stages becomes a
-//! pipeline; the micro-batch count, recompute policy and dtype shape the training step.
-//! Anything else (a pipeline combined with `dp`/`tp`, `cp`, `ep`, `sp`) is refused, naming
-//! what is not supported.
+//! A plan maps onto the CPU runtime as follows: `dp`/`tp`/`pp` (in the plan's axis order)
+//! with its ZeRO stage and sequence parallelism become the mesh; a `pp` axis with its
+//! schedule and virtual stages becomes a pipeline (of partitioned programs when `dp`/`tp` are
+//! there too); the micro-batch count, recompute policy and dtype shape the training step.
+//! Anything else (`cp`, `ep`, ZeRO-3 in a pipeline combined with `dp`/`tp`) is refused,
+//! naming what is not supported.
 
 use anyhow::{Context, Result, bail};
 
@@ -117,7 +118,7 @@ fn execute(args: &RunArgs, plan: &Plan) -> Result<()> {
     }
     let options = train_options(args, plan);
     let step = load_train_step(&args.model, Some(plan.global_batch), &options)?;
-    if plan.pp > 1 {
+    if plan.pp > 1 && plan.dp == 1 && plan.tp == 1 {
         return run_pipeline(args, plan, &step);
     }
     let axes: Vec<String> = plan
@@ -126,6 +127,7 @@ fn execute(args: &RunArgs, plan: &Plan) -> Result<()> {
         .filter_map(|a| match a.as_str() {
             "dp" if plan.dp > 1 => Some(format!("dp={}", plan.dp)),
             "tp" if plan.tp > 1 => Some(format!("tp={}", plan.tp)),
+            "pp" if plan.pp > 1 => Some(format!("pp={}", plan.pp)),
             _ => None,
         })
         .collect();
@@ -142,6 +144,17 @@ fn execute(args: &RunArgs, plan: &Plan) -> Result<()> {
     let verify = args
         .verify
         .then(|| autopar::spmd::verify_tolerance(plan.dtype));
+    if plan.pp > 1 {
+        let pipeline = autopar::passes::pipeline::PipelineOptions {
+            pp: plan.pp,
+            vpp: plan.vpp,
+            schedule: plan.schedule,
+            boundaries: Vec::new(),
+        };
+        return spmd_cmd::run_pipelined(
+            &step, &mesh, &spmd, &pipeline, args.seed, args.steps, verify,
+        );
+    }
     spmd_cmd::run(&step.graph, &mesh, &spmd, args.seed, args.steps, verify)
 }
 

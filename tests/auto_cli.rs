@@ -62,7 +62,8 @@ fn every_plan_of_the_cpu_runtime_search_is_executable() {
         assert_eq!(c["cp"], 1, "{p}");
         assert_eq!(c["ep"], 1, "{p}");
         assert!(c["sequence_parallel"] == false || c["tp"] != 1, "{p}");
-        assert!(c["pp"] == 1 || (c["dp"] == 1 && c["tp"] == 1), "{p}");
+        let pipelined_3d = c["pp"] != 1 && (c["dp"] != 1 || c["tp"] != 1);
+        assert!(!(pipelined_3d && c["zero_stage"] == 3), "{p}");
     }
 }
 
@@ -125,7 +126,7 @@ fn a_plan_the_cpu_runtime_cannot_execute_is_refused_by_name() {
     std::fs::write(
         &file,
         r#"{"dp":2,"tp":2,"pp":2,"vpp":1,"cp":1,"ep":1,"micro_batch_size":1,"global_batch":8,
-            "zero_stage":0,"recompute":"none","sequence_parallel":false,"schedule":"1f1b",
+            "zero_stage":3,"recompute":"none","sequence_parallel":false,"schedule":"1f1b",
             "dtype":"f32","axis_order":["pp","dp","ep","cp","tp"]}"#,
     )
     .expect("write");
@@ -137,9 +138,33 @@ fn a_plan_the_cpu_runtime_cannot_execute_is_refused_by_name() {
     ]);
     assert!(err.contains("cannot run on the CPU runtime"), "{err}");
     assert!(
-        err.contains("pipeline combined with data or tensor"),
+        err.contains("ZeRO-3 in a pipeline combined with data or tensor"),
         "{err}"
     );
     let err = autopar_err(&["run", "gpt-tiny", "--plan-file", "/nonexistent/plan.json"]);
     assert!(err.contains("cannot read"), "{err}");
+}
+
+#[test]
+fn a_plan_pipelined_over_data_and_tensor_parallel_ranks_runs_and_verifies() {
+    let dir = scratch("auto_3d_plan");
+    let file = dir.join("plan.json");
+    std::fs::write(
+        &file,
+        r#"{"dp":2,"tp":2,"pp":2,"vpp":1,"cp":1,"ep":1,"micro_batch_size":1,"global_batch":8,
+            "zero_stage":1,"recompute":"none","sequence_parallel":false,"schedule":"1f1b",
+            "dtype":"f32","axis_order":["pp","dp","ep","cp","tp"]}"#,
+    )
+    .expect("write");
+    let out = autopar_ok(&[
+        "run",
+        "gpt-tiny",
+        "--plan-file",
+        file.to_str().expect("UTF-8 path"),
+        "--steps",
+        "2",
+        "--verify",
+    ]);
+    assert!(out.contains("pp=2, dp=2, tp=2"), "{out}");
+    assert!(out.trim_end().ends_with("OK"), "{out}");
 }

@@ -47,9 +47,9 @@ pub struct Constraints {
     /// `pp * vpp`).
     pub stage_layers: Option<Vec<usize>>,
     /// Only plans the CPU runtime executes (`autopar run --auto`): no context or expert
-    /// parallelism, and a pipeline (`pp > 1`) only on its own
-    /// (`dp = tp = 1`). Applied while the space is enumerated, so the best executable plan
-    /// is found rather than the best plan filtered afterwards.
+    /// parallelism, and no ZeRO-3 in a pipeline combined with data or tensor parallelism.
+    /// Applied while the space is enumerated, so the best executable plan is found rather
+    /// than the best plan filtered afterwards.
     #[serde(default)]
     pub cpu_executable: bool,
     /// Mesh axes (`dp tp pp cp ep`) that must be longer than 1: an annotation shards a
@@ -195,9 +195,9 @@ impl Constraints {
 /// ```
 pub fn cpu_unsupported(plan: &Plan) -> Vec<String> {
     let mut out = Vec::new();
-    if plan.pp > 1 && (plan.dp > 1 || plan.tp > 1) {
+    if plan.pp > 1 && (plan.dp > 1 || plan.tp > 1) && plan.zero_stage == 3 {
         out.push(format!(
-            "a pipeline combined with data or tensor parallelism (pp={} with dp={}, tp={})",
+            "ZeRO-3 in a pipeline combined with data or tensor parallelism (pp={} with dp={}, tp={})",
             plan.pp, plan.dp, plan.tp
         ));
     }
@@ -276,13 +276,7 @@ pub(crate) fn mesh_shapes(
                 continue;
             }
             for pp in divisors(devices / (tp * cp)) {
-                // The CPU runtime runs a pipeline only on its own.
-                let cpu_ok = !c.cpu_executable || pp == 1 || pp == devices;
-                if pp > cfg.layers
-                    || c.pp.is_some_and(|p| p != pp)
-                    || !cpu_ok
-                    || !c.allows_degree("pp", pp)
-                {
+                if pp > cfg.layers || c.pp.is_some_and(|p| p != pp) || !c.allows_degree("pp", pp) {
                     continue;
                 }
                 let dp = devices / (tp * cp * pp);
@@ -503,12 +497,17 @@ pub(crate) fn pipelines(
 
 /// ZeRO stages. With `dp = 1` every stage divides by one and every data-parallel collective
 /// runs on a group of one (free), so the stages are exactly equivalent and 0 is kept.
+/// The CPU runtime does not run ZeRO-3 in a pipeline combined with data or tensor parallelism.
 pub(crate) fn zero_stages(s: &Shape, c: &Constraints) -> Vec<u8> {
-    match c.zero {
+    let mut out = match c.zero {
         Some(z) => vec![z],
         None if s.dp == 1 => vec![0],
         None => vec![0, 1, 2, 3],
+    };
+    if c.cpu_executable && s.pp > 1 && (s.dp > 1 || s.tp > 1) {
+        out.retain(|&z| z != 3);
     }
+    out
 }
 
 /// Sequence parallelism: only with `tp > 1` (the cost model ignores it otherwise), and only
