@@ -38,6 +38,11 @@
 //! gpu_to_nic = [0, 1, 2, 3, 4, 5, 6, 7]   # optional: NIC index of each local GPU
 //! ```
 //!
+//! An optional top-level `runtime` names the software that executes plans on the cluster,
+//! as far as memory is concerned: `"mixed-precision-gpu"` (the default; a Megatron-LM-style
+//! stack, see [`crate::memory`]) or `"autopar-cpu"` (this project's CPU runtime, what the
+//! `cpu:ranks=N` preset describes).
+//!
 //! `cost_model/clusters/dgx-a100.toml` is a complete example.
 
 use serde::{Deserialize, Serialize};
@@ -112,6 +117,28 @@ pub struct NetworkSpec {
     pub gpu_to_nic: Option<Vec<usize>>,
 }
 
+/// The software that executes plans on a cluster, where it changes what the cost model
+/// predicts (which bytes a rank keeps; see [`crate::memory`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Runtime {
+    /// A Megatron-LM-style GPU stack: 16-bit weights with fp32 master weights, fp32
+    /// gradient buffers allocated up front, dropout, fused kernels, NCCL communicators. The
+    /// calibration against published measurements uses it.
+    #[default]
+    MixedPrecisionGpu,
+    /// autopar's CPU runtime: the step graph's fp32 parameters are the master weights,
+    /// gradients exist from the moment the backward produces them, no dropout, attention
+    /// and the cross-entropy gradient decomposed into IR ops, in-process collectives.
+    AutoparCpu,
+}
+
+impl Runtime {
+    fn is_default(&self) -> bool {
+        *self == Runtime::default()
+    }
+}
+
 /// A homogeneous cluster.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -129,6 +156,9 @@ pub struct Cluster {
     pub intra_node: FabricSpec,
     /// NICs and network.
     pub network: NetworkSpec,
+    /// What executes plans here (default: a mixed-precision GPU stack).
+    #[serde(default, skip_serializing_if = "Runtime::is_default")]
+    pub runtime: Runtime,
 }
 
 const GB: f64 = 1e9;
@@ -382,6 +412,7 @@ pub fn dgx_a100(nodes: usize) -> Cluster {
             latency_us: 5.0,
             gpu_to_nic: None,
         },
+        runtime: Runtime::MixedPrecisionGpu,
     }
 }
 
@@ -424,6 +455,7 @@ pub fn dgx_h100(nodes: usize) -> Cluster {
             latency_us: 5.0,
             gpu_to_nic: None,
         },
+        runtime: Runtime::MixedPrecisionGpu,
     }
 }
 
@@ -443,8 +475,9 @@ pub fn hgx_h200(nodes: usize) -> Cluster {
 /// are deliberately modest, for one core per rank: 20 GFLOP/s fp32 (about a tenth of what an
 /// AVX-512 GEMM reaches on one core, leaving room for small shapes and shared cores),
 /// 10 GFLOP/s for bf16/fp16 (converted to fp32 by the kernels), 10 GB/s of memory bandwidth,
-/// 16 GiB per rank, in-process collectives at 5 GB/s with 10 us per step, and nothing
-/// reserved (the executor counts tensor bytes only).
+/// 16 GiB per rank, in-process collectives at 5 GB/s with 10 us per step, nothing
+/// reserved (the executor counts tensor bytes only), and the memory behaviour of the CPU
+/// runtime ([`Runtime::AutoparCpu`]).
 pub fn cpu(ranks: usize) -> Cluster {
     Cluster {
         name: format!("cpu:ranks={ranks}"),
@@ -475,6 +508,7 @@ pub fn cpu(ranks: usize) -> Cluster {
             latency_us: 50.0,
             gpu_to_nic: None,
         },
+        runtime: Runtime::AutoparCpu,
     }
 }
 

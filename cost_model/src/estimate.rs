@@ -10,13 +10,16 @@ use autopar_ir::schedule::{Action, Schedule, Timeline};
 use autopar_ir::{Op, TensorType};
 
 use crate::cluster::Cluster;
+use crate::cluster::Runtime;
 use crate::comm::{Collective, CommParams};
 use crate::compute::{AttentionKernel, AttentionShape, ComputeParams, GemmShape, OpCost};
 use crate::cost::Cost;
 use crate::error::CostError;
 use crate::mapping::{GroupInfo, MeshMapping};
 use crate::memory::{
-    MemoryBreakdown, MemoryParams, activation_bytes_per_layer, layer_params_per_rank,
+    MemoryBreakdown, MemoryParams, RUNTIME_CROSS_ENTROPY_BYTES_PER_LOGIT,
+    RUNTIME_MLP_BACKWARD_TEMPORARIES, activation_bytes_per_layer, layer_params_per_rank,
+    runtime_activation_bytes_per_layer, runtime_attention_bytes_per_layer,
 };
 use crate::model::TransformerConfig;
 use crate::plan::{Plan, Recompute};
@@ -150,6 +153,8 @@ pub struct Estimate {
     pub cost: Cost,
     /// Memory of the fullest pipeline rank.
     pub memory: MemoryBreakdown,
+    /// Memory of every pipeline rank, in pipeline-rank order (empty when infeasible).
+    pub memory_per_pipeline_rank: Vec<MemoryBreakdown>,
     /// Time breakdown.
     pub time: TimeBreakdown,
     /// When each action of the simulated schedule ran, in nanoseconds (for timeline exports;
@@ -161,11 +166,22 @@ pub struct Estimate {
 impl CostModel {
     /// Defaults for every parameter on `cluster`.
     pub fn new(cluster: Cluster) -> Self {
+        let (compute, memory) = match cluster.runtime {
+            Runtime::MixedPrecisionGpu => (ComputeParams::default(), MemoryParams::default()),
+            // The CPU runtime's attention is the decomposed one, which stores probabilities.
+            Runtime::AutoparCpu => (
+                ComputeParams {
+                    attention: AttentionKernel::Unfused,
+                    ..ComputeParams::default()
+                },
+                MemoryParams::autopar_cpu(),
+            ),
+        };
         CostModel {
             cluster,
-            compute: ComputeParams::default(),
+            compute,
             comm: CommParams::default(),
-            memory: MemoryParams::default(),
+            memory,
         }
     }
 
@@ -1003,6 +1019,7 @@ impl<'a> Ctx<'a> {
                 Cost::INFEASIBLE
             },
             memory: worst,
+            memory_per_pipeline_rank: memory,
             time: TimeBreakdown {
                 layer_forward: lf,
                 layer_backward: lb,
@@ -1036,6 +1053,7 @@ impl<'a> Ctx<'a> {
             micro_batches: self.plan.micro_batches(),
             cost: Cost::INFEASIBLE,
             memory: MemoryBreakdown::default(),
+            memory_per_pipeline_rank: Vec::new(),
             time: TimeBreakdown::default(),
             timeline: None,
         }
@@ -1076,12 +1094,24 @@ impl<'a> Ctx<'a> {
                         params += head_params;
                     }
                 }
+                let in_flight = schedule.max_in_flight(rank);
+                if self.cl().runtime == Runtime::AutoparCpu {
+                    let last = (0..plan.vpp).any(|c| c * pp + rank == v - 1);
+                    let head = if last { head_params } else { 0.0 };
+                    let held = Held {
+                        params,
+                        head_params: head,
+                        in_flight,
+                        chunk_layers: max_chunk_layers,
+                        last_stage: last,
+                    };
+                    return self.cpu_runtime_memory(rank, &held);
+                }
                 let weights = params * self.e / if plan.zero_stage >= 3 { dp } else { 1.0 };
                 let gradients =
                     params * mp.grad_bytes_per_param / if plan.zero_stage >= 2 { dp } else { 1.0 };
                 let optimizer = params * mp.optimizer_bytes_per_param
                     / if plan.zero_stage >= 1 { dp } else { 1.0 };
-                let in_flight = schedule.max_in_flight(rank);
                 let activations = in_flight as f64 * max_chunk_layers as f64 * per_layer_act;
                 let mut working = match plan.recompute {
                     Recompute::Full => full_layer_act,
@@ -1125,5 +1155,102 @@ impl<'a> Ctx<'a> {
                 }
             })
             .collect()
+    }
+}
+
+/// What one pipeline rank holds, for the CPU runtime's memory.
+struct Held {
+    /// Parameters of the rank's chunks (after tensor division, before ZeRO).
+    params: f64,
+    /// Of which the output head's (0 off the last stage).
+    head_params: f64,
+    /// Micro-batch chunks in flight at the peak.
+    in_flight: usize,
+    /// Layers of the rank's largest chunk.
+    chunk_layers: usize,
+    /// Whether the rank runs the last virtual stage (logits and loss).
+    last_stage: bool,
+}
+
+impl Ctx<'_> {
+    /// Peak memory of one pipeline rank of autopar's CPU runtime, which frees every value
+    /// after its last use: resident weights and optimizer state, plus the larger of two
+    /// moments. In the backward: the stored activations of the in-flight micro-batches, the
+    /// transient tensors of one layer's backward or of the loss's (whichever is larger), the
+    /// gradients produced so far (the head's and about one layer's), and with ZeRO-3 the
+    /// gathered weights (the runtime gathers a weight at its first use in a step and keeps
+    /// it until its last use in the backward). At the optimizer: every gradient.
+    fn cpu_runtime_memory(&self, rank: usize, held: &Held) -> MemoryBreakdown {
+        let (plan, cfg, mp) = (self.plan, self.cfg, &self.m.memory);
+        let dp = plan.dp as f64;
+        let t = plan.tp as f64;
+        let n = self.n as f64;
+        let zero = plan.zero_stage;
+        let wb = mp.weight_bytes_per_param.unwrap_or(self.e);
+        let weights = held.params * wb / if zero >= 3 { dp } else { 1.0 };
+        let optimizer =
+            held.params * mp.optimizer_bytes_per_param / if zero >= 1 { dp } else { 1.0 };
+        let grad_share = if zero >= 2 { dp } else { 1.0 };
+        let stored = runtime_activation_bytes_per_layer(cfg, plan, plan.recompute, self.e);
+        let unrecomputed = runtime_activation_bytes_per_layer(cfg, plan, Recompute::None, self.e);
+        let activations = (held.in_flight * held.chunk_layers) as f64 * stored;
+
+        let experts = if cfg.experts > 1 {
+            cfg.top_k as f64
+        } else {
+            1.0
+        };
+        let mut layer =
+            RUNTIME_MLP_BACKWARD_TEMPORARIES * n * cfg.ffn as f64 / t * experts * self.e;
+        // A recomputed layer holds its forward again while its MLP's backward runs: all but
+        // the MLP's own tensors under full recompute, the probabilities under selective.
+        layer += match plan.recompute {
+            Recompute::None => 0.0,
+            Recompute::Selective => unrecomputed - stored,
+            Recompute::Full => runtime_attention_bytes_per_layer(cfg, plan, self.e),
+        };
+        let loss = if held.last_stage {
+            n * cfg.vocab as f64 / t * (self.e + RUNTIME_CROSS_ENTROPY_BYTES_PER_LOGIT)
+        } else {
+            0.0
+        };
+        let mut working = layer.max(loss);
+        if zero >= 3 {
+            working += held.params * wb * (1.0 - 1.0 / dp);
+        }
+        let all_grads = held.params * mp.grad_bytes_per_param / grad_share;
+        // With several micro-batches, every gradient accumulator exists from the first
+        // micro-batch's backward on.
+        let grads_so_far = if plan.micro_batches() > 1 {
+            all_grads
+        } else {
+            (held.head_params + self.layer_params_per_rank()) * mp.grad_bytes_per_param / grad_share
+        };
+        let pipeline_messages = if plan.pp > 1 {
+            2.0 * self.act() * self.e / t
+        } else {
+            0.0
+        };
+        let (gradients, activations, working, comm_buffers) =
+            if activations + working + grads_so_far + pipeline_messages >= all_grads {
+                (grads_so_far, activations, working, pipeline_messages)
+            } else {
+                (all_grads, 0.0, 0.0, 0.0)
+            };
+        let total = weights + gradients + optimizer + activations + working + comm_buffers;
+        MemoryBreakdown {
+            pipeline_rank: rank,
+            num_params: held.params,
+            weights,
+            gradients,
+            optimizer,
+            activations,
+            in_flight: held.in_flight,
+            working,
+            comm_buffers,
+            reserved: self.cl().gpu.reserved_gib * GIB,
+            total: total + self.cl().gpu.reserved_gib * GIB,
+            capacity: self.cl().gpu.hbm_capacity_gib * GIB,
+        }
     }
 }

@@ -1,6 +1,11 @@
 //! Memory per rank: weights, gradients and optimizer state divided as the ZeRO stage says,
 //! activations per layer and micro-batch after Korthikanti et al. 2022 times the in-flight
 //! micro-batches of the pipeline schedule, communication buffers and reserved memory.
+//!
+//! Two runtimes keep different bytes ([`crate::cluster::Runtime`]): a mixed-precision GPU
+//! stack in the style of Megatron-LM ([`activation_bytes_per_layer`], [`MemoryParams::default`])
+//! and autopar's CPU runtime ([`runtime_activation_bytes_per_layer`],
+//! [`MemoryParams::autopar_cpu`]), whose recorded peaks the estimate is checked against.
 
 use serde::{Deserialize, Serialize};
 
@@ -19,6 +24,27 @@ pub struct MemoryParams {
     pub optimizer_bytes_per_param: f64,
     /// Internal buffers NCCL allocates per communicator that is used (channels x buffers).
     pub nccl_buffer_bytes_per_group: f64,
+    /// Bytes per parameter of the weights a rank holds between steps; `None` for the compute
+    /// dtype (16-bit weights beside fp32 master weights counted in the optimizer state).
+    pub weight_bytes_per_param: Option<f64>,
+    /// Whether gradient buffers exist for the whole step (Megatron's contiguous buffers), or
+    /// only from the moment the backward produces each gradient.
+    pub gradients_up_front: bool,
+}
+
+impl MemoryParams {
+    /// autopar's CPU runtime: its fp32 parameters are the master weights (4 bytes), AdamW's
+    /// two fp32 moments are the optimizer state (8 bytes), gradients are fp32 values of the
+    /// step graph that exist from their producer on, and there are no communicator buffers.
+    pub fn autopar_cpu() -> Self {
+        MemoryParams {
+            grad_bytes_per_param: 4.0,
+            optimizer_bytes_per_param: 8.0,
+            nccl_buffer_bytes_per_group: 0.0,
+            weight_bytes_per_param: Some(4.0),
+            gradients_up_front: false,
+        }
+    }
 }
 
 impl Default for MemoryParams {
@@ -27,6 +53,8 @@ impl Default for MemoryParams {
             grad_bytes_per_param: 4.0,
             optimizer_bytes_per_param: 12.0,
             nccl_buffer_bytes_per_group: 128.0 * 1024.0 * 1024.0,
+            weight_bytes_per_param: None,
+            gradients_up_front: true,
         }
     }
 }
@@ -122,6 +150,70 @@ pub fn activation_bytes_per_layer(
     };
     replicated + sharded + scores
 }
+
+/// Activation bytes per layer per micro-batch that autopar's own training step keeps from
+/// the forward for the backward, read off its VJP rules (the CPU runtime's counterpart of
+/// [`activation_bytes_per_layer`]), with `e` bytes per element of the compute dtype.
+///
+/// In `[s, b, h]` units: the inputs and outputs of both norms, 4 (over `t` with sequence
+/// parallelism); over `t`: q, k and v (`1 + 2 kv/a`), the attention output 1, and the MLP's
+/// `f`-wide tensors, `2f/h` for GELU (its input and output) or `4f/h` for SwiGLU (gate, up,
+/// `silu(gate)` and their product), times `top_k` for experts; the attention probabilities,
+/// one element per score over the whole key sequence (`as/(ht)`), unless selective recompute
+/// drops them. No dropout masks. Full recompute keeps only the layer input.
+pub fn runtime_activation_bytes_per_layer(
+    cfg: &TransformerConfig,
+    plan: &Plan,
+    recompute: Recompute,
+    e: f64,
+) -> f64 {
+    let t = plan.tp as f64;
+    let sp = plan.sequence_parallel && plan.tp > 1;
+    let s = (cfg.seq / plan.cp) as f64;
+    let sbh = s * plan.micro_batch_size as f64 * cfg.hidden as f64;
+    let rep = if sp { sbh / t } else { sbh };
+    if recompute == Recompute::Full {
+        return rep * e;
+    }
+    let h = cfg.hidden as f64;
+    let kv_frac = cfg.kv_heads as f64 / cfg.heads as f64;
+    let f_frac = cfg.ffn as f64 / h;
+    let mlp = if cfg.gated_mlp { 4.0 } else { 2.0 } * f_frac;
+    let moe = if cfg.experts > 1 {
+        cfg.top_k as f64
+    } else {
+        1.0
+    };
+    let attention = (1.0 + 2.0 * kv_frac + 1.0) * sbh / t;
+    let scores = cfg.heads as f64 * cfg.seq as f64 / (h * t) * sbh;
+    let scores = if recompute == Recompute::None {
+        scores
+    } else {
+        0.0
+    };
+    (4.0 * rep + attention + moe * mlp * sbh / t + scores) * e
+}
+
+/// Of [`runtime_activation_bytes_per_layer`] without recompute, the bytes that do not belong
+/// to the MLP (norms, q/k/v, attention output and probabilities): what a recomputed layer
+/// still holds while the backward of its MLP runs.
+pub fn runtime_attention_bytes_per_layer(cfg: &TransformerConfig, plan: &Plan, e: f64) -> f64 {
+    let no_mlp = TransformerConfig {
+        ffn: 0,
+        ..cfg.clone()
+    };
+    runtime_activation_bytes_per_layer(&no_mlp, plan, Recompute::None, e)
+}
+
+/// The most `f`-wide tensors alive at once in autopar's decomposed backward of the MLP
+/// activation (the incoming gradient, the saved input and the temporaries of the derivative:
+/// the tanh form of GELU builds `x^2`, `tanh`, `1 + tanh` and a constant before it can drop
+/// any; SiLU's product rule and sigmoid derivative hold about as many).
+pub const RUNTIME_MLP_BACKWARD_TEMPORARIES: f64 = 6.0;
+
+/// Bytes per logit alive in autopar's cross-entropy backward besides the logits themselves:
+/// the one-hot of the targets is built from two `i32` index tensors and a `bool` comparison.
+pub const RUNTIME_CROSS_ENTROPY_BYTES_PER_LOGIT: f64 = 9.0;
 
 #[cfg(test)]
 mod tests {

@@ -22,7 +22,8 @@
 //! sweep in topological order gives each node the admissible strategy of least cost given its
 //! operands' placements; then a backward sweep lets a producer switch to the placement that
 //! all its consumers require when that costs it nothing more; forward and backward sweeps
-//! repeat until nothing changes (at most [`MAX_SWEEPS`] rounds).
+//! repeat until nothing changes (at most [`MAX_SWEEPS`] rounds). A forward sweep keeps a
+//! node's current strategy when no other is cheaper, so what a backward sweep settled stays.
 //!
 //! **Cost** of a strategy: the bytes each device sends to reshard its operands (and its results
 //! to a fixed placement), by the single-axis formulas of [`autopar_ir::reshard`] (all-reduce
@@ -609,6 +610,13 @@ impl AxisPass<'_> {
 
     /// Operand-side cost of strategy `s` at node `n` (rules 1–3 of the module docs).
     fn operand_cost(&self, n: NodeId, s: &AxisStrategy) -> Cost {
+        self.operand_cost_for(n, s, None)
+    }
+
+    /// [`Self::operand_cost`] when every user of the node's single result requires it
+    /// `wanted` (the backward sweep): that requirement anchors a new sharding like a fixed
+    /// result does.
+    fn operand_cost_for(&self, n: NodeId, s: &AxisStrategy, wanted: Option<Placement>) -> Cost {
         let node = self.g.node(n);
         let partial_in = s
             .operands
@@ -650,7 +658,8 @@ impl AxisPass<'_> {
         // A result fixed to the strategy's sharding anchors it too: the sharding is required
         // where the value goes (e.g. sequence parallelism's residual stream).
         let required = node.outputs.iter().zip(&s.results).any(|(&v, &p)| {
-            self.fixed[v.0 as usize] == Some(p) && matches!(p, Placement::Shard(_))
+            matches!(p, Placement::Shard(_))
+                && (self.fixed[v.0 as usize] == Some(p) || wanted == Some(p))
         });
         if needs_anchor && !anchored && !required {
             return None;
@@ -695,6 +704,13 @@ impl AxisPass<'_> {
                 {
                     best = Some((i, c));
                 }
+            }
+            // A choice the backward sweep made stays while nothing is cheaper, so that the
+            // sweeps converge instead of undoing each other on ties.
+            if let (Some((_, b)), Some(&cur)) = (best, self.choice.get(&n))
+                && self.cost(n, &self.cands[&n][cur]).is_some_and(|c| c <= b)
+            {
+                best = Some((cur, b));
             }
             let Some((idx, _)) = best else {
                 let node = self.g.node(n);
@@ -755,7 +771,10 @@ impl AxisPass<'_> {
                 continue;
             };
             let found = self.cands[&n].iter().enumerate().find(|(_, s)| {
-                s.results[0] == want && self.operand_cost(n, s).is_some_and(|c| c <= cur_cost)
+                s.results[0] == want
+                    && self
+                        .operand_cost_for(n, s, Some(want))
+                        .is_some_and(|c| c <= cur_cost)
             });
             if let Some((idx, _)) = found {
                 self.set_results(n, idx);

@@ -26,7 +26,10 @@ pub struct RunOutput {
     /// The largest total size of the tensors alive at one time, in bytes at their declared
     /// dtypes. A value is alive from the moment its node runs until its last user has run
     /// (graph outputs until the end); during a node, its operands and results are all alive.
-    /// Parameters and inputs count from their own nodes on, like any other value.
+    /// Parameters and inputs are resident: they count from the start of the run (the caller
+    /// holds them for the whole step, as a device holds its weights and optimizer state) until
+    /// their last use, after which a value that replaces them (an optimizer update's result)
+    /// takes their place, as an in-place update would.
     pub peak_bytes: u64,
 }
 
@@ -117,9 +120,19 @@ pub fn run_with_communicator(
     }
 
     let mut live: HashMap<ValueId, Cow<'_, Tensor>> = HashMap::new();
-    let (mut live_bytes, mut peak_bytes) = (0u64, 0u64);
+    // Fed values are resident from the start (see `RunOutput::peak_bytes`).
+    let fed_node = |node: &Node| matches!(node.op, Op::Parameter { .. } | Op::Input { .. });
+    let resident: u64 = order
+        .iter()
+        .map(|&n| graph.node(n))
+        .filter(|node| fed_node(node))
+        .flat_map(|node| &node.outputs)
+        .map(|&v| graph.ty(v).size_bytes())
+        .sum();
+    let (mut live_bytes, mut peak_bytes) = (resident, resident);
     for (pos, &n) in order.iter().enumerate() {
         let node = graph.node(n);
+        let counted_already = fed_node(node);
         let result_types = node
             .outputs
             .iter()
@@ -153,7 +166,9 @@ pub fn run_with_communicator(
                 ))
                 .into());
             }
-            live_bytes += declared.size_bytes();
+            if !counted_already {
+                live_bytes += declared.size_bytes();
+            }
             live.insert(v, t);
         }
         peak_bytes = peak_bytes.max(live_bytes);

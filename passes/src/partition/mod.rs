@@ -172,7 +172,23 @@ impl Partitioner<'_> {
             match step.lower(&local_ty, &self.mesh, &self.coords)? {
                 StepLowering::Collective(op) => cur = self.out.add(op, &[cur])?,
                 StepLowering::Local(op @ Op::Constant { .. }) => cur = self.out.add(op, &[])?,
-                StepLowering::Local(op) => cur = self.out.add(op, &[cur])?,
+                StepLowering::Local(op) => {
+                    // A slice of a constant fill is a smaller fill: never build the whole one.
+                    let fill = match &self.out.node(self.out.value(cur).producer).op {
+                        Op::Constant { value, .. } if matches!(op, Op::Slice { .. }) => {
+                            Some(*value)
+                        }
+                        _ => None,
+                    };
+                    cur = match fill {
+                        Some(value) => {
+                            let ty =
+                                autopar_ir::infer::infer(&op, &[&local_ty], None)?.swap_remove(0);
+                            self.out.add(Op::Constant { ty, value }, &[])?
+                        }
+                        None => self.out.add(op, &[cur])?,
+                    };
+                }
                 StepLowering::Identity => {}
             }
         }

@@ -1,0 +1,134 @@
+//! The cost model's memory estimate against the CPU runtime: for the tiny zoo models under
+//! data + tensor parallelism and ZeRO-3, `autopar estimate` on
+//! `cpu:ranks=N` predicts the peak bytes each rank of `autopar run` records within 15%.
+//! Every prediction is printed beside its measurement (`cargo test -- --nocapture`).
+
+use std::process::Command;
+
+/// Largest relative error allowed between prediction and measurement.
+const TOLERANCE: f64 = 0.15;
+
+fn autopar(args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_autopar"))
+        .args(args)
+        .output()
+        .expect("autopar runs");
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "autopar {args:?}: {text}");
+    text
+}
+
+/// The number after `key` on the first line that has it.
+fn number_after(text: &str, key: &str) -> Option<f64> {
+    let rest = &text[text.find(key)? + key.len()..];
+    let digits: String = rest
+        .trim_start()
+        .chars()
+        .take_while(|c| c.is_ascii_digit())
+        .collect();
+    digits.parse().ok()
+}
+
+/// Peak bytes per rank that `autopar run` records: one figure for an SPMD run (the largest
+/// rank's), one per pipeline rank for a pipelined run.
+fn measured(model: &str, run_args: &[&str]) -> Vec<f64> {
+    let mut args = vec!["run", model, "--steps", "1"];
+    args.extend_from_slice(run_args);
+    let out = autopar(&args);
+    let whole =
+        number_after(&out, "peak memory per rank:").or_else(|| number_after(&out, "peak memory:"));
+    if let Some(peak) = whole {
+        return vec![peak];
+    }
+    let per_rank: Vec<f64> = out
+        .lines()
+        .filter(|l| l.starts_with("rank "))
+        .filter_map(|l| number_after(l, "peak memory"))
+        .collect();
+    assert!(!per_rank.is_empty(), "no peak memory in: {out}");
+    per_rank
+}
+
+/// Predicted bytes per pipeline rank.
+fn predicted(model: &str, ranks: usize, plan: &str) -> Vec<f64> {
+    let cluster = format!("cpu:ranks={ranks}");
+    let plan = format!("{plan},dtype=f32");
+    let out = autopar(&[
+        "estimate",
+        model,
+        "--cluster",
+        &cluster,
+        "--batch",
+        "8",
+        "--plan",
+        &plan,
+        "--json",
+    ]);
+    let json: serde_json::Value = serde_json::from_str(&out).expect("estimate prints JSON");
+    json["memory_per_pipeline_rank"]
+        .as_array()
+        .expect("memory of every pipeline rank")
+        .iter()
+        .map(|m| m["total"].as_f64().expect("a total"))
+        .collect()
+}
+
+fn check(model: &str, ranks: usize, run_args: &[&str], plan: &str) {
+    let measured = measured(model, run_args);
+    let predicted = predicted(model, ranks, plan);
+    let predicted = if measured.len() == 1 {
+        vec![predicted.iter().copied().fold(0.0, f64::max)]
+    } else {
+        predicted
+    };
+    assert_eq!(measured.len(), predicted.len(), "{model} {run_args:?}");
+    for (rank, (m, p)) in measured.iter().zip(&predicted).enumerate() {
+        let err = (p - m) / m;
+        println!(
+            "{model:<11} {:<45} rank {rank}: measured {m:>9} B, predicted {p:>9.0} B ({:+.1}%)",
+            run_args.join(" "),
+            100.0 * err
+        );
+        assert!(
+            err.abs() <= TOLERANCE,
+            "{model} {run_args:?} rank {rank}: predicted {p:.0} B, measured {m} B ({:+.1}%)",
+            100.0 * err
+        );
+    }
+}
+
+#[test]
+fn data_and_tensor_parallel() {
+    for model in ["gpt-tiny", "llama-tiny"] {
+        check(model, 4, &["--mesh", "dp=2,tp=2"], "dp=2,tp=2,mbs=4");
+    }
+}
+
+#[test]
+fn zero_3() {
+    for model in ["gpt-tiny", "llama-tiny"] {
+        check(
+            model,
+            4,
+            &["--mesh", "dp=2,tp=2", "--zero", "3"],
+            "dp=2,tp=2,mbs=4,zero=3",
+        );
+    }
+}
+
+#[test]
+fn recompute_and_micro_batches() {
+    check(
+        "gpt-tiny",
+        1,
+        &["--recompute", "full"],
+        "mbs=8,recompute=full",
+    );
+    check(
+        "llama-tiny",
+        4,
+        &["--mesh", "dp=2,tp=2", "--micro-batches", "2"],
+        "dp=2,tp=2,mbs=2",
+    );
+}
