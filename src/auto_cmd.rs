@@ -149,7 +149,21 @@ fn execute(args: &RunArgs, plan: &Plan) -> Result<()> {
             pp: plan.pp,
             vpp: plan.vpp,
             schedule: plan.schedule,
-            boundaries: Vec::new(),
+            // A plan that fixes its layers per virtual stage starts every stage after the
+            // first at its first block; otherwise the splitter balances the step's FLOPs.
+            boundaries: plan
+                .stage_layers
+                .iter()
+                .flat_map(|layers| {
+                    layers[..layers.len().saturating_sub(1)]
+                        .iter()
+                        .scan(0, |start, n| {
+                            *start += n;
+                            Some(format!("h.{start}"))
+                        })
+                        .collect::<Vec<_>>()
+                })
+                .collect(),
         };
         return spmd_cmd::run_pipelined(
             &step, &mesh, &spmd, &pipeline, args.seed, args.steps, verify,

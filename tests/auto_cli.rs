@@ -168,3 +168,61 @@ fn a_plan_pipelined_over_data_and_tensor_parallel_ranks_runs_and_verifies() {
     assert!(out.contains("pp=2, dp=2, tp=2"), "{out}");
     assert!(out.trim_end().ends_with("OK"), "{out}");
 }
+
+#[test]
+fn a_plan_with_fixed_stage_layers_runs_with_those_stages() {
+    let dir = scratch("auto_stage_layers_plan");
+    let file = dir.join("plans.json");
+    let model = "gpt:layers=4,hidden=32,heads=2,seq=16,vocab=64";
+    let doc = autopar_ok(&[
+        "plan",
+        model,
+        "--cluster",
+        "cpu:ranks=2",
+        "--batch",
+        "4",
+        "--dtype",
+        "f32",
+        "--pin",
+        "pp=2,stages=1-3",
+        "--json",
+    ]);
+    assert!(doc.contains("\"stage_layers\""), "{doc}");
+    std::fs::write(&file, doc).expect("write");
+    let file = file.to_str().expect("UTF-8 path");
+    let out = autopar_ok(&[
+        "run",
+        model,
+        "--batch",
+        "4",
+        "--plan-file",
+        file,
+        "--verify",
+    ]);
+    assert!(out.trim_end().ends_with(" OK"), "{out}");
+    // The estimate balances the layers itself when the plan does not fix them, and reports
+    // the division it used.
+    let json = autopar_ok(&[
+        "estimate",
+        "gpt:layers=8,hidden=64,heads=4,seq=32,vocab=8192",
+        "--cluster",
+        "cpu:ranks=4",
+        "--batch",
+        "8",
+        "--plan",
+        "pp=4,mbs=1,dtype=f32",
+        "--json",
+    ]);
+    let v: serde_json::Value = serde_json::from_str(&json).expect("JSON");
+    let layers: Vec<u64> = v["stage_layers"]
+        .as_array()
+        .expect("stage layers")
+        .iter()
+        .map(|n| n.as_u64().expect("count"))
+        .collect();
+    assert_eq!(layers.iter().sum::<u64>(), 8);
+    assert!(
+        layers[3] < 2,
+        "the head's stage keeps fewer layers: {layers:?}"
+    );
+}

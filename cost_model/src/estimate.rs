@@ -155,6 +155,8 @@ pub struct Estimate {
     pub memory: MemoryBreakdown,
     /// Memory of every pipeline rank, in pipeline-rank order (empty when infeasible).
     pub memory_per_pipeline_rank: Vec<MemoryBreakdown>,
+    /// Layers of each virtual stage (fixed by the plan, or balanced; empty when infeasible).
+    pub stage_layers: Vec<usize>,
     /// Time breakdown.
     pub time: TimeBreakdown,
     /// When each action of the simulated schedule ran, in nanoseconds (for timeline exports;
@@ -223,6 +225,16 @@ impl CostModel {
                 "{} layers cannot fill pp x vpp = {} virtual stages",
                 cfg.layers,
                 plan.pp * plan.vpp
+            ));
+        }
+        if let Some(l) = &plan.stage_layers
+            && l.iter().sum::<usize>() != cfg.layers
+        {
+            return mis(format!(
+                "stages {:?} hold {} layers, the model has {}",
+                l,
+                l.iter().sum::<usize>(),
+                cfg.layers
             ));
         }
         if cfg.experts > 1 && !cfg.experts.is_multiple_of(plan.ep) {
@@ -347,12 +359,102 @@ fn check_mapping(plan: &Plan, mapping: &MeshMapping) -> Result<(), CostError> {
     Ok(())
 }
 
-/// Layers of each virtual stage: as even as possible, earlier stages taking the remainder.
+/// Layers of each virtual stage when they are spread as evenly as possible, earlier stages
+/// taking the remainder.
 pub fn layers_per_virtual_stage(layers: usize, virtual_stages: usize) -> Vec<usize> {
     let v = virtual_stages.max(1);
     (0..v)
         .map(|i| layers / v + usize::from(i < layers % v))
         .collect()
+}
+
+/// Layers of each virtual stage of `plan`: the ones it fixes, or the balanced division.
+pub fn stage_layers(cfg: &TransformerConfig, plan: &Plan) -> Vec<usize> {
+    plan.stage_layers
+        .clone()
+        .unwrap_or_else(|| balanced_layers_per_virtual_stage(cfg, plan.pp * plan.vpp))
+}
+
+/// Layers of each virtual stage, balanced: the division that minimises the costliest
+/// virtual stage, counting the output head (its GEMM and the loss) on the last one, and
+/// keeping the even division ([`layers_per_virtual_stage`]) whenever it is as good. Costs
+/// are forward FLOPs per token (the backward is a fixed multiple for layers and head alike):
+/// a layer's `2 (attention + active MLP parameters) + 4 s h` (scores and their product with
+/// the values), the head's `2 h V` plus the vocabulary's softmax; the embedding is a gather.
+/// Every virtual stage keeps at least one layer.
+///
+/// Depends only on the model and the number of virtual stages, so that memory bounds over
+/// plans sharing a pipeline shape hold for all of them. This is the division the estimate,
+/// the search's bounds and the exports use.
+pub fn balanced_layers_per_virtual_stage(
+    cfg: &TransformerConfig,
+    virtual_stages: usize,
+) -> Vec<usize> {
+    let v = virtual_stages.max(1);
+    let even = layers_per_virtual_stage(cfg.layers, v);
+    if v == 1 || cfg.layers < v {
+        return even;
+    }
+    let h = cfg.hidden as f64;
+    let active_mlp = if cfg.experts > 1 {
+        cfg.mlp_params() as f64 * cfg.top_k as f64 / cfg.experts as f64
+    } else {
+        cfg.mlp_params() as f64
+    };
+    let layer = 2.0 * (cfg.attention_params() as f64 + active_mlp) + 4.0 * cfg.seq as f64 * h;
+    let head = 2.0 * h * cfg.vocab as f64 + 5.0 * cfg.vocab as f64;
+    let extra = |i: usize| if i == v - 1 { head } else { 0.0 };
+    let cost = |n: &[usize]| {
+        n.iter()
+            .enumerate()
+            .map(|(i, &k)| k as f64 * layer + extra(i))
+            .fold(0.0, f64::max)
+    };
+    // The smallest feasible bound is `k * layer + extra(i)` for some stage `i` and count `k`:
+    // a stage under bound `t` holds at most `floor((t - extra) / layer)` layers.
+    let caps = |t: f64| -> Vec<usize> {
+        (0..v)
+            .map(|i| ((t - extra(i)) / layer + 1e-9).floor().max(0.0) as usize)
+            .collect()
+    };
+    let feasible = |t: f64| {
+        let c = caps(t);
+        c.iter().all(|&k| k >= 1) && c.iter().sum::<usize>() >= cfg.layers
+    };
+    let mut best = cost(&even);
+    for i in [0, v - 1] {
+        // Binary search on the count of stage `i` at the bound.
+        let (mut lo, mut hi) = (1usize, cfg.layers);
+        while lo < hi {
+            let mid = (lo + hi) / 2;
+            if feasible(mid as f64 * layer + extra(i)) {
+                hi = mid;
+            } else {
+                lo = mid + 1;
+            }
+        }
+        let t = lo as f64 * layer + extra(i);
+        if feasible(t) {
+            best = best.min(t);
+        }
+    }
+    if cost(&even) <= best * (1.0 + 1e-12) {
+        return even;
+    }
+    // Fill every stage to its cap under the bound, then give back the surplus from the
+    // fullest stages (the earliest first), which keeps the division as even as it can be.
+    let mut n = caps(best);
+    let mut surplus = n.iter().sum::<usize>() - cfg.layers;
+    while surplus > 0 {
+        let (i, _) = n
+            .iter()
+            .enumerate()
+            .max_by(|a, b| a.1.cmp(b.1).then(b.0.cmp(&a.0)))
+            .expect("at least one stage");
+        n[i] -= 1;
+        surplus -= 1;
+    }
+    n
 }
 
 /// GEMM shapes with whether each batch has its own weights.
@@ -793,7 +895,7 @@ impl<'a> Ctx<'a> {
     /// the head: everything before the schedule runs.
     fn stages(&self) -> Stages {
         let v = self.plan.pp * self.plan.vpp;
-        let layers = layers_per_virtual_stage(self.cfg.layers, v);
+        let layers = stage_layers(self.cfg, self.plan);
         let (lf, layer_flops) = self.layer_forward();
         let lb = self.layer_backward();
         let (ef, eb) = self.embedding();
@@ -1020,6 +1122,7 @@ impl<'a> Ctx<'a> {
             },
             memory: worst,
             memory_per_pipeline_rank: memory,
+            stage_layers: layers.clone(),
             time: TimeBreakdown {
                 layer_forward: lf,
                 layer_backward: lb,
@@ -1054,6 +1157,7 @@ impl<'a> Ctx<'a> {
             cost: Cost::INFEASIBLE,
             memory: MemoryBreakdown::default(),
             memory_per_pipeline_rank: Vec::new(),
+            stage_layers: Vec::new(),
             time: TimeBreakdown::default(),
             timeline: None,
         }
@@ -1252,5 +1356,62 @@ impl Ctx<'_> {
             total: total + self.cl().gpu.reserved_gib * GIB,
             capacity: self.cl().gpu.hbm_capacity_gib * GIB,
         }
+    }
+}
+
+#[cfg(test)]
+mod stage_tests {
+    use super::*;
+
+    fn costliest(cfg: &TransformerConfig, n: &[usize]) -> f64 {
+        let h = cfg.hidden as f64;
+        let layer =
+            2.0 * (cfg.attention_params() + cfg.mlp_params()) as f64 + 4.0 * cfg.seq as f64 * h;
+        let head = 2.0 * h * cfg.vocab as f64 + 5.0 * cfg.vocab as f64;
+        n.iter()
+            .enumerate()
+            .map(|(i, &k)| k as f64 * layer + if i + 1 == n.len() { head } else { 0.0 })
+            .fold(0.0, f64::max)
+    }
+
+    /// Every division of `layers` into `v` stages of at least one layer.
+    fn divisions(layers: usize, v: usize) -> Vec<Vec<usize>> {
+        if v == 1 {
+            return vec![vec![layers]];
+        }
+        (1..=layers.saturating_sub(v - 1))
+            .flat_map(|first| {
+                divisions(layers - first, v - 1)
+                    .into_iter()
+                    .map(move |mut rest| {
+                        rest.insert(0, first);
+                        rest
+                    })
+            })
+            .collect()
+    }
+
+    #[test]
+    fn balanced_division_is_optimal_and_even_when_it_can_be() {
+        // A heavy head (vocabulary 64x the hidden size) moves layers off the last stage.
+        let heavy = TransformerConfig::gpt("heavy", 8, 64, 4, 32, 4096);
+        let n = balanced_layers_per_virtual_stage(&heavy, 4);
+        assert_eq!(n.iter().sum::<usize>(), 8);
+        assert!(n[3] < 2, "{n:?}");
+        for (layers, v) in [(8, 4), (7, 3), (10, 4), (6, 6)] {
+            let cfg = TransformerConfig::gpt("t", layers, 64, 4, 32, 4096);
+            let got = balanced_layers_per_virtual_stage(&cfg, v);
+            let best = divisions(layers, v)
+                .iter()
+                .map(|d| costliest(&cfg, d))
+                .fold(f64::INFINITY, f64::min);
+            assert!(
+                costliest(&cfg, &got) <= best * (1.0 + 1e-12),
+                "{layers} layers on {v}: {got:?}"
+            );
+        }
+        // GPT-3 175B's head is a third of a layer: 96 layers on 32 virtual stages stay even.
+        let gpt3 = TransformerConfig::gpt3_175b();
+        assert_eq!(balanced_layers_per_virtual_stage(&gpt3, 32), vec![3; 32]);
     }
 }

@@ -67,6 +67,10 @@ pub struct Plan {
     pub dtype: DType,
     /// Mesh axes outermost first; the last is on consecutive devices.
     pub axis_order: Vec<String>,
+    /// Layers of each virtual stage, when the user fixes them; otherwise the cost model
+    /// balances them ([`crate::estimate::balanced_layers_per_virtual_stage`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stage_layers: Option<Vec<usize>>,
 }
 
 impl Default for Plan {
@@ -86,6 +90,7 @@ impl Default for Plan {
             schedule: ScheduleKind::OneFOneB,
             dtype: DType::BF16,
             axis_order: Plan::DEFAULT_ORDER.iter().map(|s| s.to_string()).collect(),
+            stage_layers: None,
         }
     }
 }
@@ -97,7 +102,8 @@ impl Plan {
     /// Parses `key=value` pairs separated by commas. Keys: `dp tp pp vpp cp ep mbs`
     /// (`micro_batch`), `gbs` (`batch`), `zero` (0-3), `recompute` (none|selective|full),
     /// `sp` (true|false), `schedule` (gpipe|1f1b|interleaved), `dtype` (bf16|fp16|f16|f32),
-    /// `order` (axes outermost first joined by `-`, e.g. `pp-dp-tp`). Omitted keys take their
+    /// `order` (axes outermost first joined by `-`, e.g. `pp-dp-tp`), `stages` (layers of each
+    /// virtual stage joined by `-`, e.g. `stages=13-14-14-13`). Omitted keys take their
     /// defaults; the global batch defaults to `dp * mbs` (the CLI sets it from `--batch`);
     /// `vpp > 1` without a schedule means `interleaved`.
     ///
@@ -174,6 +180,20 @@ impl Plan {
                         _ => return Err(err(format!("expected bf16, fp16 or f32, not `{v}`"))),
                     }
                 }
+                "stages" => {
+                    let layers: Result<Vec<usize>, _> =
+                        v.split('-').map(|x| x.trim().parse::<usize>()).collect();
+                    match layers {
+                        Ok(l) if !l.is_empty() && l.iter().all(|&n| n > 0) => {
+                            p.stage_layers = Some(l)
+                        }
+                        _ => {
+                            return Err(err(format!(
+                                "expected positive layer counts joined by `-`, not `{v}`"
+                            )));
+                        }
+                    }
+                }
                 "order" => {
                     let axes: Vec<String> = v.split('-').map(|a| a.trim().to_string()).collect();
                     let mut sorted = axes.clone();
@@ -200,7 +220,7 @@ impl Plan {
                 _ => {
                     return Err(err(
                         "unknown key (expected dp, tp, pp, vpp, cp, ep, mbs, gbs, zero, \
-                         recompute, sp, schedule, dtype or order)"
+                         recompute, sp, schedule, dtype, order or stages)"
                             .into(),
                     ));
                 }
@@ -224,6 +244,15 @@ impl Plan {
         }
         if self.vpp > 1 && self.schedule != ScheduleKind::Interleaved {
             return mis(format!("vpp={} needs schedule=interleaved", self.vpp));
+        }
+        if let Some(l) = &self.stage_layers
+            && l.len() != self.pp * self.vpp
+        {
+            return mis(format!(
+                "stages gives {} virtual stages, pp x vpp is {}",
+                l.len(),
+                self.pp * self.vpp
+            ));
         }
         Ok(())
     }
@@ -281,7 +310,12 @@ impl fmt::Display for Plan {
             self.schedule,
             self.dtype,
             self.axis_order.join("-")
-        )
+        )?;
+        if let Some(l) = &self.stage_layers {
+            let l: Vec<String> = l.iter().map(|n| n.to_string()).collect();
+            write!(f, ",stages={}", l.join("-"))?;
+        }
+        Ok(())
     }
 }
 

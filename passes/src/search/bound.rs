@@ -2,7 +2,7 @@
 //! peak memory of a plan from the state every rank must hold, and the ordering of recompute
 //! policies in time. Neither can remove a plan that would rank; the proofs are in the docs.
 
-use autopar_cost_model::estimate::layers_per_virtual_stage;
+use autopar_cost_model::estimate::stage_layers;
 use autopar_cost_model::memory::{activation_bytes_per_layer, layer_params_per_rank};
 use autopar_cost_model::{CostModel, Plan, TransformerConfig};
 
@@ -21,7 +21,7 @@ const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
 /// memory, communication buffers and the device's reserved memory. For every rank `r`:
 ///
 /// - it holds at least the layers of its virtual stages, `L_r` (the cost model's division,
-///   [`layers_per_virtual_stage`]), each with [`layer_params_per_rank`] parameters, at
+///   [`stage_layers`]), each with [`layer_params_per_rank`] parameters, at
 ///   `e / z3 + g / z2 + o / z1` bytes each (compute dtype, gradient and optimizer bytes, each
 ///   divided by `dp` from the ZeRO stage that shards it); embedding and head are left out;
 /// - it stores `in_flight[r] * c_r * a` activation bytes, where `c_r` is its largest chunk's
@@ -42,7 +42,7 @@ pub fn memory_lower_bound(
     in_flight: Option<&[usize]>,
 ) -> f64 {
     let pp = plan.pp.max(1);
-    let layers = layers_per_virtual_stage(cfg.layers, pp * plan.vpp);
+    let layers = stage_layers(cfg, plan);
     let min_chunk = layers.iter().copied().min().unwrap_or(0) as f64;
     let dp = plan.dp.max(1) as f64;
     let share = |from: u8| if plan.zero_stage >= from { dp } else { 1.0 };

@@ -8,7 +8,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use autopar_cost_model::estimate::layers_per_virtual_stage;
+use autopar_cost_model::estimate::stage_layers;
 use autopar_cost_model::{CostModel, Estimate, Plan, Recompute, TransformerConfig};
 use autopar_ir::schedule::ScheduleKind;
 
@@ -99,7 +99,7 @@ pub fn time_terms(cfg: &TransformerConfig, plan: &Plan, estimate: &Estimate) -> 
     let t = &estimate.time;
     let pp = plan.pp.max(1);
     let m = estimate.micro_batches as f64;
-    let layers = layers_per_virtual_stage(cfg.layers, pp * plan.vpp);
+    let layers = stage_layers(cfg, plan);
     let stage = |v: usize| {
         t.stage_forward_s.get(v).copied().unwrap_or(0.0)
             + t.stage_backward_s.get(v).copied().unwrap_or(0.0)
@@ -424,6 +424,7 @@ pub fn megatron_reference(
             },
             dtype: opts.dtype,
             axis_order: Plan::DEFAULT_ORDER.iter().map(|a| a.to_string()).collect(),
+            stage_layers: None,
         };
         if model.estimate(cfg, &plan).is_ok_and(|e| e.fits) {
             let name = format!(

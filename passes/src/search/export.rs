@@ -11,7 +11,7 @@
 //! `pipeline_parallel_layers_per_stage`); older releases of either spell some of them
 //! differently.
 
-use autopar_cost_model::estimate::layers_per_virtual_stage;
+use autopar_cost_model::estimate::stage_layers;
 use autopar_cost_model::{Plan, Recompute, TransformerConfig};
 use autopar_ir::DType;
 use autopar_ir::schedule::ScheduleKind;
@@ -33,7 +33,7 @@ pub fn megatron_order(plan: &Plan) -> String {
 /// `|`-separated entry per virtual stage (`E` embedding, `t*N` layers, `L` loss and head),
 /// dealt to the pipeline ranks round-robin as the cost model assumes.
 pub fn megatron_layout(cfg: &TransformerConfig, plan: &Plan) -> String {
-    let layers = layers_per_virtual_stage(cfg.layers, plan.pp * plan.vpp);
+    let layers = stage_layers(cfg, plan);
     let last = layers.len().saturating_sub(1);
     layers
         .iter()
@@ -77,7 +77,8 @@ pub fn megatron_args(cfg: &TransformerConfig, plan: &Plan) -> Result<String, Sea
     arg(&format!("--max-position-embeddings {}", cfg.seq));
     arg(&format!("--tensor-model-parallel-size {}", plan.tp));
     arg(&format!("--pipeline-model-parallel-size {}", plan.pp));
-    let even = cfg.layers.is_multiple_of(plan.pp * plan.vpp);
+    let layers = stage_layers(cfg, plan);
+    let even = layers.iter().all(|&n| n == layers[0]);
     if !even {
         arg(&format!(
             "--pipeline-model-parallel-layout \"{}\"",
@@ -267,15 +268,12 @@ pub fn torchtitan_toml(cfg: &TransformerConfig, plan: &Plan) -> Result<String, S
             "pipeline_parallel_microbatch_size = {}\n",
             plan.micro_batch_size
         );
-        if cfg.layers.is_multiple_of(plan.pp * plan.vpp) {
-            out += &format!(
-                "pipeline_parallel_layers_per_stage = {}\n",
-                cfg.layers / (plan.pp * plan.vpp)
-            );
+        let layers = stage_layers(cfg, plan);
+        if layers.iter().all(|&n| n == layers[0]) {
+            out += &format!("pipeline_parallel_layers_per_stage = {}\n", layers[0]);
         } else {
             out += &format!(
-                "# layers per stage {:?}: uneven, give pipeline_parallel_split_points\n",
-                layers_per_virtual_stage(cfg.layers, plan.pp * plan.vpp)
+                "# layers per stage {layers:?}: uneven, give pipeline_parallel_split_points\n"
             );
         }
     }

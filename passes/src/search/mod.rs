@@ -463,6 +463,7 @@ impl Worker {
                         schedule: kind,
                         dtype: opts.dtype,
                         axis_order: Vec::new(),
+                        stage_layers: c.stage_layers.clone(),
                     };
                     let family = (sps.len() * orders.len() * recomputes.len()) as u64;
                     self.stats.candidates += family;

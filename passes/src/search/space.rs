@@ -9,7 +9,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use autopar_cost_model::estimate::layers_per_virtual_stage;
+use autopar_cost_model::estimate::stage_layers;
 use autopar_cost_model::{AttentionKernel, Plan, Recompute, TransformerConfig};
 use autopar_ir::schedule::ScheduleKind;
 
@@ -163,7 +163,7 @@ impl Constraints {
             && self
                 .stage_layers
                 .as_ref()
-                .is_none_or(|s| *s == layers_per_virtual_stage(cfg.layers, plan.pp * plan.vpp))
+                .is_none_or(|s| *s == stage_layers(cfg, plan))
             && (!self.cpu_executable || cpu_unsupported(plan).is_empty())
             && [
                 ("dp", plan.dp),
@@ -488,9 +488,7 @@ pub(crate) fn pipelines(
     out.retain(|&(vpp, kind)| {
         c.vpp.is_none_or(|p| p == vpp)
             && c.schedule.is_none_or(|p| p == kind)
-            && c.stage_layers
-                .as_ref()
-                .is_none_or(|s| *s == layers_per_virtual_stage(cfg.layers, pp * vpp))
+            && c.stage_layers.as_ref().is_none_or(|s| s.len() == pp * vpp)
     });
     out
 }
