@@ -15,6 +15,16 @@
 //! all its operands, an optimizer one beside its operands. Constants are copied into every
 //! sub-program that reads them; parameters and inputs are read from each rank's store.
 //!
+//! Forward and backward nodes computed from parameters and constants alone are copied in
+//! the same way: every sub-program recomputes them where it needs them. This is what makes
+//! ZeRO-3 (FSDP) pipeline: the partitioner all-gathers a sharded weight once and lets every
+//! micro-batch, stage and the backward read that copy, which no cut into sub-programs could
+//! carry; recomputed, the gather runs in each (virtual stage, micro-batch, forward or
+//! backward) sub-program that uses the weight, and the gathered weight is freed after its
+//! last use there. Parameters do not change before the optimizer phase, so the copies are
+//! equal to the original, and every rank of a collective's group recomputes it in the same
+//! sub-program, so collectives still meet in the same order.
+//!
 //! # What crosses stages
 //!
 //! A forward value read at a later virtual stage (by its forward or its backward) travels
@@ -100,6 +110,10 @@ enum Role {
     Source,
     /// A node without operands: copied into each sub-program that reads it.
     Constant,
+    /// A forward or backward node computed from parameters and constants only (a ZeRO-3
+    /// weight's all-gather, a weight's cast or transpose): recomputed in each sub-program
+    /// that reads it, so it is never carried between sub-programs (see the module docs).
+    Derived,
     /// Computed in `(phase, virtual stage)`.
     Placed(Phase, usize),
 }
@@ -134,11 +148,13 @@ pub fn split_pipeline(
     // Phases and fixed stages; floating nodes are resolved below.
     let mut role: HashMap<NodeId, Role> = HashMap::new();
     let mut floating: Vec<(NodeId, Phase)> = Vec::new();
+    let graph_outputs: HashSet<ValueId> = g.outputs().iter().map(|&(_, v)| v).collect();
     for &n in &order {
         let node = g.node(n);
         let r = match node.op {
             Op::Parameter { .. } | Op::Input { .. } => Role::Source,
             _ if node.inputs.is_empty() => Role::Constant,
+            _ if derived_from_parameters(g, n, &role, &graph_outputs) => Role::Derived,
             _ => {
                 let (phase, path) = classify(node.scope.as_deref());
                 if path.is_empty() {
@@ -214,7 +230,11 @@ pub fn split_pipeline(
             None => {}
         }
     }
-    let graph_outputs: HashSet<ValueId> = g.outputs().iter().map(|&(_, v)| v).collect();
+    let derived: HashSet<NodeId> = role
+        .iter()
+        .filter(|(_, r)| **r == Role::Derived)
+        .map(|(&n, _)| n)
+        .collect();
     // Is `v` (produced in group `key`) read outside it?
     let exported = |v: ValueId, key: Option<(Phase, usize)>| {
         graph_outputs.contains(&v) || g.users(v).iter().any(|&(u, _)| group_of(u) != key)
@@ -229,7 +249,7 @@ pub fn split_pipeline(
             ] {
                 let nodes = members.remove(&(phase, vs)).unwrap_or_default();
                 let name = format!("{}.vs{vs}.mb{mb}", phase_name(phase));
-                out.push(extract(g, &name, &nodes, |v| {
+                out.push(extract(g, &name, &nodes, &derived, |v| {
                     exported(v, Some((phase, vs)))
                 })?);
             }
@@ -356,7 +376,7 @@ pub fn split_pipeline(
     };
     let mut seg_programs = Vec::with_capacity(segments.len());
     for (i, (rank, nodes)) in segments.iter().enumerate() {
-        let p = extract(g, &format!("optimizer.{i}"), nodes, |v| {
+        let p = extract(g, &format!("optimizer.{i}"), nodes, &derived, |v| {
             graph_outputs.contains(&v)
                 || g.users(v)
                     .iter()
@@ -398,7 +418,9 @@ pub fn split_pipeline(
         }
         optimizer.push(OptimizerSegment {
             rank,
-            program: extract(g, &format!("optimizer.gather{rank}"), &[], |_| false)?,
+            program: extract(g, &format!("optimizer.gather{rank}"), &[], &derived, |_| {
+                false
+            })?,
             sends: sends.iter().map(|(&to, vs)| (to, carried(vs))).collect(),
         });
     }
@@ -524,13 +546,40 @@ fn describe(p: Phase) -> String {
     }
 }
 
+/// True when `n`, a forward or backward node, reads only parameters, constants and
+/// [`Role::Derived`] values (all of whose roles are in `role` already, `n`'s operands coming
+/// first in topological order), and none of its results is a graph output.
+fn derived_from_parameters(
+    g: &Graph,
+    n: NodeId,
+    role: &HashMap<NodeId, Role>,
+    graph_outputs: &HashSet<ValueId>,
+) -> bool {
+    let node = g.node(n);
+    if matches!(classify(node.scope.as_deref()).0, Phase::Optimizer)
+        || node.outputs.iter().any(|v| graph_outputs.contains(v))
+    {
+        return false;
+    }
+    node.inputs.iter().all(|&v| {
+        let p = g.value(v).producer;
+        match role.get(&p) {
+            Some(Role::Source) => matches!(g.node(p).op, Op::Parameter { .. }),
+            Some(Role::Constant | Role::Derived) => true,
+            _ => false,
+        }
+    })
+}
+
 /// A sub-program of `nodes` (in execution order): operands from outside become `input`
-/// nodes named after their values, operand-free nodes are copied in, and the values
-/// `exported` says are read elsewhere become outputs.
+/// nodes named after their values, operand-free nodes and the `derived` nodes (computed from
+/// parameters and constants) are copied in, and the values `exported` says are read elsewhere
+/// become outputs.
 fn extract(
     g: &Graph,
     name: &str,
     nodes: &[NodeId],
+    derived: &HashSet<NodeId>,
     exported: impl Fn(ValueId) -> bool,
 ) -> Result<StageProgram, PassError> {
     let mut sub = Graph::new(name);
@@ -543,25 +592,7 @@ fn extract(
     for &n in nodes {
         let node = g.node(n);
         for &v in &node.inputs {
-            if defined.contains(&v) {
-                continue;
-            }
-            let producer = g.node(g.value(v).producer);
-            if producer.inputs.is_empty()
-                && !matches!(producer.op, Op::Parameter { .. } | Op::Input { .. })
-            {
-                sub.add_node_with_ids(producer.op.clone(), &[], &[v], producer.scope.clone())?;
-            } else {
-                debug_assert!(!inside.contains(&g.value(v).producer));
-                let op = Op::Input {
-                    name: value_name(v),
-                    ty: g.ty(v).clone(),
-                    role: InputRole::Features,
-                };
-                sub.add_node_with_ids(op, &[], &[v], None)?;
-                inputs.push(v);
-            }
-            defined.insert(v);
+            define_operand(g, &mut sub, v, &inside, derived, &mut defined, &mut inputs)?;
         }
         sub.add_node_with_ids(
             node.op.clone(),
@@ -584,4 +615,50 @@ fn extract(
         inputs,
         outputs,
     })
+}
+
+/// Makes operand `v` available in `sub`: a copy of its operand-free or derived producer (with
+/// the derived producer's own operands first), or an `input` node read from outside.
+fn define_operand(
+    g: &Graph,
+    sub: &mut Graph,
+    v: ValueId,
+    inside: &HashSet<NodeId>,
+    derived: &HashSet<NodeId>,
+    defined: &mut HashSet<ValueId>,
+    inputs: &mut Vec<ValueId>,
+) -> Result<(), PassError> {
+    if defined.contains(&v) {
+        return Ok(());
+    }
+    let p = g.value(v).producer;
+    let producer = g.node(p);
+    if derived.contains(&p) {
+        for &u in &producer.inputs {
+            define_operand(g, sub, u, inside, derived, defined, inputs)?;
+        }
+        sub.add_node_with_ids(
+            producer.op.clone(),
+            &producer.inputs,
+            &producer.outputs,
+            producer.scope.clone(),
+        )?;
+        defined.extend(producer.outputs.iter().copied());
+        return Ok(());
+    }
+    if producer.inputs.is_empty() && !matches!(producer.op, Op::Parameter { .. } | Op::Input { .. })
+    {
+        sub.add_node_with_ids(producer.op.clone(), &[], &[v], producer.scope.clone())?;
+    } else {
+        debug_assert!(!inside.contains(&p));
+        let op = Op::Input {
+            name: value_name(v),
+            ty: g.ty(v).clone(),
+            role: InputRole::Features,
+        };
+        sub.add_node_with_ids(op, &[], &[v], None)?;
+        inputs.push(v);
+    }
+    defined.insert(v);
+    Ok(())
 }
