@@ -65,8 +65,10 @@ pub fn run_pipelined(
         .flat_map(|r| r.ranks.iter().map(|k| k.peak_bytes))
         .max()
         .unwrap_or(0);
+    let state = summary.state_bytes.iter().copied().max().unwrap_or(0);
     println!(
-        "ranks: {} ({mesh}), {} pipelines of {} stages, peak memory per rank: {peak}",
+        "ranks: {} ({mesh}), {} pipelines of {} stages, peak memory per rank: {peak}, \
+         state per rank: {state}",
         mesh.num_devices(),
         program.pipelines.len(),
         pipeline.pp * pipeline.vpp,

@@ -68,3 +68,111 @@ fn dp_pp_several_steps_match_the_reference() {
     let out = verifies("dp=2,pp=2", "1f1b", "1", &["--steps", "3"]);
     assert!(out.contains("step 3 loss:"), "{out}");
 }
+
+#[test]
+fn dp_tp_pp_zero3_1f1b_verifies() {
+    let out = verifies("dp=2,tp=2,pp=2", "1f1b", "3", &[]);
+    assert!(out.contains("state per rank: "), "{out}");
+}
+
+#[test]
+fn dp_pp_zero3_verifies_over_several_steps() {
+    let out = verifies("dp=2,pp=2", "1f1b", "3", &["--steps", "2"]);
+    assert!(out.contains("step 2 loss:"), "{out}");
+}
+
+#[test]
+fn dp_tp_pp_zero3_interleaved_verifies() {
+    verifies("dp=2,tp=2,pp=2", "interleaved", "3", &["--vpp", "2"]);
+}
+
+/// FSDP in a pipeline: every forward and backward sub-program that reads a ZeRO-3 weight
+/// gathers it over `dp` itself, and no gathered weight is carried between sub-programs.
+#[test]
+fn zero3_gathers_in_every_sub_program_that_uses_a_weight() {
+    use autopar::ir::pipeline::value_name;
+    use autopar::ir::{DeviceMesh, Op, Placement, schedule::ScheduleKind};
+    use autopar::passes::parallelize::ParallelOptions;
+    use autopar::passes::pipeline::PipelineOptions;
+
+    let options = autopar::TrainOptions {
+        micro_batches: 4,
+        ..autopar::TrainOptions::default()
+    };
+    let step = autopar::load_train_step("gpt-tiny", None, &options).expect("step");
+    let mesh = DeviceMesh::parse("dp=2,pp=2").expect("mesh");
+    let program = autopar::spmd::compile_pipelined(
+        &step,
+        &mesh,
+        &ParallelOptions {
+            zero: 3,
+            ..ParallelOptions::default()
+        },
+        &PipelineOptions {
+            pp: 2,
+            vpp: 1,
+            schedule: ScheduleKind::OneFOneB,
+            boundaries: Vec::new(),
+        },
+    )
+    .expect("compiles");
+    let global = &program.spmd.global.graph;
+    let sharded: std::collections::HashSet<String> = global
+        .parameters()
+        .into_iter()
+        .filter(|(v, name, _)| {
+            step.weights.iter().any(|w| w == name)
+                && matches!(
+                    global.value(*v).sharding.as_ref().and_then(|s| s.get("dp")),
+                    Some(Placement::Shard(_))
+                )
+        })
+        .map(|(_, name, _)| name.to_string())
+        .collect();
+    assert!(sharded.len() > 4, "ZeRO-3 shards the weights: {sharded:?}");
+    for (which, pipeline) in program.pipelines.iter().enumerate() {
+        let local = &program.spmd.ranks[which];
+        let param_of = |v| match &local.node(local.value(v).producer).op {
+            Op::Parameter { name, .. } => Some(name.clone()),
+            _ => None,
+        };
+        let (mut forward, mut backward) = (0, 0);
+        for (is_forward, subs) in [(true, &pipeline.forward), (false, &pipeline.backward)] {
+            for p in subs.iter().flatten() {
+                for &v in &p.inputs {
+                    // No sub-program reads a weight gathered by another one.
+                    let producer = local.node(local.value(v).producer);
+                    assert!(
+                        !(matches!(producer.op, Op::AllGather { .. })
+                            && param_of(producer.inputs[0]).is_some()),
+                        "{} reads {v}, a weight gathered elsewhere",
+                        p.graph.name()
+                    );
+                    let Some(name) = param_of(v).filter(|n| sharded.contains(n)) else {
+                        continue;
+                    };
+                    let input = p
+                        .graph
+                        .nodes_in_order()
+                        .into_iter()
+                        .find(|&n| matches!(&p.graph.node(n).op, Op::Input { name, .. } if *name == value_name(v)))
+                        .expect("the weight is an input");
+                    let gathered = p.graph.users(p.graph.node(input).outputs[0]).iter().any(
+                        |&(u, _)| matches!(&p.graph.node(u).op, Op::AllGather { axes, .. } if axes == &["dp"]),
+                    );
+                    assert!(
+                        gathered,
+                        "{} reads `{name}` without gathering it",
+                        p.graph.name()
+                    );
+                    if is_forward {
+                        forward += 1;
+                    } else {
+                        backward += 1;
+                    }
+                }
+            }
+        }
+        assert!(forward >= 8 && backward >= 8, "{forward} {backward}");
+    }
+}
