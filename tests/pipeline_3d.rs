@@ -176,3 +176,77 @@ fn zero3_gathers_in_every_sub_program_that_uses_a_weight() {
         assert!(forward >= 8 && backward >= 8, "{forward} {backward}");
     }
 }
+
+/// Each pipeline rank holds only the state its stages read: its shards of those parameters
+/// and their optimizer state, not those of the other stages.
+#[test]
+fn pipeline_ranks_hold_only_their_stages_state() {
+    use autopar::ir::{DeviceMesh, schedule::ScheduleKind};
+    use autopar::passes::parallelize::ParallelOptions;
+    use autopar::passes::pipeline::PipelineOptions;
+
+    let options = autopar::TrainOptions {
+        micro_batches: 2,
+        ..autopar::TrainOptions::default()
+    };
+    let step = autopar::load_train_step("gpt-tiny", None, &options).expect("step");
+    let mesh = DeviceMesh::parse("dp=2,tp=2,pp=2").expect("mesh");
+    let program = autopar::spmd::compile_pipelined(
+        &step,
+        &mesh,
+        &ParallelOptions {
+            zero: 1,
+            ..ParallelOptions::default()
+        },
+        &PipelineOptions {
+            pp: 2,
+            vpp: 1,
+            schedule: ScheduleKind::OneFOneB,
+            boundaries: Vec::new(),
+        },
+    )
+    .expect("compiles");
+    let sub = program.spmd.mesh().expect("mesh");
+    let g = &program.spmd.global.graph;
+    let bytes =
+        |m: &autopar::runtime::TensorMap| -> u64 { m.values().map(|t| t.size_bytes()).sum() };
+    let mut held = Vec::new();
+    for rank in 0..mesh.num_devices() {
+        let (pp_rank, which) = autopar::runtime::split_pipeline_rank(&mesh, rank);
+        let state = autopar::spmd::init_pipeline_rank_state(&program, rank, 7).expect("state");
+        let whole = autopar::spmd::init_rank_state(g, sub, which, 7).expect("whole state");
+        assert!(
+            bytes(&state) < bytes(&whole),
+            "rank {rank} holds every stage's state"
+        );
+        // The first stage holds no weight of the last layer, the last none of the first.
+        let foreign = if pp_rank == 0 { "h.1." } else { "h.0." };
+        assert!(
+            state.keys().all(|name| !name.starts_with(foreign)),
+            "rank {rank}: {:?}",
+            state.keys().collect::<Vec<_>>()
+        );
+        assert!(!state.is_empty());
+        held.push((which, state));
+    }
+    // Together, the pipeline ranks of a coordinate hold all of its state.
+    for which in 0..program.pipelines.len() {
+        for (_, name, _) in g.parameters() {
+            assert!(
+                held.iter()
+                    .any(|(w, s)| *w == which && s.contains_key(name)),
+                "nobody holds `{name}`"
+            );
+        }
+    }
+    let summary =
+        autopar::spmd::run_pipelined(&program, 7, 2, Some(1e-4), |_, _| {}).expect("runs");
+    assert!(summary.verify.expect("verified").ok());
+    for (rank, &b) in summary.state_bytes.iter().enumerate() {
+        assert_eq!(
+            b,
+            bytes(&held[rank].1),
+            "rank {rank} keeps the size of its state"
+        );
+    }
+}
