@@ -151,7 +151,7 @@ fn execute(args: &RunArgs, plan: &Plan) -> Result<()> {
             boundaries: Vec::new(),
         };
         return spmd_cmd::run_pipelined(
-            &step, &mesh, &spmd, &pipeline, args.seed, args.steps, verify,
+            &step, &mesh, &spmd, &pipeline, args.seed, args.steps, verify, None,
         );
     }
     spmd_cmd::run(&step.graph, &mesh, &spmd, args.seed, args.steps, verify)

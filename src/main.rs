@@ -143,7 +143,8 @@ struct RunArgs {
     /// `verify: max_abs_err=<x> max_rel_err=<y> OK` (or FAILED, exiting with 1).
     #[arg(long)]
     verify: bool,
-    /// Write the executed (last) step as a Chrome trace JSON (open in Perfetto).
+    /// Write the executed (last) step of a pipeline as a Chrome trace JSON (open in
+    /// Perfetto): one track per rank of the mesh, one slice per schedule action.
     #[arg(long, value_name = "FILE")]
     trace: Option<String>,
     /// Search the plans the CPU runtime executes on --cluster, print the best and run it.
@@ -643,9 +644,6 @@ fn run_pipelined(args: &RunArgs, step: &autopar::TrainStep, mesh: &str) -> Resul
     let p = &args.pipeline;
     let kind: autopar::ir::schedule::ScheduleKind = p.schedule.parse()?;
     if spmd_cmd::has_spmd_axes(mesh)? {
-        if args.trace.is_some() {
-            anyhow::bail!("--trace applies to pp-only meshes");
-        }
         let pp = autopar::ir::DeviceMesh::parse(mesh)?
             .axis_size("pp")
             .unwrap_or(1);
@@ -658,7 +656,14 @@ fn run_pipelined(args: &RunArgs, step: &autopar::TrainStep, mesh: &str) -> Resul
         let tolerance = autopar::spmd::verify_tolerance(args.train.options().compute_dtype);
         let verify = args.verify.then_some(tolerance);
         return spmd_cmd::run_pipelined(
-            step, mesh, &args.spmd, &options, args.seed, args.steps, verify,
+            step,
+            mesh,
+            &args.spmd,
+            &options,
+            args.seed,
+            args.steps,
+            verify,
+            args.trace.as_deref(),
         );
     }
     let (_, pp) = pc::pipeline_degree(mesh)?;

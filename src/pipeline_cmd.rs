@@ -165,6 +165,51 @@ pub fn trace_json(program_schedule: &Schedule, report: &rt::PipelineStepReport) 
     chrome_trace(&names, &slices)
 }
 
+/// `rank 3 (dp=0,tp=1,pp=1)`: a rank of `mesh` named by its coordinates.
+pub fn rank_label(mesh: &DeviceMesh, rank: usize) -> String {
+    let coords: Vec<String> = mesh
+        .axes()
+        .iter()
+        .zip(mesh.coords(rank))
+        .map(|(axis, c)| format!("{}={c}", axis.name))
+        .collect();
+    format!("rank {rank} ({})", coords.join(","))
+}
+
+/// The Chrome trace of an executed step of pipelines that also span other mesh axes: one
+/// track per rank of the whole `mesh` (named by its coordinates, [`rank_label`]), one slice
+/// per action of its pipeline rank's list. `reports[i]` is the step report of the `i`-th
+/// pipeline ([`rt::split_pipeline_rank`]); every pipeline runs `schedule`.
+pub fn mesh_trace_json(
+    mesh: &DeviceMesh,
+    schedule: &Schedule,
+    reports: &[rt::PipelineStepReport],
+) -> Result<String, Error> {
+    let n = mesh.num_devices();
+    let mut rank_of = std::collections::HashMap::new();
+    for rank in 0..n {
+        rank_of.insert(rt::split_pipeline_rank(mesh, rank), rank);
+    }
+    let mut slices = Vec::new();
+    for (which, report) in reports.iter().enumerate() {
+        let spans: Vec<Vec<(u64, u64)>> = report.ranks.iter().map(|r| r.spans.clone()).collect();
+        let makespan = spans.iter().flatten().map(|s| s.1).max().unwrap_or(0);
+        let timeline = Timeline { spans, makespan };
+        for mut slice in schedule_slices(schedule, &timeline, 1.0) {
+            let &rank = rank_of.get(&(slice.track, which)).ok_or_else(|| {
+                Error::Usage(format!(
+                    "pipeline {which} has no rank {} on the mesh `{mesh}`",
+                    slice.track
+                ))
+            })?;
+            slice.track = rank;
+            slices.push(slice);
+        }
+    }
+    let names: Vec<String> = (0..n).map(|r| rank_label(mesh, r)).collect();
+    Ok(chrome_trace(&names, &slices))
+}
+
 /// `dump --stage pipeline`: each virtual stage's rank, layers and FLOPs, beside what equal
 /// layer counts would give.
 pub fn describe_stages(split: &StageSplit, pp: usize) -> String {

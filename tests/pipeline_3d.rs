@@ -250,3 +250,55 @@ fn pipeline_ranks_hold_only_their_stages_state() {
         );
     }
 }
+
+/// `--trace` on a mesh with `pp` and other axes: one track per rank of the whole mesh, named
+/// by its coordinates, and one slice per action of its pipeline rank, in schedule order.
+#[test]
+fn dp_tp_pp_trace_has_one_track_per_rank_in_schedule_order() {
+    use autopar::ir::schedule::{Action, Schedule, ScheduleKind};
+
+    let path = std::env::temp_dir().join(format!("autopar-3d-trace-{}.json", std::process::id()));
+    let path_s = path.to_string_lossy().into_owned();
+    let out = verifies("dp=2,tp=2,pp=2", "1f1b", "1", &["--trace", &path_s]);
+    assert!(
+        out.contains("rank 3 (dp=0,tp=1,pp=1): peak memory "),
+        "{out}"
+    );
+    let text = std::fs::read_to_string(&path).expect("trace written");
+    let _ = std::fs::remove_file(&path);
+    let doc: serde_json::Value = serde_json::from_str(&text).expect("trace is JSON");
+    let events = doc["traceEvents"].as_array().expect("events");
+    let tracks: Vec<&serde_json::Value> = events.iter().filter(|e| e["ph"] == "M").collect();
+    assert_eq!(tracks.len(), 8, "one track per rank");
+    assert_eq!(tracks[3]["args"]["name"], "rank 3 (dp=0,tp=1,pp=1)");
+    assert_eq!(tracks[4]["args"]["name"], "rank 4 (dp=1,tp=0,pp=0)");
+    let schedule = Schedule::new(ScheduleKind::OneFOneB, 2, 1, 4).expect("schedule");
+    for rank in 0..8 {
+        // `pp` is the innermost axis of `dp=2,tp=2,pp=2`.
+        let list = &schedule.per_rank[rank % 2];
+        let mut slices: Vec<&serde_json::Value> = events
+            .iter()
+            .filter(|e| e["ph"] == "X" && e["tid"] == rank)
+            .collect();
+        assert_eq!(
+            slices.len(),
+            list.len(),
+            "one slice per action on rank {rank}"
+        );
+        slices.sort_by(|a, b| {
+            let key = |e: &serde_json::Value| e["ts"].as_f64().unwrap_or(0.0);
+            key(a).total_cmp(&key(b))
+        });
+        let computed: Vec<&str> = slices
+            .iter()
+            .filter(|e| e["cat"] == "forward" || e["cat"] == "backward")
+            .map(|e| e["name"].as_str().unwrap_or(""))
+            .collect();
+        let expected: Vec<String> = list
+            .iter()
+            .filter(|a| matches!(a, Action::Forward { .. } | Action::Backward { .. }))
+            .map(|a| autopar::ir::trace::describe(a).0)
+            .collect();
+        assert_eq!(computed, expected, "rank {rank}");
+    }
+}
