@@ -247,9 +247,12 @@ enum Stage {
     /// One rank's local program of the training step, with its collectives (needs --mesh;
     /// --rank picks the rank).
     Partitioned,
-    /// The pipeline stages of the training step (needs --mesh pp=N): layers and cost.
+    /// The pipeline stages of the training step (needs --mesh with a pp axis, alone or with
+    /// dp/tp): layers and cost (FLOPs of the global step; with dp/tp also of each rank's
+    /// local step).
     Pipeline,
-    /// The pipeline schedule's action lists (needs --mesh pp=N).
+    /// The pipeline schedule's action lists (needs --mesh with a pp axis; with dp/tp, the
+    /// ranks that run each list).
     Schedule,
 }
 
@@ -323,7 +326,7 @@ fn execute(cli: Cli) -> Result<()> {
                     spmd_cmd::dump_graph(&step, mesh, &spmd, partitioned, rank)?
                 }
                 Stage::Pipeline | Stage::Schedule => {
-                    let text = dump_pipeline(&model, batch, &train, &pipeline, stage)?;
+                    let text = dump_pipeline(&model, batch, &train, &pipeline, &spmd, stage)?;
                     return match output {
                         Some(path) => std::fs::write(&path, text)
                             .with_context(|| format!("cannot write `{path}`")),
@@ -705,15 +708,37 @@ fn dump_pipeline(
     batch: Option<usize>,
     train: &TrainArgs,
     p: &PipelineArgs,
+    spmd: &spmd_cmd::SpmdArgs,
     stage: Stage,
 ) -> Result<String> {
     use autopar::pipeline_cmd as pc;
     let mesh = p
         .mesh
         .as_deref()
-        .context("--stage pipeline and --stage schedule need --mesh pp=N")?;
-    let (_, pp) = pc::pipeline_degree(mesh)?;
+        .context("--stage pipeline and --stage schedule need --mesh with a pp axis")?;
     let kind: autopar::ir::schedule::ScheduleKind = p.schedule.parse()?;
+    if spmd_cmd::has_spmd_axes(mesh)? {
+        if !spmd_cmd::is_pipeline(mesh)? {
+            anyhow::bail!(
+                "--stage pipeline and --stage schedule need a `pp` axis above 1 in --mesh `{mesh}`"
+            );
+        }
+        let parsed = autopar::ir::DeviceMesh::parse(mesh)?;
+        let pp = parsed.axis_size("pp").unwrap_or(1);
+        let schedule = autopar::ir::schedule::Schedule::new(kind, pp, p.vpp, train.micro_batches)?;
+        if let Stage::Schedule = stage {
+            return Ok(pc::describe_mesh_schedule(&schedule, &parsed));
+        }
+        let step = load_train_step(model, batch, &train.options())?;
+        let options = autopar::passes::pipeline::PipelineOptions {
+            pp,
+            vpp: p.vpp,
+            schedule: kind,
+            boundaries: p.stage_boundaries.clone(),
+        };
+        return spmd_cmd::describe_pipeline(&step, mesh, spmd, &options);
+    }
+    let (_, pp) = pc::pipeline_degree(mesh)?;
     let schedule = autopar::ir::schedule::Schedule::new(kind, pp, p.vpp, train.micro_batches)?;
     if let Stage::Schedule = stage {
         return Ok(pc::describe_schedule(&schedule));

@@ -255,6 +255,107 @@ pub fn describe_stages(split: &StageSplit, pp: usize) -> String {
     out
 }
 
+/// The ranks of `mesh` that run pipeline rank `pp_rank` (one per coordinate on the other
+/// axes), as `rank 1 (dp=0,tp=0,pp=1), ...`.
+fn ranks_of_pipeline_rank(mesh: &DeviceMesh, pp_rank: usize) -> String {
+    (0..mesh.num_devices())
+        .filter(|&r| rt::split_pipeline_rank(mesh, r).0 == pp_rank)
+        .map(|r| rank_label(mesh, r))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// `dump --stage pipeline` on a mesh with `pp` and other axes: the stages of the global step
+/// as [`describe_stages`] gives them (FLOPs of the global step: every rank of a stage
+/// together), then each pipeline's share, the FLOPs of one rank's local step per stage
+/// (every pipeline is cut at the same layers), and the ranks that run each pipeline rank.
+pub fn describe_mesh_stages(program: &crate::spmd::PipelinedSpmd) -> Result<String, Error> {
+    let mesh = &program.mesh;
+    let pp = mesh.axis_size(rt::pipeline::PP_AXIS).unwrap_or(1);
+    let split = &program.split;
+    let n = split.num_stages();
+    let others: Vec<String> = mesh
+        .axes()
+        .iter()
+        .filter(|a| a.name != rt::pipeline::PP_AXIS)
+        .map(|a| a.name.clone())
+        .collect();
+    let mut out = format!(
+        "mesh {mesh}: {} pipelines (one per coordinate on {}), all cut at the same layers; \
+         costs below are of the global step (all ranks of a stage together)\n",
+        program.pipelines.len(),
+        others.join(", ")
+    );
+    out += &describe_stages(split, pp);
+    let _ = writeln!(
+        out,
+        "local step FLOPs per stage (one rank's part of the forward + backward of one micro-batch):"
+    );
+    let sub = program.spmd.mesh()?;
+    for (which, local) in program.spmd.ranks.iter().enumerate() {
+        let layers = autopar_passes::pipeline::layer_sequence(local)?;
+        let same = layers.len() == split.layers.len()
+            && layers
+                .iter()
+                .zip(&split.layers)
+                .all(|(a, b)| a.name == b.name);
+        if !same {
+            return Err(Error::Usage(format!(
+                "the local step of pipeline {which} has other layers than the global step"
+            )));
+        }
+        let local_split = StageSplit {
+            layers,
+            starts: split.starts.clone(),
+        };
+        let coords: Vec<String> = sub
+            .axes()
+            .iter()
+            .zip(sub.coords(which))
+            .map(|(a, c)| format!("{}={c}", a.name))
+            .collect();
+        let stages: Vec<String> = (0..n)
+            .map(|s| format!("stage {s} {:.4e}", local_split.stage_flops(s)))
+            .collect();
+        let _ = writeln!(
+            out,
+            "  pipeline {which} ({}): {}",
+            coords.join(","),
+            stages.join(", ")
+        );
+    }
+    for r in 0..pp {
+        let _ = writeln!(
+            out,
+            "pp rank {r} runs on {}",
+            ranks_of_pipeline_rank(mesh, r)
+        );
+    }
+    Ok(out)
+}
+
+/// `dump --stage schedule` on a mesh with `pp` and other axes: every pipeline rank's action
+/// list and the ranks of the mesh that run it (all pipelines run the same schedule).
+pub fn describe_mesh_schedule(s: &Schedule, mesh: &DeviceMesh) -> String {
+    let mut out = format!(
+        "schedule {} pp={} vpp={} micro-batches={} on the mesh {mesh}: every rank runs the list of its pp coordinate\n",
+        s.kind, s.pp, s.vpp, s.micro_batches
+    );
+    for (r, list) in s.per_rank.iter().enumerate() {
+        let _ = writeln!(
+            out,
+            "pp rank {r} (peak in flight {}), on {}:",
+            s.max_in_flight(r),
+            ranks_of_pipeline_rank(mesh, r)
+        );
+        for a in list {
+            let (name, _) = autopar_ir::trace::describe(a);
+            let _ = writeln!(out, "  {name}");
+        }
+    }
+    out
+}
+
 /// The stage split alone (for `dump --stage pipeline`).
 pub fn stages(
     step: &TrainStep,

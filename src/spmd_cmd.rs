@@ -109,6 +109,21 @@ pub fn run_pipelined(
     Ok(())
 }
 
+/// `dump --stage pipeline --mesh dp=..,tp=..,pp=N`: the step compiled as [`run_pipelined`]
+/// would run it, described stage by stage ([`autopar::pipeline_cmd::describe_mesh_stages`]).
+pub fn describe_pipeline(
+    step: &autopar::TrainStep,
+    mesh: &str,
+    args: &SpmdArgs,
+    pipeline: &autopar::passes::pipeline::PipelineOptions,
+) -> Result<String> {
+    let Some((mesh, options)) = args.options(Some(mesh))? else {
+        bail!("a pipeline needs --mesh");
+    };
+    let program = spmd::compile_pipelined(step, &mesh, &options, pipeline)?;
+    Ok(autopar::pipeline_cmd::describe_mesh_stages(&program)?)
+}
+
 impl SpmdArgs {
     fn options(&self, mesh: Option<&str>) -> Result<Option<(DeviceMesh, ParallelOptions)>> {
         let Some(mesh) = mesh else {

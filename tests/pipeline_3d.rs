@@ -302,3 +302,87 @@ fn dp_tp_pp_trace_has_one_track_per_rank_in_schedule_order() {
         assert_eq!(computed, expected, "rank {rank}");
     }
 }
+
+/// `dump --stage pipeline|schedule` on a mesh with `pp` and other axes: the stages with their
+/// layers and the global and local FLOPs, and each pipeline rank's action list with the mesh
+/// ranks that run it.
+#[test]
+fn dp_tp_pp_dumps_show_stages_and_action_lists() {
+    let dump = |stage: &str| {
+        let (ok, out) = autopar(&[
+            "dump",
+            "gpt-tiny",
+            "--mesh",
+            "dp=2,tp=2,pp=2",
+            "--micro-batches",
+            "4",
+            "--stage",
+            stage,
+        ]);
+        assert!(ok, "{out}");
+        out
+    };
+    let out = dump("pipeline");
+    assert!(
+        out.contains("4 pipelines (one per coordinate on dp, tp)"),
+        "{out}"
+    );
+    assert!(
+        out.contains("stage 0 (rank 0, chunk 0):") && out.contains("layers embed h.0"),
+        "{out}"
+    );
+    assert!(out.contains("layers h.1 ln_f head loss"), "{out}");
+    // One rank's local step does about a quarter of the global step's work.
+    let global: Vec<f64> = out
+        .lines()
+        .filter(|l| l.starts_with("stage "))
+        .map(|l| {
+            let f = l
+                .split("):")
+                .nth(1)
+                .expect("FLOPs")
+                .split_whitespace()
+                .next();
+            f.expect("a number").parse().expect("FLOPs")
+        })
+        .collect();
+    let local = out
+        .lines()
+        .find(|l| l.starts_with("  pipeline 3 (dp=1,tp=1): "))
+        .expect("pipeline 3's local FLOPs");
+    let local: Vec<f64> = local
+        .split("stage ")
+        .skip(1)
+        .map(|s| {
+            let f = s.split_whitespace().nth(1).expect("FLOPs");
+            f.trim_end_matches(',').parse().expect("FLOPs")
+        })
+        .collect();
+    assert_eq!(global.len(), 2, "{out}");
+    assert_eq!(local.len(), 2, "{out}");
+    for (g, l) in global.iter().zip(&local) {
+        assert!(*l > g / 4.0 * 0.9 && *l < g / 2.0, "global {g}, local {l}");
+    }
+    assert!(
+        out.contains(
+            "pp rank 1 runs on rank 1 (dp=0,tp=0,pp=1), rank 3 (dp=0,tp=1,pp=1), \
+             rank 5 (dp=1,tp=0,pp=1), rank 7 (dp=1,tp=1,pp=1)"
+        ),
+        "{out}"
+    );
+    let out = dump("schedule");
+    assert!(
+        out.contains("pp rank 0 (peak in flight 2), on rank 0 (dp=0,tp=0,pp=0), rank 2"),
+        "{out}"
+    );
+    assert!(out.contains("  B mb3 c0\n  optimizer step"), "{out}");
+    let (ok, out) = autopar(&[
+        "dump",
+        "gpt-tiny",
+        "--mesh",
+        "dp=2,tp=2",
+        "--stage",
+        "schedule",
+    ]);
+    assert!(!ok && out.contains("`pp` axis"), "{out}");
+}
