@@ -15,9 +15,10 @@
 //! all its operands, an optimizer one beside its operands. Constants are copied into every
 //! sub-program that reads them; parameters and inputs are read from each rank's store.
 //!
-//! Forward and backward nodes computed from parameters and constants alone are copied in
-//! the same way: every sub-program recomputes them where it needs them. This is what makes
-//! ZeRO-3 (FSDP) pipeline: the partitioner all-gathers a sharded weight once and lets every
+//! Forward and backward nodes computed by collectives from parameters and constants alone
+//! (with the local ops on the way, [`derived_nodes`]) are copied in the same way: every
+//! sub-program recomputes them where it needs them. This is what makes ZeRO-3 (FSDP)
+//! pipeline: the partitioner all-gathers a sharded weight once and lets every
 //! micro-batch, stage and the backward read that copy, which no cut into sub-programs could
 //! carry; recomputed, the gather runs in each (virtual stage, micro-batch, forward or
 //! backward) sub-program that uses the weight, and the gathered weight is freed after its
@@ -110,9 +111,9 @@ enum Role {
     Source,
     /// A node without operands: copied into each sub-program that reads it.
     Constant,
-    /// A forward or backward node computed from parameters and constants only (a ZeRO-3
-    /// weight's all-gather, a weight's cast or transpose): recomputed in each sub-program
-    /// that reads it, so it is never carried between sub-programs (see the module docs).
+    /// A forward or backward node computed from parameters and constants only, through a
+    /// collective (a ZeRO-3 weight's all-gather, see [`derived_nodes`]): recomputed in each
+    /// sub-program that reads it, so it is never carried between sub-programs.
     Derived,
     /// Computed in `(phase, virtual stage)`.
     Placed(Phase, usize),
@@ -149,12 +150,13 @@ pub fn split_pipeline(
     let mut role: HashMap<NodeId, Role> = HashMap::new();
     let mut floating: Vec<(NodeId, Phase)> = Vec::new();
     let graph_outputs: HashSet<ValueId> = g.outputs().iter().map(|&(_, v)| v).collect();
+    let derived = derived_nodes(g, &order, &graph_outputs);
     for &n in &order {
         let node = g.node(n);
         let r = match node.op {
             Op::Parameter { .. } | Op::Input { .. } => Role::Source,
             _ if node.inputs.is_empty() => Role::Constant,
-            _ if derived_from_parameters(g, n, &role, &graph_outputs) => Role::Derived,
+            _ if derived.contains(&n) => Role::Derived,
             _ => {
                 let (phase, path) = classify(node.scope.as_deref());
                 if path.is_empty() {
@@ -230,11 +232,6 @@ pub fn split_pipeline(
             None => {}
         }
     }
-    let derived: HashSet<NodeId> = role
-        .iter()
-        .filter(|(_, r)| **r == Role::Derived)
-        .map(|(&n, _)| n)
-        .collect();
     // Is `v` (produced in group `key`) read outside it?
     let exported = |v: ValueId, key: Option<(Phase, usize)>| {
         graph_outputs.contains(&v) || g.users(v).iter().any(|&(u, _)| group_of(u) != key)
@@ -546,29 +543,56 @@ fn describe(p: Phase) -> String {
     }
 }
 
-/// True when `n`, a forward or backward node, reads only parameters, constants and
-/// [`Role::Derived`] values (all of whose roles are in `role` already, `n`'s operands coming
-/// first in topological order), and none of its results is a graph output.
-fn derived_from_parameters(
-    g: &Graph,
-    n: NodeId,
-    role: &HashMap<NodeId, Role>,
-    graph_outputs: &HashSet<ValueId>,
-) -> bool {
-    let node = g.node(n);
-    if matches!(classify(node.scope.as_deref()).0, Phase::Optimizer)
-        || node.outputs.iter().any(|v| graph_outputs.contains(v))
-    {
-        return false;
-    }
-    node.inputs.iter().all(|&v| {
-        let p = g.value(v).producer;
-        match role.get(&p) {
-            Some(Role::Source) => matches!(g.node(p).op, Op::Parameter { .. }),
-            Some(Role::Constant | Role::Derived) => true,
-            _ => false,
+/// The [`Role::Derived`] nodes of `g` (`order` is its topological order): forward and
+/// backward nodes computed from parameters and constants alone, none of whose results is a
+/// graph output, that are a collective or lie on a chain of such nodes through one (a
+/// ZeRO-3 weight's all-gather, the cast of the gathered weight). Local values of parameters
+/// alone (a cast of a replicated weight) are not recomputed: they stay where the step
+/// computes them, so a pipeline without such collectives is cut as if this rule did not
+/// exist.
+fn derived_nodes(g: &Graph, order: &[NodeId], graph_outputs: &HashSet<ValueId>) -> HashSet<NodeId> {
+    // Computed from parameters and constants alone, and whether a collective is among the
+    // node and its ancestors.
+    let mut from_parameters: HashMap<NodeId, bool> = HashMap::new();
+    for &n in order {
+        let node = g.node(n);
+        if node.inputs.is_empty()
+            || matches!(classify(node.scope.as_deref()).0, Phase::Optimizer)
+            || node.outputs.iter().any(|v| graph_outputs.contains(v))
+        {
+            continue;
         }
-    })
+        let mut collective = node.op.is_communication();
+        let all = node.inputs.iter().all(|&v| {
+            let p = g.value(v).producer;
+            let producer = g.node(p);
+            if let Some(&c) = from_parameters.get(&p) {
+                collective |= c;
+                return true;
+            }
+            matches!(producer.op, Op::Parameter { .. })
+                || (producer.inputs.is_empty() && !matches!(producer.op, Op::Input { .. }))
+        });
+        if all {
+            from_parameters.insert(n, collective);
+        }
+    }
+    // Add the ancestors (within those nodes) of every one reached by a collective.
+    let mut derived: HashSet<NodeId> = HashSet::new();
+    for &n in order.iter().rev() {
+        let Some(&collective) = from_parameters.get(&n) else {
+            continue;
+        };
+        let feeds = g
+            .node(n)
+            .outputs
+            .iter()
+            .any(|&v| g.users(v).iter().any(|(u, _)| derived.contains(u)));
+        if collective || feeds {
+            derived.insert(n);
+        }
+    }
+    derived
 }
 
 /// A sub-program of `nodes` (in execution order): operands from outside become `input`
