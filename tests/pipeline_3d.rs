@@ -386,3 +386,49 @@ fn dp_tp_pp_dumps_show_stages_and_action_lists() {
     ]);
     assert!(!ok && out.contains("`pp` axis"), "{out}");
 }
+
+/// Without collectives nothing is recomputed: every node of a pp-only bf16 step (whose
+/// micro-batches cast the weights) runs in exactly one sub-program, as the step placed it.
+#[test]
+fn a_pipeline_without_collectives_recomputes_nothing() {
+    use autopar::ir::{DType, Op};
+
+    let options = autopar::TrainOptions {
+        micro_batches: 4,
+        ..autopar::TrainOptions::for_dtype(DType::BF16)
+    };
+    let step = autopar::load_train_step("gpt-tiny", None, &options).expect("step");
+    let split = autopar::pipeline_cmd::split(
+        &step,
+        2,
+        autopar::ir::schedule::ScheduleKind::OneFOneB,
+        1,
+        &[],
+    )
+    .expect("splits");
+    let p = &split.program;
+    let mut seen = std::collections::HashMap::new();
+    let subs = p
+        .forward
+        .iter()
+        .chain(&p.backward)
+        .flatten()
+        .chain(p.optimizer.iter().map(|s| &s.program));
+    for sub in subs {
+        for n in sub.graph.nodes_in_order() {
+            let node = sub.graph.node(n);
+            if node.inputs.is_empty() {
+                continue;
+            }
+            assert!(!matches!(node.op, Op::Input { .. }), "{}", sub.graph.name());
+            if let Some(first) = seen.insert(node.outputs[0], sub.graph.name().to_string()) {
+                panic!(
+                    "{} runs in {first} and {}",
+                    node.outputs[0],
+                    sub.graph.name()
+                );
+            }
+        }
+    }
+    assert!(seen.len() > 100);
+}
