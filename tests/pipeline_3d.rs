@@ -391,7 +391,7 @@ fn dp_tp_pp_dumps_show_stages_and_action_lists() {
 /// micro-batches cast the weights) runs in exactly one sub-program, as the step placed it.
 #[test]
 fn a_pipeline_without_collectives_recomputes_nothing() {
-    use autopar::ir::{DType, Op};
+    use autopar::ir::DType;
 
     let options = autopar::TrainOptions {
         micro_batches: 4,
@@ -420,7 +420,6 @@ fn a_pipeline_without_collectives_recomputes_nothing() {
             if node.inputs.is_empty() {
                 continue;
             }
-            assert!(!matches!(node.op, Op::Input { .. }), "{}", sub.graph.name());
             if let Some(first) = seen.insert(node.outputs[0], sub.graph.name().to_string()) {
                 panic!(
                     "{} runs in {first} and {}",
