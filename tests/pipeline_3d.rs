@@ -1,6 +1,8 @@
 //! Pipelines composed with data and tensor parallelism and ZeRO: `autopar run --mesh
 //! dp=2,tp=2,pp=2` partitions the step over `dp` and `tp`, cuts every rank's local step into
-//! pipeline stages, runs 8 CPU ranks and checks the result against one device.
+//! pipeline stages, runs 8 CPU ranks and checks the result against one device. ZeRO-3
+//! gathers its weights in every sub-program that uses them, each rank holds only its stages'
+//! state, and the trace and the dumps cover every rank of the mesh.
 
 use std::process::Command;
 
