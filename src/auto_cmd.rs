@@ -7,8 +7,7 @@
 //! with its ZeRO stage and sequence parallelism become the mesh; a `pp` axis with its
 //! schedule and virtual stages becomes a pipeline (of partitioned programs when `dp`/`tp` are
 //! there too); the micro-batch count, recompute policy and dtype shape the training step.
-//! Anything else (`cp`, `ep`, ZeRO-3 in a pipeline combined with `dp`/`tp`) is refused,
-//! naming what is not supported.
+//! Anything else (`cp`, `ep`) is refused, naming what is not supported.
 
 use anyhow::{Context, Result, bail};
 
@@ -166,7 +165,7 @@ fn execute(args: &RunArgs, plan: &Plan) -> Result<()> {
                 .collect(),
         };
         return spmd_cmd::run_pipelined(
-            &step, &mesh, &spmd, &pipeline, args.seed, args.steps, verify,
+            &step, &mesh, &spmd, &pipeline, args.seed, args.steps, verify, None,
         );
     }
     spmd_cmd::run(&step.graph, &mesh, &spmd, args.seed, args.steps, verify)

@@ -143,7 +143,8 @@ struct RunArgs {
     /// `verify: max_abs_err=<x> max_rel_err=<y> OK` (or FAILED, exiting with 1).
     #[arg(long)]
     verify: bool,
-    /// Write the executed (last) step as a Chrome trace JSON (open in Perfetto).
+    /// Write the executed (last) step of a pipeline as a Chrome trace JSON (open in
+    /// Perfetto): one track per rank of the mesh, one slice per schedule action.
     #[arg(long, value_name = "FILE")]
     trace: Option<String>,
     /// Search the plans the CPU runtime executes on --cluster, print the best and run it.
@@ -246,9 +247,12 @@ enum Stage {
     /// One rank's local program of the training step, with its collectives (needs --mesh;
     /// --rank picks the rank).
     Partitioned,
-    /// The pipeline stages of the training step (needs --mesh pp=N): layers and cost.
+    /// The pipeline stages of the training step (needs --mesh with a pp axis, alone or with
+    /// dp/tp): layers and cost (FLOPs of the global step; with dp/tp also of each rank's
+    /// local step).
     Pipeline,
-    /// The pipeline schedule's action lists (needs --mesh pp=N).
+    /// The pipeline schedule's action lists (needs --mesh with a pp axis; with dp/tp, the
+    /// ranks that run each list).
     Schedule,
 }
 
@@ -322,7 +326,7 @@ fn execute(cli: Cli) -> Result<()> {
                     spmd_cmd::dump_graph(&step, mesh, &spmd, partitioned, rank)?
                 }
                 Stage::Pipeline | Stage::Schedule => {
-                    let text = dump_pipeline(&model, batch, &train, &pipeline, stage)?;
+                    let text = dump_pipeline(&model, batch, &train, &pipeline, &spmd, stage)?;
                     return match output {
                         Some(path) => std::fs::write(&path, text)
                             .with_context(|| format!("cannot write `{path}`")),
@@ -643,9 +647,6 @@ fn run_pipelined(args: &RunArgs, step: &autopar::TrainStep, mesh: &str) -> Resul
     let p = &args.pipeline;
     let kind: autopar::ir::schedule::ScheduleKind = p.schedule.parse()?;
     if spmd_cmd::has_spmd_axes(mesh)? {
-        if args.trace.is_some() {
-            anyhow::bail!("--trace applies to pp-only meshes");
-        }
         let pp = autopar::ir::DeviceMesh::parse(mesh)?
             .axis_size("pp")
             .unwrap_or(1);
@@ -658,7 +659,14 @@ fn run_pipelined(args: &RunArgs, step: &autopar::TrainStep, mesh: &str) -> Resul
         let tolerance = autopar::spmd::verify_tolerance(args.train.options().compute_dtype);
         let verify = args.verify.then_some(tolerance);
         return spmd_cmd::run_pipelined(
-            step, mesh, &args.spmd, &options, args.seed, args.steps, verify,
+            step,
+            mesh,
+            &args.spmd,
+            &options,
+            args.seed,
+            args.steps,
+            verify,
+            args.trace.as_deref(),
         );
     }
     let (_, pp) = pc::pipeline_degree(mesh)?;
@@ -700,15 +708,37 @@ fn dump_pipeline(
     batch: Option<usize>,
     train: &TrainArgs,
     p: &PipelineArgs,
+    spmd: &spmd_cmd::SpmdArgs,
     stage: Stage,
 ) -> Result<String> {
     use autopar::pipeline_cmd as pc;
     let mesh = p
         .mesh
         .as_deref()
-        .context("--stage pipeline and --stage schedule need --mesh pp=N")?;
-    let (_, pp) = pc::pipeline_degree(mesh)?;
+        .context("--stage pipeline and --stage schedule need --mesh with a pp axis")?;
     let kind: autopar::ir::schedule::ScheduleKind = p.schedule.parse()?;
+    if spmd_cmd::has_spmd_axes(mesh)? {
+        if !spmd_cmd::is_pipeline(mesh)? {
+            anyhow::bail!(
+                "--stage pipeline and --stage schedule need a `pp` axis above 1 in --mesh `{mesh}`"
+            );
+        }
+        let parsed = autopar::ir::DeviceMesh::parse(mesh)?;
+        let pp = parsed.axis_size("pp").unwrap_or(1);
+        let schedule = autopar::ir::schedule::Schedule::new(kind, pp, p.vpp, train.micro_batches)?;
+        if let Stage::Schedule = stage {
+            return Ok(pc::describe_mesh_schedule(&schedule, &parsed));
+        }
+        let step = load_train_step(model, batch, &train.options())?;
+        let options = autopar::passes::pipeline::PipelineOptions {
+            pp,
+            vpp: p.vpp,
+            schedule: kind,
+            boundaries: p.stage_boundaries.clone(),
+        };
+        return spmd_cmd::describe_pipeline(&step, mesh, spmd, &options);
+    }
+    let (_, pp) = pc::pipeline_degree(mesh)?;
     let schedule = autopar::ir::schedule::Schedule::new(kind, pp, p.vpp, train.micro_batches)?;
     if let Stage::Schedule = stage {
         return Ok(pc::describe_schedule(&schedule));

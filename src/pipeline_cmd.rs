@@ -165,6 +165,51 @@ pub fn trace_json(program_schedule: &Schedule, report: &rt::PipelineStepReport) 
     chrome_trace(&names, &slices)
 }
 
+/// `rank 3 (dp=0,tp=1,pp=1)`: a rank of `mesh` named by its coordinates.
+pub fn rank_label(mesh: &DeviceMesh, rank: usize) -> String {
+    let coords: Vec<String> = mesh
+        .axes()
+        .iter()
+        .zip(mesh.coords(rank))
+        .map(|(axis, c)| format!("{}={c}", axis.name))
+        .collect();
+    format!("rank {rank} ({})", coords.join(","))
+}
+
+/// The Chrome trace of an executed step of pipelines that also span other mesh axes: one
+/// track per rank of the whole `mesh` (named by its coordinates, [`rank_label`]), one slice
+/// per action of its pipeline rank's list. `reports[i]` is the step report of the `i`-th
+/// pipeline ([`rt::split_pipeline_rank`]); every pipeline runs `schedule`.
+pub fn mesh_trace_json(
+    mesh: &DeviceMesh,
+    schedule: &Schedule,
+    reports: &[rt::PipelineStepReport],
+) -> Result<String, Error> {
+    let n = mesh.num_devices();
+    let mut rank_of = std::collections::HashMap::new();
+    for rank in 0..n {
+        rank_of.insert(rt::split_pipeline_rank(mesh, rank), rank);
+    }
+    let mut slices = Vec::new();
+    for (which, report) in reports.iter().enumerate() {
+        let spans: Vec<Vec<(u64, u64)>> = report.ranks.iter().map(|r| r.spans.clone()).collect();
+        let makespan = spans.iter().flatten().map(|s| s.1).max().unwrap_or(0);
+        let timeline = Timeline { spans, makespan };
+        for mut slice in schedule_slices(schedule, &timeline, 1.0) {
+            let &rank = rank_of.get(&(slice.track, which)).ok_or_else(|| {
+                Error::Usage(format!(
+                    "pipeline {which} has no rank {} on the mesh `{mesh}`",
+                    slice.track
+                ))
+            })?;
+            slice.track = rank;
+            slices.push(slice);
+        }
+    }
+    let names: Vec<String> = (0..n).map(|r| rank_label(mesh, r)).collect();
+    Ok(chrome_trace(&names, &slices))
+}
+
 /// `dump --stage pipeline`: each virtual stage's rank, layers and FLOPs, beside what equal
 /// layer counts would give.
 pub fn describe_stages(split: &StageSplit, pp: usize) -> String {
@@ -206,6 +251,107 @@ pub fn describe_stages(split: &StageSplit, pp: usize) -> String {
     let _ = writeln!(out, "layer costs:");
     for (i, l) in split.layers.iter().enumerate() {
         let _ = writeln!(out, "  {i:>3} {:<12} {:>12.4e}", l.name, l.flops);
+    }
+    out
+}
+
+/// The ranks of `mesh` that run pipeline rank `pp_rank` (one per coordinate on the other
+/// axes), as `rank 1 (dp=0,tp=0,pp=1), ...`.
+fn ranks_of_pipeline_rank(mesh: &DeviceMesh, pp_rank: usize) -> String {
+    (0..mesh.num_devices())
+        .filter(|&r| rt::split_pipeline_rank(mesh, r).0 == pp_rank)
+        .map(|r| rank_label(mesh, r))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// `dump --stage pipeline` on a mesh with `pp` and other axes: the stages of the global step
+/// as [`describe_stages`] gives them (FLOPs of the global step: every rank of a stage
+/// together), then each pipeline's share, the FLOPs of one rank's local step per stage
+/// (every pipeline is cut at the same layers), and the ranks that run each pipeline rank.
+pub fn describe_mesh_stages(program: &crate::spmd::PipelinedSpmd) -> Result<String, Error> {
+    let mesh = &program.mesh;
+    let pp = mesh.axis_size(rt::pipeline::PP_AXIS).unwrap_or(1);
+    let split = &program.split;
+    let n = split.num_stages();
+    let others: Vec<String> = mesh
+        .axes()
+        .iter()
+        .filter(|a| a.name != rt::pipeline::PP_AXIS)
+        .map(|a| a.name.clone())
+        .collect();
+    let mut out = format!(
+        "mesh {mesh}: {} pipelines (one per coordinate on {}), all cut at the same layers; \
+         costs below are of the global step (all ranks of a stage together)\n",
+        program.pipelines.len(),
+        others.join(", ")
+    );
+    out += &describe_stages(split, pp);
+    let _ = writeln!(
+        out,
+        "local step FLOPs per stage (one rank's part of the forward + backward of one micro-batch):"
+    );
+    let sub = program.spmd.mesh()?;
+    for (which, local) in program.spmd.ranks.iter().enumerate() {
+        let layers = autopar_passes::pipeline::layer_sequence(local)?;
+        let same = layers.len() == split.layers.len()
+            && layers
+                .iter()
+                .zip(&split.layers)
+                .all(|(a, b)| a.name == b.name);
+        if !same {
+            return Err(Error::Usage(format!(
+                "the local step of pipeline {which} has other layers than the global step"
+            )));
+        }
+        let local_split = StageSplit {
+            layers,
+            starts: split.starts.clone(),
+        };
+        let coords: Vec<String> = sub
+            .axes()
+            .iter()
+            .zip(sub.coords(which))
+            .map(|(a, c)| format!("{}={c}", a.name))
+            .collect();
+        let stages: Vec<String> = (0..n)
+            .map(|s| format!("stage {s} {:.4e}", local_split.stage_flops(s)))
+            .collect();
+        let _ = writeln!(
+            out,
+            "  pipeline {which} ({}): {}",
+            coords.join(","),
+            stages.join(", ")
+        );
+    }
+    for r in 0..pp {
+        let _ = writeln!(
+            out,
+            "pp rank {r} runs on {}",
+            ranks_of_pipeline_rank(mesh, r)
+        );
+    }
+    Ok(out)
+}
+
+/// `dump --stage schedule` on a mesh with `pp` and other axes: every pipeline rank's action
+/// list and the ranks of the mesh that run it (all pipelines run the same schedule).
+pub fn describe_mesh_schedule(s: &Schedule, mesh: &DeviceMesh) -> String {
+    let mut out = format!(
+        "schedule {} pp={} vpp={} micro-batches={} on the mesh {mesh}: every rank runs the list of its pp coordinate\n",
+        s.kind, s.pp, s.vpp, s.micro_batches
+    );
+    for (r, list) in s.per_rank.iter().enumerate() {
+        let _ = writeln!(
+            out,
+            "pp rank {r} (peak in flight {}), on {}:",
+            s.max_in_flight(r),
+            ranks_of_pipeline_rank(mesh, r)
+        );
+        for a in list {
+            let (name, _) = autopar_ir::trace::describe(a);
+            let _ = writeln!(out, "  {name}");
+        }
     }
     out
 }

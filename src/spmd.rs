@@ -462,12 +462,41 @@ pub struct PipelinedSummary {
     pub verify: Option<VerifyReport>,
     /// The last step's report of every pipeline.
     pub last: Vec<rt::PipelineStepReport>,
+    /// Bytes of training state each rank of the whole mesh holds between steps (its shards
+    /// of the parameters and optimizer state its stages read), in rank order.
+    pub state_bytes: Vec<u64>,
+}
+
+/// The training state rank `rank` of `program`'s mesh holds between steps: its shards (on
+/// the axes other than `pp`) of the state its pipeline stages read, drawn from `seed`.
+pub fn init_pipeline_rank_state(
+    program: &PipelinedSpmd,
+    rank: usize,
+    seed: u64,
+) -> Result<TensorMap, Error> {
+    let g = &program.spmd.global.graph;
+    let (pp_rank, which) = rt::split_pipeline_rank(&program.mesh, rank);
+    let mut all = init_rank_state(g, program.spmd.mesh()?, which, seed)?;
+    let sources = program
+        .pipelines
+        .get(which)
+        .and_then(|p| p.sources.get(pp_rank))
+        .ok_or_else(|| Error::Usage(format!("rank {rank} has no pipeline")))?;
+    Ok(sources
+        .iter()
+        .filter(|s| s.is_state)
+        .filter_map(|s| all.remove(&s.name).map(|t| (s.name.clone(), t)))
+        .collect())
 }
 
 /// Runs `steps` steps of `program` on the CPU ranks of its mesh (one thread per rank), from
 /// the state and data of `seed`; with `verify: Some(tolerance)`, runs the single-device
 /// reference next to it and compares the losses and every state tensor, gathered back to
-/// its global shape.
+/// its global shape from the ranks that hold it.
+///
+/// Each rank holds, and carries from one step to the next, only the state its own stages
+/// read (and update, or receive updated): a pipeline rank never holds the parameters or
+/// optimizer state of another rank's stages.
 pub fn run_pipelined(
     program: &PipelinedSpmd,
     seed: u64,
@@ -479,9 +508,9 @@ pub fn run_pipelined(
     let sub = program.spmd.mesh()?;
     let mesh = &program.mesh;
     let n = mesh.num_devices();
-    let sub_rank = |rank: usize| rt::split_pipeline_rank(mesh, rank).1;
+    let split = |rank: usize| rt::split_pipeline_rank(mesh, rank);
     let mut states: Vec<TensorMap> = (0..n)
-        .map(|rank| init_rank_state(g, sub, sub_rank(rank), seed))
+        .map(|rank| init_pipeline_rank_state(program, rank, seed))
         .collect::<Result<_, _>>()?;
     let mut reference = if verify.is_some() {
         Some(rt::init_parameters(g, seed)?)
@@ -494,7 +523,7 @@ pub fn run_pipelined(
     for step in 0..steps.max(1) {
         let batch = rt::synthetic_batch(g, seed, step)?;
         let batches: Vec<TensorMap> = (0..n)
-            .map(|rank| rank_inputs(g, &batch, sub, sub_rank(rank)))
+            .map(|rank| rank_inputs(g, &batch, sub, split(rank).1))
             .collect::<Result<_, _>>()?;
         let reports = rt::run_pipeline_step_spmd(
             &program.pipelines,
@@ -511,13 +540,20 @@ pub fn run_pipelined(
             .ok_or_else(|| Error::Usage("the pipelined step has no loss".into()))?;
         each(step, loss);
         losses.push(loss);
-        // Every rank keeps its coordinate's state, each tensor replaced by its next value
-        // (from the pipeline rank that computed it).
+        // Every rank takes its own next state: the state it read, updated (a state without
+        // a next value, which the step does not update, stays as it is).
         for (rank, state) in states.iter_mut().enumerate() {
-            let next = &reports[sub_rank(rank)].outputs;
+            let (pp_rank, which) = split(rank);
+            let next = &reports[which].ranks[pp_rank].state;
             for (name, slot) in state.iter_mut() {
-                if let Some(t) = next.get(name) {
-                    *slot = t.clone();
+                match next.get(name) {
+                    Some(t) => *slot = t.clone(),
+                    None if g.output(name).is_none() => {}
+                    None => {
+                        return Err(Error::Usage(format!(
+                            "rank {rank} did not end the step with the next value of `{name}`"
+                        )));
+                    }
                 }
             }
         }
@@ -526,11 +562,21 @@ pub fn run_pipelined(
         }
         last = reports;
     }
+    let state_bytes = states
+        .iter()
+        .map(|s| s.values().map(Tensor::size_bytes).sum())
+        .collect();
     let mut verify_report = None;
     if let Some(reference) = &reference {
-        // Every coordinate's state: its pipeline's outputs (each next state, from the rank
-        // that holds it) of the last step.
-        let merged: Vec<TensorMap> = last.iter().map(|r| r.outputs.clone()).collect();
+        // Every coordinate's state, gathered over its pipeline ranks: each tensor from the
+        // first rank that holds it (ranks sharing a tied weight hold the same value).
+        let mut merged = vec![TensorMap::new(); program.pipelines.len()];
+        for (rank, state) in states.iter().enumerate() {
+            let held = &mut merged[split(rank).1];
+            for (name, t) in state {
+                held.entry(name.clone()).or_insert_with(|| t.clone());
+            }
+        }
         let tolerance = verify.unwrap_or(VERIFY_TOLERANCE);
         verify_report = Some(discrepancy.finish(g, reference, sub, &merged, tolerance)?);
     }
@@ -538,5 +584,6 @@ pub fn run_pipelined(
         losses,
         verify: verify_report,
         last,
+        state_bytes,
     })
 }

@@ -41,8 +41,10 @@ pub fn has_spmd_axes(mesh: &str) -> Result<bool> {
 
 /// `run --mesh dp=..,tp=..,pp=N`: the step parallelised over the axes other than `pp`,
 /// each rank's local step cut into the pipeline `pipeline` describes, run on one CPU thread
-/// per rank of the whole mesh, and with `verify: Some(tolerance)` compared with the
-/// single-device reference (an error when it fails).
+/// per rank of the whole mesh, with the last step's timeline written to `trace` (one track
+/// per rank) and with `verify: Some(tolerance)` compared with the single-device reference
+/// (an error when it fails).
+#[allow(clippy::too_many_arguments)]
 pub fn run_pipelined(
     step: &autopar::TrainStep,
     mesh: &str,
@@ -51,6 +53,7 @@ pub fn run_pipelined(
     seed: u64,
     steps: u64,
     verify: Option<f64>,
+    trace: Option<&str>,
 ) -> Result<()> {
     let Some((mesh, options)) = args.options(Some(mesh))? else {
         bail!("a pipeline needs --mesh");
@@ -65,8 +68,31 @@ pub fn run_pipelined(
         .flat_map(|r| r.ranks.iter().map(|k| k.peak_bytes))
         .max()
         .unwrap_or(0);
+    for rank in 0..mesh.num_devices() {
+        let (pp_rank, which) = autopar::runtime::split_pipeline_rank(&mesh, rank);
+        let r = &summary.last[which].ranks[pp_rank];
+        println!(
+            "{}: peak memory {} bytes, peak activations {} bytes, state {} bytes, {} micro-batch chunks in flight",
+            autopar::pipeline_cmd::rank_label(&mesh, rank),
+            r.peak_bytes,
+            r.peak_activation_bytes,
+            summary.state_bytes[rank],
+            r.max_in_flight
+        );
+    }
+    if let Some(path) = trace {
+        let schedule = &program
+            .pipelines
+            .first()
+            .context("the mesh has no pipeline")?
+            .schedule;
+        let text = autopar::pipeline_cmd::mesh_trace_json(&mesh, schedule, &summary.last)?;
+        std::fs::write(path, text).with_context(|| format!("cannot write `{path}`"))?;
+    }
+    let state = summary.state_bytes.iter().copied().max().unwrap_or(0);
     println!(
-        "ranks: {} ({mesh}), {} pipelines of {} stages, peak memory per rank: {peak}",
+        "ranks: {} ({mesh}), {} pipelines of {} stages, peak memory per rank: {peak}, \
+         state per rank: {state}",
         mesh.num_devices(),
         program.pipelines.len(),
         pipeline.pp * pipeline.vpp,
@@ -81,6 +107,21 @@ pub fn run_pipelined(
         }
     }
     Ok(())
+}
+
+/// `dump --stage pipeline --mesh dp=..,tp=..,pp=N`: the step compiled as [`run_pipelined`]
+/// would run it, described stage by stage ([`autopar::pipeline_cmd::describe_mesh_stages`]).
+pub fn describe_pipeline(
+    step: &autopar::TrainStep,
+    mesh: &str,
+    args: &SpmdArgs,
+    pipeline: &autopar::passes::pipeline::PipelineOptions,
+) -> Result<String> {
+    let Some((mesh, options)) = args.options(Some(mesh))? else {
+        bail!("a pipeline needs --mesh");
+    };
+    let program = spmd::compile_pipelined(step, &mesh, &options, pipeline)?;
+    Ok(autopar::pipeline_cmd::describe_mesh_stages(&program)?)
 }
 
 impl SpmdArgs {

@@ -57,14 +57,19 @@ fn every_plan_of_the_cpu_runtime_search_is_executable() {
     let doc: serde_json::Value = serde_json::from_str(&out).expect("JSON");
     let plans = doc["plans"].as_array().expect("plans");
     assert!(!plans.is_empty());
+    let mut pipelined_zero3 = 0;
     for p in plans {
         let c = &p["config"];
         assert_eq!(c["cp"], 1, "{p}");
         assert_eq!(c["ep"], 1, "{p}");
         assert!(c["sequence_parallel"] == false || c["tp"] != 1, "{p}");
         let pipelined_3d = c["pp"] != 1 && (c["dp"] != 1 || c["tp"] != 1);
-        assert!(!(pipelined_3d && c["zero_stage"] == 3), "{p}");
+        if pipelined_3d && c["zero_stage"] == 3 {
+            pipelined_zero3 += 1;
+        }
     }
+    // ZeRO-3 inside a pipeline with data parallelism runs on the CPU runtime.
+    assert!(pipelined_zero3 > 0, "{out}");
 }
 
 #[test]
@@ -125,7 +130,7 @@ fn a_plan_the_cpu_runtime_cannot_execute_is_refused_by_name() {
     let file = dir.join("plan.json");
     std::fs::write(
         &file,
-        r#"{"dp":2,"tp":2,"pp":2,"vpp":1,"cp":1,"ep":1,"micro_batch_size":1,"global_batch":8,
+        r#"{"dp":2,"tp":1,"pp":2,"vpp":1,"cp":2,"ep":1,"micro_batch_size":1,"global_batch":8,
             "zero_stage":3,"recompute":"none","sequence_parallel":false,"schedule":"1f1b",
             "dtype":"f32","axis_order":["pp","dp","ep","cp","tp"]}"#,
     )
@@ -137,22 +142,20 @@ fn a_plan_the_cpu_runtime_cannot_execute_is_refused_by_name() {
         file.to_str().expect("UTF-8 path"),
     ]);
     assert!(err.contains("cannot run on the CPU runtime"), "{err}");
-    assert!(
-        err.contains("ZeRO-3 in a pipeline combined with data or tensor"),
-        "{err}"
-    );
+    assert!(err.contains("context parallelism (cp=2)"), "{err}");
     let err = autopar_err(&["run", "gpt-tiny", "--plan-file", "/nonexistent/plan.json"]);
     assert!(err.contains("cannot read"), "{err}");
 }
 
 #[test]
 fn a_plan_pipelined_over_data_and_tensor_parallel_ranks_runs_and_verifies() {
+    // ZeRO-3 inside the pipeline: every sub-program gathers the weights it uses.
     let dir = scratch("auto_3d_plan");
     let file = dir.join("plan.json");
     std::fs::write(
         &file,
         r#"{"dp":2,"tp":2,"pp":2,"vpp":1,"cp":1,"ep":1,"micro_batch_size":1,"global_batch":8,
-            "zero_stage":1,"recompute":"none","sequence_parallel":false,"schedule":"1f1b",
+            "zero_stage":3,"recompute":"none","sequence_parallel":false,"schedule":"1f1b",
             "dtype":"f32","axis_order":["pp","dp","ep","cp","tp"]}"#,
     )
     .expect("write");

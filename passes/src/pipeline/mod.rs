@@ -15,6 +15,17 @@
 //! all its operands, an optimizer one beside its operands. Constants are copied into every
 //! sub-program that reads them; parameters and inputs are read from each rank's store.
 //!
+//! Forward and backward nodes computed by collectives from parameters and constants alone
+//! (with the local ops on the way, [`derived_nodes`]) are copied in the same way: every
+//! sub-program recomputes them where it needs them. This is what makes ZeRO-3 (FSDP)
+//! pipeline: the partitioner all-gathers a sharded weight once and lets every
+//! micro-batch, stage and the backward read that copy, which no cut into sub-programs could
+//! carry; recomputed, the gather runs in each (virtual stage, micro-batch, forward or
+//! backward) sub-program that uses the weight, and the gathered weight is freed after its
+//! last use there. Parameters do not change before the optimizer phase, so the copies are
+//! equal to the original, and every rank of a collective's group recomputes it in the same
+//! sub-program, so collectives still meet in the same order.
+//!
 //! # What crosses stages
 //!
 //! A forward value read at a later virtual stage (by its forward or its backward) travels
@@ -100,6 +111,10 @@ enum Role {
     Source,
     /// A node without operands: copied into each sub-program that reads it.
     Constant,
+    /// A forward or backward node computed from parameters and constants only, through a
+    /// collective (a ZeRO-3 weight's all-gather, see [`derived_nodes`]): recomputed in each
+    /// sub-program that reads it, so it is never carried between sub-programs.
+    Derived,
     /// Computed in `(phase, virtual stage)`.
     Placed(Phase, usize),
 }
@@ -134,11 +149,14 @@ pub fn split_pipeline(
     // Phases and fixed stages; floating nodes are resolved below.
     let mut role: HashMap<NodeId, Role> = HashMap::new();
     let mut floating: Vec<(NodeId, Phase)> = Vec::new();
+    let graph_outputs: HashSet<ValueId> = g.outputs().iter().map(|&(_, v)| v).collect();
+    let derived = derived_nodes(g, &order, &graph_outputs);
     for &n in &order {
         let node = g.node(n);
         let r = match node.op {
             Op::Parameter { .. } | Op::Input { .. } => Role::Source,
             _ if node.inputs.is_empty() => Role::Constant,
+            _ if derived.contains(&n) => Role::Derived,
             _ => {
                 let (phase, path) = classify(node.scope.as_deref());
                 if path.is_empty() {
@@ -214,7 +232,6 @@ pub fn split_pipeline(
             None => {}
         }
     }
-    let graph_outputs: HashSet<ValueId> = g.outputs().iter().map(|&(_, v)| v).collect();
     // Is `v` (produced in group `key`) read outside it?
     let exported = |v: ValueId, key: Option<(Phase, usize)>| {
         graph_outputs.contains(&v) || g.users(v).iter().any(|&(u, _)| group_of(u) != key)
@@ -229,7 +246,7 @@ pub fn split_pipeline(
             ] {
                 let nodes = members.remove(&(phase, vs)).unwrap_or_default();
                 let name = format!("{}.vs{vs}.mb{mb}", phase_name(phase));
-                out.push(extract(g, &name, &nodes, |v| {
+                out.push(extract(g, &name, &nodes, &derived, |v| {
                     exported(v, Some((phase, vs)))
                 })?);
             }
@@ -356,7 +373,7 @@ pub fn split_pipeline(
     };
     let mut seg_programs = Vec::with_capacity(segments.len());
     for (i, (rank, nodes)) in segments.iter().enumerate() {
-        let p = extract(g, &format!("optimizer.{i}"), nodes, |v| {
+        let p = extract(g, &format!("optimizer.{i}"), nodes, &derived, |v| {
             graph_outputs.contains(&v)
                 || g.users(v)
                     .iter()
@@ -398,7 +415,9 @@ pub fn split_pipeline(
         }
         optimizer.push(OptimizerSegment {
             rank,
-            program: extract(g, &format!("optimizer.gather{rank}"), &[], |_| false)?,
+            program: extract(g, &format!("optimizer.gather{rank}"), &[], &derived, |_| {
+                false
+            })?,
             sends: sends.iter().map(|(&to, vs)| (to, carried(vs))).collect(),
         });
     }
@@ -524,13 +543,67 @@ fn describe(p: Phase) -> String {
     }
 }
 
+/// The [`Role::Derived`] nodes of `g` (`order` is its topological order): forward and
+/// backward nodes computed from parameters and constants alone, none of whose results is a
+/// graph output, that are a collective or lie on a chain of such nodes through one (a
+/// ZeRO-3 weight's all-gather, the cast of the gathered weight). Local values of parameters
+/// alone (a cast of a replicated weight) are not recomputed: they stay where the step
+/// computes them, so a pipeline without such collectives is cut as if this rule did not
+/// exist.
+fn derived_nodes(g: &Graph, order: &[NodeId], graph_outputs: &HashSet<ValueId>) -> HashSet<NodeId> {
+    // Computed from parameters and constants alone, and whether a collective is among the
+    // node and its ancestors.
+    let mut from_parameters: HashMap<NodeId, bool> = HashMap::new();
+    for &n in order {
+        let node = g.node(n);
+        if node.inputs.is_empty()
+            || matches!(classify(node.scope.as_deref()).0, Phase::Optimizer)
+            || node.outputs.iter().any(|v| graph_outputs.contains(v))
+        {
+            continue;
+        }
+        let mut collective = node.op.is_communication();
+        let all = node.inputs.iter().all(|&v| {
+            let p = g.value(v).producer;
+            let producer = g.node(p);
+            if let Some(&c) = from_parameters.get(&p) {
+                collective |= c;
+                return true;
+            }
+            matches!(producer.op, Op::Parameter { .. })
+                || (producer.inputs.is_empty() && !matches!(producer.op, Op::Input { .. }))
+        });
+        if all {
+            from_parameters.insert(n, collective);
+        }
+    }
+    // Add the ancestors (within those nodes) of every one reached by a collective.
+    let mut derived: HashSet<NodeId> = HashSet::new();
+    for &n in order.iter().rev() {
+        let Some(&collective) = from_parameters.get(&n) else {
+            continue;
+        };
+        let feeds = g
+            .node(n)
+            .outputs
+            .iter()
+            .any(|&v| g.users(v).iter().any(|(u, _)| derived.contains(u)));
+        if collective || feeds {
+            derived.insert(n);
+        }
+    }
+    derived
+}
+
 /// A sub-program of `nodes` (in execution order): operands from outside become `input`
-/// nodes named after their values, operand-free nodes are copied in, and the values
-/// `exported` says are read elsewhere become outputs.
+/// nodes named after their values, operand-free nodes and the `derived` nodes (computed from
+/// parameters and constants) are copied in, and the values `exported` says are read elsewhere
+/// become outputs.
 fn extract(
     g: &Graph,
     name: &str,
     nodes: &[NodeId],
+    derived: &HashSet<NodeId>,
     exported: impl Fn(ValueId) -> bool,
 ) -> Result<StageProgram, PassError> {
     let mut sub = Graph::new(name);
@@ -543,25 +616,7 @@ fn extract(
     for &n in nodes {
         let node = g.node(n);
         for &v in &node.inputs {
-            if defined.contains(&v) {
-                continue;
-            }
-            let producer = g.node(g.value(v).producer);
-            if producer.inputs.is_empty()
-                && !matches!(producer.op, Op::Parameter { .. } | Op::Input { .. })
-            {
-                sub.add_node_with_ids(producer.op.clone(), &[], &[v], producer.scope.clone())?;
-            } else {
-                debug_assert!(!inside.contains(&g.value(v).producer));
-                let op = Op::Input {
-                    name: value_name(v),
-                    ty: g.ty(v).clone(),
-                    role: InputRole::Features,
-                };
-                sub.add_node_with_ids(op, &[], &[v], None)?;
-                inputs.push(v);
-            }
-            defined.insert(v);
+            define_operand(g, &mut sub, v, &inside, derived, &mut defined, &mut inputs)?;
         }
         sub.add_node_with_ids(
             node.op.clone(),
@@ -584,4 +639,50 @@ fn extract(
         inputs,
         outputs,
     })
+}
+
+/// Makes operand `v` available in `sub`: a copy of its operand-free or derived producer (with
+/// the derived producer's own operands first), or an `input` node read from outside.
+fn define_operand(
+    g: &Graph,
+    sub: &mut Graph,
+    v: ValueId,
+    inside: &HashSet<NodeId>,
+    derived: &HashSet<NodeId>,
+    defined: &mut HashSet<ValueId>,
+    inputs: &mut Vec<ValueId>,
+) -> Result<(), PassError> {
+    if defined.contains(&v) {
+        return Ok(());
+    }
+    let p = g.value(v).producer;
+    let producer = g.node(p);
+    if derived.contains(&p) {
+        for &u in &producer.inputs {
+            define_operand(g, sub, u, inside, derived, defined, inputs)?;
+        }
+        sub.add_node_with_ids(
+            producer.op.clone(),
+            &producer.inputs,
+            &producer.outputs,
+            producer.scope.clone(),
+        )?;
+        defined.extend(producer.outputs.iter().copied());
+        return Ok(());
+    }
+    if producer.inputs.is_empty() && !matches!(producer.op, Op::Parameter { .. } | Op::Input { .. })
+    {
+        sub.add_node_with_ids(producer.op.clone(), &[], &[v], producer.scope.clone())?;
+    } else {
+        debug_assert!(!inside.contains(&p));
+        let op = Op::Input {
+            name: value_name(v),
+            ty: g.ty(v).clone(),
+            role: InputRole::Features,
+        };
+        sub.add_node_with_ids(op, &[], &[v], None)?;
+        inputs.push(v);
+    }
+    defined.insert(v);
+    Ok(())
 }

@@ -47,7 +47,7 @@ pub struct Constraints {
     /// `pp * vpp`).
     pub stage_layers: Option<Vec<usize>>,
     /// Only plans the CPU runtime executes (`autopar run --auto`): no context or expert
-    /// parallelism, and no ZeRO-3 in a pipeline combined with data or tensor parallelism.
+    /// parallelism.
     /// Applied while the space is enumerated, so the best executable plan is found rather
     /// than the best plan filtered afterwards.
     #[serde(default)]
@@ -184,23 +184,18 @@ impl Constraints {
 }
 
 /// What in `plan` the CPU runtime cannot execute, one phrase each (empty: it executes it).
-/// The runtime runs data and tensor parallelism with ZeRO 0-3 on one mesh, or a pipeline
-/// (any schedule, micro-batches and virtual stages) on its own.
+/// The runtime runs data and tensor parallelism with ZeRO 0-3, alone or inside a pipeline
+/// (any schedule, micro-batches and virtual stages).
 ///
 /// ```
 /// # use autopar_cost_model::Plan;
 /// # use autopar_passes::search::cpu_unsupported;
 /// assert!(cpu_unsupported(&Plan::parse("dp=2,tp=2,zero=3").unwrap()).is_empty());
+/// assert!(cpu_unsupported(&Plan::parse("dp=2,tp=2,pp=2,zero=3").unwrap()).is_empty());
 /// assert_eq!(cpu_unsupported(&Plan::parse("tp=2,cp=2").unwrap()), ["context parallelism (cp=2)"]);
 /// ```
 pub fn cpu_unsupported(plan: &Plan) -> Vec<String> {
     let mut out = Vec::new();
-    if plan.pp > 1 && (plan.dp > 1 || plan.tp > 1) && plan.zero_stage == 3 {
-        out.push(format!(
-            "ZeRO-3 in a pipeline combined with data or tensor parallelism (pp={} with dp={}, tp={})",
-            plan.pp, plan.dp, plan.tp
-        ));
-    }
     if plan.cp > 1 {
         out.push(format!("context parallelism (cp={})", plan.cp));
     }
@@ -495,17 +490,12 @@ pub(crate) fn pipelines(
 
 /// ZeRO stages. With `dp = 1` every stage divides by one and every data-parallel collective
 /// runs on a group of one (free), so the stages are exactly equivalent and 0 is kept.
-/// The CPU runtime does not run ZeRO-3 in a pipeline combined with data or tensor parallelism.
 pub(crate) fn zero_stages(s: &Shape, c: &Constraints) -> Vec<u8> {
-    let mut out = match c.zero {
+    match c.zero {
         Some(z) => vec![z],
         None if s.dp == 1 => vec![0],
         None => vec![0, 1, 2, 3],
-    };
-    if c.cpu_executable && s.pp > 1 && (s.dp > 1 || s.tp > 1) {
-        out.retain(|&z| z != 3);
     }
-    out
 }
 
 /// Sequence parallelism: only with `tp > 1` (the cost model ignores it otherwise), and only
