@@ -1,9 +1,8 @@
 //! The cost model's memory estimate against the CPU runtime: for the tiny zoo models under
 //! data + tensor parallelism, ZeRO-3 and a 1F1B pipeline, `autopar estimate` on
 //! `cpu:ranks=N` predicts the peak bytes per rank that `autopar run` records within 15%: the
-//! fullest rank's, which is the figure a plan must fit (an SPMD run reports only that one; a
-//! pipelined run reports every pipeline rank, and every one is printed beside the
-//! estimate's prediction for it, `cargo test -- --nocapture`).
+//! fullest rank's (an SPMD run reports only that one) and, for a pipeline, every pipeline
+//! rank's. Each prediction is printed beside its measurement (`cargo test -- --nocapture`).
 
 use std::process::Command;
 
@@ -82,11 +81,18 @@ fn check(model: &str, ranks: usize, run_args: &[&str], plan: &str) {
     if measured.len() > 1 {
         assert_eq!(measured.len(), predicted.len(), "{model} {run_args:?}");
         for (rank, (m, p)) in measured.iter().zip(&predicted).enumerate() {
+            let err = (p - m) / m;
             println!(
                 "{model:<11} {:<45} pipeline rank {rank}: measured {m:>9} B, predicted {p:>9.0} B \
                  ({:+.1}%)",
                 run_args.join(" "),
-                100.0 * (p - m) / m
+                100.0 * err
+            );
+            assert!(
+                err.abs() <= TOLERANCE,
+                "{model} {run_args:?} pipeline rank {rank}: predicted {p:.0} B, measured {m} B \
+                 ({:+.1}%)",
+                100.0 * err
             );
         }
     }

@@ -1292,8 +1292,15 @@ impl Ctx<'_> {
         let zero = plan.zero_stage;
         let wb = mp.weight_bytes_per_param.unwrap_or(self.e);
         let weights = held.params * wb / if zero >= 3 { dp } else { 1.0 };
-        let optimizer =
-            held.params * mp.optimizer_bytes_per_param / if zero >= 1 { dp } else { 1.0 };
+        // A tied output embedding on the last stage is a copy: the first stage, which owns
+        // the embedding, updates it and sends it back, so the copy has no optimizer state.
+        let tied_copy = if self.cfg.tied_embeddings && plan.pp > 1 {
+            held.head_params
+        } else {
+            0.0
+        };
+        let optimizer = (held.params - tied_copy) * mp.optimizer_bytes_per_param
+            / if zero >= 1 { dp } else { 1.0 };
         let grad_share = if zero >= 2 { dp } else { 1.0 };
         let stored = runtime_activation_bytes_per_layer(cfg, plan, plan.recompute, self.e);
         let unrecomputed = runtime_activation_bytes_per_layer(cfg, plan, Recompute::None, self.e);

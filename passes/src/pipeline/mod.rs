@@ -12,7 +12,8 @@
 //! FLOPs, [`balance::balance`]) its virtual stage. Nodes without a layer path float: a
 //! forward one (an input slice) runs on the earliest stage that reads it, a backward one
 //! (the loss seed, the gradient sum of an unscoped weight) on the earliest stage that holds
-//! all its operands, an optimizer one beside its operands. Constants are copied into every
+//! all its operands, an optimizer one beside its earliest operand (so the update of a weight
+//! outside every layer, an embedding, runs on the stage that owns it). Constants are copied into every
 //! sub-program that reads them; parameters and inputs are read from each rank's store.
 //!
 //! Forward and backward nodes computed by collectives from parameters and constants alone
@@ -197,21 +198,21 @@ pub fn split_pipeline(
             .unwrap_or(0);
         role.insert(n, Role::Placed(phase, s));
     }
-    // Backward and optimizer floating nodes, in order: beside their operands.
+    // Backward and optimizer floating nodes, in order: beside their earliest operand, so
+    // that the update of a weight outside every layer (the embeddings) runs on the stage that
+    // owns it, with the gradient norm it needs brought there, rather than the weight's
+    // gradient sent to the last stage and the new weight sent back.
     for &(n, phase) in &floating {
         if matches!(phase, Phase::Forward(_)) {
             continue;
         }
-        let operand_stages = g
+        let s = g
             .node(n)
             .inputs
             .iter()
-            .filter_map(|&v| stage_of(&role, g.value(v).producer));
-        let s = match phase {
-            Phase::Backward(_) => operand_stages.min(),
-            _ => operand_stages.max(),
-        }
-        .unwrap_or(last);
+            .filter_map(|&v| stage_of(&role, g.value(v).producer))
+            .min()
+            .unwrap_or(last);
         role.insert(n, Role::Placed(phase, s));
     }
 

@@ -20,7 +20,9 @@
 //!
 //! # Gradient accumulation
 //!
-//! Micro-batch `k` slices rows `k*b..(k+1)*b` of every data input and runs a copy of the
+//! Micro-batch `k` takes rows `k, k+m, k+2m, ...` of every data input (so that splitting the
+//! batch over data-parallel ranks in contiguous blocks splits each micro-batch alike, and no
+//! rank needs another's rows) and runs a copy of the
 //! forward whose nodes are scoped `mb{k}/<forward scope>`; its backward follows at once
 //! (`mb{k}/grad/...`, seeded with `1/m` so that the sum of the micro-batch gradients is the
 //! gradient of the mean loss), then its gradients are added to the running sums in fp32
@@ -342,8 +344,18 @@ pub fn build_train_step(forward: &Graph, options: &TrainOptions) -> Result<Train
                 // A weight or an input of this micro-batch: slice, then cast to the compute dtype.
                 let mut v = global;
                 if matches!(node.op, Op::Input { .. }) && m > 1 {
-                    let b = e.dims(global)[0] / m;
-                    v = e.slice(v, 0, k * b, (k + 1) * b)?;
+                    // Rows `k, k + m, k + 2m, ...`: a split of the batch over data-parallel
+                    // ranks (contiguous blocks) then splits every micro-batch the same way,
+                    // so each rank's micro-batches are rows of its own shard.
+                    let dims = e.dims(global);
+                    let b = dims[0] / m;
+                    let mut strided = vec![b, m];
+                    strided.extend_from_slice(&dims[1..]);
+                    let mut one = dims.clone();
+                    one[0] = b;
+                    v = e.reshape(v, &strided)?;
+                    v = e.slice(v, 1, k, k + 1)?;
+                    v = e.reshape(v, &one)?;
                 }
                 if e.ty(v).dtype.is_float() {
                     v = e.cast_if_needed(v, compute)?;
