@@ -355,17 +355,17 @@ fn moe_layers_route_and_shard_experts() -> Result<(), FrontendError> {
     let g = zoo::build("moe-tiny", DEFAULT_BATCH)?;
     let route = nodes(&g, "moe_route");
     assert_eq!(route.len(), 2);
-    // 8 sequences of 32 tokens: capacity = ceil(1.25 * 256 * 2 / 4) = 160.
+    // One routing group per sequence of 32 tokens: capacity = ceil(1.25 * 32 * 2 / 4) = 20.
     assert_eq!(
         route[0].op,
         Op::MoeRoute {
             top_k: 2,
-            capacity: 160,
+            capacity: 20,
             normalize: true
         }
     );
     assert_eq!(route[1].scope.as_deref(), Some("h.1.mlp"));
-    assert_eq!(g.ty(route[0].outputs[0]).to_string(), "f32[256,4,160]");
+    assert_eq!(g.ty(route[0].outputs[0]).to_string(), "f32[8,32,4,20]");
     for w in ["w1", "b1", "w2", "b2"] {
         assert_eq!(placements(&g, &format!("h.0.mlp.{w}")), shard("ep", 0));
     }
@@ -386,11 +386,11 @@ fn moe_layers_route_and_shard_experts() -> Result<(), FrontendError> {
     assert_eq!(
         specs,
         vec![
-            "th,he->te",
-            "tec,th->ech",
-            "ech,ehf->ecf",
-            "ecf,efh->ech",
-            "tec,ech->th"
+            "gsh,he->gse",
+            "gsec,gsh->egch",
+            "egch,ehf->egcf",
+            "egcf,efh->egch",
+            "gsec,egch->gsh"
         ]
     );
     assert!(

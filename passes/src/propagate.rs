@@ -658,14 +658,23 @@ impl AxisPass<'_> {
         Some(total)
     }
 
-    /// Total cost: operands, plus results resharded to their fixed placements.
+    /// Total cost: operands, plus results resharded to their fixed placements, plus, for a
+    /// partial result that nothing fixes, the least its reduction will cost (rule 2 reduces
+    /// it at its first use, by a reduce-scatter at best): so a strategy that leaves partial
+    /// sums competes fairly with one that reshards its operands instead (expert
+    /// parallelism's combine, which moves the experts' output back to its tokens rather
+    /// than moving the gates to the experts and reducing there).
     fn cost(&self, n: NodeId, s: &AxisStrategy) -> Cost {
         let mut total = self.operand_cost(n, s)?;
         let node = self.g.node(n);
         for (j, (&v, &got)) in node.outputs.iter().zip(&s.results).enumerate() {
-            if let Some(f) = self.fixed[v.0 as usize] {
-                let bytes = self.stage_res[&n][j].size_bytes() as f64;
-                total += reshard_cost(got, f, bytes, self.size)?;
+            let bytes = self.stage_res[&n][j].size_bytes() as f64;
+            match self.fixed[v.0 as usize] {
+                Some(f) => total += reshard_cost(got, f, bytes, self.size)?,
+                None if matches!(got, Placement::Partial(_)) => {
+                    total += reshard_cost(got, Placement::Shard(0), bytes, self.size)?;
+                }
+                None => {}
             }
         }
         Some(total)
