@@ -1,0 +1,130 @@
+//! End-to-end tests of expert parallelism on the `ep` mesh axis: MoE training steps on CPU
+//! ranks match the single-device reference, each MoE layer's forward moves tokens to their
+//! experts and back with one all-to-all each (golden partitioned dump), and requests that
+//! cannot be expert-parallel are refused with the tensor, dim and axis.
+
+mod common;
+
+use common::{autopar_err, autopar_ok, check_golden, collectives};
+
+/// Runs `moe-tiny` for two steps on `mesh` (plus `extra` options) with `--verify`, and
+/// asserts it prints `OK` with small errors.
+fn verifies(mesh: &str, extra: &[&str]) {
+    let mut args = vec![
+        "run", "moe-tiny", "--mesh", mesh, "--steps", "2", "--verify",
+    ];
+    args.extend(extra);
+    let out = autopar_ok(&args);
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("verify: "))
+        .unwrap_or_else(|| panic!("no verify line for {mesh}: {out}"));
+    assert!(line.ends_with(" OK"), "{mesh} {extra:?}: {out}");
+    let abs: f64 = line
+        .split("max_abs_err=")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next())
+        .and_then(|s| s.parse().ok())
+        .expect("a max_abs_err value");
+    assert!(abs < 1e-4, "{mesh} {extra:?}: {line}");
+}
+
+#[test]
+fn expert_parallel_steps_match_the_reference() {
+    verifies("ep=2", &[]);
+    verifies("dp=2,ep=2", &["--zero", "1"]);
+    verifies("ep=2,tp=2", &[]);
+}
+
+#[test]
+fn each_moe_layer_dispatches_and_combines_by_all_to_all() {
+    let dump = autopar_ok(&[
+        "dump",
+        "moe-tiny",
+        "--mesh",
+        "ep=2",
+        "--stage",
+        "partitioned",
+    ]);
+    let colls = collectives(&dump);
+    for layer in 0..2 {
+        let scope = format!("mb0/h.{layer}.mlp");
+        // Forward: exactly the pair, tokens to experts then experts' output back.
+        let forward: Vec<&(String, String, String)> =
+            colls.iter().filter(|(_, _, s)| *s == scope).collect();
+        assert_eq!(forward.len(), 2, "{forward:?}");
+        assert!(
+            forward
+                .iter()
+                .all(|(op, axes, _)| op == "all_to_all" && axes == "\"ep\""),
+            "{forward:?}"
+        );
+        let a2a: Vec<&str> = dump
+            .lines()
+            .filter(|l| l.contains("= all_to_all") && l.contains(&format!("\"{scope}\"")))
+            .collect();
+        // Dispatch: `[e, g, c, h]` from group shards to expert shards; combine: back.
+        assert!(a2a[0].contains("split_dim=0, concat_dim=1"), "{}", a2a[0]);
+        assert!(a2a[1].contains("split_dim=1, concat_dim=0"), "{}", a2a[1]);
+        // Backward: the gradients take the same way back.
+        let grad = format!("mb0/grad/h.{layer}.mlp");
+        let back = colls
+            .iter()
+            .filter(|(op, _, s)| op == "all_to_all" && *s == grad)
+            .count();
+        assert!(back >= 2, "{colls:?}");
+        // The experts stay on their ranks: half of them each, with their optimizer state.
+        for name in ["w1", "w1:adam_m"] {
+            let decl = format!("{{name=\"h.{layer}.mlp.{name}\"");
+            assert!(
+                dump.lines()
+                    .any(|l| l.contains(&decl) && l.contains("f32[2,64,128]")),
+                "h.{layer}.mlp.{name} is not split over ep"
+            );
+        }
+    }
+    check_golden("moe-tiny.ep2.partitioned.air", &dump);
+
+    // With `dp` as well, the all-to-alls stay on `ep`.
+    let colls = collectives(&autopar_ok(&[
+        "dump",
+        "moe-tiny",
+        "--mesh",
+        "dp=2,ep=2",
+        "--stage",
+        "partitioned",
+    ]));
+    let forward: Vec<_> = colls
+        .iter()
+        .filter(|(_, _, s)| s == "mb0/h.0.mlp")
+        .collect();
+    assert_eq!(forward.len(), 2, "{forward:?}");
+    assert!(
+        forward
+            .iter()
+            .all(|(op, axes, _)| op == "all_to_all" && axes == "\"ep\""),
+        "{forward:?}"
+    );
+}
+
+#[test]
+fn impossible_expert_parallel_requests_are_refused() {
+    // No MoE layer to shard.
+    let err = autopar_err(&["run", "gpt-tiny", "--mesh", "ep=2"]);
+    assert!(
+        err.contains("`ep`") && err.contains("no MoE layer"),
+        "{err}"
+    );
+    // 4 experts over 3 ranks (the batch of 6 divides).
+    let err = autopar_err(&["run", "moe-tiny", "--mesh", "ep=3", "--batch", "6"]);
+    assert!(
+        err.contains("`h.0.mlp.w1`") && err.contains("dim 0") && err.contains("mesh axis `ep`"),
+        "{err}"
+    );
+    // A batch of 8 over dp=4 and ep=4.
+    let err = autopar_err(&["run", "moe-tiny", "--mesh", "dp=4,ep=4"]);
+    assert!(
+        err.contains("`tokens`") && err.contains("dim 0") && err.contains("mesh axis `ep`"),
+        "{err}"
+    );
+}
