@@ -1,11 +1,12 @@
 //! End-to-end tests of expert parallelism on the `ep` mesh axis: MoE training steps on CPU
 //! ranks match the single-device reference, each MoE layer's forward moves tokens to their
-//! experts and back with one all-to-all each (golden partitioned dump), and requests that
-//! cannot be expert-parallel are refused with the tensor, dim and axis.
+//! experts and back with one all-to-all each (golden partitioned dump), plans with `ep` run
+//! on CPU ranks, and requests that cannot be expert-parallel are refused with the tensor,
+//! dim and axis.
 
 mod common;
 
-use common::{autopar_err, autopar_ok, check_golden, collectives};
+use common::{autopar_err, autopar_ok, check_golden, collectives, scratch};
 
 /// Runs `moe-tiny` for two steps on `mesh` (plus `extra` options) with `--verify`, and
 /// asserts it prints `OK` with small errors.
@@ -127,4 +128,44 @@ fn impossible_expert_parallel_requests_are_refused() {
         err.contains("`tokens`") && err.contains("dim 0") && err.contains("mesh axis `ep`"),
         "{err}"
     );
+}
+
+#[test]
+fn plans_with_expert_parallelism_are_searched_and_run() {
+    // The CPU runtime's search space has `ep` for a MoE model.
+    let out = autopar_ok(&[
+        "plan",
+        "moe-tiny",
+        "--cluster",
+        "cpu:ranks=4",
+        "--batch",
+        "8",
+        "--top",
+        "100",
+        "--pin",
+        "runtime=cpu",
+        "--json",
+    ]);
+    let doc: serde_json::Value = serde_json::from_str(&out).expect("JSON");
+    let plans = doc["plans"].as_array().expect("plans");
+    assert!(plans.iter().any(|p| p["config"]["ep"] == 2), "{out}");
+    // A plan's `dp` counts the `ep` ranks: dp=4, ep=2 is the mesh dp=2, ep=2.
+    let dir = scratch("ep_plan");
+    let file = dir.join("plan.json");
+    std::fs::write(
+        &file,
+        r#"{"dp":4,"tp":1,"pp":1,"vpp":1,"cp":1,"ep":2,"micro_batch_size":2,"global_batch":8,
+            "zero_stage":1,"recompute":"none","sequence_parallel":false,"schedule":"1f1b",
+            "dtype":"f32","axis_order":["pp","dp","ep","cp","tp"]}"#,
+    )
+    .expect("write");
+    let out = autopar_ok(&[
+        "run",
+        "moe-tiny",
+        "--plan-file",
+        file.to_str().expect("UTF-8 path"),
+        "--verify",
+    ]);
+    assert!(out.contains("ranks: 4 (dp=2, ep=2)"), "{out}");
+    assert!(out.trim_end().ends_with(" OK"), "{out}");
 }

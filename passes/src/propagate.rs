@@ -27,7 +27,9 @@
 //! **Cost** of a strategy: the bytes each device sends to reshard its operands (and its results
 //! to a fixed placement), by the single-axis formulas of [`autopar_ir::reshard`] (all-reduce
 //! `2(n-1)/n·L`, all-gather `(n-1)·L`, reduce-scatter and all-to-all `(n-1)/n·L`, slices free),
-//! plus [`COLLECTIVE_BYTES`] per collective for its latency. Ties go to the first strategy in
+//! plus [`COLLECTIVE_BYTES`] per collective for its latency, plus, for a partial result that
+//! no constraint fixes, the reduce-scatter its first use will need at least (so that leaving
+//! partial sums is not mistaken for free). Ties go to the first strategy in
 //! the table's fixed order (all-replicated first), so the result is deterministic.
 //!
 //! **Admissible** strategies follow four rules that keep the result close to what Megatron and
