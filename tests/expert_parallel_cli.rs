@@ -34,7 +34,7 @@ fn verifies(mesh: &str, extra: &[&str]) {
 fn expert_parallel_steps_match_the_reference() {
     verifies("ep=2", &[]);
     verifies("dp=2,ep=2", &["--zero", "1"]);
-    verifies("ep=2,tp=2", &[]);
+    verifies("dp=2,ep=2,tp=2", &[]);
 }
 
 #[test]
@@ -105,6 +105,33 @@ fn each_moe_layer_dispatches_and_combines_by_all_to_all() {
             .iter()
             .all(|(op, axes, _)| op == "all_to_all" && axes == "\"ep\""),
         "{forward:?}"
+    );
+}
+
+/// With `tp`, each expert's MLP is split Megatron-style inside: its output is all-reduced
+/// over `tp` between the two all-to-alls over `ep`.
+#[test]
+fn experts_split_over_tp_reduce_between_dispatch_and_combine() {
+    let colls = collectives(&autopar_ok(&[
+        "dump",
+        "moe-tiny",
+        "--mesh",
+        "ep=2,tp=2",
+        "--stage",
+        "partitioned",
+    ]));
+    let forward: Vec<(&str, &str)> = colls
+        .iter()
+        .filter(|(_, _, s)| s == "mb0/h.1.mlp")
+        .map(|(op, axes, _)| (op.as_str(), axes.as_str()))
+        .collect();
+    assert_eq!(
+        forward,
+        [
+            ("all_to_all", "\"ep\""),
+            ("all_reduce", "\"tp\""),
+            ("all_to_all", "\"ep\"")
+        ]
     );
 }
 

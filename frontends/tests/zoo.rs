@@ -366,8 +366,23 @@ fn moe_layers_route_and_shard_experts() -> Result<(), FrontendError> {
     );
     assert_eq!(route[1].scope.as_deref(), Some("h.1.mlp"));
     assert_eq!(g.ty(route[0].outputs[0]).to_string(), "f32[8,32,4,20]");
-    for w in ["w1", "b1", "w2", "b2"] {
-        assert_eq!(placements(&g, &format!("h.0.mlp.{w}")), shard("ep", 0));
+    // Experts split over `ep`, and Megatron-style over `tp` inside each expert.
+    let ep_tp = |tp_dim: Option<usize>| {
+        let mut p = shard("ep", 0);
+        p.extend(tp_dim.map(|d| ("tp".to_string(), Placement::Shard(d))));
+        p
+    };
+    for (w, tp_dim) in [
+        ("w1", Some(2)),
+        ("b1", Some(1)),
+        ("w2", Some(1)),
+        ("b2", None),
+    ] {
+        assert_eq!(
+            placements(&g, &format!("h.0.mlp.{w}")),
+            ep_tp(tp_dim),
+            "{w}"
+        );
     }
     assert_eq!(placements(&g, "h.0.mlp.router"), vec![]);
     let ty = |name: &str| g.ty(param(&g, name).outputs[0]).to_string();
@@ -411,8 +426,10 @@ fn moe_layers_route_and_shard_experts() -> Result<(), FrontendError> {
             normalize: true
         }
     );
-    for w in ["w1", "w2", "w3"] {
-        assert_eq!(placements(&g, &format!("h.31.mlp.{w}")), shard("ep", 0));
+    for (w, tp_dim) in [("w1", 2), ("w2", 1), ("w3", 2)] {
+        let mut p = shard("ep", 0);
+        p.extend(shard("tp", tp_dim));
+        assert_eq!(placements(&g, &format!("h.31.mlp.{w}")), p, "{w}");
     }
     let names: Vec<&str> = g
         .parameters()

@@ -60,8 +60,15 @@ pub(crate) struct MoeLayer<'c> {
     pub out_std: f64,
 }
 
+/// An expert weight: its leading expert dim split over the expert-parallel axis `ep`.
+fn expert(w: Tensor<'_>) -> Tensor<'_> {
+    w.shard(0, "ep")
+}
+
 /// The MoE MLP of `x[b, s, h]`, declaring its router and expert weights in the current scope.
 ///
+/// Within each expert the MLP is split Megatron-style on `tp` (the first matmul on its output
+/// dim, the second on its input dim), as the dense MLP is.
 /// Each sequence of the batch is one routing group (GShard's groups) with
 /// [`MoeConfig::capacity`] slots per expert for its `s` tokens, so the routing of one sequence
 /// never depends on another: the dispatched tokens `[e, b, c, h]` keep the group dim, and
@@ -82,19 +89,19 @@ pub(crate) fn moe_mlp<'m>(m: &'m ModelBuilder, l: &MoeLayer<'_>, x: Tensor<'m>) 
 
     let expert_out = match l.experts {
         ExpertMlp::GeluWithBias => {
-            let w1 = m.param("w1", [e, h, f], normal(INIT_STD)).shard(0, "ep");
-            let b1 = m.param("b1", [e, f], ZEROS).shard(0, "ep");
-            let w2 = m.param("w2", [e, f, h], normal(l.out_std)).shard(0, "ep");
-            let b2 = m.param("b2", [e, h], ZEROS).shard(0, "ep");
+            let w1 = expert(m.param("w1", [e, h, f], normal(INIT_STD))).shard(2, "tp");
+            let b1 = expert(m.param("b1", [e, f], ZEROS)).shard(1, "tp");
+            let w2 = expert(m.param("w2", [e, f, h], normal(l.out_std))).shard(1, "tp");
+            let b2 = expert(m.param("b2", [e, h], ZEROS));
             let hidden = slots.einsum("egch,ehf->egcf", w1);
             let hidden = (hidden + b1.broadcast_like(hidden, [0, 3])).gelu();
             let out = hidden.einsum("egcf,efh->egch", w2);
             out + b2.broadcast_like(out, [0, 3])
         }
         ExpertMlp::SwiGlu => {
-            let w1 = m.param("w1", [e, h, f], normal(INIT_STD)).shard(0, "ep");
-            let w3 = m.param("w3", [e, h, f], normal(INIT_STD)).shard(0, "ep");
-            let w2 = m.param("w2", [e, f, h], normal(l.out_std)).shard(0, "ep");
+            let w1 = expert(m.param("w1", [e, h, f], normal(INIT_STD))).shard(2, "tp");
+            let w3 = expert(m.param("w3", [e, h, f], normal(INIT_STD))).shard(2, "tp");
+            let w2 = expert(m.param("w2", [e, f, h], normal(l.out_std))).shard(1, "tp");
             let gate = slots.einsum("egch,ehf->egcf", w1).silu();
             let up = slots.einsum("egch,ehf->egcf", w3);
             (gate * up).einsum("egcf,efh->egch", w2)
