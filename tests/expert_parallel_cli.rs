@@ -35,6 +35,8 @@ fn expert_parallel_steps_match_the_reference() {
     verifies("ep=2", &[]);
     verifies("dp=2,ep=2", &["--zero", "1"]);
     verifies("dp=2,ep=2,tp=2", &[]);
+    // Pipelined over `pp`, each stage expert-parallel.
+    verifies("pp=2,ep=2", &[]);
 }
 
 #[test]
