@@ -69,13 +69,16 @@ fn each_moe_layer_dispatches_and_combines_by_all_to_all() {
         // Dispatch: `[e, g, c, h]` from group shards to expert shards; combine: back.
         assert!(a2a[0].contains("split_dim=0, concat_dim=1"), "{}", a2a[0]);
         assert!(a2a[1].contains("split_dim=1, concat_dim=0"), "{}", a2a[1]);
-        // Backward: the gradients take the same way back.
+        // Backward: the gradients take the same two ways back, and no tokens are gathered.
         let grad = format!("mb0/grad/h.{layer}.mlp");
-        let back = colls
-            .iter()
-            .filter(|(op, _, s)| op == "all_to_all" && *s == grad)
-            .count();
-        assert!(back >= 2, "{colls:?}");
+        let count = |what: &str| {
+            colls
+                .iter()
+                .filter(|(op, _, s)| op == what && *s == grad)
+                .count()
+        };
+        assert_eq!(count("all_to_all"), 2, "{colls:?}");
+        assert_eq!(count("all_gather"), 0, "{colls:?}");
         // The experts stay on their ranks: half of them each, with their optimizer state.
         for name in ["w1", "w1:adam_m"] {
             let decl = format!("{{name=\"h.{layer}.mlp.{name}\"");

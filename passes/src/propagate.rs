@@ -29,7 +29,10 @@
 //! `2(n-1)/n·L`, all-gather `(n-1)·L`, reduce-scatter and all-to-all `(n-1)/n·L`, slices free),
 //! plus [`COLLECTIVE_BYTES`] per collective for its latency, plus, for a partial result that
 //! no constraint fixes, the reduce-scatter its first use will need at least (so that leaving
-//! partial sums is not mistaken for free). Ties go to the first strategy in
+//! partial sums is not mistaken for free). A reshard that a consumer earlier in topological
+//! order already asks for costs nothing: the partitioner caches resharded copies (the backward
+//! of expert parallelism's combine reuses the forward's all-to-all of the experts' output
+//! instead of gathering the tokens' gradient). Ties go to the first strategy in
 //! the table's fixed order (all-replicated first), so the result is deterministic.
 //!
 //! **Admissible** strategies follow four rules that keep the result close to what Megatron and
@@ -308,6 +311,7 @@ pub fn propagate_sharding(g: &mut Graph, c: &Constraints) -> Result<ShardingPlan
         let mut ax = AxisPass {
             g: &*g,
             order: &order,
+            position: order.iter().enumerate().map(|(i, &n)| (n, i)).collect(),
             axis,
             size: *size,
             place: vec![None; n_values],
@@ -524,6 +528,8 @@ fn shards_anew(from: Placement, to: Placement) -> bool {
 struct AxisPass<'a> {
     g: &'a Graph,
     order: &'a [NodeId],
+    /// Index of every node in `order`.
+    position: HashMap<NodeId, usize>,
     axis: &'a str,
     size: usize,
     place: Vec<Option<Placement>>,
@@ -637,12 +643,18 @@ impl AxisPass<'_> {
         for (i, (&v, &want)) in node.inputs.iter().zip(&s.operands).enumerate() {
             let have = self.seen(v);
             let bytes = self.stage_ops[&n][i].size_bytes() as f64;
-            total += reshard_cost(have, want, bytes, self.size)?;
+            let cost = reshard_cost(have, want, bytes, self.size)?;
             if self.stationary[v.0 as usize] && have != want {
                 return None;
             }
+            // The partitioner caches resharded copies: one an earlier consumer already asks
+            // for is free, and is no new sharding.
+            let copied = have != want && self.copied_earlier(n, v, want);
+            if !copied {
+                total += cost;
+            }
             let source = self.g.node(self.g.value(v).producer).op.is_source();
-            if shards_anew(have, want) && !source {
+            if shards_anew(have, want) && !source && !copied {
                 needs_anchor = true;
             }
             if have == want && matches!(want, Placement::Shard(_)) {
@@ -658,6 +670,19 @@ impl AxisPass<'_> {
             return None;
         }
         Some(total)
+    }
+
+    /// True when a consumer of `v` before `n` (in topological order) takes it as `want`.
+    fn copied_earlier(&self, n: NodeId, v: ValueId, want: Placement) -> bool {
+        let at = self.position.get(&n).copied().unwrap_or(usize::MAX);
+        self.g.users(v).iter().any(|&(u, k)| {
+            self.position.get(&u).is_some_and(|&p| p < at)
+                && self
+                    .choice
+                    .get(&u)
+                    .and_then(|&i| self.cands.get(&u)?.get(i))
+                    .is_some_and(|s| s.operands.get(k) == Some(&want))
+        })
     }
 
     /// Total cost: operands, plus results resharded to their fixed placements, plus, for a
