@@ -3,11 +3,12 @@
 //! document, whose first plan is taken), and `autopar run MODEL --auto --cluster C`
 //! searches the plans the CPU runtime executes, prints the best in one line and runs it.
 //!
-//! A plan maps onto the CPU runtime as follows: `dp`/`tp`/`pp` (in the plan's axis order)
-//! with its ZeRO stage and sequence parallelism become the mesh; a `pp` axis with its
-//! schedule and virtual stages becomes a pipeline (of partitioned programs when `dp`/`tp` are
-//! there too); the micro-batch count, recompute policy and dtype shape the training step.
-//! Anything else (`cp`, `ep`) is refused, naming what is not supported.
+//! A plan maps onto the CPU runtime as follows: `dp`/`ep`/`tp`/`pp` (in the plan's axis
+//! order) with its ZeRO stage and sequence parallelism become the mesh, the plan's `dp`
+//! counting the `ep` ranks carved out of it (plan `dp=4,ep=2` is mesh `dp=2,ep=2`); a `pp`
+//! axis with its schedule and virtual stages becomes a pipeline (of partitioned programs when
+//! `dp`/`ep`/`tp` are there too); the micro-batch count, recompute policy and dtype shape the
+//! training step. Anything else (`cp`) is refused, naming what is not supported.
 
 use anyhow::{Context, Result, bail};
 
@@ -124,7 +125,8 @@ fn execute(args: &RunArgs, plan: &Plan) -> Result<()> {
         .axis_order
         .iter()
         .filter_map(|a| match a.as_str() {
-            "dp" if plan.dp > 1 => Some(format!("dp={}", plan.dp)),
+            "dp" if plan.dp / plan.ep > 1 => Some(format!("dp={}", plan.dp / plan.ep)),
+            "ep" if plan.ep > 1 => Some(format!("ep={}", plan.ep)),
             "tp" if plan.tp > 1 => Some(format!("tp={}", plan.tp)),
             "pp" if plan.pp > 1 => Some(format!("pp={}", plan.pp)),
             _ => None,

@@ -4,26 +4,7 @@
 
 mod common;
 
-use common::{autopar, autopar_err, autopar_ok, check_golden, scratch};
-
-/// The collectives of a partitioned dump: `(op, axes, scope)` per collective, in order.
-fn collectives(dump: &str) -> Vec<(String, String, String)> {
-    let ops = ["all_reduce", "all_gather", "reduce_scatter", "all_to_all"];
-    dump.lines()
-        .filter_map(|line| {
-            let rhs = line.split_once(" = ")?.1;
-            let op = ops.iter().find(|op| rhs.starts_with(&format!("{op} ")))?;
-            let axes = rhs.split("axes=[").nth(1)?.split(']').next()?.to_string();
-            let scope = line
-                .split("scope=\"")
-                .nth(1)
-                .and_then(|s| s.split('"').next())
-                .unwrap_or("")
-                .to_string();
-            Some((op.to_string(), axes, scope))
-        })
-        .collect()
-}
+use common::{autopar, autopar_err, autopar_ok, check_golden, collectives, scratch};
 
 #[test]
 fn run_verify_prints_ok() {

@@ -563,7 +563,12 @@ impl<'a> Ctx<'a> {
         ];
         let mlp = if c.experts > 1 {
             let local = (c.experts / self.plan.ep) as u64;
-            // Balanced routing: each rank's experts receive n * top_k tokens in all.
+            // Balanced routing: each rank's experts receive n * top_k tokens in all. First
+            // order: capacity factor 1. The zoo routes each sequence as a group with
+            // ceil(cf * s * top_k / e) slots per expert, so the programs compute (and move)
+            // about cf times these tokens, padding included; the estimate counts the tokens.
+            // The all-to-all moves the tokens between ranks of `ep`, which splits the
+            // sequences (groups) like `dp`, so per-rank sizes are those of `n`.
             let per_expert = (self.n * c.top_k as u64).div_ceil(local);
             vec![
                 (GemmShape::new(1, self.n, c.experts as u64, h), false),
@@ -654,6 +659,8 @@ impl<'a> Ctx<'a> {
         self.coll(Collective::AllGather, bytes, &self.cp)
     }
 
+    /// One all-to-all of a MoE layer over `ep` (dispatch or combine): the rank's routed
+    /// tokens, `top_k` copies of its activations (capacity factor 1, as in the GEMMs).
     fn moe_all_to_all(&self) -> f64 {
         if self.cfg.experts <= 1 {
             return 0.0;

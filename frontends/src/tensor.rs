@@ -313,8 +313,8 @@ impl<'m> Tensor<'m> {
         self.builder.apply1(op, &[self, k, v])
     }
 
-    /// Top-k routing of these router probabilities `[t, e]`: returns `(combine, dispatch)`,
-    /// both `[t, e, capacity]`.
+    /// Top-k routing of these router probabilities `[..., t, e]` (leading dims: independent
+    /// routing groups): returns `(combine, dispatch)`, both `[..., t, e, capacity]`.
     pub fn moe_route(self, routing: MoeRouting) -> (Tensor<'m>, Tensor<'m>) {
         let MoeRouting {
             top_k,

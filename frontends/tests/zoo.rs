@@ -355,19 +355,34 @@ fn moe_layers_route_and_shard_experts() -> Result<(), FrontendError> {
     let g = zoo::build("moe-tiny", DEFAULT_BATCH)?;
     let route = nodes(&g, "moe_route");
     assert_eq!(route.len(), 2);
-    // 8 sequences of 32 tokens: capacity = ceil(1.25 * 256 * 2 / 4) = 160.
+    // One routing group per sequence of 32 tokens: capacity = ceil(1.25 * 32 * 2 / 4) = 20.
     assert_eq!(
         route[0].op,
         Op::MoeRoute {
             top_k: 2,
-            capacity: 160,
+            capacity: 20,
             normalize: true
         }
     );
     assert_eq!(route[1].scope.as_deref(), Some("h.1.mlp"));
-    assert_eq!(g.ty(route[0].outputs[0]).to_string(), "f32[256,4,160]");
-    for w in ["w1", "b1", "w2", "b2"] {
-        assert_eq!(placements(&g, &format!("h.0.mlp.{w}")), shard("ep", 0));
+    assert_eq!(g.ty(route[0].outputs[0]).to_string(), "f32[8,32,4,20]");
+    // Experts split over `ep`, and Megatron-style over `tp` inside each expert.
+    let ep_tp = |tp_dim: Option<usize>| {
+        let mut p = shard("ep", 0);
+        p.extend(tp_dim.map(|d| ("tp".to_string(), Placement::Shard(d))));
+        p
+    };
+    for (w, tp_dim) in [
+        ("w1", Some(2)),
+        ("b1", Some(1)),
+        ("w2", Some(1)),
+        ("b2", None),
+    ] {
+        assert_eq!(
+            placements(&g, &format!("h.0.mlp.{w}")),
+            ep_tp(tp_dim),
+            "{w}"
+        );
     }
     assert_eq!(placements(&g, "h.0.mlp.router"), vec![]);
     let ty = |name: &str| g.ty(param(&g, name).outputs[0]).to_string();
@@ -386,11 +401,11 @@ fn moe_layers_route_and_shard_experts() -> Result<(), FrontendError> {
     assert_eq!(
         specs,
         vec![
-            "th,he->te",
-            "tec,th->ech",
-            "ech,ehf->ecf",
-            "ecf,efh->ech",
-            "tec,ech->th"
+            "gsh,he->gse",
+            "gsec,gsh->egch",
+            "egch,ehf->egcf",
+            "egcf,efh->egch",
+            "gsec,egch->gsh"
         ]
     );
     assert!(
@@ -411,8 +426,10 @@ fn moe_layers_route_and_shard_experts() -> Result<(), FrontendError> {
             normalize: true
         }
     );
-    for w in ["w1", "w2", "w3"] {
-        assert_eq!(placements(&g, &format!("h.31.mlp.{w}")), shard("ep", 0));
+    for (w, tp_dim) in [("w1", 2), ("w2", 1), ("w3", 2)] {
+        let mut p = shard("ep", 0);
+        p.extend(shard("tp", tp_dim));
+        assert_eq!(placements(&g, &format!("h.31.mlp.{w}")), p, "{w}");
     }
     let names: Vec<&str> = g
         .parameters()

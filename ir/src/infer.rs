@@ -429,13 +429,13 @@ pub fn infer(
         } => {
             arity(name, inputs, 1)?;
             let p = float(name, inputs[0])?;
-            if p.rank() != 2 {
+            if p.rank() < 2 {
                 return Err(IrError::ty(
                     name,
-                    format!("router probabilities {p} must be [tokens, experts]"),
+                    format!("router probabilities {p} must be [..., tokens, experts]"),
                 ));
             }
-            let e = p.dims()[1];
+            let e = p.dims()[p.rank() - 1];
             if *top_k == 0 || *top_k > e {
                 return Err(IrError::attr(
                     name,
@@ -446,7 +446,9 @@ pub fn infer(
             if *capacity == 0 {
                 return Err(IrError::attr(name, "capacity", "must be positive"));
             }
-            let t = TensorType::new(p.dtype, [p.dims()[0], e, *capacity]);
+            let mut dims = p.dims().to_vec();
+            dims.push(*capacity);
+            let t = TensorType::new(p.dtype, dims);
             Ok(vec![t.clone(), t])
         }
         Op::CrossEntropy => {

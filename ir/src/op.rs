@@ -465,10 +465,12 @@ pub enum Op {
         scale: f64,
     },
     /// Top-k MoE routing with expert capacity (GShard-style): operand router probabilities
-    /// `probs[t, e]`; results `combine[t, e, c]` (the gate weight of token `t` in slot `c` of
-    /// expert `e`) and `dispatch[t, e, c]` (1 where token `t` occupies that slot, else 0), both
-    /// of the operand's dtype. Slots are filled in token order, first choices before second
-    /// choices; a token whose expert is full is dropped for that choice.
+    /// `probs[..., t, e]`; results `combine[..., t, e, c]` (the gate weight of token `t` in
+    /// slot `c` of expert `e`) and `dispatch[..., t, e, c]` (1 where token `t` occupies that
+    /// slot, else 0), both of the operand's dtype. Every index of the leading dims is an
+    /// independent routing group (GShard's groups) with `capacity` slots per expert of its
+    /// own. Within a group, slots are filled in token order, first choices before second
+    /// choices; a token whose expert is full in its group is dropped for that choice.
     MoeRoute {
         /// Experts per token.
         top_k: usize,

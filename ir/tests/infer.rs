@@ -293,8 +293,8 @@ fn case(kind: OpKind) -> Case {
                 capacity: 5,
                 normalize: true,
             },
-            inputs: vec![f32t(&[16, 4])],
-            expect: vec![f32t(&[16, 4, 5]), f32t(&[16, 4, 5])],
+            inputs: vec![f32t(&[2, 16, 4])],
+            expect: vec![f32t(&[2, 16, 4, 5]), f32t(&[2, 16, 4, 5])],
             bad_op: Op::MoeRoute {
                 top_k: 5,
                 capacity: 5,

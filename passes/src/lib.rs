@@ -16,6 +16,7 @@
 //! - [`propagate`]: sharding propagation from annotations to a complete sharding of every
 //!   value, with the chosen strategy of every node as a side table.
 //! - [`partition`]: SPMD partitioning into per-rank local programs with explicit collectives.
+//! - [`expert_parallel`]: expert parallelism on the `ep` axis as placements.
 //! - [`parallelize`]: data parallelism and ZeRO as placements, annotation files, and the
 //!   driver that propagates and verifies.
 //! - [`pipeline`]: cutting a step into balanced pipeline stages and per-micro-batch
@@ -23,6 +24,7 @@
 
 pub mod autodiff;
 pub mod error;
+pub mod expert_parallel;
 pub mod parallelize;
 pub mod partition;
 pub mod pipeline;

@@ -5,8 +5,10 @@
 //! - **Data parallelism**: data inputs are split on their batch dim (dim 0) over the data axis
 //!   (`dp`). Weight gradients then come out partial on `dp` and are reduced as the placement
 //!   of the gradient asks.
-//! - **Tensor, vocabulary and expert parallelism** come from the weights' annotations in
-//!   model code (or an annotation file); propagation does the rest.
+//! - **Tensor and vocabulary parallelism** come from the weights' annotations in model code
+//!   (or an annotation file); propagation does the rest.
+//! - **Expert parallelism** (a mesh axis `ep` above 1): the experts' weights are annotated
+//!   in model code, and [`crate::expert_parallel`] splits the batch over `ep` too.
 //! - **ZeRO on the data axis**, for a training-step graph (one with optimizer updates). With
 //!   `z` the first dim of a weight that splits evenly over `dp` (preferring dims no other axis
 //!   shards):
@@ -49,6 +51,7 @@ use autopar_ir::{
 };
 
 use crate::error::PassError;
+use crate::expert_parallel::{EXPERT_AXIS, expert_parallel_constraints};
 use crate::propagate::{Constraints, ShardingPlan, propagate_sharding};
 
 /// The data-parallel mesh axis.
@@ -170,6 +173,9 @@ pub fn parallelize(
     graph.set_mesh(Some(mesh.clone()));
     apply_annotations(&mut graph, &options.annotations)?;
     let mut constraints = zero_constraints(&graph, mesh, options.zero)?;
+    if mesh.axis_size(EXPERT_AXIS).is_some_and(|n| n > 1) {
+        expert_parallel_constraints(&graph, mesh, &mut constraints)?;
+    }
     if options.sequence_parallel {
         sequence_parallel_constraints(&graph, mesh, &mut constraints)?;
     }
@@ -448,7 +454,7 @@ fn accumulation_chain(g: &Graph, mut sum: ValueId) -> Vec<ValueId> {
 
 /// The accumulated gradient behind an optimizer's gradient operand: back through the
 /// optimizer's multiplications by a broadcast scalar (unscaling, clipping).
-fn gradient_source(g: &Graph, mut v: ValueId) -> ValueId {
+pub(crate) fn gradient_source(g: &Graph, mut v: ValueId) -> ValueId {
     loop {
         let node = g.node(g.value(v).producer);
         let in_optimizer = node

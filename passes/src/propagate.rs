@@ -28,7 +28,12 @@
 //! **Cost** of a strategy: the bytes each device sends to reshard its operands (and its results
 //! to a fixed placement), by the single-axis formulas of [`autopar_ir::reshard`] (all-reduce
 //! `2(n-1)/n·L`, all-gather `(n-1)·L`, reduce-scatter and all-to-all `(n-1)/n·L`, slices free),
-//! plus [`COLLECTIVE_BYTES`] per collective for its latency. Ties go to the first strategy in
+//! plus [`COLLECTIVE_BYTES`] per collective for its latency, plus, for a partial result that
+//! no constraint fixes, the reduce-scatter its first use will need at least (so that leaving
+//! partial sums is not mistaken for free). A reshard that a consumer earlier in topological
+//! order already asks for costs nothing: the partitioner caches resharded copies (the backward
+//! of expert parallelism's combine reuses the forward's all-to-all of the experts' output
+//! instead of gathering the tokens' gradient). Ties go to the first strategy in
 //! the table's fixed order (all-replicated first), so the result is deterministic.
 //!
 //! **Admissible** strategies follow four rules that keep the result close to what Megatron and
@@ -307,6 +312,7 @@ pub fn propagate_sharding(g: &mut Graph, c: &Constraints) -> Result<ShardingPlan
         let mut ax = AxisPass {
             g: &*g,
             order: &order,
+            position: order.iter().enumerate().map(|(i, &n)| (n, i)).collect(),
             axis,
             size: *size,
             place: vec![None; n_values],
@@ -523,6 +529,8 @@ fn shards_anew(from: Placement, to: Placement) -> bool {
 struct AxisPass<'a> {
     g: &'a Graph,
     order: &'a [NodeId],
+    /// Index of every node in `order`.
+    position: HashMap<NodeId, usize>,
     axis: &'a str,
     size: usize,
     place: Vec<Option<Placement>>,
@@ -643,12 +651,18 @@ impl AxisPass<'_> {
         for (i, (&v, &want)) in node.inputs.iter().zip(&s.operands).enumerate() {
             let have = self.seen(v);
             let bytes = self.stage_ops[&n][i].size_bytes() as f64;
-            total += reshard_cost(have, want, bytes, self.size)?;
+            let cost = reshard_cost(have, want, bytes, self.size)?;
             if self.stationary[v.0 as usize] && have != want {
                 return None;
             }
+            // The partitioner caches resharded copies: one an earlier consumer already asks
+            // for is free, and is no new sharding.
+            let copied = have != want && self.copied_earlier(n, v, want);
+            if !copied {
+                total += cost;
+            }
             let source = self.g.node(self.g.value(v).producer).op.is_source();
-            if shards_anew(have, want) && !source {
+            if shards_anew(have, want) && !source && !copied {
                 needs_anchor = true;
             }
             if have == want && matches!(want, Placement::Shard(_)) {
@@ -667,14 +681,36 @@ impl AxisPass<'_> {
         Some(total)
     }
 
-    /// Total cost: operands, plus results resharded to their fixed placements.
+    /// True when a consumer of `v` before `n` (in topological order) takes it as `want`.
+    fn copied_earlier(&self, n: NodeId, v: ValueId, want: Placement) -> bool {
+        let at = self.position.get(&n).copied().unwrap_or(usize::MAX);
+        self.g.users(v).iter().any(|&(u, k)| {
+            self.position.get(&u).is_some_and(|&p| p < at)
+                && self
+                    .choice
+                    .get(&u)
+                    .and_then(|&i| self.cands.get(&u)?.get(i))
+                    .is_some_and(|s| s.operands.get(k) == Some(&want))
+        })
+    }
+
+    /// Total cost: operands, plus results resharded to their fixed placements, plus, for a
+    /// partial result that nothing fixes, the least its reduction will cost (rule 2 reduces
+    /// it at its first use, by a reduce-scatter at best): so a strategy that leaves partial
+    /// sums competes fairly with one that reshards its operands instead (expert
+    /// parallelism's combine, which moves the experts' output back to its tokens rather
+    /// than moving the gates to the experts and reducing there).
     fn cost(&self, n: NodeId, s: &AxisStrategy) -> Cost {
         let mut total = self.operand_cost(n, s)?;
         let node = self.g.node(n);
         for (j, (&v, &got)) in node.outputs.iter().zip(&s.results).enumerate() {
-            if let Some(f) = self.fixed[v.0 as usize] {
-                let bytes = self.stage_res[&n][j].size_bytes() as f64;
-                total += reshard_cost(got, f, bytes, self.size)?;
+            let bytes = self.stage_res[&n][j].size_bytes() as f64;
+            match self.fixed[v.0 as usize] {
+                Some(f) => total += reshard_cost(got, f, bytes, self.size)?,
+                None if matches!(got, Placement::Partial(_)) => {
+                    total += reshard_cost(got, Placement::Shard(0), bytes, self.size)?;
+                }
+                None => {}
             }
         }
         Some(total)

@@ -520,6 +520,16 @@ fn cases(kind: OpKind) -> Vec<Case> {
                     vec![b.float(&[6, 3], |x| 0.2 + 0.1 * (x * 3.0).round() + 0.01 * x)]
                 })
             })
+            .chain([single(
+                "moe_route in routing groups",
+                Op::MoeRoute {
+                    top_k: 2,
+                    capacity: 2,
+                    normalize: true,
+                },
+                // Two groups of three routing groups of 4 tokens, 2 slots per expert each.
+                |b| vec![b.float(&[2, 3, 4, 3], |x| 0.2 + 0.1 * (x * 3.0).round() + 0.01 * x)],
+            )])
             .collect(),
         OpKind::CrossEntropy => vec![single("cross_entropy", Op::CrossEntropy, |b| {
             vec![

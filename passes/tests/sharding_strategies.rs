@@ -321,14 +321,26 @@ fn cases(kind: OpKind, rng: &mut Rng) -> Cases {
             }
             v
         }
-        OpKind::MoeRoute => vec![(
-            Op::MoeRoute {
-                top_k: 2,
-                capacity: 3,
-                normalize: true,
-            },
-            vec![floats(&[8, 4], rng, 0.0, 1.0)],
-        )],
+        OpKind::MoeRoute => vec![
+            (
+                Op::MoeRoute {
+                    top_k: 2,
+                    capacity: 3,
+                    normalize: true,
+                },
+                vec![floats(&[8, 4], rng, 0.0, 1.0)],
+            ),
+            // Routing groups `[4, 2, 8, 4]`, with capacity 2 for 8 tokens of top-2 over 4
+            // experts: choices are dropped, per group.
+            (
+                Op::MoeRoute {
+                    top_k: 2,
+                    capacity: 2,
+                    normalize: false,
+                },
+                vec![floats(&[4, 2, 8, 4], rng, 0.0, 1.0)],
+            ),
+        ],
         OpKind::CrossEntropy => vec![
             (Op::CrossEntropy, vec![x(rng), ints(&[4], rng, 8)]),
             (
@@ -688,9 +700,7 @@ fn every_strategy_of_every_op_matches_the_reference() {
                         }
                     }
                 }
-                if kind != OpKind::MoeRoute {
-                    assert!(any_sharded, "{kind:?} has no sharded strategy");
-                }
+                assert!(any_sharded, "{kind:?} has no sharded strategy");
                 sharded_ops += usize::from(any_sharded);
             }
         }
@@ -764,15 +774,25 @@ fn attention_splits_batch_and_heads_but_not_the_causal_sequence() {
 }
 
 #[test]
-fn moe_routing_is_never_split() {
+fn moe_routing_splits_only_on_routing_groups() {
     let op = Op::MoeRoute {
         top_k: 2,
         capacity: 4,
         normalize: false,
     };
+    // One group: tokens and experts never split.
     assert_eq!(
         listed(&op, &[f32_ty(&[8, 4])], 2),
         vec!["R -> R, R".to_string()]
+    );
+    // Groups split on every leading dim, never on tokens or experts.
+    assert_eq!(
+        listed(&op, &[f32_ty(&[2, 4, 8, 4])], 2),
+        vec![
+            "R -> R, R".to_string(),
+            "S(0) -> S(0), S(0)".to_string(),
+            "S(1) -> S(1), S(1)".to_string()
+        ]
     );
 }
 

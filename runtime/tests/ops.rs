@@ -689,6 +689,49 @@ fn communication(kind: OpKind) -> TestResult {
 }
 
 #[test]
+fn moe_route_groups_have_their_own_capacity() -> TestResult {
+    // Two routing groups of three tokens, two experts, one slot per expert and group.
+    // Group 0: token 1 finds expert 0 full and is dropped. Group 1: token 0 takes expert 1,
+    // so token 1 still gets expert 0 (group 0's full expert does not matter here), and
+    // token 2 finds expert 1 full in its own group.
+    let g0 = [0.75, 0.25, 0.5, 0.5, 0.25, 0.75];
+    let g1 = [0.25, 0.75, 0.625, 0.375, 0.125, 0.875];
+    let both: Vec<f64> = g0.iter().chain(&g1).copied().collect();
+    let r = run_op(moe_op(1, 1, false), &[f32t(&[2, 3, 2], &both)])?;
+    assert_close(
+        &r[0],
+        &[2, 3, 2, 1],
+        &[
+            0.75, 0.0, 0.0, 0.0, 0.0, 0.75, //
+            0.0, 0.75, 0.625, 0.0, 0.0, 0.0,
+        ],
+        0.0,
+    );
+    assert_close(
+        &r[1],
+        &[2, 3, 2, 1],
+        &[
+            1.0, 0.0, 0.0, 0.0, 0.0, 1.0, //
+            0.0, 1.0, 1.0, 0.0, 0.0, 0.0,
+        ],
+        0.0,
+    );
+    // Each group routes exactly as it would alone, whatever the other group holds.
+    for (k, group) in [g0, g1].iter().enumerate() {
+        let alone = run_op(moe_op(1, 1, false), &[f32t(&[3, 2], group)])?;
+        for (grouped, alone) in r.iter().zip(&alone) {
+            let part = &grouped.to_f64_vec()[k * 6..(k + 1) * 6];
+            assert_eq!(part, alone.to_f64_vec().as_slice());
+        }
+    }
+    let other = [0.5, 0.5, 0.5, 0.5, 0.5, 0.5];
+    let swapped: Vec<f64> = other.iter().chain(&g1).copied().collect();
+    let r2 = run_op(moe_op(1, 1, false), &[f32t(&[2, 3, 2], &swapped)])?;
+    assert_eq!(r2[0].to_f64_vec()[6..], r[0].to_f64_vec()[6..]);
+    Ok(())
+}
+
+#[test]
 fn moe_route_fills_first_choices_before_second_and_breaks_ties_low() -> TestResult {
     // Token 0 ties between experts 0 and 1 (picks 0 first), token 1 prefers expert 0, token 2
     // prefers expert 1. Capacity 2.

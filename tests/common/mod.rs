@@ -97,3 +97,22 @@ fn line_diff(expected: &str, actual: &str) -> String {
     }
     out
 }
+
+/// The collectives of a partitioned dump: `(op, axes, scope)` per collective, in order.
+pub fn collectives(dump: &str) -> Vec<(String, String, String)> {
+    let ops = ["all_reduce", "all_gather", "reduce_scatter", "all_to_all"];
+    dump.lines()
+        .filter_map(|line| {
+            let rhs = line.split_once(" = ")?.1;
+            let op = ops.iter().find(|op| rhs.starts_with(&format!("{op} ")))?;
+            let axes = rhs.split("axes=[").nth(1)?.split(']').next()?.to_string();
+            let scope = line
+                .split("scope=\"")
+                .nth(1)
+                .and_then(|s| s.split('"').next())
+                .unwrap_or("")
+                .to_string();
+            Some((op.to_string(), axes, scope))
+        })
+        .collect()
+}

@@ -68,18 +68,18 @@ pub(crate) fn build<'m>(m: &'m ModelBuilder, c: &GptConfig, batch: usize) -> Ten
         wte.gather(tokens) + wpe.broadcast_to([b, s, h], [1, 2])
     });
     for layer_idx in 0..c.n_layers {
-        x = m.scope(format!("h.{layer_idx}"), || block(m, c, b, x));
+        x = m.scope(format!("h.{layer_idx}"), || block(m, c, x));
     }
     let x = m.scope("ln_f", || layer_norm(m, x, h));
     lm::next_token_loss(m, x, wte, targets)
 }
 
 /// One pre-LN transformer block.
-fn block<'m>(m: &'m ModelBuilder, c: &GptConfig, batch: usize, x: Tensor<'m>) -> Tensor<'m> {
+fn block<'m>(m: &'m ModelBuilder, c: &GptConfig, x: Tensor<'m>) -> Tensor<'m> {
     let a = m.scope("ln1", || layer_norm(m, x, c.hidden));
     let x = x + m.scope("attn", || self_attention(m, c, a));
     let a = m.scope("ln2", || layer_norm(m, x, c.hidden));
-    x + m.scope("mlp", || mlp(m, c, batch, a))
+    x + m.scope("mlp", || mlp(m, c, a))
 }
 
 /// Layer norm with its scale `g` and shift `b`, declared in the current scope.
@@ -112,14 +112,13 @@ fn self_attention<'m>(m: &'m ModelBuilder, c: &GptConfig, x: Tensor<'m>) -> Tens
 }
 
 /// The dense GELU MLP (split Megatron-style on `tp`), or the MoE MLP.
-fn mlp<'m>(m: &'m ModelBuilder, c: &GptConfig, batch: usize, x: Tensor<'m>) -> Tensor<'m> {
+fn mlp<'m>(m: &'m ModelBuilder, c: &GptConfig, x: Tensor<'m>) -> Tensor<'m> {
     let (h, f) = (c.hidden, c.ffn());
     let out_std = residual_std(c.n_layers);
     if let Some(moe) = &c.moe {
         let layer = MoeLayer {
             moe,
             experts: ExpertMlp::GeluWithBias,
-            batch,
             seq: c.seq_len,
             hidden: h,
             ffn: f,

@@ -71,18 +71,18 @@ pub(crate) fn build<'m>(m: &'m ModelBuilder, c: &LlamaConfig, batch: usize) -> T
 
     let mut x = m.scope("embed", || tok_embeddings.gather(tokens));
     for layer_idx in 0..c.n_layers {
-        x = m.scope(format!("h.{layer_idx}"), || block(m, c, b, x));
+        x = m.scope(format!("h.{layer_idx}"), || block(m, c, x));
     }
     let x = m.scope("norm_f", || rms_norm(m, x, h));
     lm::next_token_loss(m, x, lm_head, targets)
 }
 
 /// One pre-norm transformer block.
-fn block<'m>(m: &'m ModelBuilder, c: &LlamaConfig, batch: usize, x: Tensor<'m>) -> Tensor<'m> {
+fn block<'m>(m: &'m ModelBuilder, c: &LlamaConfig, x: Tensor<'m>) -> Tensor<'m> {
     let a = m.scope("attn_norm", || rms_norm(m, x, c.hidden));
     let x = x + m.scope("attn", || self_attention(m, c, a));
     let a = m.scope("mlp_norm", || rms_norm(m, x, c.hidden));
-    x + m.scope("mlp", || mlp(m, c, batch, a))
+    x + m.scope("mlp", || mlp(m, c, a))
 }
 
 /// RMS norm with its scale `g`, declared in the current scope.
@@ -108,14 +108,13 @@ fn self_attention<'m>(m: &'m ModelBuilder, c: &LlamaConfig, x: Tensor<'m>) -> Te
 }
 
 /// The dense SwiGLU MLP (split Megatron-style on `tp`), or the Mixtral MoE MLP.
-fn mlp<'m>(m: &'m ModelBuilder, c: &LlamaConfig, batch: usize, x: Tensor<'m>) -> Tensor<'m> {
+fn mlp<'m>(m: &'m ModelBuilder, c: &LlamaConfig, x: Tensor<'m>) -> Tensor<'m> {
     let (h, f) = (c.hidden, c.ffn);
     let out_std = residual_std(c.n_layers);
     if let Some(moe) = &c.moe {
         let layer = MoeLayer {
             moe,
             experts: ExpertMlp::SwiGlu,
-            batch,
             seq: c.seq_len,
             hidden: h,
             ffn: f,

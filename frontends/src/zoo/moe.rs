@@ -30,7 +30,8 @@ impl MoeConfig {
         }
     }
 
-    /// Slots per expert for `tokens` tokens: `ceil(capacity_factor * tokens * top_k / experts)`.
+    /// Slots per expert for a routing group of `tokens` tokens:
+    /// `ceil(capacity_factor * tokens * top_k / experts)`.
     pub fn capacity(&self, tokens: usize) -> usize {
         let even_share = tokens as f64 * self.top_k as f64 / self.n_experts as f64;
         // Float-to-int `as` saturates; the zoo's size limits keep this far below usize::MAX.
@@ -52,7 +53,6 @@ pub(crate) enum ExpertMlp {
 pub(crate) struct MoeLayer<'c> {
     pub moe: &'c MoeConfig,
     pub experts: ExpertMlp,
-    pub batch: usize,
     pub seq: usize,
     pub hidden: usize,
     pub ffn: usize,
@@ -60,46 +60,55 @@ pub(crate) struct MoeLayer<'c> {
     pub out_std: f64,
 }
 
+/// An expert weight: its leading expert dim split over the expert-parallel axis `ep`.
+fn expert(w: Tensor<'_>) -> Tensor<'_> {
+    w.shard(0, "ep")
+}
+
 /// The MoE MLP of `x[b, s, h]`, declaring its router and expert weights in the current scope.
+///
+/// Within each expert the MLP is split Megatron-style on `tp` (the first matmul on its output
+/// dim, the second on its input dim), as the dense MLP is.
+/// Each sequence of the batch is one routing group (GShard's groups) with
+/// [`MoeConfig::capacity`] slots per expert for its `s` tokens, so the routing of one sequence
+/// never depends on another: the dispatched tokens `[e, b, c, h]` keep the group dim, and
+/// expert parallelism (experts `S(0)` on `ep`, the batch on `ep` too) moves them from their
+/// group's device to their expert's device with one all-to-all, and back after the experts.
 pub(crate) fn moe_mlp<'m>(m: &'m ModelBuilder, l: &MoeLayer<'_>, x: Tensor<'m>) -> Tensor<'m> {
     let (h, f, e) = (l.hidden, l.ffn, l.moe.n_experts);
-    let tokens = l.batch * l.seq;
-    let capacity = l.moe.capacity(tokens);
+    let capacity = l.moe.capacity(l.seq);
     let router = m.param("router", [h, e], normal(INIT_STD));
 
-    let x = x.reshape([tokens, h]);
-    let probs = x.einsum("th,he->te", router).softmax(1);
+    let probs = x.einsum("gsh,he->gse", router).softmax(2);
     let (combine, dispatch) = probs.moe_route(MoeRouting {
         top_k: l.moe.top_k,
         capacity,
         normalize: l.moe.normalize,
     });
-    let slots = dispatch.einsum("tec,th->ech", x);
+    let slots = dispatch.einsum("gsec,gsh->egch", x);
 
     let expert_out = match l.experts {
         ExpertMlp::GeluWithBias => {
-            let w1 = m.param("w1", [e, h, f], normal(INIT_STD)).shard(0, "ep");
-            let b1 = m.param("b1", [e, f], ZEROS).shard(0, "ep");
-            let w2 = m.param("w2", [e, f, h], normal(l.out_std)).shard(0, "ep");
-            let b2 = m.param("b2", [e, h], ZEROS).shard(0, "ep");
-            let hidden = slots.einsum("ech,ehf->ecf", w1);
-            let hidden = (hidden + b1.broadcast_like(hidden, [0, 2])).gelu();
-            let out = hidden.einsum("ecf,efh->ech", w2);
-            out + b2.broadcast_like(out, [0, 2])
+            let w1 = expert(m.param("w1", [e, h, f], normal(INIT_STD))).shard(2, "tp");
+            let b1 = expert(m.param("b1", [e, f], ZEROS)).shard(1, "tp");
+            let w2 = expert(m.param("w2", [e, f, h], normal(l.out_std))).shard(1, "tp");
+            let b2 = expert(m.param("b2", [e, h], ZEROS));
+            let hidden = slots.einsum("egch,ehf->egcf", w1);
+            let hidden = (hidden + b1.broadcast_like(hidden, [0, 3])).gelu();
+            let out = hidden.einsum("egcf,efh->egch", w2);
+            out + b2.broadcast_like(out, [0, 3])
         }
         ExpertMlp::SwiGlu => {
-            let w1 = m.param("w1", [e, h, f], normal(INIT_STD)).shard(0, "ep");
-            let w3 = m.param("w3", [e, h, f], normal(INIT_STD)).shard(0, "ep");
-            let w2 = m.param("w2", [e, f, h], normal(l.out_std)).shard(0, "ep");
-            let gate = slots.einsum("ech,ehf->ecf", w1).silu();
-            let up = slots.einsum("ech,ehf->ecf", w3);
-            (gate * up).einsum("ecf,efh->ech", w2)
+            let w1 = expert(m.param("w1", [e, h, f], normal(INIT_STD))).shard(2, "tp");
+            let w3 = expert(m.param("w3", [e, h, f], normal(INIT_STD))).shard(2, "tp");
+            let w2 = expert(m.param("w2", [e, f, h], normal(l.out_std))).shard(1, "tp");
+            let gate = slots.einsum("egch,ehf->egcf", w1).silu();
+            let up = slots.einsum("egch,ehf->egcf", w3);
+            (gate * up).einsum("egcf,efh->egch", w2)
         }
     };
 
-    combine
-        .einsum("tec,ech->th", expert_out)
-        .reshape([l.batch, l.seq, h])
+    combine.einsum("gsec,egch->gsh", expert_out)
 }
 
 /// Parameters of one MoE MLP, matching [`moe_mlp`] (in `u128`, which no zoo size overflows).
@@ -124,7 +133,8 @@ mod tests {
             capacity_factor: 1.25,
             normalize: true,
         };
-        // 8 sequences of 32 tokens: 1.25 * 256 * 2 / 4 = 160.
+        // One group of 32 tokens: 1.25 * 32 * 2 / 4 = 20.
+        assert_eq!(moe.capacity(32), 20);
         assert_eq!(moe.capacity(256), 160);
         // Rounds up: 1.25 * 3 * 2 / 4 = 1.875.
         assert_eq!(moe.capacity(3), 2);

@@ -11,7 +11,7 @@
 //!   comparison results, select conditions) get none.
 //! - Comparisons have no gradient (their results are `bool`); `moe_route`'s dispatch mask is
 //!   piecewise constant in the router probabilities, so its derivative is zero wherever it
-//!   exists and the gradient reaching it is dropped.
+//!   exists: it is treated as a constant, and no gradient is computed towards it.
 //! - Optimizer updates, collectives and point-to-point ops have no rule yet: a gradient that
 //!   would flow through one is a [`PassError::NotDifferentiable`].
 //! - At ties, `max`/`min` and `reduce_max`/`reduce_min` choose a subgradient: the binary ops
@@ -104,8 +104,11 @@ pub fn differentiate(
     for &n in &order {
         let node = g.node(n);
         if node.inputs.iter().any(|v| active.contains(v)) {
-            for &v in &node.outputs {
-                if g.ty(v).dtype.is_float() {
+            for (i, &v) in node.outputs.iter().enumerate() {
+                // `moe_route`'s dispatch mask (result 1) has no derivative: no gradient is
+                // computed for it at all (not even through the ops that consume it).
+                let constant = matches!(node.op, Op::MoeRoute { .. }) && i == 1;
+                if g.ty(v).dtype.is_float() && !constant {
                     active.insert(v);
                 }
             }

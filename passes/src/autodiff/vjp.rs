@@ -634,6 +634,7 @@ fn attention(
 /// without normalisation `dp = G`; with it, the gates are `p / S` for `S` the sum of the
 /// token's top-k probabilities, so `dp = G / S - chosen * sum(G p) / S^2`, where `chosen`
 /// marks the top-k experts (including choices dropped for capacity, which still count in `S`).
+/// Leading (routing group) dims ride along: each token's terms involve only its own row.
 fn moe_route(
     e: &mut Emitter<'_>,
     top_k: usize,
@@ -643,41 +644,48 @@ fn moe_route(
     g: ValueId,
 ) -> Result<ValueId, PassError> {
     let pd = e.dims(probs);
-    let (tokens, experts) = (pd[0], pd[1]);
+    let r = pd.len();
+    let experts = pd[r - 1];
     let dtype = e.ty(probs).dtype;
     let gd = e.mul(g, dispatch)?;
-    let gate_grad = e.sum(gd, vec![2])?;
+    let gate_grad = e.sum(gd, vec![r])?;
     if !normalize {
         return Ok(gate_grad);
     }
     // Expert `f` ranks before `e` when its probability is higher, or equal with `f < e` (the
     // kernel's stable sort); `e` is chosen when fewer than `top_k` experts rank before it.
-    let cube = [tokens, experts, experts];
-    let p_e = e.broadcast(probs, &cube, vec![0, 1])?;
-    let p_f = e.broadcast(probs, &cube, vec![0, 2])?;
+    let mut cube = pd.clone();
+    cube.push(experts);
+    let lead: Vec<usize> = (0..r - 1).collect();
+    let mut e_dims = lead.clone();
+    e_dims.push(r - 1);
+    let mut f_dims = lead.clone();
+    f_dims.push(r);
+    let p_e = e.broadcast(probs, &cube, e_dims)?;
+    let p_f = e.broadcast(probs, &cube, f_dims)?;
     let higher = e.compare(CompareOp::Gt, p_f, p_e)?;
     let equal = e.compare(CompareOp::Eq, p_f, p_e)?;
     let idx = e.iota(experts, DType::I64)?;
     let idx_e = e.broadcast(idx, &[experts, experts], vec![0])?;
     let idx_f = e.broadcast(idx, &[experts, experts], vec![1])?;
     let lower = e.compare(CompareOp::Lt, idx_f, idx_e)?;
-    let lower = e.broadcast(lower, &cube, vec![1, 2])?;
-    let no = e.constant(TensorType::new(DType::Bool, cube), 0.0)?;
+    let lower = e.broadcast(lower, &cube, vec![r - 1, r])?;
+    let no = e.constant(TensorType::new(DType::Bool, cube.clone()), 0.0)?;
     let tie_first = e.select(equal, lower, no)?;
     let yes = e.full_like(no, 1.0)?;
     let ahead = e.select(higher, yes, tie_first)?;
     let ahead = e.cast(ahead, dtype)?;
-    let rank = e.sum(ahead, vec![2])?;
+    let rank = e.sum(ahead, vec![r])?;
     let k = e.full_like(rank, top_k as f64)?;
     let chosen = e.compare(CompareOp::Lt, rank, k)?;
 
     let chosen_p = e.keep_where(chosen, probs)?;
-    let total = e.sum(chosen_p, vec![1])?;
-    let total = e.broadcast(total, &pd, vec![0])?;
+    let total = e.sum(chosen_p, vec![r - 1])?;
+    let total = e.broadcast(total, &pd, lead.clone())?;
     let direct = e.div(gate_grad, total)?;
     let gp = e.mul(gate_grad, probs)?;
-    let dot = e.sum(gp, vec![1])?;
-    let dot = e.broadcast(dot, &pd, vec![0])?;
+    let dot = e.sum(gp, vec![r - 1])?;
+    let dot = e.broadcast(dot, &pd, lead)?;
     let total2 = e.mul(total, total)?;
     let through_sum = e.div(dot, total2)?;
     let through_sum = e.keep_where(chosen, through_sum)?;

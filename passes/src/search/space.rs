@@ -199,12 +199,6 @@ pub fn cpu_unsupported(plan: &Plan) -> Vec<String> {
     if plan.cp > 1 {
         out.push(format!("context parallelism (cp={})", plan.cp));
     }
-    if plan.ep > 1 {
-        out.push(format!(
-            "expert parallelism with token dispatch (ep={})",
-            plan.ep
-        ));
-    }
     out
 }
 
@@ -287,8 +281,7 @@ pub(crate) fn mesh_shapes(
                     } else {
                         ep == 1
                     };
-                    let cpu_ok = (!c.cpu_executable || ep == 1) && c.allows_degree("ep", ep);
-                    if ep_ok && cpu_ok && c.ep.is_none_or(|p| p == ep) {
+                    if ep_ok && c.allows_degree("ep", ep) && c.ep.is_none_or(|p| p == ep) {
                         out.push(Shape { dp, tp, pp, cp, ep });
                     }
                 }
@@ -490,10 +483,13 @@ pub(crate) fn pipelines(
 
 /// ZeRO stages. With `dp = 1` every stage divides by one and every data-parallel collective
 /// runs on a group of one (free), so the stages are exactly equivalent and 0 is kept.
+/// The CPU runtime shards ZeRO over the data ranks outside `ep` only (none when `dp = ep`).
 pub(crate) fn zero_stages(s: &Shape, c: &Constraints) -> Vec<u8> {
     match c.zero {
         Some(z) => vec![z],
         None if s.dp == 1 => vec![0],
+        // The CPU runtime shards ZeRO over the data ranks outside the expert axis only.
+        None if c.cpu_executable && s.dp == s.ep => vec![0],
         None => vec![0, 1, 2, 3],
     }
 }

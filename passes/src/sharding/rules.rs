@@ -11,10 +11,13 @@
 //! `Pmax`/`Pmin` (`exp`, `relu`, `x + r`, `max(x, r)`), and decreasing ones swap them (`-x`).
 //! Sums of floats are exact only up to rounding, as in any data-parallel reduction.
 //!
-//! Ops deliberately without a sharded strategy: `moe_route` (a token's capacity slot depends
-//! on every earlier token, and its top-k on every expert, so neither a token nor an expert
-//! split computes the global routing; expert parallelism needs per-shard capacity, which is
-//! a different op), softmax and the norms on their normalised dim, attention on the key
+//! `moe_route` splits only on its leading (routing group) dims: each group has capacity of
+//! its own, so a device routes its groups exactly as the whole op would; within a group a
+//! token's capacity slot depends on every earlier token and its top-k on every expert, so
+//! neither the token nor the expert dim splits (expert parallelism routes per group, then
+//! moves the dispatched tokens to their experts' devices by all-to-all).
+//!
+//! Ops deliberately without a sharded strategy: softmax and the norms on their normalised dim, attention on the key
 //! sequence or on the head dim `d` (the softmax mixes them), causal attention on the query
 //! sequence (the mask needs the global positions: context parallelism), rotary on `head_dim`
 //! (rotate-half pairs `i` with `i + d/2`) and on the sequence without explicit positions.
@@ -378,8 +381,12 @@ fn candidates(
                 v.push(same(vec![s(1), R, R], vec![s(1)]));
             }
         }
-        // See the module docs: no sharded strategy computes the global routing.
-        Op::MoeRoute { .. } => {}
+        // Routing groups split freely; tokens and experts never (see the module docs).
+        Op::MoeRoute { .. } => {
+            for d in 0..t[0].rank().saturating_sub(2) {
+                v.push(same(vec![s(d)], vec![s(d), s(d)]));
+            }
+        }
         Op::CrossEntropy => {
             let lr = t[0].rank();
             for d in 0..lr - 1 {

@@ -1,0 +1,203 @@
+//! End-to-end tests of expert parallelism on the `ep` mesh axis: MoE training steps on CPU
+//! ranks match the single-device reference, each MoE layer's forward moves tokens to their
+//! experts and back with one all-to-all each (golden partitioned dump), plans with `ep` run
+//! on CPU ranks, and requests that cannot be expert-parallel are refused with the tensor,
+//! dim and axis.
+
+mod common;
+
+use common::{autopar_err, autopar_ok, check_golden, collectives, scratch};
+
+/// Runs `moe-tiny` for two steps on `mesh` (plus `extra` options) with `--verify`, and
+/// asserts it prints `OK` with small errors.
+fn verifies(mesh: &str, extra: &[&str]) {
+    let mut args = vec![
+        "run", "moe-tiny", "--mesh", mesh, "--steps", "2", "--verify",
+    ];
+    args.extend(extra);
+    let out = autopar_ok(&args);
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("verify: "))
+        .unwrap_or_else(|| panic!("no verify line for {mesh}: {out}"));
+    assert!(line.ends_with(" OK"), "{mesh} {extra:?}: {out}");
+    let abs: f64 = line
+        .split("max_abs_err=")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next())
+        .and_then(|s| s.parse().ok())
+        .expect("a max_abs_err value");
+    assert!(abs < 1e-4, "{mesh} {extra:?}: {line}");
+}
+
+#[test]
+fn expert_parallel_steps_match_the_reference() {
+    verifies("ep=2", &[]);
+    verifies("dp=2,ep=2", &["--zero", "1"]);
+    verifies("dp=2,ep=2,tp=2", &[]);
+    // Pipelined over `pp`, each stage expert-parallel.
+    verifies("pp=2,ep=2", &[]);
+}
+
+#[test]
+fn each_moe_layer_dispatches_and_combines_by_all_to_all() {
+    let dump = autopar_ok(&[
+        "dump",
+        "moe-tiny",
+        "--mesh",
+        "ep=2",
+        "--stage",
+        "partitioned",
+    ]);
+    let colls = collectives(&dump);
+    for layer in 0..2 {
+        let scope = format!("mb0/h.{layer}.mlp");
+        // Forward: exactly the pair, tokens to experts then experts' output back.
+        let forward: Vec<&(String, String, String)> =
+            colls.iter().filter(|(_, _, s)| *s == scope).collect();
+        assert_eq!(forward.len(), 2, "{forward:?}");
+        assert!(
+            forward
+                .iter()
+                .all(|(op, axes, _)| op == "all_to_all" && axes == "\"ep\""),
+            "{forward:?}"
+        );
+        let a2a: Vec<&str> = dump
+            .lines()
+            .filter(|l| l.contains("= all_to_all") && l.contains(&format!("\"{scope}\"")))
+            .collect();
+        // Dispatch: `[e, g, c, h]` from group shards to expert shards; combine: back.
+        assert!(a2a[0].contains("split_dim=0, concat_dim=1"), "{}", a2a[0]);
+        assert!(a2a[1].contains("split_dim=1, concat_dim=0"), "{}", a2a[1]);
+        // Backward: the gradients take the same two ways back, and no tokens are gathered.
+        let grad = format!("mb0/grad/h.{layer}.mlp");
+        let count = |what: &str| {
+            colls
+                .iter()
+                .filter(|(op, _, s)| op == what && *s == grad)
+                .count()
+        };
+        assert_eq!(count("all_to_all"), 2, "{colls:?}");
+        assert_eq!(count("all_gather"), 0, "{colls:?}");
+        // The experts stay on their ranks: half of them each, with their optimizer state.
+        for name in ["w1", "w1:adam_m"] {
+            let decl = format!("{{name=\"h.{layer}.mlp.{name}\"");
+            assert!(
+                dump.lines()
+                    .any(|l| l.contains(&decl) && l.contains("f32[2,64,128]")),
+                "h.{layer}.mlp.{name} is not split over ep"
+            );
+        }
+    }
+    check_golden("moe-tiny.ep2.partitioned.air", &dump);
+
+    // With `dp` as well, the all-to-alls stay on `ep`.
+    let colls = collectives(&autopar_ok(&[
+        "dump",
+        "moe-tiny",
+        "--mesh",
+        "dp=2,ep=2",
+        "--stage",
+        "partitioned",
+    ]));
+    let forward: Vec<_> = colls
+        .iter()
+        .filter(|(_, _, s)| s == "mb0/h.0.mlp")
+        .collect();
+    assert_eq!(forward.len(), 2, "{forward:?}");
+    assert!(
+        forward
+            .iter()
+            .all(|(op, axes, _)| op == "all_to_all" && axes == "\"ep\""),
+        "{forward:?}"
+    );
+}
+
+/// With `tp`, each expert's MLP is split Megatron-style inside: its output is all-reduced
+/// over `tp` between the two all-to-alls over `ep`.
+#[test]
+fn experts_split_over_tp_reduce_between_dispatch_and_combine() {
+    let colls = collectives(&autopar_ok(&[
+        "dump",
+        "moe-tiny",
+        "--mesh",
+        "ep=2,tp=2",
+        "--stage",
+        "partitioned",
+    ]));
+    let forward: Vec<(&str, &str)> = colls
+        .iter()
+        .filter(|(_, _, s)| s == "mb0/h.1.mlp")
+        .map(|(op, axes, _)| (op.as_str(), axes.as_str()))
+        .collect();
+    assert_eq!(
+        forward,
+        [
+            ("all_to_all", "\"ep\""),
+            ("all_reduce", "\"tp\""),
+            ("all_to_all", "\"ep\"")
+        ]
+    );
+}
+
+#[test]
+fn impossible_expert_parallel_requests_are_refused() {
+    // No MoE layer to shard.
+    let err = autopar_err(&["run", "gpt-tiny", "--mesh", "ep=2"]);
+    assert!(
+        err.contains("`ep`") && err.contains("no MoE layer"),
+        "{err}"
+    );
+    // 4 experts over 3 ranks (the batch of 6 divides).
+    let err = autopar_err(&["run", "moe-tiny", "--mesh", "ep=3", "--batch", "6"]);
+    assert!(
+        err.contains("`h.0.mlp.w1`") && err.contains("dim 0") && err.contains("mesh axis `ep`"),
+        "{err}"
+    );
+    // A batch of 8 over dp=4 and ep=4.
+    let err = autopar_err(&["run", "moe-tiny", "--mesh", "dp=4,ep=4"]);
+    assert!(
+        err.contains("`tokens`") && err.contains("dim 0") && err.contains("mesh axis `ep`"),
+        "{err}"
+    );
+}
+
+#[test]
+fn plans_with_expert_parallelism_are_searched_and_run() {
+    // The CPU runtime's search space has `ep` for a MoE model.
+    let out = autopar_ok(&[
+        "plan",
+        "moe-tiny",
+        "--cluster",
+        "cpu:ranks=4",
+        "--batch",
+        "8",
+        "--top",
+        "100",
+        "--pin",
+        "runtime=cpu",
+        "--json",
+    ]);
+    let doc: serde_json::Value = serde_json::from_str(&out).expect("JSON");
+    let plans = doc["plans"].as_array().expect("plans");
+    assert!(plans.iter().any(|p| p["config"]["ep"] == 2), "{out}");
+    // A plan's `dp` counts the `ep` ranks: dp=4, ep=2 is the mesh dp=2, ep=2.
+    let dir = scratch("ep_plan");
+    let file = dir.join("plan.json");
+    std::fs::write(
+        &file,
+        r#"{"dp":4,"tp":1,"pp":1,"vpp":1,"cp":1,"ep":2,"micro_batch_size":2,"global_batch":8,
+            "zero_stage":1,"recompute":"none","sequence_parallel":false,"schedule":"1f1b",
+            "dtype":"f32","axis_order":["pp","dp","ep","cp","tp"]}"#,
+    )
+    .expect("write");
+    let out = autopar_ok(&[
+        "run",
+        "moe-tiny",
+        "--plan-file",
+        file.to_str().expect("UTF-8 path"),
+        "--verify",
+    ]);
+    assert!(out.contains("ranks: 4 (dp=2, ep=2)"), "{out}");
+    assert!(out.trim_end().ends_with(" OK"), "{out}");
+}
