@@ -155,7 +155,15 @@ fn execute(args: &RunArgs, plan: &Plan) -> Result<()> {
             &step, &mesh, &spmd, &pipeline, args.seed, args.steps, verify,
         );
     }
-    spmd_cmd::run(&step.graph, &mesh, &spmd, args.seed, args.steps, verify)
+    spmd_cmd::run(
+        &step.graph,
+        None,
+        &mesh,
+        &spmd,
+        args.seed,
+        args.steps,
+        verify,
+    )
 }
 
 /// A pipeline-only plan: its schedule, virtual stages and micro-batches on `pp` ranks.

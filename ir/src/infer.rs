@@ -392,7 +392,15 @@ pub fn infer(
             one(x.clone())
         }
         Op::Attention { scale, .. } => {
-            arity(name, inputs, 3)?;
+            if inputs.len() != 3 && inputs.len() != 5 {
+                return Err(IrError::ty(
+                    name,
+                    format!(
+                        "takes 3 operands (q, k, v) or 5 (q, k, v, q_pos, k_pos), got {}",
+                        inputs.len()
+                    ),
+                ));
+            }
             let (q, k, v) = (float(name, inputs[0])?, inputs[1], inputs[2]);
             same_dtype(name, q, k)?;
             same_dtype(name, q, v)?;
@@ -420,6 +428,26 @@ pub fn infer(
                     "scale",
                     format!("{scale} is not finite"),
                 ));
+            }
+            if let [.., q_pos, k_pos] = inputs
+                && inputs.len() == 5
+            {
+                if q_pos.dtype != k_pos.dtype {
+                    return Err(IrError::ty(
+                        name,
+                        format!("q_pos {q_pos} and k_pos {k_pos} must have one dtype"),
+                    ));
+                }
+                for (what, pos, n) in [("q_pos", q_pos, q.dims()[1]), ("k_pos", k_pos, k.dims()[1])]
+                {
+                    int(name, pos)?;
+                    if pos.dims() != [n] {
+                        return Err(IrError::ty(
+                            name,
+                            format!("{what} {pos} must be [{n}] for q {q} and k {k}"),
+                        ));
+                    }
+                }
             }
             let d = q.dims();
             one(TensorType::new(q.dtype, [d[0], d[1], d[2], v.dims()[3]]))

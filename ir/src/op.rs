@@ -457,7 +457,10 @@ pub enum Op {
     /// Scaled dot-product attention: operands `q[b, s, hq, d]`, `k[b, t, hkv, d]`,
     /// `v[b, t, hkv, dv]` with `hq` a multiple of `hkv` (grouped-query attention: query head
     /// `i` uses kv head `i / (hq / hkv)`); result `[b, s, hq, dv]`. With `causal`, query `i`
-    /// sees keys `0..=i`. Defined by its decomposition into einsum, softmax and select.
+    /// sees keys `0..=i`. Two optional integer operands `q_pos[s]` and `k_pos[t]` give the
+    /// positions of the rows instead (default `0..s` and `0..t`): with `causal`, query `i`
+    /// sees key `j` when `k_pos[j] <= q_pos[i]` (a query that sees no key has an undefined
+    /// result). Defined by its decomposition into einsum, softmax and select.
     Attention {
         /// Mask future keys.
         causal: bool,

@@ -18,10 +18,13 @@
 //! - [`partition`]: SPMD partitioning into per-rank local programs with explicit collectives.
 //! - [`parallelize`]: data parallelism and ZeRO as placements, annotation files, and the
 //!   driver that propagates and verifies.
+//! - [`context_parallel`]: the load-balanced sequence layout and the placements of context
+//!   parallelism (ring attention over the `cp` axis).
 //! - [`pipeline`]: cutting a step into balanced pipeline stages and per-micro-batch
 //!   sub-programs.
 
 pub mod autodiff;
+pub mod context_parallel;
 pub mod error;
 pub mod parallelize;
 pub mod partition;

@@ -7,6 +7,10 @@
 //!   of the gradient asks.
 //! - **Tensor, vocabulary and expert parallelism** come from the weights' annotations in
 //!   model code (or an annotation file); propagation does the rest.
+//! - **Context parallelism** on `cp`: a graph laid out by
+//!   [`crate::context_parallel::load_balance`] has its data inputs split on the sequence
+//!   ([`crate::context_parallel::context_parallel_constraints`]); attention becomes ring
+//!   attention.
 //! - **ZeRO on the data axis**, for a training-step graph (one with optimizer updates). With
 //!   `z` the first dim of a weight that splits evenly over `dp` (preferring dims no other axis
 //!   shards):
@@ -173,6 +177,7 @@ pub fn parallelize(
     if options.sequence_parallel {
         sequence_parallel_constraints(&graph, mesh, &mut constraints)?;
     }
+    crate::context_parallel::context_parallel_constraints(&graph, mesh, &mut constraints)?;
     let plan = propagate_sharding(&mut graph, &constraints)?;
     Ok(Parallelized { graph, plan })
 }

@@ -319,6 +319,27 @@ fn cases(kind: OpKind, rng: &mut Rng) -> Cases {
                     ));
                 }
             }
+            // Explicit positions (context parallelism's load-balanced order, and a shuffled
+            // one): every query sees its own key, so no row is fully masked.
+            let balanced = [0, 7, 1, 6, 2, 5, 3, 4];
+            let shuffled = [3, 0, 6, 1, 7, 4, 2, 5];
+            for (hq, hkv) in [(4, 2), (2, 2)] {
+                for (causal, order) in [(true, balanced), (true, shuffled), (false, shuffled)] {
+                    let pos =
+                        Tensor::new(TensorType::new(DType::I64, [8]), Data::Int(order.to_vec()))
+                            .unwrap();
+                    v.push((
+                        Op::Attention { causal, scale: 0.5 },
+                        vec![
+                            normal(&[2, 8, hq, 4], rng),
+                            normal(&[2, 8, hkv, 4], rng),
+                            normal(&[2, 8, hkv, 4], rng),
+                            pos.clone(),
+                            pos,
+                        ],
+                    ));
+                }
+            }
             v
         }
         OpKind::MoeRoute => vec![(
@@ -524,8 +545,9 @@ fn distribute(t: &Tensor, p: Placement, n: usize, rng: &mut Rng) -> Vec<Tensor> 
 }
 
 /// Runs a lowering on every rank in lockstep: each rank gets its own local graph (the same
-/// ops, with rank-dependent constants), nodes are evaluated in order, and all-reduces combine
-/// the ranks' operands.
+/// ops, with rank-dependent constants), nodes are evaluated in order, all-reduces combine
+/// the ranks' operands, and `send`s queue their operands for the `recv`s of the ranks they
+/// address (first in, first out per pair of ranks).
 fn run_lowered(op: &Op, lowering: Lowering, locals: &[Vec<Tensor>], n: usize) -> Vec<Vec<Tensor>> {
     let mesh = DeviceMesh::new([("x", n)]).unwrap();
     let mut graphs = Vec::new();
@@ -563,6 +585,9 @@ fn run_lowered(op: &Op, lowering: Lowering, locals: &[Vec<Tensor>], n: usize) ->
     }
     let order = graphs[0].topo_order().unwrap();
     let mut env: Vec<HashMap<ValueId, Tensor>> = vec![HashMap::new(); n];
+    let peer = |rank: usize, shift: i64| (rank as i64 + shift).rem_euclid(n as i64) as usize;
+    // Messages in flight, by (from, to).
+    let mut queues: HashMap<(usize, usize), std::collections::VecDeque<Tensor>> = HashMap::new();
     for (rank, (inputs, _)) in io.iter().enumerate() {
         for (v, t) in inputs.iter().zip(&locals[rank]) {
             env[rank].insert(*v, t.clone());
@@ -572,6 +597,26 @@ fn run_lowered(op: &Op, lowering: Lowering, locals: &[Vec<Tensor>], n: usize) ->
         let first = graphs[0].node(node);
         match &first.op {
             Op::Input { .. } => {}
+            Op::Send { shift, .. } => {
+                for (rank, e) in env.iter().enumerate() {
+                    let t = e[&first.inputs[0]].clone();
+                    queues
+                        .entry((rank, peer(rank, *shift)))
+                        .or_default()
+                        .push_back(t);
+                }
+            }
+            Op::Recv { shift, ty, .. } => {
+                for (rank, e) in env.iter_mut().enumerate() {
+                    let from = peer(rank, *shift);
+                    let t = queues
+                        .get_mut(&(from, rank))
+                        .and_then(std::collections::VecDeque::pop_front)
+                        .expect("a recv with no message sent");
+                    assert_eq!(t.ty(), ty, "recv of the wrong type");
+                    e.insert(first.outputs[0], t);
+                }
+            }
             Op::AllReduce { reduce, .. } => {
                 let parts: Vec<Tensor> = (0..n).map(|r| env[r][&first.inputs[0]].clone()).collect();
                 let total = combine(*reduce, &parts);
@@ -592,6 +637,10 @@ fn run_lowered(op: &Op, lowering: Lowering, locals: &[Vec<Tensor>], n: usize) ->
             }
         }
     }
+    assert!(
+        queues.values().all(std::collections::VecDeque::is_empty),
+        "messages sent but never received"
+    );
     io.iter()
         .enumerate()
         .map(|(rank, (_, outs))| outs.iter().map(|v| env[rank][v].clone()).collect())

@@ -243,15 +243,20 @@ pub(super) fn vjp(
         }
         Op::Attention { causal, scale } => {
             let saved = saved_scope(node.scope.as_deref());
-            attention(
+            let positions = (x.len() == 5).then(|| [x[3], x[4]]);
+            let mut grads = attention(
                 e,
                 saved,
                 [x[0], x[1], x[2]],
+                positions,
                 *causal,
                 *scale,
                 grad(g)?,
                 wanted,
-            )
+            )?;
+            // Positions are integers: no gradient.
+            grads.resize(x.len(), None);
+            Ok(grads)
         }
         Op::MoeRoute {
             top_k, normalize, ..
@@ -560,12 +565,15 @@ fn negate_second_half(e: &mut Emitter<'_>, v: ValueId) -> Result<ValueId, PassEr
 
 /// Attention `o = softmax(scale q k^T + mask) v` with grouped heads. The probabilities `p`
 /// are computed from `q` and `k` under the `saved/` tag (see the module docs of
-/// [`crate::autodiff`]); then, with `g5` the incoming gradient split by kv head:
+/// [`crate::autodiff`]), the causal mask comparing the positions operands when the op has
+/// them (`0..s` and `0..t` otherwise); then, with `g5` the incoming gradient split by kv head:
 /// `dv = p^T g`, `dp = g v^T`, `ds = p (dp - sum(dp p)) scale`, `dq = ds k`, `dk = ds^T q`.
+#[allow(clippy::too_many_arguments)]
 fn attention(
     e: &mut Emitter<'_>,
     saved: String,
     [q, k, v]: [ValueId; 3],
+    positions: Option<[ValueId; 2]>,
     causal: bool,
     scale: f64,
     g: ValueId,
@@ -585,8 +593,10 @@ fn attention(
     let mut logits = e.scale(scores, scale)?;
     if causal {
         let score_dims = e.dims(logits);
-        let rows = e.iota(s, DType::I64)?;
-        let cols = e.iota(t, DType::I64)?;
+        let (rows, cols) = match positions {
+            Some([q_pos, k_pos]) => (q_pos, k_pos),
+            None => (e.iota(s, DType::I64)?, e.iota(t, DType::I64)?),
+        };
         let rows = e.broadcast(rows, &[s, t], vec![0])?;
         let cols = e.broadcast(cols, &[s, t], vec![1])?;
         let future = e.compare(CompareOp::Gt, cols, rows)?;

@@ -36,6 +36,9 @@ pub struct ShardContext {
 ///   `rows = gather(table, select(ok, local, 0))`; `select(broadcast(ok), rows, 0)`.
 /// - [`Lowering::RowParallelScatterAdd`], with whole `ids` and `updates`: the same shift and
 ///   mask, updates outside the shard zeroed, then `scatter_add` into `num_rows / count` rows.
+/// - [`Lowering::RingAttention`], with local `q`, `k`, `v` (and `q_pos`, `k_pos`) rows of the
+///   sequence: see [`ring_attention`]'s steps; the ring runs along the one axis in `shard`,
+///   `count` steps long.
 /// - [`Lowering::VocabParallelCrossEntropy`], with `logits[..., v_local]` and whole `targets`:
 ///   `m = all_reduce_max(reduce_max(logits))`; `z = logits - m`;
 ///   `s = all_reduce_sum(reduce_sum(exp(z)))`; the target's `z`, picked by comparing
@@ -81,6 +84,24 @@ pub fn lower(
         }
         (Lowering::VocabParallelCrossEntropy, Op::CrossEntropy, &[logits, targets]) => {
             vocab_parallel_cross_entropy(g, logits, targets, shard)
+        }
+        (Lowering::RingAttention, Op::Attention { causal, scale }, [q, k, v, positions @ ..])
+            if positions.is_empty() || positions.len() == 2 =>
+        {
+            let [axis] = shard.axes.as_slice() else {
+                return Err(mismatch("a ring runs along one mesh axis"));
+            };
+            let positions = match *positions {
+                [q_pos, k_pos] => Some((q_pos, k_pos)),
+                _ => None,
+            };
+            let ring = Ring {
+                axis,
+                steps: shard.count,
+                causal: *causal,
+                scale: *scale,
+            };
+            ring_attention(g, &ring, [*q, *k, *v], positions)
         }
         _ => Err(mismatch("does not apply to this op or its operands")),
     }
@@ -137,6 +158,193 @@ fn mask(g: &mut Graph, ok: ValueId, x: ValueId) -> Result<ValueId, ShardingError
     )?;
     let zero = constant(g, x_ty, 0.0)?;
     Ok(g.add(Op::Select, &[ok, x, zero])?)
+}
+
+/// The ring of a [`Lowering::RingAttention`]: its mesh axis, its length and the op's
+/// attributes.
+struct Ring<'a> {
+    axis: &'a str,
+    steps: usize,
+    causal: bool,
+    scale: f64,
+}
+
+/// Ring attention on this device's rows `q[b, s, hq, d]` and its key/value block
+/// `k[b, t, hkv, d]`, `v[b, t, hkv, dv]` (with `positions = (q_pos[s], k_pos[t])` when the
+/// mask needs them). Step `i` works on the block that started `i` devices back: scores
+/// `z = scale q k^T` (masked to `-inf` where `k_pos > q_pos`), block max `m_i`, running max
+/// `m = max(m, m_i)`, `p = exp(z - m)`, and the running sum and output rescaled by
+/// `exp(m_old - m)` before `sum(p)` and `p v` are added. Before every step but the first,
+/// the block (and its positions) is sent to the next device and the previous device's is
+/// received, all sends first. A max that is still `-inf` (every key so far masked) is
+/// replaced by 0 where it is subtracted, so no `-inf - -inf` arises. The result is the
+/// output divided by the running sum.
+fn ring_attention(
+    g: &mut Graph,
+    ring: &Ring<'_>,
+    [q, k, v]: [ValueId; 3],
+    positions: Option<(ValueId, ValueId)>,
+) -> Result<Vec<ValueId>, ShardingError> {
+    let (qt, vt) = (g.ty(q).clone(), g.ty(v).clone());
+    let (&[b, s, hq, d], &[_, t, hkv, dv]) = (qt.dims(), vt.dims()) else {
+        return Err(ShardingError::Mismatch {
+            op: "attention",
+            detail: "ring attention needs rank-4 q, k and v".into(),
+        });
+    };
+    let group = hq / hkv.max(1);
+    let dtype = qt.dtype;
+    let scores_shape = Shape::new([b, hkv, group, s, t]);
+    let stats_ty = TensorType::new(dtype, [b, hkv, group, s]);
+    let out_shape = Shape::new([b, s, hkv, group, dv]);
+    let einsum = |g: &mut Graph, spec: &str, x: ValueId, y: ValueId| {
+        let spec = spec.parse().map_err(|detail| ShardingError::Mismatch {
+            op: "attention",
+            detail,
+        })?;
+        Ok::<_, ShardingError>(g.add(Op::Einsum { spec }, &[x, y])?)
+    };
+    let spread = |g: &mut Graph, x: ValueId, shape: &Shape| {
+        let dims: Vec<usize> = (0..g.ty(x).rank()).collect();
+        g.add(
+            Op::Broadcast {
+                shape: shape.clone(),
+                dims,
+            },
+            &[x],
+        )
+    };
+    // Per-query statistics `[b, hkv, g, s]` laid out like the output rows `[b, s, hkv, g]`.
+    let over_rows = |g: &mut Graph, x: ValueId| -> Result<ValueId, ShardingError> {
+        let x = g.add(
+            Op::Transpose {
+                perm: vec![0, 3, 1, 2],
+            },
+            &[x],
+        )?;
+        Ok(spread(g, x, &out_shape)?)
+    };
+    let q5 = g.add(
+        Op::Reshape {
+            shape: Shape::new([b, s, hkv, group, d]),
+        },
+        &[q],
+    )?;
+    let neg_inf = constant(g, stats_ty.clone(), f64::NEG_INFINITY)?;
+    let zero = constant(g, stats_ty.clone(), 0.0)?;
+    let mut block = vec![k, v];
+    block.extend(positions.map(|(_, k_pos)| k_pos));
+    // (running max, running sum, running output)
+    let mut state: Option<(ValueId, ValueId, ValueId)> = None;
+    for step in 0..ring.steps {
+        if step > 0 {
+            for &x in &block {
+                g.add_node(
+                    Op::Send {
+                        axis: ring.axis.to_string(),
+                        shift: 1,
+                    },
+                    &[x],
+                )?;
+            }
+            block = block
+                .iter()
+                .map(|&x| {
+                    let ty = g.ty(x).clone();
+                    g.add(
+                        Op::Recv {
+                            axis: ring.axis.to_string(),
+                            shift: -1,
+                            ty,
+                        },
+                        &[],
+                    )
+                })
+                .collect::<Result<_, _>>()?;
+        }
+        let (kb, vb) = (block[0], block[1]);
+        let scores = einsum(g, "bskgd,btkd->bkgst", q5, kb)?;
+        let scale = constant(g, g.ty(scores).clone(), ring.scale)?;
+        let mut logits = binary(g, BinaryOp::Mul, scores, scale)?;
+        if let (true, Some((q_pos, _)), Some(&k_pos)) = (ring.causal, positions, block.get(2)) {
+            let square = Shape::new([s, t]);
+            let rows = g.add(
+                Op::Broadcast {
+                    shape: square.clone(),
+                    dims: vec![0],
+                },
+                &[q_pos],
+            )?;
+            let cols = g.add(
+                Op::Broadcast {
+                    shape: square,
+                    dims: vec![1],
+                },
+                &[k_pos],
+            )?;
+            let future = compare(g, CompareOp::Gt, cols, rows)?;
+            let mask = g.add(
+                Op::Broadcast {
+                    shape: scores_shape.clone(),
+                    dims: vec![3, 4],
+                },
+                &[future],
+            )?;
+            let masked = constant(g, g.ty(logits).clone(), f64::NEG_INFINITY)?;
+            logits = g.add(Op::Select, &[mask, masked, logits])?;
+        }
+        let block_max = g.add(
+            Op::Reduce {
+                func: ReduceOp::Max,
+                dims: vec![4],
+            },
+            &[logits],
+        )?;
+        let max = match state {
+            None => block_max,
+            Some((m, _, _)) => binary(g, BinaryOp::Max, m, block_max)?,
+        };
+        let unseen = compare(g, CompareOp::Eq, max, neg_inf)?;
+        let safe_max = g.add(Op::Select, &[unseen, zero, max])?;
+        let safe_max_b = spread(g, safe_max, &scores_shape)?;
+        let shifted = binary(g, BinaryOp::Sub, logits, safe_max_b)?;
+        let p = g.add(Op::Unary { func: UnaryOp::Exp }, &[shifted])?;
+        let block_sum = g.add(
+            Op::Reduce {
+                func: ReduceOp::Sum,
+                dims: vec![4],
+            },
+            &[p],
+        )?;
+        let block_out = einsum(g, "bkgst,btke->bskge", p, vb)?;
+        state = Some(match state {
+            None => (max, block_sum, block_out),
+            Some((m, sum, out)) => {
+                let diff = binary(g, BinaryOp::Sub, m, safe_max)?;
+                let alpha = g.add(Op::Unary { func: UnaryOp::Exp }, &[diff])?;
+                let kept = binary(g, BinaryOp::Mul, sum, alpha)?;
+                let sum = binary(g, BinaryOp::Add, kept, block_sum)?;
+                let alpha_rows = over_rows(g, alpha)?;
+                let kept = binary(g, BinaryOp::Mul, out, alpha_rows)?;
+                let out = binary(g, BinaryOp::Add, kept, block_out)?;
+                (max, sum, out)
+            }
+        });
+    }
+    let Some((_, sum, out)) = state else {
+        return Err(ShardingError::Mismatch {
+            op: "attention",
+            detail: "ring attention over zero devices".into(),
+        });
+    };
+    let sum_rows = over_rows(g, sum)?;
+    let out = binary(g, BinaryOp::Div, out, sum_rows)?;
+    Ok(vec![g.add(
+        Op::Reshape {
+            shape: Shape::new([b, s, hq, dv]),
+        },
+        &[out],
+    )?])
 }
 
 /// The integers `0..n` as a `dtype[n]` value, in about `3 log2 n` ops: doubling

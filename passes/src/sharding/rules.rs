@@ -15,8 +15,9 @@
 //! on every earlier token, and its top-k on every expert, so neither a token nor an expert
 //! split computes the global routing; expert parallelism needs per-shard capacity, which is
 //! a different op), softmax and the norms on their normalised dim, attention on the key
-//! sequence or on the head dim `d` (the softmax mixes them), causal attention on the query
-//! sequence (the mask needs the global positions: context parallelism), rotary on `head_dim`
+//! sequence alone or on the head dim `d` (the softmax mixes them; the key sequence is split
+//! only together with the queries, by ring attention), causal attention on the sequences
+//! without the positions operands (the mask needs the global positions), rotary on `head_dim`
 //! (rotate-half pairs `i` with `i + d/2`) and on the sequence without explicit positions.
 
 use autopar_ir::infer::infer;
@@ -363,19 +364,43 @@ fn candidates(
             ops.extend(&rest);
             v.push(same(ops, vec![P]));
         }
-        // q[b, s, hq, d], k[b, t, hkv, d], v[b, t, hkv, dv].
+        // q[b, s, hq, d], k[b, t, hkv, d], v[b, t, hkv, dv], optional q_pos[s], k_pos[t].
         Op::Attention { causal, .. } => {
-            v.push(same(vec![s(0); 3], vec![s(0)]));
+            let positioned = n_ops == 5;
+            // Positions stay whole unless a strategy splits the sequences.
+            let with = |qkv: [Placement; 3]| {
+                let mut ops = qkv.to_vec();
+                if positioned {
+                    ops.extend([R, R]);
+                }
+                ops
+            };
+            v.push(same(with([s(0); 3]), vec![s(0)]));
             // Heads: q and kv heads split alike keep every query head with its kv head.
-            v.push(same(vec![s(2); 3], vec![s(2)]));
+            v.push(same(with([s(2); 3]), vec![s(2)]));
             // Multi-query attention: one kv head, shared by every query head.
             if t[1].dims()[2] == 1 {
-                v.push(same(vec![s(2), R, R], vec![s(2)]));
+                v.push(same(with([s(2), R, R]), vec![s(2)]));
             }
-            v.push(same(vec![R, R, s(3)], vec![s(3)]));
-            v.push(same(vec![R, R, P], vec![P]));
-            if !causal {
+            v.push(same(with([R, R, s(3)]), vec![s(3)]));
+            v.push(same(with([R, R, P]), vec![P]));
+            // Query rows: each device attends its queries to every key; the causal mask
+            // needs the queries' global positions, so only with the positions operands.
+            if positioned {
+                v.push(same(vec![s(1), R, R, s(0), R], vec![s(1)]));
+            } else if !causal {
                 v.push(same(vec![s(1), R, R], vec![s(1)]));
+            }
+            // Ring attention (context parallelism): queries, keys and values all split on
+            // the sequence, the key/value blocks passed around the ring.
+            if positioned {
+                v.push(lowered(
+                    vec![s(1), s(1), s(1), s(0), s(0)],
+                    vec![s(1)],
+                    Lowering::RingAttention,
+                ));
+            } else if !causal {
+                v.push(lowered(vec![s(1); 3], vec![s(1)], Lowering::RingAttention));
             }
         }
         // See the module docs: no sharded strategy computes the global routing.

@@ -49,6 +49,13 @@ pub enum Lowering {
     /// on the device that holds it, all-reduce sum; `loss = log(sum) - picked`. The logits are
     /// never gathered.
     VocabParallelCrossEntropy,
+    /// `attention` with queries, keys, values (and their positions) sharded on the sequence
+    /// (context parallelism): for as many steps as there are shards, the local queries attend
+    /// to the key/value block held (masked by the positions), the block is passed one step
+    /// around the ring (`send` to the next device, `recv` from the previous), and the blocks'
+    /// partial results are merged by online-softmax rescaling. The result is the local
+    /// queries' rows.
+    RingAttention,
 }
 
 impl fmt::Display for Strategy {

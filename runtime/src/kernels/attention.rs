@@ -51,17 +51,21 @@ pub(crate) fn rotary(
 }
 
 /// Scaled dot-product attention of `q[b, s, hq, d]`, `k[b, t, hkv, d]`, `v[b, t, hkv, dv]`:
-/// query head `h` uses kv head `h / (hq / hkv)`, and with `causal` query `i` sees keys `0..=i`.
+/// query head `h` uses kv head `h / (hq / hkv)`, and with `causal` query `i` sees keys `0..=i`,
+/// or, with `positions = (q_pos, k_pos)`, the keys `j` with `k_pos[j] <= q_pos[i]`.
 pub(crate) fn attention(
     causal: bool,
     scale: f64,
-    q: &Tensor,
-    k: &Tensor,
-    v: &Tensor,
+    [q, k, v]: [&Tensor; 3],
+    positions: Option<(&Tensor, &Tensor)>,
     out: &TensorType,
 ) -> Result<Tensor, RuntimeError> {
     let op = "attention";
     let (qv, kv, vv) = (floats(op, q)?, floats(op, k)?, floats(op, v)?);
+    let positions = match positions {
+        Some((qp, kp)) => Some((ints(op, qp)?, ints(op, kp)?)),
+        None => None,
+    };
     let &[b, s, hq, d] = q.dims() else {
         return Err(bad_rank(q));
     };
@@ -83,6 +87,18 @@ pub(crate) fn attention(
             let v_h = &v_heads[(bi * hkv + kh) * t * dv..][..t * dv];
             matmul(s, t, d, q_h, k_t, &mut probs);
             for (i, row) in probs.chunks_exact_mut(t.max(1)).enumerate().take(s) {
+                if let Some((qp, kp)) = positions {
+                    // Masked logits are `-inf`, so their weight is `exp(-inf) = 0`.
+                    for (x, &p) in row.iter_mut().zip(kp) {
+                        *x = if causal && p > qp[i] {
+                            f64::NEG_INFINITY
+                        } else {
+                            *x * scale
+                        };
+                    }
+                    softmax_in_place(row);
+                    continue;
+                }
                 // Keys past `visible` get weight 0: masked, as `exp(-inf)` would be.
                 let visible = if causal { t.min(i + 1) } else { t };
                 let (seen, masked) = row.split_at_mut(visible);

@@ -82,9 +82,8 @@ fn dispatch(
         Op::Attention { causal, scale } => one(attention::attention(
             *causal,
             *scale,
-            x[0],
-            x[1],
-            x[2],
+            [x[0], x[1], x[2]],
+            x.get(3).copied().zip(x.get(4).copied()),
             out(),
         )?),
         Op::MoeRoute {
