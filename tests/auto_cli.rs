@@ -59,7 +59,7 @@ fn every_plan_of_the_cpu_runtime_search_is_executable() {
     assert!(!plans.is_empty());
     for p in plans {
         let c = &p["config"];
-        assert_eq!(c["cp"], 1, "{p}");
+        assert!(c["cp"] == 1 || c["pp"] == 1, "{p}");
         assert_eq!(c["ep"], 1, "{p}");
         assert!(c["sequence_parallel"] == false || c["tp"] != 1, "{p}");
         let pipelined_3d = c["pp"] != 1 && (c["dp"] != 1 || c["tp"] != 1);

@@ -184,14 +184,15 @@ impl Constraints {
 }
 
 /// What in `plan` the CPU runtime cannot execute, one phrase each (empty: it executes it).
-/// The runtime runs data and tensor parallelism with ZeRO 0-3 on one mesh, or a pipeline
-/// (any schedule, micro-batches and virtual stages) on its own.
+/// The runtime runs data, tensor and context parallelism with ZeRO 0-3 on one mesh, or a
+/// pipeline (any schedule, micro-batches and virtual stages) on its own.
 ///
 /// ```
 /// # use autopar_cost_model::Plan;
 /// # use autopar_passes::search::cpu_unsupported;
 /// assert!(cpu_unsupported(&Plan::parse("dp=2,tp=2,zero=3").unwrap()).is_empty());
-/// assert_eq!(cpu_unsupported(&Plan::parse("tp=2,cp=2").unwrap()), ["context parallelism (cp=2)"]);
+/// assert!(cpu_unsupported(&Plan::parse("tp=2,cp=2").unwrap()).is_empty());
+/// assert_eq!(cpu_unsupported(&Plan::parse("pp=2,cp=2").unwrap()), ["context parallelism in a pipeline (pp=2, cp=2)"]);
 /// ```
 pub fn cpu_unsupported(plan: &Plan) -> Vec<String> {
     let mut out = Vec::new();
@@ -201,8 +202,11 @@ pub fn cpu_unsupported(plan: &Plan) -> Vec<String> {
             plan.pp, plan.dp, plan.tp
         ));
     }
-    if plan.cp > 1 {
-        out.push(format!("context parallelism (cp={})", plan.cp));
+    if plan.cp > 1 && plan.pp > 1 {
+        out.push(format!(
+            "context parallelism in a pipeline (pp={}, cp={})",
+            plan.pp, plan.cp
+        ));
     }
     if plan.ep > 1 {
         out.push(format!(
@@ -268,7 +272,8 @@ pub(crate) fn mesh_shapes(
         for cp in divisors(devices / tp) {
             let useful = cp == 1 || c.cp.is_some() || cfg.seq >= cp_min_seq;
             if !useful
-                || (c.cpu_executable && cp > 1)
+                // MoE routing depends on the token order that the cp layout changes.
+                || (c.cpu_executable && cp > 1 && cfg.experts > 1)
                 || !c.allows_degree("cp", cp)
                 || (cp > 1 && !cfg.seq.is_multiple_of(2 * cp))
                 || c.cp.is_some_and(|p| p != cp)
