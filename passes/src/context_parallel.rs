@@ -191,7 +191,7 @@ fn sequence_length(g: &Graph, order: &[NodeId]) -> Result<usize, String> {
 
 /// Checks that nothing in `g` depends on the order of the sequence's rows besides rotary and
 /// attention, and returns the learned position tables: parameters with a dim of the sequence's
-/// length, every use of which broadcasts that dim onto dim 1 (the sequence) of an activation.
+/// length that a broadcast puts onto dim 1 (the sequence) of an activation (every use must).
 fn check_order_free(
     g: &Graph,
     order: &[NodeId],
@@ -240,28 +240,29 @@ fn check_order_free(
                 if dims.is_empty() {
                     continue;
                 }
-                let mut onto_sequence = None;
-                for (user, _) in g.users(v) {
-                    let dim = match &g.node(user).op {
+                // A dim of the sequence's length broadcast onto the sequence of an activation
+                // is a position table; a parameter used so must be used so everywhere.
+                let users = g.users(v);
+                let onto: Vec<Option<usize>> = users
+                    .iter()
+                    .map(|&(user, _)| match &g.node(user).op {
                         Op::Broadcast { dims: to, .. } => {
                             dims.iter().copied().find(|&d| to.get(d) == Some(&1))
                         }
                         _ => None,
-                    };
-                    match (dim, onto_sequence) {
-                        (Some(d), None) => onto_sequence = Some(d),
-                        (Some(d), Some(e)) if d == e => {}
-                        _ => {
-                            return Err(format!(
-                                "parameter `{name}` ({ty}) has a dim of the sequence's length {seq} and is used by {user} (`{}`) other than as a position table broadcast onto the sequence",
-                                g.node(user).op.name()
-                            ));
-                        }
-                    }
+                    })
+                    .collect();
+                let Some(Some(d)) = onto.iter().find(|o| o.is_some()).copied() else {
+                    continue;
+                };
+                if let Some(i) = onto.iter().position(|&o| o != Some(d)) {
+                    let user = users[i].0;
+                    return Err(format!(
+                        "parameter `{name}` ({ty}) is broadcast onto the sequence as a position table but also used by {user} (`{}`)",
+                        g.node(user).op.name()
+                    ));
                 }
-                if let Some(d) = onto_sequence {
-                    tables.insert(v, d);
-                }
+                tables.insert(v, d);
             }
             _ => {}
         }
