@@ -2,6 +2,7 @@
 //! attention runs forward and backward on `cp` ranks and matches the original single-device
 //! step, the partitioned program passes K/V blocks around the ring, the activation memory
 //! per rank shrinks with the sequence shard, and impossible requests are clear errors.
+#![allow(clippy::unwrap_used)]
 
 mod common;
 
@@ -104,9 +105,16 @@ fn ring_messages(dump: &str) -> Vec<(String, String, String)> {
         .filter_map(|line| {
             let line = line.trim();
             let rhs = line.split_once(" = ").map_or(line, |(_, r)| r);
-            let op = ["send ", "recv "].into_iter().find(|op| rhs.starts_with(op))?;
+            let op = ["send ", "recv "]
+                .into_iter()
+                .find(|op| rhs.starts_with(op))?;
             let attrs = rhs.split('{').nth(1)?.split('}').next()?.to_string();
-            let scope = line.split("scope=\"").nth(1)?.split('"').next()?.to_string();
+            let scope = line
+                .split("scope=\"")
+                .nth(1)?
+                .split('"')
+                .next()?
+                .to_string();
             Some((op.trim().to_string(), attrs, scope))
         })
         .collect()
@@ -133,8 +141,16 @@ fn the_partitioned_step_passes_kv_blocks_around_the_ring() {
             assert_eq!(here.len(), 2 * per_step * (cp - 1), "{scope}: {here:?}");
             for step in here.chunks(2 * per_step) {
                 let (sends, recvs) = step.split_at(per_step);
-                assert!(sends.iter().all(|(op, a, _)| op == "send" && a == "axis=\"cp\", shift=1"));
-                assert!(recvs.iter().all(|(op, a, _)| op == "recv" && a == "axis=\"cp\", shift=-1"));
+                assert!(
+                    sends
+                        .iter()
+                        .all(|(op, a, _)| op == "send" && a == "axis=\"cp\", shift=1")
+                );
+                assert!(
+                    recvs
+                        .iter()
+                        .all(|(op, a, _)| op == "recv" && a == "axis=\"cp\", shift=-1")
+                );
             }
         }
         // Nothing else is sent point to point; the backward reduce-scatters the K/V gradients.
@@ -182,7 +198,12 @@ fn activation_peak(model: &str, batch: usize, cp: usize) -> u64 {
     let state: u64 = program
         .ranks
         .iter()
-        .map(|g| g.parameters().iter().map(|(_, _, ty)| ty.size_bytes()).sum())
+        .map(|g| {
+            g.parameters()
+                .iter()
+                .map(|(_, _, ty)| ty.size_bytes())
+                .sum()
+        })
         .max()
         .unwrap();
     summary.peak_bytes - state

@@ -555,3 +555,37 @@ fn einsum_rejects_dangling_and_repeated_labels() {
         vec![a.clone()]
     );
 }
+
+#[test]
+fn attention_positions_are_integers_of_the_sequence_lengths() {
+    let op = Op::Attention {
+        causal: true,
+        scale: 0.5,
+    };
+    let (q, k, v) = (
+        f32t(&[2, 8, 4, 16]),
+        f32t(&[2, 6, 2, 16]),
+        f32t(&[2, 6, 2, 16]),
+    );
+    let (qp, kp) = (i32t(&[8]), i32t(&[6]));
+    assert_eq!(
+        infer(&op, &[&q, &k, &v, &qp, &kp], None).unwrap(),
+        vec![f32t(&[2, 8, 4, 16])]
+    );
+    // Swapped lengths, float positions, mixed dtypes and a lone positions operand.
+    let err = infer(&op, &[&q, &k, &v, &kp, &qp], None)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("q_pos") && err.contains("[8]"), "{err}");
+    let fp = f32t(&[8]);
+    assert!(infer(&op, &[&q, &k, &v, &fp, &kp], None).is_err());
+    let wide = t(DType::I64, &[6]);
+    let err = infer(&op, &[&q, &k, &v, &qp, &wide], None)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("one dtype"), "{err}");
+    let err = infer(&op, &[&q, &k, &v, &qp], None)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("got 4"), "{err}");
+}

@@ -227,12 +227,10 @@ fn check_order_free(
                     ));
                 }
             }
-            Op::Input { name, ty, .. } => {
-                if ty.rank() < 2 || ty.dims()[1] != seq {
-                    return Err(format!(
-                        "data input `{name}` ({ty}) does not have the sequence (length {seq}) on dim 1"
-                    ));
-                }
+            Op::Input { name, ty, .. } if ty.rank() < 2 || ty.dims()[1] != seq => {
+                return Err(format!(
+                    "data input `{name}` ({ty}) does not have the sequence (length {seq}) on dim 1"
+                ));
             }
             Op::Parameter { name, ty, .. } => {
                 let v = node.outputs[0];

@@ -813,6 +813,40 @@ fn attention_splits_batch_and_heads_but_not_the_causal_sequence() {
 }
 
 #[test]
+fn attention_with_positions_splits_the_sequence_by_ring() {
+    let (q, k, v) = (
+        f32_ty(&[2, 8, 4, 4]),
+        f32_ty(&[2, 8, 2, 4]),
+        f32_ty(&[2, 8, 2, 4]),
+    );
+    let pos = TensorType::new(DType::I64, [8]);
+    let causal = Op::Attention {
+        causal: true,
+        scale: 0.5,
+    };
+    let l = listed(
+        &causal,
+        &[q.clone(), k.clone(), v.clone(), pos.clone(), pos],
+        2,
+    );
+    assert!(l.contains(&"S(1), S(1), S(1), S(0), S(0) -> S(1) [RingAttention]".to_string()));
+    // Query rows alone, every key visible to the device: the mask reads global positions.
+    assert!(l.contains(&"S(1), R, R, S(0), R -> S(1)".to_string()));
+    assert!(l.contains(&"S(0), S(0), S(0), R, R -> S(0)".to_string()));
+    // Without positions a causal sequence split has no global positions to mask with.
+    let plain = listed(&causal, &[q.clone(), k.clone(), v.clone()], 4);
+    assert!(!plain.iter().any(|s| s.contains("RingAttention")));
+    let full = Op::Attention {
+        causal: false,
+        scale: 0.5,
+    };
+    assert!(
+        listed(&full, &[q, k, v], 4)
+            .contains(&"S(1), S(1), S(1) -> S(1) [RingAttention]".to_string())
+    );
+}
+
+#[test]
 fn moe_routing_is_never_split() {
     let op = Op::MoeRoute {
         top_k: 2,

@@ -37,7 +37,7 @@ pub struct ShardContext {
 /// - [`Lowering::RowParallelScatterAdd`], with whole `ids` and `updates`: the same shift and
 ///   mask, updates outside the shard zeroed, then `scatter_add` into `num_rows / count` rows.
 /// - [`Lowering::RingAttention`], with local `q`, `k`, `v` (and `q_pos`, `k_pos`) rows of the
-///   sequence: see [`ring_attention`]'s steps; the ring runs along the one axis in `shard`,
+///   sequence: see the strategy's docs; the ring runs along the one axis in `shard`,
 ///   `count` steps long.
 /// - [`Lowering::VocabParallelCrossEntropy`], with `logits[..., v_local]` and whole `targets`:
 ///   `m = all_reduce_max(reduce_max(logits))`; `z = logits - m`;
