@@ -134,13 +134,12 @@ fn the_partitioned_step_passes_kv_blocks_around_the_ring() {
         ]);
         let messages = ring_messages(&dump);
         for layer in 0..2 {
+            // Forward: K, V and the keys' positions, at every step but the first.
             let scope = format!("mb0/h.{layer}.attn");
-            let here: Vec<_> = messages.iter().filter(|(_, _, s)| *s == scope).collect();
-            // K, V and the keys' positions, at every step but the first.
-            let per_step = 3;
-            assert_eq!(here.len(), 2 * per_step * (cp - 1), "{scope}: {here:?}");
-            for step in here.chunks(2 * per_step) {
-                let (sends, recvs) = step.split_at(per_step);
+            let forward: Vec<_> = messages.iter().filter(|(_, _, s)| *s == scope).collect();
+            assert_eq!(forward.len(), 2 * 3 * (cp - 1), "{scope}: {forward:?}");
+            for step in forward.chunks(2 * 3) {
+                let (sends, recvs) = step.split_at(3);
                 assert!(
                     sends
                         .iter()
@@ -152,14 +151,21 @@ fn the_partitioned_step_passes_kv_blocks_around_the_ring() {
                         .all(|(op, a, _)| op == "recv" && a == "axis=\"cp\", shift=-1")
                 );
             }
+            // Backward: K and positions for the softmax statistics, then K, V, positions and
+            // the two gradient accumulators, and the accumulators' way home.
+            let scope = format!("mb0/grad/h.{layer}.attn");
+            let backward = messages.iter().filter(|(_, _, s)| *s == scope).count();
+            assert_eq!(backward, 2 * (2 * (cp - 1) + 5 * (cp - 1) + 2), "{scope}");
         }
-        // Nothing else is sent point to point; the backward reduce-scatters the K/V gradients.
-        assert_eq!(messages.len(), 2 * 2 * 3 * (cp - 1));
-        let scattered = dump
+        // The sequence is never gathered: no activation collective over cp but the loss's.
+        let gathers = dump
             .lines()
-            .filter(|l| l.contains("= reduce_scatter ") && l.contains("grad/h."))
+            .filter(|l| {
+                (l.contains("= all_gather ") || l.contains("= reduce_scatter "))
+                    && l.contains("\"cp\"")
+            })
             .count();
-        assert_eq!(scattered, 4, "two per layer (dK, dV)");
+        assert_eq!(gathers, 0, "{dump}");
     }
 }
 

@@ -452,6 +452,38 @@ pub fn infer(
             let d = q.dims();
             one(TensorType::new(q.dtype, [d[0], d[1], d[2], v.dims()[3]]))
         }
+        Op::AttentionBackward { causal, scale } => {
+            if inputs.len() != 5 && inputs.len() != 7 {
+                return Err(IrError::ty(
+                    name,
+                    format!(
+                        "takes 5 operands (q, k, v, o, g) or 7 (q, k, v, o, g, q_pos, k_pos), got {}",
+                        inputs.len()
+                    ),
+                ));
+            }
+            let (q, k, v, o, g) = (inputs[0], inputs[1], inputs[2], inputs[3], inputs[4]);
+            let mut forward: Vec<&TensorType> = vec![q, k, v];
+            forward.extend(inputs.get(5..).unwrap_or_default());
+            let attention = Op::Attention {
+                causal: *causal,
+                scale: *scale,
+            };
+            let out = infer(&attention, &forward, mesh).map_err(|e| match e {
+                IrError::Type { detail, .. } => IrError::ty(name, detail),
+                IrError::Attr { attr, detail, .. } => IrError::attr(name, attr, detail),
+                other => other,
+            })?;
+            for (what, t) in [("o", o), ("g", g)] {
+                if *t != out[0] {
+                    return Err(IrError::ty(
+                        name,
+                        format!("{what} {t} must be the attention's result type {}", out[0]),
+                    ));
+                }
+            }
+            Ok(vec![q.clone(), k.clone(), v.clone()])
+        }
         Op::MoeRoute {
             top_k, capacity, ..
         } => {
@@ -576,6 +608,7 @@ pub fn num_results(op: &Op) -> usize {
     match op {
         Op::Send { .. } => 0,
         Op::MoeRoute { .. } | Op::SgdUpdate { .. } => 2,
+        Op::AttentionBackward { .. } => 3,
         Op::AdamWUpdate { .. } => 3,
         _ => 1,
     }

@@ -467,6 +467,18 @@ pub enum Op {
         /// Logit scale (usually `1/sqrt(d)`).
         scale: f64,
     },
+    /// The gradients of [`Op::Attention`] in one op: operands `q`, `k`, `v`, the attention's
+    /// result `o[b, s, hq, dv]`, its gradient `g` (same type), and the optional positions
+    /// `q_pos[s]`, `k_pos[t]`; results `dq`, `dk`, `dv` (the types of `q`, `k`, `v`). With
+    /// `p` the attention probabilities (recomputed from `q`, `k` and the mask):
+    /// `dv = p^T g`, `ds = p (g v^T - rowsum(g o)) scale`, `dq = ds k`, `dk = ds^T q`
+    /// (`rowsum(g o)` equals `rowsum(p (g v^T))`, so no probabilities need be stored).
+    AttentionBackward {
+        /// Mask future keys.
+        causal: bool,
+        /// Logit scale.
+        scale: f64,
+    },
     /// Top-k MoE routing with expert capacity (GShard-style): operand router probabilities
     /// `probs[t, e]`; results `combine[t, e, c]` (the gate weight of token `t` in slot `c` of
     /// expert `e`) and `dispatch[t, e, c]` (1 where token `t` occupies that slot, else 0), both
@@ -594,6 +606,7 @@ pub enum OpKind {
     Broadcast,
     Rotary,
     Attention,
+    AttentionBackward,
     MoeRoute,
     CrossEntropy,
     SgdUpdate,
@@ -609,7 +622,7 @@ pub enum OpKind {
 
 impl OpKind {
     /// Every op kind, so that tests can loop over the whole op set.
-    pub const ALL: [OpKind; 33] = [
+    pub const ALL: [OpKind; 34] = [
         OpKind::Parameter,
         OpKind::Input,
         OpKind::Constant,
@@ -632,6 +645,7 @@ impl OpKind {
         OpKind::Broadcast,
         OpKind::Rotary,
         OpKind::Attention,
+        OpKind::AttentionBackward,
         OpKind::MoeRoute,
         OpKind::CrossEntropy,
         OpKind::SgdUpdate,
@@ -672,6 +686,7 @@ impl Op {
             Op::Broadcast { .. } => OpKind::Broadcast,
             Op::Rotary { .. } => OpKind::Rotary,
             Op::Attention { .. } => OpKind::Attention,
+            Op::AttentionBackward { .. } => OpKind::AttentionBackward,
             Op::MoeRoute { .. } => OpKind::MoeRoute,
             Op::CrossEntropy => OpKind::CrossEntropy,
             Op::SgdUpdate { .. } => OpKind::SgdUpdate,
@@ -716,6 +731,7 @@ impl Op {
             Op::Broadcast { .. } => "broadcast",
             Op::Rotary { .. } => "rotary",
             Op::Attention { .. } => "attention",
+            Op::AttentionBackward { .. } => "attention_backward",
             Op::MoeRoute { .. } => "moe_route",
             Op::CrossEntropy => "cross_entropy",
             Op::SgdUpdate { .. } => "sgd_update",

@@ -287,6 +287,36 @@ fn case(kind: OpKind) -> Case {
             ],
             bad_msg: vec!["`attention`", "f32[2,8,4,16]", "f32[2,8,3,16]"],
         },
+        OpKind::AttentionBackward => Case {
+            op: Op::AttentionBackward {
+                causal: true,
+                scale: 0.25,
+            },
+            inputs: vec![
+                f32t(&[2, 8, 4, 16]),
+                f32t(&[2, 8, 2, 16]),
+                f32t(&[2, 8, 2, 8]),
+                f32t(&[2, 8, 4, 8]),
+                f32t(&[2, 8, 4, 8]),
+            ],
+            expect: vec![
+                f32t(&[2, 8, 4, 16]),
+                f32t(&[2, 8, 2, 16]),
+                f32t(&[2, 8, 2, 8]),
+            ],
+            bad_op: Op::AttentionBackward {
+                causal: true,
+                scale: 0.25,
+            },
+            bad_inputs: vec![
+                f32t(&[2, 8, 4, 16]),
+                f32t(&[2, 8, 2, 16]),
+                f32t(&[2, 8, 2, 8]),
+                f32t(&[2, 8, 4, 8]),
+                f32t(&[2, 8, 4, 16]),
+            ],
+            bad_msg: vec!["`attention_backward`", "f32[2,8,4,16]", "f32[2,8,4,8]"],
+        },
         OpKind::MoeRoute => Case {
             op: Op::MoeRoute {
                 top_k: 2,

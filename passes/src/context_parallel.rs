@@ -24,8 +24,9 @@
 //! **Placements.** [`context_parallel_constraints`] fixes the permuted data inputs to
 //! `S(1)` and the permuted positions to `S(0)` on [`CONTEXT_AXIS`]; propagation derives the
 //! rest: activations stay sharded on the sequence, attention takes the ring strategy
-//! ([`crate::sharding::Lowering::RingAttention`]), the decomposed attention backward gathers
-//! keys and values over `cp` and reduce-scatters their gradients, and weight gradients come
+//! ([`crate::sharding::Lowering::RingAttention`]), attention's gradient (the fused
+//! `attention_backward` that attention with positions differentiates into) takes the ring
+//! backward ([`crate::sharding::Lowering::RingAttentionBackward`]), and weight gradients come
 //! out partial on `cp` and are all-reduced where the optimizer reads them.
 
 use std::collections::HashMap;
@@ -371,9 +372,8 @@ pub fn context_parallel_constraints(
         }
     }
     // The backward runs on sequence shards too: its `[batch, seq, ...]` activations are
-    // fixed like the forward's, so the partial key and value gradients that the decomposed
-    // attention backward sums over the local queries are reduce-scattered onto the sequence
-    // shards (an all-reduce would send twice as much).
+    // fixed like the forward's, so that no op of the backward gathers the sequence (any
+    // partial sum over the local rows is reduce-scattered back onto the shards).
     if let Some((batch, seq)) = rows {
         for n in g.nodes_in_order() {
             let node = g.node(n);

@@ -342,6 +342,37 @@ fn cases(kind: OpKind, rng: &mut Rng) -> Cases {
             }
             v
         }
+        OpKind::AttentionBackward => {
+            let mut v = Vec::new();
+            let balanced = [0, 7, 1, 6, 2, 5, 3, 4];
+            let shuffled = [3, 0, 6, 1, 7, 4, 2, 5];
+            for (hq, hkv) in [(4, 2), (2, 1)] {
+                for causal in [false, true] {
+                    let op = Op::AttentionBackward { causal, scale: 0.5 };
+                    let (q, k, vv) = (
+                        normal(&[2, 8, hq, 4], rng),
+                        normal(&[2, 8, hkv, 4], rng),
+                        normal(&[2, 8, hkv, 4], rng),
+                    );
+                    let attn = Op::Attention { causal, scale: 0.5 };
+                    let o = eval1(attn.clone(), &[q.clone(), k.clone(), vv.clone()]);
+                    let g = normal(&[2, 8, hq, 4], rng);
+                    v.push((
+                        op.clone(),
+                        vec![q.clone(), k.clone(), vv.clone(), o, g.clone()],
+                    ));
+                    let order = if causal { balanced } else { shuffled };
+                    let pos =
+                        Tensor::new(TensorType::new(DType::I64, [8]), Data::Int(order.to_vec()))
+                            .unwrap();
+                    let positioned = [q, k, vv, pos.clone(), pos.clone()];
+                    let o = eval1(attn, &positioned);
+                    let [q, k, vv, ..] = positioned;
+                    v.push((op, vec![q, k, vv, o, g, pos.clone(), pos]));
+                }
+            }
+            v
+        }
         OpKind::MoeRoute => vec![(
             Op::MoeRoute {
                 top_k: 2,
@@ -841,9 +872,24 @@ fn attention_with_positions_splits_the_sequence_by_ring() {
         scale: 0.5,
     };
     assert!(
-        listed(&full, &[q, k, v], 4)
+        listed(&full, &[q.clone(), k.clone(), v.clone()], 4)
             .contains(&"S(1), S(1), S(1) -> S(1) [RingAttention]".to_string())
     );
+    // The fused backward: a ring too, or keys whole and their gradients partial.
+    let o = f32_ty(&[2, 8, 4, 4]);
+    let pos = TensorType::new(DType::I64, [8]);
+    let backward = Op::AttentionBackward {
+        causal: true,
+        scale: 0.5,
+    };
+    let l = listed(&backward, &[q, k, v, o.clone(), o, pos.clone(), pos], 2);
+    assert!(
+        l.contains(
+            &"S(1), S(1), S(1), S(1), S(1), S(0), S(0) -> S(1), S(1), S(1) [RingAttentionBackward]"
+                .to_string()
+        )
+    );
+    assert!(l.contains(&"S(1), R, R, S(1), S(1), S(0), R -> S(1), P(sum), P(sum)".to_string()));
 }
 
 #[test]

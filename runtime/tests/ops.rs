@@ -41,6 +41,7 @@ fn every_op_kind_has_a_hand_checked_case() -> TestResult {
             OpKind::Broadcast => broadcast()?,
             OpKind::Rotary => rotary()?,
             OpKind::Attention => attention()?,
+            OpKind::AttentionBackward => attention_backward()?,
             OpKind::MoeRoute => moe_route()?,
             OpKind::CrossEntropy => cross_entropy()?,
             OpKind::SgdUpdate => sgd_update()?,
@@ -555,6 +556,31 @@ fn attention() -> TestResult {
         &[q, k, v],
     )?;
     assert_close(&causal, &[1, 2, 1, 1], &[4.0, 7.0], 1e-6);
+    Ok(())
+}
+
+fn attention_backward() -> TestResult {
+    // The example of `attention`: weights 1/4 and 3/4 on values 4 and 8, result 7, and a
+    // gradient of 1 on both rows: `ds = p (v - 7)`, so `dq = ds . k`, `dk = ds^T q`.
+    let q = f32t(&[1, 2, 1, 1], &[1.0, 1.0]);
+    let k = f32t(&[1, 2, 1, 1], &[0.0, 3f64.ln()]);
+    let v = f32t(&[1, 2, 1, 1], &[4.0, 8.0]);
+    let g = f32t(&[1, 2, 1, 1], &[1.0, 1.0]);
+    let op = |causal| Op::AttentionBackward { causal, scale: 1.0 };
+    let o = f32t(&[1, 2, 1, 1], &[7.0, 7.0]);
+    let full = run_op(op(false), &[q.clone(), k.clone(), v.clone(), o, g.clone()])?;
+    let dq = 0.75 * 3f64.ln();
+    assert_close(&full[0], &[1, 2, 1, 1], &[dq, dq], 1e-6);
+    assert_close(&full[1], &[1, 2, 1, 1], &[-1.5, 1.5], 1e-6);
+    assert_close(&full[2], &[1, 2, 1, 1], &[0.5, 1.5], 1e-6);
+    // Positions: query 0 at position 1 sees both keys, query 1 at position 0 only key 0
+    // (its result is 4 and its score gradient 0).
+    let o = f32t(&[1, 2, 1, 1], &[7.0, 4.0]);
+    let (q_pos, k_pos) = (i64t(&[2], &[1, 0]), i64t(&[2], &[0, 1]));
+    let causal = run_op(op(true), &[q, k, v, o, g, q_pos, k_pos])?;
+    assert_close(&causal[0], &[1, 2, 1, 1], &[dq, 0.0], 1e-6);
+    assert_close(&causal[1], &[1, 2, 1, 1], &[-0.75, 0.75], 1e-6);
+    assert_close(&causal[2], &[1, 2, 1, 1], &[1.25, 0.75], 1e-6);
     Ok(())
 }
 

@@ -45,7 +45,8 @@ pub(super) fn has_rule(op: &Op) -> bool {
         | Op::Attention { .. }
         | Op::MoeRoute { .. }
         | Op::CrossEntropy => true,
-        Op::SgdUpdate { .. }
+        Op::AttentionBackward { .. }
+        | Op::SgdUpdate { .. }
         | Op::AdamWUpdate { .. }
         | Op::AllReduce { .. }
         | Op::AllGather { .. }
@@ -241,22 +242,35 @@ pub(super) fn vjp(
             }
             Ok(grads)
         }
+        // With explicit positions (the context-parallel layout), one fused op that
+        // recomputes the probabilities from `q`, `k` and the result, so that a sequence split
+        // can run it as a ring; without, the decomposition below (whose `saved/` probabilities
+        // selective recompute works on).
+        Op::Attention { causal, scale } if x.len() == 5 => {
+            let fused = Op::AttentionBackward {
+                causal: *causal,
+                scale: *scale,
+            };
+            let grads = e.node(fused, &[x[0], x[1], x[2], y[0], grad(g)?, x[3], x[4]])?;
+            let mut out: Vec<Option<ValueId>> = grads
+                .into_iter()
+                .enumerate()
+                .map(|(i, d)| want(i).then_some(d))
+                .collect();
+            out.resize(x.len(), None);
+            Ok(out)
+        }
         Op::Attention { causal, scale } => {
             let saved = saved_scope(node.scope.as_deref());
-            let positions = (x.len() == 5).then(|| [x[3], x[4]]);
-            let mut grads = attention(
+            attention(
                 e,
                 saved,
                 [x[0], x[1], x[2]],
-                positions,
                 *causal,
                 *scale,
                 grad(g)?,
                 wanted,
-            )?;
-            // Positions are integers: no gradient.
-            grads.resize(x.len(), None);
-            Ok(grads)
+            )
         }
         Op::MoeRoute {
             top_k, normalize, ..
@@ -277,7 +291,8 @@ pub(super) fn vjp(
             };
             Ok(vec![dl, None])
         }
-        Op::SgdUpdate { .. }
+        Op::AttentionBackward { .. }
+        | Op::SgdUpdate { .. }
         | Op::AdamWUpdate { .. }
         | Op::AllReduce { .. }
         | Op::AllGather { .. }
@@ -565,15 +580,12 @@ fn negate_second_half(e: &mut Emitter<'_>, v: ValueId) -> Result<ValueId, PassEr
 
 /// Attention `o = softmax(scale q k^T + mask) v` with grouped heads. The probabilities `p`
 /// are computed from `q` and `k` under the `saved/` tag (see the module docs of
-/// [`crate::autodiff`]), the causal mask comparing the positions operands when the op has
-/// them (`0..s` and `0..t` otherwise); then, with `g5` the incoming gradient split by kv head:
+/// [`crate::autodiff`]); then, with `g5` the incoming gradient split by kv head:
 /// `dv = p^T g`, `dp = g v^T`, `ds = p (dp - sum(dp p)) scale`, `dq = ds k`, `dk = ds^T q`.
-#[allow(clippy::too_many_arguments)]
 fn attention(
     e: &mut Emitter<'_>,
     saved: String,
     [q, k, v]: [ValueId; 3],
-    positions: Option<[ValueId; 2]>,
     causal: bool,
     scale: f64,
     g: ValueId,
@@ -593,10 +605,8 @@ fn attention(
     let mut logits = e.scale(scores, scale)?;
     if causal {
         let score_dims = e.dims(logits);
-        let (rows, cols) = match positions {
-            Some([q_pos, k_pos]) => (q_pos, k_pos),
-            None => (e.iota(s, DType::I64)?, e.iota(t, DType::I64)?),
-        };
+        let rows = e.iota(s, DType::I64)?;
+        let cols = e.iota(t, DType::I64)?;
         let rows = e.broadcast(rows, &[s, t], vec![0])?;
         let cols = e.broadcast(cols, &[s, t], vec![1])?;
         let future = e.compare(CompareOp::Gt, cols, rows)?;

@@ -403,6 +403,38 @@ fn candidates(
                 v.push(lowered(vec![s(1); 3], vec![s(1)], Lowering::RingAttention));
             }
         }
+        // q, k, v, o[b, s, hq, dv], g (like o), optional q_pos, k_pos -> dq, dk, dv: split like
+        // the forward; where keys are whole on every device their gradients are partial sums
+        // over the local queries; linear in g.
+        Op::AttentionBackward { causal, .. } => {
+            let positioned = n_ops == 7;
+            let with = |qkvog: [Placement; 5]| {
+                let mut ops = qkvog.to_vec();
+                if positioned {
+                    ops.extend([R, R]);
+                }
+                ops
+            };
+            v.push(same(with([s(0); 5]), vec![s(0); 3]));
+            v.push(same(with([s(2); 5]), vec![s(2); 3]));
+            if t[1].dims()[2] == 1 {
+                v.push(same(with([s(2), R, R, s(2), s(2)]), vec![s(2), P, P]));
+            }
+            v.push(same(with([R, R, R, R, P]), vec![P; 3]));
+            if positioned {
+                let mut ops = vec![s(1), R, R, s(1), s(1), s(0), R];
+                v.push(same(ops.clone(), vec![s(1), P, P]));
+                ops = vec![s(1), s(1), s(1), s(1), s(1), s(0), s(0)];
+                v.push(lowered(ops, vec![s(1); 3], Lowering::RingAttentionBackward));
+            } else if !causal {
+                v.push(same(vec![s(1), R, R, s(1), s(1)], vec![s(1), P, P]));
+                v.push(lowered(
+                    vec![s(1); 5],
+                    vec![s(1); 3],
+                    Lowering::RingAttentionBackward,
+                ));
+            }
+        }
         // See the module docs: no sharded strategy computes the global routing.
         Op::MoeRoute { .. } => {}
         Op::CrossEntropy => {

@@ -56,6 +56,13 @@ pub enum Lowering {
     /// partial results are merged by online-softmax rescaling. The result is the local
     /// queries' rows.
     RingAttention,
+    /// `attention_backward` with every operand sharded on the sequence: a first ring pass
+    /// gives every local query row its softmax statistics over all keys (running max and sum
+    /// of exponentials), a second one passes each key/value block around the ring together
+    /// with its gradient accumulators, to which every device adds its queries' part, and a
+    /// last step returns the accumulators to the block's owner. The results are the local rows
+    /// of `dq`, `dk` and `dv`.
+    RingAttentionBackward,
 }
 
 impl fmt::Display for Strategy {
