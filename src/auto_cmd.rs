@@ -15,7 +15,7 @@ use anyhow::{Context, Result, bail};
 use autopar::cost_model::{CostModel, Plan};
 use autopar::ir::DType;
 use autopar::passes::search::{Constraints, SearchOptions, cpu_unsupported, search_with_progress};
-use autopar::{LossScaling, TrainOptions, load_train_step};
+use autopar::{LossScaling, TrainOptions, load_train_step, load_train_step_cp};
 
 use super::{RunArgs, print_stdout, spmd_cmd};
 
@@ -117,7 +117,14 @@ fn execute(args: &RunArgs, plan: &Plan) -> Result<()> {
         );
     }
     let options = train_options(args, plan);
-    let step = load_train_step(&args.model, Some(plan.global_batch), &options)?;
+    let step = load_train_step_cp(&args.model, Some(plan.global_batch), &options, plan.cp)?;
+    // With context parallelism the step is laid out in another sequence order; --verify
+    // runs the original one.
+    let reference = if plan.cp > 1 && args.verify {
+        Some(load_train_step(&args.model, Some(plan.global_batch), &options)?.graph)
+    } else {
+        None
+    };
     if plan.pp > 1 && plan.dp == 1 && plan.tp == 1 {
         return run_pipeline(args, plan, &step);
     }
@@ -128,6 +135,7 @@ fn execute(args: &RunArgs, plan: &Plan) -> Result<()> {
             "dp" if plan.dp / plan.ep > 1 => Some(format!("dp={}", plan.dp / plan.ep)),
             "ep" if plan.ep > 1 => Some(format!("ep={}", plan.ep)),
             "tp" if plan.tp > 1 => Some(format!("tp={}", plan.tp)),
+            "cp" if plan.cp > 1 => Some(format!("cp={}", plan.cp)),
             "pp" if plan.pp > 1 => Some(format!("pp={}", plan.pp)),
             _ => None,
         })
@@ -170,7 +178,15 @@ fn execute(args: &RunArgs, plan: &Plan) -> Result<()> {
             &step, &mesh, &spmd, &pipeline, args.seed, args.steps, verify, None,
         );
     }
-    spmd_cmd::run(&step.graph, &mesh, &spmd, args.seed, args.steps, verify)
+    spmd_cmd::run(
+        &step.graph,
+        reference.as_ref(),
+        &mesh,
+        &spmd,
+        args.seed,
+        args.steps,
+        verify,
+    )
 }
 
 /// A pipeline-only plan: its schedule, virtual stages and micro-batches on `pp` ranks.

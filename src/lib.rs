@@ -214,6 +214,19 @@ pub fn load_train_step(
     batch: Option<usize>,
     options: &TrainOptions,
 ) -> Result<TrainStep, Error> {
+    load_train_step_cp(arg, batch, options, 1)
+}
+
+/// Like [`load_train_step`], for `cp` devices of context parallelism: the forward is laid
+/// out by [`autopar_passes::context_parallel::load_balance`] before the step is built, so the
+/// backward follows the load-balanced sequence order too. With `cp <= 1` it is
+/// [`load_train_step`].
+pub fn load_train_step_cp(
+    arg: &str,
+    batch: Option<usize>,
+    options: &TrainOptions,
+    cp: usize,
+) -> Result<TrainStep, Error> {
     let m = options.micro_batches;
     let forward = match ModelSource::classify(arg) {
         ModelSource::Zoo(name) => {
@@ -227,7 +240,14 @@ pub fn load_train_step(
         }
         ModelSource::AirFile(_) | ModelSource::JsonFile(_) => load_model(arg, batch)?,
     };
+    let forward = autopar_passes::context_parallel::load_balance(&forward, cp)?;
     Ok(build_train_step(&forward, options)?)
+}
+
+/// The size of the context-parallel axis of `mesh` (1 without one).
+pub fn context_parallel_ways(mesh: &autopar_ir::DeviceMesh) -> usize {
+    mesh.axis_size(autopar_passes::context_parallel::CONTEXT_AXIS)
+        .unwrap_or(1)
 }
 
 /// What a training run reports at its end.

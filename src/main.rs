@@ -320,9 +320,14 @@ fn execute(cli: Cli) -> Result<()> {
                 Stage::Forward => load_model(&model, batch)?,
                 Stage::Train => load_train_step(&model, batch, &train.options())?.graph,
                 Stage::Sharded | Stage::Partitioned => {
-                    let step = load_train_step(&model, batch, &train.options())?.graph;
-                    let partitioned = matches!(stage, Stage::Partitioned);
                     let mesh = pipeline.mesh.as_deref();
+                    let step = match mesh {
+                        Some(m) => {
+                            spmd_cmd::load_for_mesh(&model, batch, &train.options(), false, m)?.0
+                        }
+                        None => load_train_step(&model, batch, &train.options())?.graph,
+                    };
+                    let partitioned = matches!(stage, Stage::Partitioned);
                     spmd_cmd::dump_graph(&step, mesh, &spmd, partitioned, rank)?
                 }
                 Stage::Pipeline | Stage::Schedule => {
@@ -599,15 +604,25 @@ fn run(args: RunArgs) -> Result<()> {
         if args.trace.is_some() {
             anyhow::bail!("--trace applies to pipelines (--mesh pp=N)");
         }
-        let g = if args.forward {
-            load_model(&args.model, args.batch)?
-        } else {
-            load_train_step(&args.model, args.batch, &args.train.options())?.graph
-        };
+        let (g, reference) = spmd_cmd::load_for_mesh(
+            &args.model,
+            args.batch,
+            &args.train.options(),
+            args.forward,
+            mesh,
+        )?;
         let steps = if args.forward { 1 } else { args.steps };
         let tolerance = autopar::spmd::verify_tolerance(args.train.options().compute_dtype);
         let verify = args.verify.then_some(tolerance);
-        return spmd_cmd::run(&g, mesh, &args.spmd, args.seed, steps, verify);
+        return spmd_cmd::run(
+            &g,
+            reference.as_ref(),
+            mesh,
+            &args.spmd,
+            args.seed,
+            steps,
+            verify,
+        );
     }
     if args.forward {
         let g = load_model(&args.model, args.batch)?;

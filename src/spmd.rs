@@ -1,8 +1,9 @@
 //! Running parallelised graphs: every rank of the mesh initialises only its shards of the
 //! state and takes its part of each batch, the partitioned programs run on CPU threads
 //! ([`autopar_runtime::run_spmd`]), and, to verify, the single-device reference runs the
-//! same global graph next to them and the results are compared, every state tensor gathered
-//! back to its global shape.
+//! same global graph next to them (or, for context parallelism, the original step before the
+//! sequence was reordered: [`SpmdProgram::reference`]) and the results are compared, every
+//! state tensor gathered back to its global shape.
 //!
 //! A graph's *state* is its parameters; an output named like a parameter is that parameter's
 //! next value (the training-step convention), so a forward graph has no state updates and a
@@ -25,6 +26,10 @@ pub struct SpmdProgram {
     pub global: Parallelized,
     /// The local program of every rank, in rank order.
     pub ranks: Vec<Graph>,
+    /// The graph `--verify` runs on one device, when it is not the global graph itself: the
+    /// original step of a model laid out for context parallelism, whose global graph holds
+    /// the sequence in another order (same parameters, inputs and loss).
+    pub reference: Option<Graph>,
 }
 
 impl SpmdProgram {
@@ -45,7 +50,11 @@ pub fn compile(
 ) -> Result<SpmdProgram, Error> {
     let global = parallelize(g, mesh, options)?;
     let ranks = partition_all(&global.graph, &global.plan)?;
-    Ok(SpmdProgram { global, ranks })
+    Ok(SpmdProgram {
+        global,
+        ranks,
+        reference: None,
+    })
 }
 
 /// The outcome of `--verify`.
@@ -130,8 +139,9 @@ pub fn run(
     let mut states: Vec<TensorMap> = (0..mesh.num_devices())
         .map(|rank| init_rank_state(g, mesh, rank, seed))
         .collect::<Result<_, _>>()?;
+    let reference_graph = program.reference.as_ref().unwrap_or(g);
     let mut reference = if verify.is_some() {
-        Some(rt::init_parameters(g, seed)?)
+        Some(rt::init_parameters(reference_graph, seed)?)
     } else {
         None
     };
@@ -173,7 +183,7 @@ pub fn run(
             }
         }
         if let Some(reference) = reference.as_mut() {
-            discrepancy.reference_step(g, reference, &batch, loss)?;
+            discrepancy.reference_step(reference_graph, reference, &batch, loss)?;
         }
     }
     if let Some(reference) = &reference {

@@ -58,6 +58,9 @@ pub fn run_pipelined(
     let Some((mesh, options)) = args.options(Some(mesh))? else {
         bail!("a pipeline needs --mesh");
     };
+    if autopar::context_parallel_ways(&mesh) > 1 {
+        bail!("--mesh `{mesh}`: context parallelism (`cp`) does not combine with pipelines (`pp`)");
+    }
     let program = spmd::compile_pipelined(step, &mesh, &options, pipeline)?;
     let summary = spmd::run_pipelined(&program, seed, steps, verify, |step, loss| {
         println!("step {} loss: {loss:.6}", step + 1);
@@ -167,10 +170,42 @@ pub fn dump_graph(
     }
 }
 
+/// The graph `run --mesh` and `dump --mesh` parallelise (the training step, or the forward
+/// with `forward`), and, when the mesh has a `cp` axis longer than 1, the original graph the
+/// single-device reference runs: the parallelised one is built from the forward laid out for
+/// context parallelism ([`autopar::passes::context_parallel::load_balance`]).
+pub fn load_for_mesh(
+    model: &str,
+    batch: Option<usize>,
+    options: &autopar::TrainOptions,
+    forward: bool,
+    mesh: &str,
+) -> Result<(Graph, Option<Graph>)> {
+    let parsed = DeviceMesh::parse(mesh).with_context(|| format!("--mesh `{mesh}`"))?;
+    let cp = autopar::context_parallel_ways(&parsed);
+    if forward {
+        let g = autopar::load_model(model, batch)?;
+        if cp <= 1 {
+            return Ok((g, None));
+        }
+        let laid_out = autopar::passes::context_parallel::load_balance(&g, cp)?;
+        return Ok((laid_out, Some(g)));
+    }
+    let step = autopar::load_train_step_cp(model, batch, options, cp)?.graph;
+    let reference = if cp > 1 {
+        Some(autopar::load_train_step(model, batch, options)?.graph)
+    } else {
+        None
+    };
+    Ok((step, reference))
+}
+
 /// `run --mesh`: runs `steps` steps of `g` on the mesh's CPU ranks, printing each loss, and
-/// with `verify: Some(tolerance)` the comparison with the single-device reference (an error when it fails).
+/// with `verify: Some(tolerance)` the comparison with the single-device reference (an error
+/// when it fails), which runs `reference` when given (see [`load_for_mesh`]), else `g`.
 pub fn run(
     g: &Graph,
+    reference: Option<&Graph>,
     mesh: &str,
     args: &SpmdArgs,
     seed: u64,
@@ -180,7 +215,8 @@ pub fn run(
     let Some((mesh, options)) = args.options(Some(mesh))? else {
         bail!("--verify needs --mesh");
     };
-    let program = spmd::compile(g, &mesh, &options)?;
+    let mut program = spmd::compile(g, &mesh, &options)?;
+    program.reference = reference.cloned();
     let summary = spmd::run(&program, seed, steps, verify, |step, loss| {
         println!("step {} loss: {loss:.6}", step + 1);
     })?;

@@ -300,7 +300,7 @@ fn zero2_reduce_scatters_every_micro_batch_and_zero1_once() {
 
 #[test]
 fn sequence_parallelism_turns_each_block_all_reduce_into_reduce_scatter_and_all_gather() {
-    let sp = collectives(&autopar_ok(&[
+    let dump = autopar_ok(&[
         "dump",
         "gpt-tiny",
         "--mesh",
@@ -308,7 +308,9 @@ fn sequence_parallelism_turns_each_block_all_reduce_into_reduce_scatter_and_all_
         "--sp",
         "--stage",
         "partitioned",
-    ]));
+    ]);
+    check_golden("gpt-tiny.tp2-sp.partitioned.air", &dump);
+    let sp = collectives(&dump);
     let forward = |op: &str, scope: &str| {
         sp.iter()
             .filter(|(o, axes, s)| o == op && axes == "\"tp\"" && s == scope)
@@ -334,7 +336,15 @@ fn sequence_parallelism_turns_each_block_all_reduce_into_reduce_scatter_and_all_
             let scope = format!("mb0/grad/h.{layer}.{norm}");
             assert_eq!(forward("reduce_scatter", &scope), 1, "{scope}: {sp:?}");
         }
+        // As in Megatron's backward, each block re-gathers the sequence (for the weight
+        // gradients and the row-parallel input gradient) and never moves the head-sharded
+        // gradients onto the sequence by all-to-all.
+        for block in ["attn", "mlp"] {
+            let scope = format!("mb0/grad/h.{layer}.{block}");
+            assert_eq!(forward("all_gather", &scope), 1, "{scope}: {sp:?}");
+        }
     }
+    assert!(!sp.iter().any(|(o, _, _)| o == "all_to_all"), "{sp:?}");
     let out = autopar_ok(&[
         "run", "gpt-tiny", "--mesh", "tp=2", "--sp", "--steps", "3", "--verify",
     ]);

@@ -295,6 +295,23 @@ impl ComputeParams {
                     ..OpCost::FREE
                 },
             },
+            // Recomputes the scores, then four more products of the forward's sizes
+            // (`g v^T`, `p^T g`, `ds k`, `ds^T q`): five products where the forward has two.
+            Op::AttentionBackward { causal, .. } => match inputs {
+                [q, k, v, ..] => {
+                    let fwd = self.attention_cost(q, k, v, *causal, cluster);
+                    OpCost {
+                        flops: 2.5 * fwd.flops,
+                        bytes: 2.0 * fwd.bytes,
+                        time: Cost::from_secs(2.5 * fwd.time.secs()),
+                        class: fwd.class,
+                    }
+                }
+                _ => OpCost {
+                    time: Cost::INFEASIBLE,
+                    ..OpCost::FREE
+                },
+            },
             Op::MoeRoute { .. } => memory(4.0 * out_elems, in_bytes + out_bytes),
             Op::CrossEntropy => {
                 let n = in0.map_or(0.0, |t| t.num_elements() as f64);

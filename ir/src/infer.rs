@@ -392,7 +392,15 @@ pub fn infer(
             one(x.clone())
         }
         Op::Attention { scale, .. } => {
-            arity(name, inputs, 3)?;
+            if inputs.len() != 3 && inputs.len() != 5 {
+                return Err(IrError::ty(
+                    name,
+                    format!(
+                        "takes 3 operands (q, k, v) or 5 (q, k, v, q_pos, k_pos), got {}",
+                        inputs.len()
+                    ),
+                ));
+            }
             let (q, k, v) = (float(name, inputs[0])?, inputs[1], inputs[2]);
             same_dtype(name, q, k)?;
             same_dtype(name, q, v)?;
@@ -421,8 +429,60 @@ pub fn infer(
                     format!("{scale} is not finite"),
                 ));
             }
+            if let [.., q_pos, k_pos] = inputs
+                && inputs.len() == 5
+            {
+                if q_pos.dtype != k_pos.dtype {
+                    return Err(IrError::ty(
+                        name,
+                        format!("q_pos {q_pos} and k_pos {k_pos} must have one dtype"),
+                    ));
+                }
+                for (what, pos, n) in [("q_pos", q_pos, q.dims()[1]), ("k_pos", k_pos, k.dims()[1])]
+                {
+                    int(name, pos)?;
+                    if pos.dims() != [n] {
+                        return Err(IrError::ty(
+                            name,
+                            format!("{what} {pos} must be [{n}] for q {q} and k {k}"),
+                        ));
+                    }
+                }
+            }
             let d = q.dims();
             one(TensorType::new(q.dtype, [d[0], d[1], d[2], v.dims()[3]]))
+        }
+        Op::AttentionBackward { causal, scale } => {
+            if inputs.len() != 5 && inputs.len() != 7 {
+                return Err(IrError::ty(
+                    name,
+                    format!(
+                        "takes 5 operands (q, k, v, o, g) or 7 (q, k, v, o, g, q_pos, k_pos), got {}",
+                        inputs.len()
+                    ),
+                ));
+            }
+            let (q, k, v, o, g) = (inputs[0], inputs[1], inputs[2], inputs[3], inputs[4]);
+            let mut forward: Vec<&TensorType> = vec![q, k, v];
+            forward.extend(inputs.get(5..).unwrap_or_default());
+            let attention = Op::Attention {
+                causal: *causal,
+                scale: *scale,
+            };
+            let out = infer(&attention, &forward, mesh).map_err(|e| match e {
+                IrError::Type { detail, .. } => IrError::ty(name, detail),
+                IrError::Attr { attr, detail, .. } => IrError::attr(name, attr, detail),
+                other => other,
+            })?;
+            for (what, t) in [("o", o), ("g", g)] {
+                if *t != out[0] {
+                    return Err(IrError::ty(
+                        name,
+                        format!("{what} {t} must be the attention's result type {}", out[0]),
+                    ));
+                }
+            }
+            Ok(vec![q.clone(), k.clone(), v.clone()])
         }
         Op::MoeRoute {
             top_k, capacity, ..
@@ -550,6 +610,7 @@ pub fn num_results(op: &Op) -> usize {
     match op {
         Op::Send { .. } => 0,
         Op::MoeRoute { .. } | Op::SgdUpdate { .. } => 2,
+        Op::AttentionBackward { .. } => 3,
         Op::AdamWUpdate { .. } => 3,
         _ => 1,
     }

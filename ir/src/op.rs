@@ -457,11 +457,26 @@ pub enum Op {
     /// Scaled dot-product attention: operands `q[b, s, hq, d]`, `k[b, t, hkv, d]`,
     /// `v[b, t, hkv, dv]` with `hq` a multiple of `hkv` (grouped-query attention: query head
     /// `i` uses kv head `i / (hq / hkv)`); result `[b, s, hq, dv]`. With `causal`, query `i`
-    /// sees keys `0..=i`. Defined by its decomposition into einsum, softmax and select.
+    /// sees keys `0..=i`. Two optional integer operands `q_pos[s]` and `k_pos[t]` give the
+    /// positions of the rows instead (default `0..s` and `0..t`): with `causal`, query `i`
+    /// sees key `j` when `k_pos[j] <= q_pos[i]` (a query that sees no key has an undefined
+    /// result). Defined by its decomposition into einsum, softmax and select.
     Attention {
         /// Mask future keys.
         causal: bool,
         /// Logit scale (usually `1/sqrt(d)`).
+        scale: f64,
+    },
+    /// The gradients of [`Op::Attention`] in one op: operands `q`, `k`, `v`, the attention's
+    /// result `o[b, s, hq, dv]`, its gradient `g` (same type), and the optional positions
+    /// `q_pos[s]`, `k_pos[t]`; results `dq`, `dk`, `dv` (the types of `q`, `k`, `v`). With
+    /// `p` the attention probabilities (recomputed from `q`, `k` and the mask):
+    /// `dv = p^T g`, `ds = p (g v^T - rowsum(g o)) scale`, `dq = ds k`, `dk = ds^T q`
+    /// (`rowsum(g o)` equals `rowsum(p (g v^T))`, so no probabilities need be stored).
+    AttentionBackward {
+        /// Mask future keys.
+        causal: bool,
+        /// Logit scale.
         scale: f64,
     },
     /// Top-k MoE routing with expert capacity (GShard-style): operand router probabilities
@@ -593,6 +608,7 @@ pub enum OpKind {
     Broadcast,
     Rotary,
     Attention,
+    AttentionBackward,
     MoeRoute,
     CrossEntropy,
     SgdUpdate,
@@ -608,7 +624,7 @@ pub enum OpKind {
 
 impl OpKind {
     /// Every op kind, so that tests can loop over the whole op set.
-    pub const ALL: [OpKind; 33] = [
+    pub const ALL: [OpKind; 34] = [
         OpKind::Parameter,
         OpKind::Input,
         OpKind::Constant,
@@ -631,6 +647,7 @@ impl OpKind {
         OpKind::Broadcast,
         OpKind::Rotary,
         OpKind::Attention,
+        OpKind::AttentionBackward,
         OpKind::MoeRoute,
         OpKind::CrossEntropy,
         OpKind::SgdUpdate,
@@ -671,6 +688,7 @@ impl Op {
             Op::Broadcast { .. } => OpKind::Broadcast,
             Op::Rotary { .. } => OpKind::Rotary,
             Op::Attention { .. } => OpKind::Attention,
+            Op::AttentionBackward { .. } => OpKind::AttentionBackward,
             Op::MoeRoute { .. } => OpKind::MoeRoute,
             Op::CrossEntropy => OpKind::CrossEntropy,
             Op::SgdUpdate { .. } => OpKind::SgdUpdate,
@@ -715,6 +733,7 @@ impl Op {
             Op::Broadcast { .. } => "broadcast",
             Op::Rotary { .. } => "rotary",
             Op::Attention { .. } => "attention",
+            Op::AttentionBackward { .. } => "attention_backward",
             Op::MoeRoute { .. } => "moe_route",
             Op::CrossEntropy => "cross_entropy",
             Op::SgdUpdate { .. } => "sgd_update",

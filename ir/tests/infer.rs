@@ -287,6 +287,36 @@ fn case(kind: OpKind) -> Case {
             ],
             bad_msg: vec!["`attention`", "f32[2,8,4,16]", "f32[2,8,3,16]"],
         },
+        OpKind::AttentionBackward => Case {
+            op: Op::AttentionBackward {
+                causal: true,
+                scale: 0.25,
+            },
+            inputs: vec![
+                f32t(&[2, 8, 4, 16]),
+                f32t(&[2, 8, 2, 16]),
+                f32t(&[2, 8, 2, 8]),
+                f32t(&[2, 8, 4, 8]),
+                f32t(&[2, 8, 4, 8]),
+            ],
+            expect: vec![
+                f32t(&[2, 8, 4, 16]),
+                f32t(&[2, 8, 2, 16]),
+                f32t(&[2, 8, 2, 8]),
+            ],
+            bad_op: Op::AttentionBackward {
+                causal: true,
+                scale: 0.25,
+            },
+            bad_inputs: vec![
+                f32t(&[2, 8, 4, 16]),
+                f32t(&[2, 8, 2, 16]),
+                f32t(&[2, 8, 2, 8]),
+                f32t(&[2, 8, 4, 8]),
+                f32t(&[2, 8, 4, 16]),
+            ],
+            bad_msg: vec!["`attention_backward`", "f32[2,8,4,16]", "f32[2,8,4,8]"],
+        },
         OpKind::MoeRoute => Case {
             op: Op::MoeRoute {
                 top_k: 2,
@@ -554,4 +584,38 @@ fn einsum_rejects_dangling_and_repeated_labels() {
         infer(&e("bi,bi->bi"), &[&a, &a], None).unwrap(),
         vec![a.clone()]
     );
+}
+
+#[test]
+fn attention_positions_are_integers_of_the_sequence_lengths() {
+    let op = Op::Attention {
+        causal: true,
+        scale: 0.5,
+    };
+    let (q, k, v) = (
+        f32t(&[2, 8, 4, 16]),
+        f32t(&[2, 6, 2, 16]),
+        f32t(&[2, 6, 2, 16]),
+    );
+    let (qp, kp) = (i32t(&[8]), i32t(&[6]));
+    assert_eq!(
+        infer(&op, &[&q, &k, &v, &qp, &kp], None).unwrap(),
+        vec![f32t(&[2, 8, 4, 16])]
+    );
+    // Swapped lengths, float positions, mixed dtypes and a lone positions operand.
+    let err = infer(&op, &[&q, &k, &v, &kp, &qp], None)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("q_pos") && err.contains("[8]"), "{err}");
+    let fp = f32t(&[8]);
+    assert!(infer(&op, &[&q, &k, &v, &fp, &kp], None).is_err());
+    let wide = t(DType::I64, &[6]);
+    let err = infer(&op, &[&q, &k, &v, &qp, &wide], None)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("one dtype"), "{err}");
+    let err = infer(&op, &[&q, &k, &v, &qp], None)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("got 4"), "{err}");
 }

@@ -117,6 +117,16 @@ pub enum PassError {
         /// Where it is read.
         to: String,
     },
+    /// A graph cannot be laid out for context parallelism on a mesh axis.
+    #[error("context parallelism on mesh axis `{axis}` ({ways} ways): {detail}")]
+    ContextParallel {
+        /// The mesh axis.
+        axis: String,
+        /// Its size.
+        ways: usize,
+        /// Why, naming the tensor and its sizes.
+        detail: String,
+    },
 }
 
 fn scope_suffix(scope: &Option<String>) -> String {

@@ -19,10 +19,13 @@
 //! - [`expert_parallel`]: expert parallelism on the `ep` axis as placements.
 //! - [`parallelize`]: data parallelism and ZeRO as placements, annotation files, and the
 //!   driver that propagates and verifies.
+//! - [`context_parallel`]: the load-balanced sequence layout and the placements of context
+//!   parallelism (ring attention over the `cp` axis).
 //! - [`pipeline`]: cutting a step into balanced pipeline stages and per-micro-batch
 //!   sub-programs.
 
 pub mod autodiff;
+pub mod context_parallel;
 pub mod error;
 pub mod expert_parallel;
 pub mod parallelize;

@@ -9,6 +9,10 @@
 //!   (or an annotation file); propagation does the rest.
 //! - **Expert parallelism** (a mesh axis `ep` above 1): the experts' weights are annotated
 //!   in model code, and [`crate::expert_parallel`] splits the batch over `ep` too.
+//! - **Context parallelism** on `cp`: a graph laid out by
+//!   [`crate::context_parallel::load_balance`] has its data inputs split on the sequence
+//!   ([`crate::context_parallel::context_parallel_constraints`]); attention becomes ring
+//!   attention.
 //! - **ZeRO on the data axis**, for a training-step graph (one with optimizer updates). With
 //!   `z` the first dim of a weight that splits evenly over `dp` (preferring dims no other axis
 //!   shards):
@@ -179,6 +183,7 @@ pub fn parallelize(
     if options.sequence_parallel {
         sequence_parallel_constraints(&graph, mesh, &mut constraints)?;
     }
+    crate::context_parallel::context_parallel_constraints(&graph, mesh, &mut constraints)?;
     let plan = propagate_sharding(&mut graph, &constraints)?;
     Ok(Parallelized { graph, plan })
 }

@@ -7,7 +7,8 @@
 //! - [`Recompute::Selective`] (Megatron's selective recompute): the attention core, the
 //!   `saved/` nodes that compute the attention probabilities, is retagged `recompute/`, so it
 //!   runs just before the attention backward instead of in the forward, and the `[b, h, s, t]`
-//!   probabilities are not stored.
+//!   probabilities are not stored. A fused `attention_backward` (the gradient of attention
+//!   with explicit positions) stores none to begin with.
 //! - [`Recompute::Full`]: for every layer (a layer path `<name>.<index>` such as `h.3`,
 //!   the zoo's convention) and every micro-batch, the backward of the layer reads a copy of the
 //!   layer's forward, rebuilt from the values that enter the layer (its input activation and
@@ -51,7 +52,13 @@ pub fn recompute(step: &Graph, policy: Recompute) -> Result<Graph, PassError> {
                     .as_deref()
                     .is_some_and(|s| replace_tag(s, SAVED_TAG, RECOMPUTE_TAG).is_some())
             });
-            if !has_attention_core {
+            // A fused attention backward (attention with explicit positions) recomputes its
+            // probabilities by itself: nothing is stored to recompute.
+            let fused = g
+                .node_ids()
+                .into_iter()
+                .any(|n| matches!(g.node(n).op, Op::AttentionBackward { .. }));
+            if !has_attention_core && !fused {
                 return Err(PassError::BadOption {
                     option: "--recompute selective",
                     detail: format!("`{}` has no attention core to recompute", step.name()),

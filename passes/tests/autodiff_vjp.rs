@@ -504,7 +504,37 @@ fn cases(kind: OpKind) -> Vec<Case> {
                     ]
                 },
             ),
+            // Explicit positions differentiate through the fused `attention_backward`.
+            single(
+                "attention causal positions",
+                Op::Attention {
+                    causal: true,
+                    scale: 0.7,
+                },
+                |b| {
+                    vec![
+                        b.float(&[2, 4, 4, 2], |x| x),
+                        b.float(&[2, 4, 2, 2], |x| x),
+                        b.float(&[2, 4, 2, 3], |x| x),
+                        b.ints(&[4], vec![0, 3, 1, 2]),
+                        b.ints(&[4], vec![0, 3, 1, 2]),
+                    ]
+                },
+            ),
         ],
+        OpKind::AttentionBackward => {
+            let op = Op::AttentionBackward {
+                causal: true,
+                scale: 0.5,
+            };
+            assert_refused(
+                "attention_backward",
+                op,
+                |b| (0..5).map(|_| b.float(&[1, 2, 1, 2], |x| x)).collect(),
+                false,
+            );
+            Vec::new()
+        }
         OpKind::MoeRoute => [true, false]
             .into_iter()
             .map(|normalize| {

@@ -319,6 +319,58 @@ fn cases(kind: OpKind, rng: &mut Rng) -> Cases {
                     ));
                 }
             }
+            // Explicit positions (context parallelism's load-balanced order, and a shuffled
+            // one): every query sees its own key, so no row is fully masked.
+            let balanced = [0, 7, 1, 6, 2, 5, 3, 4];
+            let shuffled = [3, 0, 6, 1, 7, 4, 2, 5];
+            for (hq, hkv) in [(4, 2), (2, 2)] {
+                for (causal, order) in [(true, balanced), (true, shuffled), (false, shuffled)] {
+                    let pos =
+                        Tensor::new(TensorType::new(DType::I64, [8]), Data::Int(order.to_vec()))
+                            .unwrap();
+                    v.push((
+                        Op::Attention { causal, scale: 0.5 },
+                        vec![
+                            normal(&[2, 8, hq, 4], rng),
+                            normal(&[2, 8, hkv, 4], rng),
+                            normal(&[2, 8, hkv, 4], rng),
+                            pos.clone(),
+                            pos,
+                        ],
+                    ));
+                }
+            }
+            v
+        }
+        OpKind::AttentionBackward => {
+            let mut v = Vec::new();
+            let balanced = [0, 7, 1, 6, 2, 5, 3, 4];
+            let shuffled = [3, 0, 6, 1, 7, 4, 2, 5];
+            for (hq, hkv) in [(4, 2), (2, 1)] {
+                for causal in [false, true] {
+                    let op = Op::AttentionBackward { causal, scale: 0.5 };
+                    let (q, k, vv) = (
+                        normal(&[2, 8, hq, 4], rng),
+                        normal(&[2, 8, hkv, 4], rng),
+                        normal(&[2, 8, hkv, 4], rng),
+                    );
+                    let attn = Op::Attention { causal, scale: 0.5 };
+                    let o = eval1(attn.clone(), &[q.clone(), k.clone(), vv.clone()]);
+                    let g = normal(&[2, 8, hq, 4], rng);
+                    v.push((
+                        op.clone(),
+                        vec![q.clone(), k.clone(), vv.clone(), o, g.clone()],
+                    ));
+                    let order = if causal { balanced } else { shuffled };
+                    let pos =
+                        Tensor::new(TensorType::new(DType::I64, [8]), Data::Int(order.to_vec()))
+                            .unwrap();
+                    let positioned = [q, k, vv, pos.clone(), pos.clone()];
+                    let o = eval1(attn, &positioned);
+                    let [q, k, vv, ..] = positioned;
+                    v.push((op, vec![q, k, vv, o, g, pos.clone(), pos]));
+                }
+            }
             v
         }
         OpKind::MoeRoute => vec![
@@ -536,8 +588,9 @@ fn distribute(t: &Tensor, p: Placement, n: usize, rng: &mut Rng) -> Vec<Tensor> 
 }
 
 /// Runs a lowering on every rank in lockstep: each rank gets its own local graph (the same
-/// ops, with rank-dependent constants), nodes are evaluated in order, and all-reduces combine
-/// the ranks' operands.
+/// ops, with rank-dependent constants), nodes are evaluated in order, all-reduces combine
+/// the ranks' operands, and `send`s queue their operands for the `recv`s of the ranks they
+/// address (first in, first out per pair of ranks).
 fn run_lowered(op: &Op, lowering: Lowering, locals: &[Vec<Tensor>], n: usize) -> Vec<Vec<Tensor>> {
     let mesh = DeviceMesh::new([("x", n)]).unwrap();
     let mut graphs = Vec::new();
@@ -575,6 +628,9 @@ fn run_lowered(op: &Op, lowering: Lowering, locals: &[Vec<Tensor>], n: usize) ->
     }
     let order = graphs[0].topo_order().unwrap();
     let mut env: Vec<HashMap<ValueId, Tensor>> = vec![HashMap::new(); n];
+    let peer = |rank: usize, shift: i64| (rank as i64 + shift).rem_euclid(n as i64) as usize;
+    // Messages in flight, by (from, to).
+    let mut queues: HashMap<(usize, usize), std::collections::VecDeque<Tensor>> = HashMap::new();
     for (rank, (inputs, _)) in io.iter().enumerate() {
         for (v, t) in inputs.iter().zip(&locals[rank]) {
             env[rank].insert(*v, t.clone());
@@ -584,6 +640,26 @@ fn run_lowered(op: &Op, lowering: Lowering, locals: &[Vec<Tensor>], n: usize) ->
         let first = graphs[0].node(node);
         match &first.op {
             Op::Input { .. } => {}
+            Op::Send { shift, .. } => {
+                for (rank, e) in env.iter().enumerate() {
+                    let t = e[&first.inputs[0]].clone();
+                    queues
+                        .entry((rank, peer(rank, *shift)))
+                        .or_default()
+                        .push_back(t);
+                }
+            }
+            Op::Recv { shift, ty, .. } => {
+                for (rank, e) in env.iter_mut().enumerate() {
+                    let from = peer(rank, *shift);
+                    let t = queues
+                        .get_mut(&(from, rank))
+                        .and_then(std::collections::VecDeque::pop_front)
+                        .expect("a recv with no message sent");
+                    assert_eq!(t.ty(), ty, "recv of the wrong type");
+                    e.insert(first.outputs[0], t);
+                }
+            }
             Op::AllReduce { reduce, .. } => {
                 let parts: Vec<Tensor> = (0..n).map(|r| env[r][&first.inputs[0]].clone()).collect();
                 let total = combine(*reduce, &parts);
@@ -604,6 +680,10 @@ fn run_lowered(op: &Op, lowering: Lowering, locals: &[Vec<Tensor>], n: usize) ->
             }
         }
     }
+    assert!(
+        queues.values().all(std::collections::VecDeque::is_empty),
+        "messages sent but never received"
+    );
     io.iter()
         .enumerate()
         .map(|(rank, (_, outs))| outs.iter().map(|v| env[rank][v].clone()).collect())
@@ -771,6 +851,55 @@ fn attention_splits_batch_and_heads_but_not_the_causal_sequence() {
     // Two kv heads cannot be split four ways, and query heads alone need one kv head.
     let l4 = listed(&causal, &[q, k, v], 4);
     assert!(!l4.iter().any(|s| s.contains("S(2)")));
+}
+
+#[test]
+fn attention_with_positions_splits_the_sequence_by_ring() {
+    let (q, k, v) = (
+        f32_ty(&[2, 8, 4, 4]),
+        f32_ty(&[2, 8, 2, 4]),
+        f32_ty(&[2, 8, 2, 4]),
+    );
+    let pos = TensorType::new(DType::I64, [8]);
+    let causal = Op::Attention {
+        causal: true,
+        scale: 0.5,
+    };
+    let l = listed(
+        &causal,
+        &[q.clone(), k.clone(), v.clone(), pos.clone(), pos],
+        2,
+    );
+    assert!(l.contains(&"S(1), S(1), S(1), S(0), S(0) -> S(1) [RingAttention]".to_string()));
+    // Query rows alone, every key visible to the device: the mask reads global positions.
+    assert!(l.contains(&"S(1), R, R, S(0), R -> S(1)".to_string()));
+    assert!(l.contains(&"S(0), S(0), S(0), R, R -> S(0)".to_string()));
+    // Without positions a causal sequence split has no global positions to mask with.
+    let plain = listed(&causal, &[q.clone(), k.clone(), v.clone()], 4);
+    assert!(!plain.iter().any(|s| s.contains("RingAttention")));
+    let full = Op::Attention {
+        causal: false,
+        scale: 0.5,
+    };
+    assert!(
+        listed(&full, &[q.clone(), k.clone(), v.clone()], 4)
+            .contains(&"S(1), S(1), S(1) -> S(1) [RingAttention]".to_string())
+    );
+    // The fused backward: a ring too, or keys whole and their gradients partial.
+    let o = f32_ty(&[2, 8, 4, 4]);
+    let pos = TensorType::new(DType::I64, [8]);
+    let backward = Op::AttentionBackward {
+        causal: true,
+        scale: 0.5,
+    };
+    let l = listed(&backward, &[q, k, v, o.clone(), o, pos.clone(), pos], 2);
+    assert!(
+        l.contains(
+            &"S(1), S(1), S(1), S(1), S(1), S(0), S(0) -> S(1), S(1), S(1) [RingAttentionBackward]"
+                .to_string()
+        )
+    );
+    assert!(l.contains(&"S(1), R, R, S(1), S(1), S(0), R -> S(1), P(sum), P(sum)".to_string()));
 }
 
 #[test]

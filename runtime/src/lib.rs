@@ -60,7 +60,7 @@ pub use kernels::eval_op;
 pub use pipeline::{
     PipelineStepReport, RankReport, run_pipeline_step, run_pipeline_step_spmd, split_pipeline_rank,
 };
-pub use reference::decomposed_attention;
+pub use reference::{decomposed_attention, decomposed_attention_at};
 pub use tensor::{Data, Precision, Tensor, round_to_dtype};
 pub use train::{StepReport, Trainer};
 

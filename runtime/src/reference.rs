@@ -14,7 +14,20 @@ use autopar_ir::{
 /// softmax.
 pub fn decomposed_attention(
     g: &mut Graph,
+    qkv: [ValueId; 3],
+    causal: bool,
+    scale: f64,
+) -> Result<ValueId, IrError> {
+    decomposed_attention_at(g, qkv, None, causal, scale)
+}
+
+/// [`decomposed_attention`] with explicit positions `[q_pos, k_pos]` (the optional operands
+/// of the fused op): the causal mask sets the logits of keys with `k_pos[j] > q_pos[i]` to
+/// `-inf`.
+pub fn decomposed_attention_at(
+    g: &mut Graph,
     [q, k, v]: [ValueId; 3],
+    positions: Option<[ValueId; 2]>,
     causal: bool,
     scale: f64,
 ) -> Result<ValueId, IrError> {
@@ -24,7 +37,16 @@ pub fn decomposed_attention(
         g.value_checked(v)?.ty.clone(),
     );
     // The fused op's typing rule vets the operands, so the dims below exist.
-    infer(&Op::Attention { causal, scale }, &[&qt, &kt, &vt], None)?;
+    let mut operand_tys = vec![&qt, &kt, &vt];
+    let pos_tys = match positions {
+        Some([qp, kp]) => vec![
+            g.value_checked(qp)?.ty.clone(),
+            g.value_checked(kp)?.ty.clone(),
+        ],
+        None => Vec::new(),
+    };
+    operand_tys.extend(&pos_tys);
+    infer(&Op::Attention { causal, scale }, &operand_tys, None)?;
     let (&[b, s, hq, d], &[_, t, hkv, dv]) = (qt.dims(), vt.dims()) else {
         return Err(IrError::Verify(
             "attention operands must have rank 4".into(),
@@ -62,8 +84,10 @@ pub fn decomposed_attention(
         &[scores, scale_c],
     )?;
     if causal {
-        let rows = positions(g, s)?;
-        let cols = positions(g, t)?;
+        let (rows, cols) = match positions {
+            Some([qp, kp]) => (qp, kp),
+            None => (self::positions(g, s)?, self::positions(g, t)?),
+        };
         let square = Shape::new([s, t]);
         let rows = g.add(
             Op::Broadcast {

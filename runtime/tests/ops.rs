@@ -41,6 +41,7 @@ fn every_op_kind_has_a_hand_checked_case() -> TestResult {
             OpKind::Broadcast => broadcast()?,
             OpKind::Rotary => rotary()?,
             OpKind::Attention => attention()?,
+            OpKind::AttentionBackward => attention_backward()?,
             OpKind::MoeRoute => moe_route()?,
             OpKind::CrossEntropy => cross_entropy()?,
             OpKind::SgdUpdate => sgd_update()?,
@@ -558,6 +559,31 @@ fn attention() -> TestResult {
     Ok(())
 }
 
+fn attention_backward() -> TestResult {
+    // The example of `attention`: weights 1/4 and 3/4 on values 4 and 8, result 7, and a
+    // gradient of 1 on both rows: `ds = p (v - 7)`, so `dq = ds . k`, `dk = ds^T q`.
+    let q = f32t(&[1, 2, 1, 1], &[1.0, 1.0]);
+    let k = f32t(&[1, 2, 1, 1], &[0.0, 3f64.ln()]);
+    let v = f32t(&[1, 2, 1, 1], &[4.0, 8.0]);
+    let g = f32t(&[1, 2, 1, 1], &[1.0, 1.0]);
+    let op = |causal| Op::AttentionBackward { causal, scale: 1.0 };
+    let o = f32t(&[1, 2, 1, 1], &[7.0, 7.0]);
+    let full = run_op(op(false), &[q.clone(), k.clone(), v.clone(), o, g.clone()])?;
+    let dq = 0.75 * 3f64.ln();
+    assert_close(&full[0], &[1, 2, 1, 1], &[dq, dq], 1e-6);
+    assert_close(&full[1], &[1, 2, 1, 1], &[-1.5, 1.5], 1e-6);
+    assert_close(&full[2], &[1, 2, 1, 1], &[0.5, 1.5], 1e-6);
+    // Positions: query 0 at position 1 sees both keys, query 1 at position 0 only key 0
+    // (its result is 4 and its score gradient 0).
+    let o = f32t(&[1, 2, 1, 1], &[7.0, 4.0]);
+    let (q_pos, k_pos) = (i64t(&[2], &[1, 0]), i64t(&[2], &[0, 1]));
+    let causal = run_op(op(true), &[q, k, v, o, g, q_pos, k_pos])?;
+    assert_close(&causal[0], &[1, 2, 1, 1], &[dq, 0.0], 1e-6);
+    assert_close(&causal[1], &[1, 2, 1, 1], &[-0.75, 0.75], 1e-6);
+    assert_close(&causal[2], &[1, 2, 1, 1], &[1.25, 0.75], 1e-6);
+    Ok(())
+}
+
 fn moe_op(top_k: usize, capacity: usize, normalize: bool) -> Op {
     Op::MoeRoute {
         top_k,
@@ -867,6 +893,90 @@ fn attention_matches_its_decomposition() -> TestResult {
                 "causal={causal} hq={hq} hkv={hkv} s={s} t={t} {precision:?}: max diff {:?}",
                 f.max_abs_diff(r)
             );
+        }
+    }
+    Ok(())
+}
+
+/// Attention with explicit positions: the fused kernel against its decomposition, and with
+/// positions `0..s` against the op without them; permuting the rows of q, k, v and their
+/// positions alike permutes the result's rows.
+#[test]
+fn attention_with_positions_matches_its_decomposition() -> TestResult {
+    let (b, s, hq, hkv, d) = (2, 6, 4, 2, 4);
+    let order: [i64; 6] = [0, 5, 1, 4, 2, 3];
+    for causal in [true, false] {
+        let mut g = Graph::new("attn");
+        let mut inputs = TensorMap::new();
+        let mut operand = |g: &mut Graph, name: &str, t: Tensor| {
+            inputs.insert(name.to_string(), t.clone());
+            g.add(
+                Op::Input {
+                    name: name.into(),
+                    ty: t.ty().clone(),
+                    role: InputRole::Features,
+                },
+                &[],
+            )
+        };
+        let values = |n: usize, salt: u64| -> Vec<f64> {
+            (0..n as u64)
+                .map(|i| ((i * 7919 + salt * 104_729) % 997) as f64 / 997.0 * 4.0 - 2.0)
+                .collect()
+        };
+        let q = operand(
+            &mut g,
+            "q",
+            f32t(&[b, s, hq, d], &values(b * s * hq * d, 1)),
+        )?;
+        let k = operand(
+            &mut g,
+            "k",
+            f32t(&[b, s, hkv, d], &values(b * s * hkv * d, 2)),
+        )?;
+        let v = operand(
+            &mut g,
+            "v",
+            f32t(&[b, s, hkv, d], &values(b * s * hkv * d, 3)),
+        )?;
+        let iota: Vec<i64> = (0..s as i64).collect();
+        let pos = operand(&mut g, "pos", i64t(&[s], &iota))?;
+        let perm = operand(&mut g, "perm", i64t(&[s], &order))?;
+        let scale = 0.5;
+        let op = Op::Attention { causal, scale };
+        let plain = g.add(op.clone(), &[q, k, v])?;
+        let at_iota = g.add(op.clone(), &[q, k, v, pos, pos])?;
+        let at_perm = g.add(op.clone(), &[q, k, v, perm, perm])?;
+        let reference = autopar_runtime::decomposed_attention_at(
+            &mut g,
+            [q, k, v],
+            Some([perm, perm]),
+            causal,
+            scale,
+        )?;
+        for (name, x) in [
+            ("plain", plain),
+            ("iota", at_iota),
+            ("perm", at_perm),
+            ("ref", reference),
+        ] {
+            g.add_output(name, x)?;
+        }
+        autopar_ir::verify(&g)?;
+        let out = run(
+            &g,
+            &TensorMap::new(),
+            &inputs,
+            RunOptions {
+                precision: Precision::F64,
+            },
+        )?;
+        let get = |n: &str| out.output(n);
+        assert!(get("plain")?.all_close(get("iota")?, 0.0, 1e-12));
+        assert!(get("perm")?.all_close(get("ref")?, 0.0, 1e-12));
+        if causal {
+            // Query row 1 (position 5) sees every key; row 0 (position 0) only itself.
+            assert!(!get("perm")?.all_close(get("plain")?, 0.0, 1e-6));
         }
     }
     Ok(())

@@ -782,11 +782,13 @@ impl<'a> Parser<'a> {
                 "base" => *base = p.f64()?,
                 _ => return Ok(false),
             },
-            Op::Attention { causal, scale } => match key {
-                "causal" => *causal = p.bool()?,
-                "scale" => *scale = p.f64()?,
-                _ => return Ok(false),
-            },
+            Op::Attention { causal, scale } | Op::AttentionBackward { causal, scale } => {
+                match key {
+                    "causal" => *causal = p.bool()?,
+                    "scale" => *scale = p.f64()?,
+                    _ => return Ok(false),
+                }
+            }
             Op::MoeRoute {
                 top_k,
                 capacity,
@@ -936,6 +938,7 @@ fn check_dim_arithmetic(
         | Op::Broadcast { .. }
         | Op::Rotary { .. }
         | Op::Attention { .. }
+        | Op::AttentionBackward { .. }
         | Op::MoeRoute { .. }
         | Op::CrossEntropy
         | Op::SgdUpdate { .. }

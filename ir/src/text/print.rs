@@ -145,7 +145,7 @@ pub(crate) fn attrs(op: &Op) -> Vec<(&'static str, String)> {
             vec![("shape", int_list(shape.dims())), ("dims", int_list(dims))]
         }
         Op::Rotary { base } => vec![("base", float(*base))],
-        Op::Attention { causal, scale } => {
+        Op::Attention { causal, scale } | Op::AttentionBackward { causal, scale } => {
             vec![("causal", causal.to_string()), ("scale", float(*scale))]
         }
         Op::MoeRoute {

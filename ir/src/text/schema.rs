@@ -64,6 +64,10 @@ fn prototypes_of(kind: OpKind) -> Vec<Op> {
             causal: false,
             scale: 0.0,
         },
+        OpKind::AttentionBackward => Op::AttentionBackward {
+            causal: false,
+            scale: 0.0,
+        },
         OpKind::MoeRoute => Op::MoeRoute {
             top_k: 0,
             capacity: 0,
@@ -146,7 +150,7 @@ pub(crate) fn attr_names(op: &Op) -> &'static [&'static str] {
         Op::Slice { .. } => &["dim", "start", "end"],
         Op::Broadcast { .. } => &["shape", "dims"],
         Op::Rotary { .. } => &["base"],
-        Op::Attention { .. } => &["causal", "scale"],
+        Op::Attention { .. } | Op::AttentionBackward { .. } => &["causal", "scale"],
         Op::MoeRoute { .. } => &["top_k", "capacity", "normalize"],
         Op::SgdUpdate { .. } => &["lr", "momentum", "weight_decay"],
         Op::AdamWUpdate { .. } => &["lr", "beta1", "beta2", "eps", "weight_decay"],

@@ -171,6 +171,24 @@ fn add_examples(g: &mut Graph, kind: OpKind, c: &Ctx) -> Vec<NodeId> {
             },
             &[c.q, c.q, c.q],
         )],
+        OpKind::AttentionBackward => vec![
+            add(
+                g,
+                Op::AttentionBackward {
+                    causal: true,
+                    scale: 0.5,
+                },
+                &[c.q, c.q, c.q, c.q, c.q],
+            ),
+            add(
+                g,
+                Op::AttentionBackward {
+                    causal: false,
+                    scale: 0.25,
+                },
+                &[c.q, c.q, c.q, c.q, c.q, c.pos, c.pos],
+            ),
+        ],
         OpKind::MoeRoute => {
             let probs = g.add(Op::Softmax { dim: 1 }, &[c.x]).unwrap();
             vec![add(

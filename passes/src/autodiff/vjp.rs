@@ -45,7 +45,8 @@ pub(super) fn has_rule(op: &Op) -> bool {
         | Op::Attention { .. }
         | Op::MoeRoute { .. }
         | Op::CrossEntropy => true,
-        Op::SgdUpdate { .. }
+        Op::AttentionBackward { .. }
+        | Op::SgdUpdate { .. }
         | Op::AdamWUpdate { .. }
         | Op::AllReduce { .. }
         | Op::AllGather { .. }
@@ -241,6 +242,24 @@ pub(super) fn vjp(
             }
             Ok(grads)
         }
+        // With explicit positions (the context-parallel layout), one fused op that
+        // recomputes the probabilities from `q`, `k` and the result, so that a sequence split
+        // can run it as a ring; without, the decomposition below (whose `saved/` probabilities
+        // selective recompute works on).
+        Op::Attention { causal, scale } if x.len() == 5 => {
+            let fused = Op::AttentionBackward {
+                causal: *causal,
+                scale: *scale,
+            };
+            let grads = e.node(fused, &[x[0], x[1], x[2], y[0], grad(g)?, x[3], x[4]])?;
+            let mut out: Vec<Option<ValueId>> = grads
+                .into_iter()
+                .enumerate()
+                .map(|(i, d)| want(i).then_some(d))
+                .collect();
+            out.resize(x.len(), None);
+            Ok(out)
+        }
         Op::Attention { causal, scale } => {
             let saved = saved_scope(node.scope.as_deref());
             attention(
@@ -272,7 +291,8 @@ pub(super) fn vjp(
             };
             Ok(vec![dl, None])
         }
-        Op::SgdUpdate { .. }
+        Op::AttentionBackward { .. }
+        | Op::SgdUpdate { .. }
         | Op::AdamWUpdate { .. }
         | Op::AllReduce { .. }
         | Op::AllGather { .. }

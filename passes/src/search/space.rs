@@ -184,20 +184,25 @@ impl Constraints {
 }
 
 /// What in `plan` the CPU runtime cannot execute, one phrase each (empty: it executes it).
-/// The runtime runs data and tensor parallelism with ZeRO 0-3, alone or inside a pipeline
-/// (any schedule, micro-batches and virtual stages).
+/// The runtime runs data, tensor, expert and context parallelism with ZeRO 0-3, alone or
+/// (context parallelism excepted) inside a pipeline (any schedule, micro-batches and virtual
+/// stages).
 ///
 /// ```
 /// # use autopar_cost_model::Plan;
 /// # use autopar_passes::search::cpu_unsupported;
 /// assert!(cpu_unsupported(&Plan::parse("dp=2,tp=2,zero=3").unwrap()).is_empty());
 /// assert!(cpu_unsupported(&Plan::parse("dp=2,tp=2,pp=2,zero=3").unwrap()).is_empty());
-/// assert_eq!(cpu_unsupported(&Plan::parse("tp=2,cp=2").unwrap()), ["context parallelism (cp=2)"]);
+/// assert!(cpu_unsupported(&Plan::parse("tp=2,cp=2").unwrap()).is_empty());
+/// assert_eq!(cpu_unsupported(&Plan::parse("pp=2,cp=2").unwrap()), ["context parallelism in a pipeline (pp=2, cp=2)"]);
 /// ```
 pub fn cpu_unsupported(plan: &Plan) -> Vec<String> {
     let mut out = Vec::new();
-    if plan.cp > 1 {
-        out.push(format!("context parallelism (cp={})", plan.cp));
+    if plan.cp > 1 && plan.pp > 1 {
+        out.push(format!(
+            "context parallelism in a pipeline (pp={}, cp={})",
+            plan.pp, plan.cp
+        ));
     }
     out
 }
@@ -257,7 +262,8 @@ pub(crate) fn mesh_shapes(
         for cp in divisors(devices / tp) {
             let useful = cp == 1 || c.cp.is_some() || cfg.seq >= cp_min_seq;
             if !useful
-                || (c.cpu_executable && cp > 1)
+                // MoE routing depends on the token order that the cp layout changes.
+                || (c.cpu_executable && cp > 1 && cfg.experts > 1)
                 || !c.allows_degree("cp", cp)
                 || (cp > 1 && !cfg.seq.is_multiple_of(2 * cp))
                 || c.cp.is_some_and(|p| p != cp)

@@ -111,6 +111,7 @@ pub fn local_op(
         | Op::Concat { .. }
         | Op::Rotary { .. }
         | Op::Attention { .. }
+        | Op::AttentionBackward { .. }
         | Op::MoeRoute { .. }
         | Op::CrossEntropy
         | Op::SgdUpdate { .. }

@@ -36,6 +36,11 @@ pub struct ShardContext {
 ///   `rows = gather(table, select(ok, local, 0))`; `select(broadcast(ok), rows, 0)`.
 /// - [`Lowering::RowParallelScatterAdd`], with whole `ids` and `updates`: the same shift and
 ///   mask, updates outside the shard zeroed, then `scatter_add` into `num_rows / count` rows.
+/// - [`Lowering::RingAttention`], with local `q`, `k`, `v` (and `q_pos`, `k_pos`) rows of the
+///   sequence: see the strategy's docs; the ring runs along the one axis in `shard`,
+///   `count` steps long.
+/// - [`Lowering::RingAttentionBackward`], with local rows of `q`, `k`, `v`, `o`, `g` (and the
+///   positions): two passes around the same ring, then the key/value gradients sent home.
 /// - [`Lowering::VocabParallelCrossEntropy`], with `logits[..., v_local]` and whole `targets`:
 ///   `m = all_reduce_max(reduce_max(logits))`; `z = logits - m`;
 ///   `s = all_reduce_sum(reduce_sum(exp(z)))`; the target's `z`, picked by comparing
@@ -81,6 +86,44 @@ pub fn lower(
         }
         (Lowering::VocabParallelCrossEntropy, Op::CrossEntropy, &[logits, targets]) => {
             vocab_parallel_cross_entropy(g, logits, targets, shard)
+        }
+        (Lowering::RingAttention, Op::Attention { causal, scale }, [q, k, v, positions @ ..])
+            if positions.is_empty() || positions.len() == 2 =>
+        {
+            let [axis] = shard.axes.as_slice() else {
+                return Err(mismatch("a ring runs along one mesh axis"));
+            };
+            let positions = match *positions {
+                [q_pos, k_pos] => Some((q_pos, k_pos)),
+                _ => None,
+            };
+            let ring = Ring {
+                axis,
+                steps: shard.count,
+                causal: *causal,
+                scale: *scale,
+            };
+            ring_attention(g, &ring, [*q, *k, *v], positions)
+        }
+        (
+            Lowering::RingAttentionBackward,
+            Op::AttentionBackward { causal, scale },
+            [q, k, v, o, grad, positions @ ..],
+        ) if positions.is_empty() || positions.len() == 2 => {
+            let [axis] = shard.axes.as_slice() else {
+                return Err(mismatch("a ring runs along one mesh axis"));
+            };
+            let positions = match *positions {
+                [q_pos, k_pos] => Some((q_pos, k_pos)),
+                _ => None,
+            };
+            let ring = Ring {
+                axis,
+                steps: shard.count,
+                causal: *causal,
+                scale: *scale,
+            };
+            ring_attention_backward(g, &ring, [*q, *k, *v, *o, *grad], positions)
         }
         _ => Err(mismatch("does not apply to this op or its operands")),
     }
@@ -137,6 +180,455 @@ fn mask(g: &mut Graph, ok: ValueId, x: ValueId) -> Result<ValueId, ShardingError
     )?;
     let zero = constant(g, x_ty, 0.0)?;
     Ok(g.add(Op::Select, &[ok, x, zero])?)
+}
+
+/// The ring of a [`Lowering::RingAttention`]: its mesh axis, its length and the op's
+/// attributes.
+struct Ring<'a> {
+    axis: &'a str,
+    steps: usize,
+    causal: bool,
+    scale: f64,
+}
+
+/// Ring attention on this device's rows `q[b, s, hq, d]` and its key/value block
+/// `k[b, t, hkv, d]`, `v[b, t, hkv, dv]` (with `positions = (q_pos[s], k_pos[t])` when the
+/// mask needs them). Step `i` works on the block that started `i` devices back: scores
+/// `z = scale q k^T` (masked to `-inf` where `k_pos > q_pos`), block max `m_i`, running max
+/// `m = max(m, m_i)`, `p = exp(z - m)`, and the running sum and output rescaled by
+/// `exp(m_old - m)` before `sum(p)` and `p v` are added. Before every step but the first,
+/// the block (and its positions) is sent to the next device and the previous device's is
+/// received, all sends first. A max that is still `-inf` (every key so far masked) is
+/// replaced by 0 where it is subtracted, so no `-inf - -inf` arises. The result is the
+/// output divided by the running sum.
+fn ring_attention(
+    g: &mut Graph,
+    ring: &Ring<'_>,
+    [q, k, v]: [ValueId; 3],
+    positions: Option<(ValueId, ValueId)>,
+) -> Result<Vec<ValueId>, ShardingError> {
+    let (qt, vt) = (g.ty(q).clone(), g.ty(v).clone());
+    let (&[b, s, hq, d], &[_, t, hkv, dv]) = (qt.dims(), vt.dims()) else {
+        return Err(ShardingError::Mismatch {
+            op: "attention",
+            detail: "ring attention needs rank-4 q, k and v".into(),
+        });
+    };
+    let group = hq / hkv.max(1);
+    let dtype = qt.dtype;
+    let scores_shape = Shape::new([b, hkv, group, s, t]);
+    let stats_ty = TensorType::new(dtype, [b, hkv, group, s]);
+    let out_shape = Shape::new([b, s, hkv, group, dv]);
+    let einsum = |g: &mut Graph, spec: &str, x: ValueId, y: ValueId| {
+        let spec = spec.parse().map_err(|detail| ShardingError::Mismatch {
+            op: "attention",
+            detail,
+        })?;
+        Ok::<_, ShardingError>(g.add(Op::Einsum { spec }, &[x, y])?)
+    };
+    let spread = |g: &mut Graph, x: ValueId, shape: &Shape| {
+        let dims: Vec<usize> = (0..g.ty(x).rank()).collect();
+        g.add(
+            Op::Broadcast {
+                shape: shape.clone(),
+                dims,
+            },
+            &[x],
+        )
+    };
+    // Per-query statistics `[b, hkv, g, s]` laid out like the output rows `[b, s, hkv, g]`.
+    let over_rows = |g: &mut Graph, x: ValueId| -> Result<ValueId, ShardingError> {
+        let x = g.add(
+            Op::Transpose {
+                perm: vec![0, 3, 1, 2],
+            },
+            &[x],
+        )?;
+        Ok(spread(g, x, &out_shape)?)
+    };
+    let q5 = g.add(
+        Op::Reshape {
+            shape: Shape::new([b, s, hkv, group, d]),
+        },
+        &[q],
+    )?;
+    let neg_inf = constant(g, stats_ty.clone(), f64::NEG_INFINITY)?;
+    let zero = constant(g, stats_ty.clone(), 0.0)?;
+    let mut block = vec![k, v];
+    block.extend(positions.map(|(_, k_pos)| k_pos));
+    // (running max, running sum, running output)
+    let mut state: Option<(ValueId, ValueId, ValueId)> = None;
+    for step in 0..ring.steps {
+        if step > 0 {
+            for &x in &block {
+                g.add_node(
+                    Op::Send {
+                        axis: ring.axis.to_string(),
+                        shift: 1,
+                    },
+                    &[x],
+                )?;
+            }
+            block = block
+                .iter()
+                .map(|&x| {
+                    let ty = g.ty(x).clone();
+                    g.add(
+                        Op::Recv {
+                            axis: ring.axis.to_string(),
+                            shift: -1,
+                            ty,
+                        },
+                        &[],
+                    )
+                })
+                .collect::<Result<_, _>>()?;
+        }
+        let (kb, vb) = (block[0], block[1]);
+        let scores = einsum(g, "bskgd,btkd->bkgst", q5, kb)?;
+        let scale = constant(g, g.ty(scores).clone(), ring.scale)?;
+        let mut logits = binary(g, BinaryOp::Mul, scores, scale)?;
+        if let (true, Some((q_pos, _)), Some(&k_pos)) = (ring.causal, positions, block.get(2)) {
+            let square = Shape::new([s, t]);
+            let rows = g.add(
+                Op::Broadcast {
+                    shape: square.clone(),
+                    dims: vec![0],
+                },
+                &[q_pos],
+            )?;
+            let cols = g.add(
+                Op::Broadcast {
+                    shape: square,
+                    dims: vec![1],
+                },
+                &[k_pos],
+            )?;
+            let future = compare(g, CompareOp::Gt, cols, rows)?;
+            let mask = g.add(
+                Op::Broadcast {
+                    shape: scores_shape.clone(),
+                    dims: vec![3, 4],
+                },
+                &[future],
+            )?;
+            let masked = constant(g, g.ty(logits).clone(), f64::NEG_INFINITY)?;
+            logits = g.add(Op::Select, &[mask, masked, logits])?;
+        }
+        let block_max = g.add(
+            Op::Reduce {
+                func: ReduceOp::Max,
+                dims: vec![4],
+            },
+            &[logits],
+        )?;
+        let max = match state {
+            None => block_max,
+            Some((m, _, _)) => binary(g, BinaryOp::Max, m, block_max)?,
+        };
+        let unseen = compare(g, CompareOp::Eq, max, neg_inf)?;
+        let safe_max = g.add(Op::Select, &[unseen, zero, max])?;
+        let safe_max_b = spread(g, safe_max, &scores_shape)?;
+        let shifted = binary(g, BinaryOp::Sub, logits, safe_max_b)?;
+        let p = g.add(Op::Unary { func: UnaryOp::Exp }, &[shifted])?;
+        let block_sum = g.add(
+            Op::Reduce {
+                func: ReduceOp::Sum,
+                dims: vec![4],
+            },
+            &[p],
+        )?;
+        let block_out = einsum(g, "bkgst,btke->bskge", p, vb)?;
+        state = Some(match state {
+            None => (max, block_sum, block_out),
+            Some((m, sum, out)) => {
+                let diff = binary(g, BinaryOp::Sub, m, safe_max)?;
+                let alpha = g.add(Op::Unary { func: UnaryOp::Exp }, &[diff])?;
+                let kept = binary(g, BinaryOp::Mul, sum, alpha)?;
+                let sum = binary(g, BinaryOp::Add, kept, block_sum)?;
+                let alpha_rows = over_rows(g, alpha)?;
+                let kept = binary(g, BinaryOp::Mul, out, alpha_rows)?;
+                let out = binary(g, BinaryOp::Add, kept, block_out)?;
+                (max, sum, out)
+            }
+        });
+    }
+    let Some((_, sum, out)) = state else {
+        return Err(ShardingError::Mismatch {
+            op: "attention",
+            detail: "ring attention over zero devices".into(),
+        });
+    };
+    let sum_rows = over_rows(g, sum)?;
+    let out = binary(g, BinaryOp::Div, out, sum_rows)?;
+    Ok(vec![g.add(
+        Op::Reshape {
+            shape: Shape::new([b, s, hq, dv]),
+        },
+        &[out],
+    )?])
+}
+
+/// Sends `block` one step along the ring (all sends first) and returns what the previous
+/// device sent.
+fn pass_on(g: &mut Graph, axis: &str, block: &[ValueId]) -> Result<Vec<ValueId>, ShardingError> {
+    for &x in block {
+        g.add_node(
+            Op::Send {
+                axis: axis.to_string(),
+                shift: 1,
+            },
+            &[x],
+        )?;
+    }
+    block
+        .iter()
+        .map(|&x| {
+            let ty = g.ty(x).clone();
+            Ok(g.add(
+                Op::Recv {
+                    axis: axis.to_string(),
+                    shift: -1,
+                    ty,
+                },
+                &[],
+            )?)
+        })
+        .collect()
+}
+
+/// `scale q5 k^T` as `[b, hkv, g, s, t]`, set to `-inf` where `k_pos > q_pos` when causal.
+fn ring_logits(
+    g: &mut Graph,
+    ring: &Ring<'_>,
+    q5: ValueId,
+    k: ValueId,
+    positions: Option<(ValueId, ValueId)>,
+) -> Result<ValueId, ShardingError> {
+    let spec = "bskgd,btkd->bkgst"
+        .parse()
+        .map_err(|detail| ShardingError::Mismatch {
+            op: "attention",
+            detail,
+        })?;
+    let scores = g.add(Op::Einsum { spec }, &[q5, k])?;
+    let ty = g.ty(scores).clone();
+    let scale = constant(g, ty.clone(), ring.scale)?;
+    let logits = binary(g, BinaryOp::Mul, scores, scale)?;
+    let (true, Some((q_pos, k_pos))) = (ring.causal, positions) else {
+        return Ok(logits);
+    };
+    let (s, t) = (ty.dims()[3], ty.dims()[4]);
+    let square = Shape::new([s, t]);
+    let rows = g.add(
+        Op::Broadcast {
+            shape: square.clone(),
+            dims: vec![0],
+        },
+        &[q_pos],
+    )?;
+    let cols = g.add(
+        Op::Broadcast {
+            shape: square,
+            dims: vec![1],
+        },
+        &[k_pos],
+    )?;
+    let future = compare(g, CompareOp::Gt, cols, rows)?;
+    let mask = g.add(
+        Op::Broadcast {
+            shape: ty.shape.clone(),
+            dims: vec![3, 4],
+        },
+        &[future],
+    )?;
+    let masked = constant(g, ty, f64::NEG_INFINITY)?;
+    Ok(g.add(Op::Select, &[mask, masked, logits])?)
+}
+
+/// Ring attention's backward on this device's rows of `q`, `o` and `grad` and its key/value
+/// block (see [`Lowering::RingAttentionBackward`]): pass 1 rings the keys to get every row's
+/// `lse = m + log(sum exp(z - m))` over all keys; pass 2 starts again from the local block
+/// and, at every step, adds `p^T g` to the held block's `dv`, `ds^T q` to its `dk` and
+/// `ds k` to the local `dq`, with `p = exp(z - lse)` and
+/// `ds = p (g v^T - rowsum(g o)) scale`, then passes keys, values and both accumulators on;
+/// a last step returns the accumulators (now one device ahead of their owner) home.
+fn ring_attention_backward(
+    g: &mut Graph,
+    ring: &Ring<'_>,
+    [q, k, v, o, grad]: [ValueId; 5],
+    positions: Option<(ValueId, ValueId)>,
+) -> Result<Vec<ValueId>, ShardingError> {
+    let (qt, vt) = (g.ty(q).clone(), g.ty(v).clone());
+    let (&[b, s, hq, d], &[_, t, hkv, dv]) = (qt.dims(), vt.dims()) else {
+        return Err(ShardingError::Mismatch {
+            op: "attention_backward",
+            detail: "ring attention needs rank-4 q, k and v".into(),
+        });
+    };
+    let group = hq / hkv.max(1);
+    let dtype = qt.dtype;
+    let scores_shape = Shape::new([b, hkv, group, s, t]);
+    let stats_ty = TensorType::new(dtype, [b, hkv, group, s]);
+    let einsum = |g: &mut Graph, spec: &str, x: ValueId, y: ValueId| {
+        let spec = spec.parse().map_err(|detail| ShardingError::Mismatch {
+            op: "attention_backward",
+            detail,
+        })?;
+        Ok::<_, ShardingError>(g.add(Op::Einsum { spec }, &[x, y])?)
+    };
+    let spread = |g: &mut Graph, x: ValueId| {
+        g.add(
+            Op::Broadcast {
+                shape: scores_shape.clone(),
+                dims: vec![0, 1, 2, 3],
+            },
+            &[x],
+        )
+    };
+    let split = |g: &mut Graph, x: ValueId, last: usize| {
+        g.add(
+            Op::Reshape {
+                shape: Shape::new([b, s, hkv, group, last]),
+            },
+            &[x],
+        )
+    };
+    let q5 = split(g, q, d)?;
+    let g5 = split(g, grad, dv)?;
+    let o5 = split(g, o, dv)?;
+    let k_pos = positions.map(|(_, k_pos)| k_pos);
+    let q_pos = positions.map(|(q_pos, _)| q_pos);
+    let with_positions = |k_pos: Option<ValueId>| q_pos.zip(k_pos);
+
+    // Pass 1: every row's log-sum-exp over all keys.
+    let neg_inf = constant(g, stats_ty.clone(), f64::NEG_INFINITY)?;
+    let zero = constant(g, stats_ty.clone(), 0.0)?;
+    let mut block: Vec<ValueId> = std::iter::once(k).chain(k_pos).collect();
+    let mut stats: Option<(ValueId, ValueId, ValueId)> = None; // (max, safe max, sum)
+    for step in 0..ring.steps {
+        if step > 0 {
+            block = pass_on(g, ring.axis, &block)?;
+        }
+        let z = ring_logits(g, ring, q5, block[0], with_positions(block.get(1).copied()))?;
+        let block_max = g.add(
+            Op::Reduce {
+                func: ReduceOp::Max,
+                dims: vec![4],
+            },
+            &[z],
+        )?;
+        let max = match stats {
+            None => block_max,
+            Some((m, _, _)) => binary(g, BinaryOp::Max, m, block_max)?,
+        };
+        let unseen = compare(g, CompareOp::Eq, max, neg_inf)?;
+        let safe = g.add(Op::Select, &[unseen, zero, max])?;
+        let safe_b = spread(g, safe)?;
+        let shifted = binary(g, BinaryOp::Sub, z, safe_b)?;
+        let e = g.add(Op::Unary { func: UnaryOp::Exp }, &[shifted])?;
+        let block_sum = g.add(
+            Op::Reduce {
+                func: ReduceOp::Sum,
+                dims: vec![4],
+            },
+            &[e],
+        )?;
+        let sum = match stats {
+            None => block_sum,
+            Some((m, _, sum)) => {
+                let diff = binary(g, BinaryOp::Sub, m, safe)?;
+                let alpha = g.add(Op::Unary { func: UnaryOp::Exp }, &[diff])?;
+                let kept = binary(g, BinaryOp::Mul, sum, alpha)?;
+                binary(g, BinaryOp::Add, kept, block_sum)?
+            }
+        };
+        stats = Some((max, safe, sum));
+    }
+    let Some((_, safe, sum)) = stats else {
+        return Err(ShardingError::Mismatch {
+            op: "attention_backward",
+            detail: "ring attention over zero devices".into(),
+        });
+    };
+    let log_sum = g.add(Op::Unary { func: UnaryOp::Log }, &[sum])?;
+    let lse = binary(g, BinaryOp::Add, safe, log_sum)?;
+    let lse_b = spread(g, lse)?;
+    // rowsum(g o) per query row, as `[b, hkv, g, s]`.
+    let go = binary(g, BinaryOp::Mul, g5, o5)?;
+    let centre = g.add(
+        Op::Reduce {
+            func: ReduceOp::Sum,
+            dims: vec![4],
+        },
+        &[go],
+    )?;
+    let centre = g.add(
+        Op::Transpose {
+            perm: vec![0, 2, 3, 1],
+        },
+        &[centre],
+    )?;
+    let centre_b = spread(g, centre)?;
+    let scale_ty = TensorType::new(dtype, scores_shape.dims());
+
+    // Pass 2: gradients, the key/value gradients travelling with their block.
+    let mut block: Vec<ValueId> = vec![k, v];
+    block.extend(k_pos);
+    let mut dq: Option<ValueId> = None;
+    let mut acc: Option<(ValueId, ValueId)> = None;
+    for step in 0..ring.steps {
+        if step > 0 {
+            let mut travelling = block.clone();
+            if let Some((dk, dv)) = acc {
+                travelling.extend([dk, dv]);
+            }
+            let received = pass_on(g, ring.axis, &travelling)?;
+            let n = block.len();
+            block = received[..n].to_vec();
+            acc = Some((received[n], received[n + 1]));
+        }
+        let (kb, vb) = (block[0], block[1]);
+        let z = ring_logits(g, ring, q5, kb, with_positions(block.get(2).copied()))?;
+        let shifted = binary(g, BinaryOp::Sub, z, lse_b)?;
+        let p = g.add(Op::Unary { func: UnaryOp::Exp }, &[shifted])?;
+        let dv_part = einsum(g, "bkgst,bskge->btke", p, g5)?;
+        let dp = einsum(g, "bskge,btke->bkgst", g5, vb)?;
+        let centred = binary(g, BinaryOp::Sub, dp, centre_b)?;
+        let ds = binary(g, BinaryOp::Mul, p, centred)?;
+        let scale = constant(g, scale_ty.clone(), ring.scale)?;
+        let ds = binary(g, BinaryOp::Mul, ds, scale)?;
+        let dq_part = einsum(g, "bkgst,btkd->bskgd", ds, kb)?;
+        let dk_part = einsum(g, "bkgst,bskgd->btkd", ds, q5)?;
+        dq = Some(match dq {
+            None => dq_part,
+            Some(x) => binary(g, BinaryOp::Add, x, dq_part)?,
+        });
+        acc = Some(match acc {
+            None => (dk_part, dv_part),
+            Some((dk, dv)) => (
+                binary(g, BinaryOp::Add, dk, dk_part)?,
+                binary(g, BinaryOp::Add, dv, dv_part)?,
+            ),
+        });
+    }
+    let (Some(dq), Some((mut dk, mut dv))) = (dq, acc) else {
+        return Err(ShardingError::Mismatch {
+            op: "attention_backward",
+            detail: "ring attention over zero devices".into(),
+        });
+    };
+    if ring.steps > 1 {
+        let home = pass_on(g, ring.axis, &[dk, dv])?;
+        (dk, dv) = (home[0], home[1]);
+    }
+    let dq = g.add(
+        Op::Reshape {
+            shape: Shape::new([b, s, hq, d]),
+        },
+        &[dq],
+    )?;
+    Ok(vec![dq, dk, dv])
 }
 
 /// The integers `0..n` as a `dtype[n]` value, in about `3 log2 n` ops: doubling

@@ -17,9 +17,10 @@
 //! neither the token nor the expert dim splits (expert parallelism routes per group, then
 //! moves the dispatched tokens to their experts' devices by all-to-all).
 //!
-//! Ops deliberately without a sharded strategy: softmax and the norms on their normalised dim, attention on the key
-//! sequence or on the head dim `d` (the softmax mixes them), causal attention on the query
-//! sequence (the mask needs the global positions: context parallelism), rotary on `head_dim`
+//! Ops deliberately without a sharded strategy: softmax and the norms on their normalised dim,
+//! attention on the key sequence alone or on the head dim `d` (the softmax mixes them; the key
+//! sequence is split only together with the queries, by ring attention), causal attention on
+//! the sequences without the positions operands (the mask needs the global positions), rotary on `head_dim`
 //! (rotate-half pairs `i` with `i + d/2`) and on the sequence without explicit positions.
 
 use autopar_ir::infer::infer;
@@ -366,19 +367,75 @@ fn candidates(
             ops.extend(&rest);
             v.push(same(ops, vec![P]));
         }
-        // q[b, s, hq, d], k[b, t, hkv, d], v[b, t, hkv, dv].
+        // q[b, s, hq, d], k[b, t, hkv, d], v[b, t, hkv, dv], optional q_pos[s], k_pos[t].
         Op::Attention { causal, .. } => {
-            v.push(same(vec![s(0); 3], vec![s(0)]));
+            let positioned = n_ops == 5;
+            // Positions stay whole unless a strategy splits the sequences.
+            let with = |qkv: [Placement; 3]| {
+                let mut ops = qkv.to_vec();
+                if positioned {
+                    ops.extend([R, R]);
+                }
+                ops
+            };
+            v.push(same(with([s(0); 3]), vec![s(0)]));
             // Heads: q and kv heads split alike keep every query head with its kv head.
-            v.push(same(vec![s(2); 3], vec![s(2)]));
+            v.push(same(with([s(2); 3]), vec![s(2)]));
             // Multi-query attention: one kv head, shared by every query head.
             if t[1].dims()[2] == 1 {
-                v.push(same(vec![s(2), R, R], vec![s(2)]));
+                v.push(same(with([s(2), R, R]), vec![s(2)]));
             }
-            v.push(same(vec![R, R, s(3)], vec![s(3)]));
-            v.push(same(vec![R, R, P], vec![P]));
-            if !causal {
+            v.push(same(with([R, R, s(3)]), vec![s(3)]));
+            v.push(same(with([R, R, P]), vec![P]));
+            // Query rows: each device attends its queries to every key; the causal mask
+            // needs the queries' global positions, so only with the positions operands.
+            if positioned {
+                v.push(same(vec![s(1), R, R, s(0), R], vec![s(1)]));
+            } else if !causal {
                 v.push(same(vec![s(1), R, R], vec![s(1)]));
+            }
+            // Ring attention (context parallelism): queries, keys and values all split on
+            // the sequence, the key/value blocks passed around the ring.
+            if positioned {
+                v.push(lowered(
+                    vec![s(1), s(1), s(1), s(0), s(0)],
+                    vec![s(1)],
+                    Lowering::RingAttention,
+                ));
+            } else if !causal {
+                v.push(lowered(vec![s(1); 3], vec![s(1)], Lowering::RingAttention));
+            }
+        }
+        // q, k, v, o[b, s, hq, dv], g (like o), optional q_pos, k_pos -> dq, dk, dv: split like
+        // the forward; where keys are whole on every device their gradients are partial sums
+        // over the local queries; linear in g.
+        Op::AttentionBackward { causal, .. } => {
+            let positioned = n_ops == 7;
+            let with = |qkvog: [Placement; 5]| {
+                let mut ops = qkvog.to_vec();
+                if positioned {
+                    ops.extend([R, R]);
+                }
+                ops
+            };
+            v.push(same(with([s(0); 5]), vec![s(0); 3]));
+            v.push(same(with([s(2); 5]), vec![s(2); 3]));
+            if t[1].dims()[2] == 1 {
+                v.push(same(with([s(2), R, R, s(2), s(2)]), vec![s(2), P, P]));
+            }
+            v.push(same(with([R, R, R, R, P]), vec![P; 3]));
+            if positioned {
+                let mut ops = vec![s(1), R, R, s(1), s(1), s(0), R];
+                v.push(same(ops.clone(), vec![s(1), P, P]));
+                ops = vec![s(1), s(1), s(1), s(1), s(1), s(0), s(0)];
+                v.push(lowered(ops, vec![s(1); 3], Lowering::RingAttentionBackward));
+            } else if !causal {
+                v.push(same(vec![s(1), R, R, s(1), s(1)], vec![s(1), P, P]));
+                v.push(lowered(
+                    vec![s(1); 5],
+                    vec![s(1); 3],
+                    Lowering::RingAttentionBackward,
+                ));
             }
         }
         // Routing groups split freely; tokens and experts never (see the module docs).

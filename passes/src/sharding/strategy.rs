@@ -49,6 +49,20 @@ pub enum Lowering {
     /// on the device that holds it, all-reduce sum; `loss = log(sum) - picked`. The logits are
     /// never gathered.
     VocabParallelCrossEntropy,
+    /// `attention` with queries, keys, values (and their positions) sharded on the sequence
+    /// (context parallelism): for as many steps as there are shards, the local queries attend
+    /// to the key/value block held (masked by the positions), the block is passed one step
+    /// around the ring (`send` to the next device, `recv` from the previous), and the blocks'
+    /// partial results are merged by online-softmax rescaling. The result is the local
+    /// queries' rows.
+    RingAttention,
+    /// `attention_backward` with every operand sharded on the sequence: a first ring pass
+    /// gives every local query row its softmax statistics over all keys (running max and sum
+    /// of exponentials), a second one passes each key/value block around the ring together
+    /// with its gradient accumulators, to which every device adds its queries' part, and a
+    /// last step returns the accumulators to the block's owner. The results are the local rows
+    /// of `dq`, `dk` and `dv`.
+    RingAttentionBackward,
 }
 
 impl fmt::Display for Strategy {

@@ -51,17 +51,21 @@ pub(crate) fn rotary(
 }
 
 /// Scaled dot-product attention of `q[b, s, hq, d]`, `k[b, t, hkv, d]`, `v[b, t, hkv, dv]`:
-/// query head `h` uses kv head `h / (hq / hkv)`, and with `causal` query `i` sees keys `0..=i`.
+/// query head `h` uses kv head `h / (hq / hkv)`, and with `causal` query `i` sees keys `0..=i`,
+/// or, with `positions = (q_pos, k_pos)`, the keys `j` with `k_pos[j] <= q_pos[i]`.
 pub(crate) fn attention(
     causal: bool,
     scale: f64,
-    q: &Tensor,
-    k: &Tensor,
-    v: &Tensor,
+    [q, k, v]: [&Tensor; 3],
+    positions: Option<(&Tensor, &Tensor)>,
     out: &TensorType,
 ) -> Result<Tensor, RuntimeError> {
     let op = "attention";
     let (qv, kv, vv) = (floats(op, q)?, floats(op, k)?, floats(op, v)?);
+    let positions = match positions {
+        Some((qp, kp)) => Some((ints(op, qp)?, ints(op, kp)?)),
+        None => None,
+    };
     let &[b, s, hq, d] = q.dims() else {
         return Err(bad_rank(q));
     };
@@ -83,6 +87,18 @@ pub(crate) fn attention(
             let v_h = &v_heads[(bi * hkv + kh) * t * dv..][..t * dv];
             matmul(s, t, d, q_h, k_t, &mut probs);
             for (i, row) in probs.chunks_exact_mut(t.max(1)).enumerate().take(s) {
+                if let Some((qp, kp)) = positions {
+                    // Masked logits are `-inf`, so their weight is `exp(-inf) = 0`.
+                    for (x, &p) in row.iter_mut().zip(kp) {
+                        *x = if causal && p > qp[i] {
+                            f64::NEG_INFINITY
+                        } else {
+                            *x * scale
+                        };
+                    }
+                    softmax_in_place(row);
+                    continue;
+                }
                 // Keys past `visible` get weight 0: masked, as `exp(-inf)` would be.
                 let visible = if causal { t.min(i + 1) } else { t };
                 let (seen, masked) = row.split_at_mut(visible);
@@ -109,4 +125,85 @@ fn bad_rank(t: &Tensor) -> RuntimeError {
         ty: t.ty().clone(),
         detail: "attention operands must have rank 4".into(),
     }
+}
+
+/// The gradients `dq`, `dk`, `dv` of [`attention`] (see `Op::AttentionBackward`), from `q`,
+/// `k`, `v`, the attention's result `o` and its gradient `g`: the probabilities `p` of every
+/// query row are recomputed, then `dv += p g`, `ds = p (g·v - g·o) scale`, `dq += ds k` and
+/// `dk += ds q`, key by key.
+pub(crate) fn attention_backward(
+    causal: bool,
+    scale: f64,
+    [q, k, v, o, g]: [&Tensor; 5],
+    positions: Option<(&Tensor, &Tensor)>,
+    types: &[TensorType],
+) -> Result<Vec<Tensor>, RuntimeError> {
+    let op = "attention_backward";
+    let (qv, kv, vv) = (floats(op, q)?, floats(op, k)?, floats(op, v)?);
+    let (ov, gv) = (floats(op, o)?, floats(op, g)?);
+    let positions = match positions {
+        Some((qp, kp)) => Some((ints(op, qp)?, ints(op, kp)?)),
+        None => None,
+    };
+    let &[b, s, hq, d] = q.dims() else {
+        return Err(bad_rank(q));
+    };
+    let &[_, t, hkv, dv] = v.dims() else {
+        return Err(bad_rank(v));
+    };
+    let [dq_ty, dk_ty, dv_ty] = types else {
+        return Err(RuntimeError::BadTensor {
+            ty: q.ty().clone(),
+            detail: "attention_backward has three results".into(),
+        });
+    };
+    let group = hq / hkv.max(1);
+    let (mut dq, mut dk, mut dvs) = (
+        vec![0.0; b * s * hq * d],
+        vec![0.0; b * t * hkv * d],
+        vec![0.0; b * t * hkv * dv],
+    );
+    let dot = |x: &[f64], y: &[f64]| x.iter().zip(y).map(|(a, c)| a * c).sum::<f64>();
+    let mut row = vec![0.0; t];
+    for bi in 0..b {
+        for h in 0..hq {
+            let kh = h / group.max(1);
+            for i in 0..s {
+                let qi = ((bi * s + i) * hq + h) * d;
+                let oi = ((bi * s + i) * hq + h) * dv;
+                let key = |j: usize| ((bi * t + j) * hkv + kh) * d;
+                let val = |j: usize| ((bi * t + j) * hkv + kh) * dv;
+                for (j, x) in row.iter_mut().enumerate() {
+                    let visible = match (causal, positions) {
+                        (false, _) => true,
+                        (true, Some((qp, kp))) => kp[j] <= qp[i],
+                        (true, None) => j <= i,
+                    };
+                    *x = if visible {
+                        scale * dot(&qv[qi..qi + d], &kv[key(j)..key(j) + d])
+                    } else {
+                        f64::NEG_INFINITY
+                    };
+                }
+                softmax_in_place(&mut row);
+                let gi = &gv[oi..oi + dv];
+                let centre = dot(gi, &ov[oi..oi + dv]);
+                for (j, &p) in row.iter().enumerate() {
+                    let ds = p * (dot(gi, &vv[val(j)..val(j) + dv]) - centre) * scale;
+                    for x in 0..dv {
+                        dvs[val(j) + x] += p * gi[x];
+                    }
+                    for x in 0..d {
+                        dq[qi + x] += ds * kv[key(j) + x];
+                        dk[key(j) + x] += ds * qv[qi + x];
+                    }
+                }
+            }
+        }
+    }
+    Ok(vec![
+        Tensor::from_parts(dq_ty.clone(), Data::Float(dq)),
+        Tensor::from_parts(dk_ty.clone(), Data::Float(dk)),
+        Tensor::from_parts(dv_ty.clone(), Data::Float(dvs)),
+    ])
 }

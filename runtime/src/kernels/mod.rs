@@ -82,11 +82,17 @@ fn dispatch(
         Op::Attention { causal, scale } => one(attention::attention(
             *causal,
             *scale,
-            x[0],
-            x[1],
-            x[2],
+            [x[0], x[1], x[2]],
+            x.get(3).copied().zip(x.get(4).copied()),
             out(),
         )?),
+        Op::AttentionBackward { causal, scale } => attention::attention_backward(
+            *causal,
+            *scale,
+            [x[0], x[1], x[2], x[3], x[4]],
+            x.get(5).copied().zip(x.get(6).copied()),
+            result_types,
+        ),
         Op::MoeRoute {
             top_k,
             capacity,
