@@ -175,7 +175,15 @@ fn execute(args: &RunArgs, plan: &Plan) -> Result<()> {
                 .collect(),
         };
         return spmd_cmd::run_pipelined(
-            &step, &mesh, &spmd, &pipeline, args.seed, args.steps, verify, None,
+            &step,
+            reference.as_ref(),
+            &mesh,
+            &spmd,
+            &pipeline,
+            args.seed,
+            args.steps,
+            verify,
+            None,
         );
     }
     spmd_cmd::run(

@@ -630,10 +630,19 @@ fn run(args: RunArgs) -> Result<()> {
         return print_stdout(&format!("loss: {loss:.6}\n"));
     }
     let options = args.train.options();
-    let step = load_train_step(&args.model, args.batch, &options)?;
     if let Some(mesh) = &args.pipeline.mesh {
-        return run_pipelined(&args, &step, mesh);
+        // A pipeline: with context parallelism, the step is laid out for it and verifies
+        // against the original.
+        let cp = autopar::context_parallel_ways(&autopar::ir::DeviceMesh::parse(mesh)?);
+        let step = autopar::load_train_step_cp(&args.model, args.batch, &options, cp)?;
+        let reference = if cp > 1 {
+            Some(load_train_step(&args.model, args.batch, &options)?.graph)
+        } else {
+            None
+        };
+        return run_pipelined(&args, &step, reference.as_ref(), mesh);
     }
+    let step = load_train_step(&args.model, args.batch, &options)?;
     if args.verify || args.trace.is_some() {
         anyhow::bail!("--verify and --trace need --mesh");
     }
@@ -657,7 +666,12 @@ fn run(args: RunArgs) -> Result<()> {
 }
 
 /// `run --mesh pp=N`: the pipelined step, checked with --verify, traced with --trace.
-fn run_pipelined(args: &RunArgs, step: &autopar::TrainStep, mesh: &str) -> Result<()> {
+fn run_pipelined(
+    args: &RunArgs,
+    step: &autopar::TrainStep,
+    reference: Option<&autopar::ir::Graph>,
+    mesh: &str,
+) -> Result<()> {
     use autopar::pipeline_cmd as pc;
     let p = &args.pipeline;
     let kind: autopar::ir::schedule::ScheduleKind = p.schedule.parse()?;
@@ -675,6 +689,7 @@ fn run_pipelined(args: &RunArgs, step: &autopar::TrainStep, mesh: &str) -> Resul
         let verify = args.verify.then_some(tolerance);
         return spmd_cmd::run_pipelined(
             step,
+            reference,
             mesh,
             &args.spmd,
             &options,
@@ -744,7 +759,8 @@ fn dump_pipeline(
         if let Stage::Schedule = stage {
             return Ok(pc::describe_mesh_schedule(&schedule, &parsed));
         }
-        let step = load_train_step(model, batch, &train.options())?;
+        let cp = autopar::context_parallel_ways(&parsed);
+        let step = autopar::load_train_step_cp(model, batch, &train.options(), cp)?;
         let options = autopar::passes::pipeline::PipelineOptions {
             pp,
             vpp: p.vpp,

@@ -432,10 +432,23 @@ pub fn compile_pipelined(
     options: &ParallelOptions,
     pipeline: &autopar_passes::pipeline::PipelineOptions,
 ) -> Result<PipelinedSpmd, Error> {
+    compile_pipelined_with_reference(step, None, mesh, options, pipeline)
+}
+
+/// [`compile_pipelined`] for a step whose single-device reference is another graph (a step
+/// laid out for context parallelism verifies against the original: [`SpmdProgram::reference`]).
+pub fn compile_pipelined_with_reference(
+    step: &crate::TrainStep,
+    reference: Option<Graph>,
+    mesh: &DeviceMesh,
+    options: &ParallelOptions,
+    pipeline: &autopar_passes::pipeline::PipelineOptions,
+) -> Result<PipelinedSpmd, Error> {
     use autopar_passes::pipeline::{PipelineOptions, plan_stages, split_pipeline};
     let sub = without_pp(mesh)?
         .ok_or_else(|| Error::Usage(format!("the mesh `{mesh}` has no axis besides `pp`")))?;
-    let spmd = compile(&step.graph, &sub, options)?;
+    let mut spmd = compile(&step.graph, &sub, options)?;
+    spmd.reference = reference;
     let n_stages = pipeline.pp * pipeline.vpp;
     let split = plan_stages(&step.graph, n_stages, &pipeline.boundaries)?;
     // Every local step is cut at the global step's boundaries, so that all pipelines agree.
@@ -522,8 +535,9 @@ pub fn run_pipelined(
     let mut states: Vec<TensorMap> = (0..n)
         .map(|rank| init_pipeline_rank_state(program, rank, seed))
         .collect::<Result<_, _>>()?;
+    let reference_graph = program.spmd.reference.as_ref().unwrap_or(g);
     let mut reference = if verify.is_some() {
-        Some(rt::init_parameters(g, seed)?)
+        Some(rt::init_parameters(reference_graph, seed)?)
     } else {
         None
     };
@@ -568,7 +582,7 @@ pub fn run_pipelined(
             }
         }
         if let Some(reference) = reference.as_mut() {
-            discrepancy.reference_step(g, reference, &batch, loss)?;
+            discrepancy.reference_step(reference_graph, reference, &batch, loss)?;
         }
         last = reports;
     }

@@ -43,10 +43,12 @@ pub fn has_spmd_axes(mesh: &str) -> Result<bool> {
 /// each rank's local step cut into the pipeline `pipeline` describes, run on one CPU thread
 /// per rank of the whole mesh, with the last step's timeline written to `trace` (one track
 /// per rank) and with `verify: Some(tolerance)` compared with the single-device reference
-/// (an error when it fails).
+/// (`reference` when given, as [`load_for_mesh`] returns it for context parallelism; an error
+/// when it fails).
 #[allow(clippy::too_many_arguments)]
 pub fn run_pipelined(
     step: &autopar::TrainStep,
+    reference: Option<&Graph>,
     mesh: &str,
     args: &SpmdArgs,
     pipeline: &autopar::passes::pipeline::PipelineOptions,
@@ -58,10 +60,13 @@ pub fn run_pipelined(
     let Some((mesh, options)) = args.options(Some(mesh))? else {
         bail!("a pipeline needs --mesh");
     };
-    if autopar::context_parallel_ways(&mesh) > 1 {
-        bail!("--mesh `{mesh}`: context parallelism (`cp`) does not combine with pipelines (`pp`)");
-    }
-    let program = spmd::compile_pipelined(step, &mesh, &options, pipeline)?;
+    let program = spmd::compile_pipelined_with_reference(
+        step,
+        reference.cloned(),
+        &mesh,
+        &options,
+        pipeline,
+    )?;
     let summary = spmd::run_pipelined(&program, seed, steps, verify, |step, loss| {
         println!("step {} loss: {loss:.6}", step + 1);
     })?;

@@ -144,20 +144,20 @@ fn a_plan_the_cpu_runtime_cannot_execute_is_refused_by_name() {
     let file = dir.join("plan.json");
     std::fs::write(
         &file,
-        r#"{"dp":2,"tp":1,"pp":2,"vpp":1,"cp":2,"ep":1,"micro_batch_size":1,"global_batch":8,
+        r#"{"dp":2,"tp":1,"pp":1,"vpp":1,"cp":1,"ep":2,"micro_batch_size":1,"global_batch":8,
             "zero_stage":3,"recompute":"none","sequence_parallel":false,"schedule":"1f1b",
             "dtype":"f32","axis_order":["pp","dp","ep","cp","tp"]}"#,
     )
     .expect("write");
     let err = autopar_err(&[
         "run",
-        "gpt-tiny",
+        "moe-tiny",
         "--plan-file",
         file.to_str().expect("UTF-8 path"),
     ]);
     assert!(err.contains("cannot run on the CPU runtime"), "{err}");
     assert!(
-        err.contains("context parallelism in a pipeline (pp=2, cp=2)"),
+        err.contains("ZeRO-3 with every data rank an expert rank (dp=2, ep=2)"),
         "{err}"
     );
     let err = autopar_err(&["run", "gpt-tiny", "--plan-file", "/nonexistent/plan.json"]);

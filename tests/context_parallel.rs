@@ -238,11 +238,48 @@ fn impossible_layouts_are_clear_errors() {
     assert!(err.contains("has no attention"), "{err}");
     let err = autopar_err(&["run", "moe-tiny", "--mesh", "cp=2"]);
     assert!(err.contains("moe_route"), "{err}");
-    let err = autopar_err(&["run", "llama-tiny", "--mesh", "pp=2,cp=2"]);
-    assert!(err.contains("pipelines"), "{err}");
+    let err = autopar_err(&["run", "llama-tiny", "--mesh", "pp=2,cp=3"]);
+    assert!(
+        err.contains("`cp`") && err.contains("6 equal chunks"),
+        "{err}"
+    );
     // A step built without the layout cannot be placed on a cp mesh.
     let step = load_train_step("llama-tiny", None, &TrainOptions::default()).unwrap();
     let mesh = DeviceMesh::parse("cp=2").unwrap();
     let err = spmd::compile(&step.graph, &mesh, &ParallelOptions::default()).unwrap_err();
     assert!(err.to_string().contains("not laid out"), "{err}");
+}
+
+#[test]
+fn context_parallelism_composes_with_pipelines() {
+    // The ring's sends and receives run inside the pipeline's sub-programs, the global
+    // positions are recomputed by every stage that reads them, and the run verifies against
+    // the original (unpermuted) step.
+    for (mesh, schedule) in [("cp=2,pp=2", "1f1b"), ("dp=2,tp=2,cp=2,pp=2", "gpipe")] {
+        let out = autopar_ok(&[
+            "run",
+            "llama-tiny",
+            "--mesh",
+            mesh,
+            "--micro-batches",
+            "2",
+            "--schedule",
+            schedule,
+            "--steps",
+            "2",
+            "--verify",
+        ]);
+        assert!(out.trim_end().ends_with("OK"), "{mesh}: {out}");
+    }
+    let out = autopar_ok(&[
+        "run",
+        "llama-tiny",
+        "--mesh",
+        "tp=2,cp=2,pp=2",
+        "--sp",
+        "--micro-batches",
+        "2",
+        "--verify",
+    ]);
+    assert!(out.trim_end().ends_with("OK"), "{out}");
 }

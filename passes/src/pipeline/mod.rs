@@ -156,7 +156,9 @@ pub fn split_pipeline(
         let node = g.node(n);
         let r = match node.op {
             Op::Parameter { .. } | Op::Input { .. } => Role::Source,
-            _ if node.inputs.is_empty() => Role::Constant,
+            // A `recv` has no operands but is no constant: it runs where its scope says,
+            // in order with the sends of the same ring.
+            _ if node.inputs.is_empty() && !node.op.is_communication() => Role::Constant,
             _ if derived.contains(&n) => Role::Derived,
             _ => {
                 let (phase, path) = classify(node.scope.as_deref());
@@ -547,7 +549,8 @@ fn describe(p: Phase) -> String {
 /// The [`Role::Derived`] nodes of `g` (`order` is its topological order): forward and
 /// backward nodes computed from parameters and constants alone, none of whose results is a
 /// graph output, that are a collective or lie on a chain of such nodes through one (a
-/// ZeRO-3 weight's all-gather, the cast of the gathered weight). Local values of parameters
+/// ZeRO-3 weight's all-gather, the cast of the gathered weight), and those computed from
+/// constants alone (the global positions of context parallelism, read by every stage). Local values of parameters
 /// alone (a cast of a replicated weight) are not recomputed: they stay where the step
 /// computes them, so a pipeline without such collectives is cut as if this rule did not
 /// exist.
@@ -555,15 +558,32 @@ fn derived_nodes(g: &Graph, order: &[NodeId], graph_outputs: &HashSet<ValueId>) 
     // Computed from parameters and constants alone, and whether a collective is among the
     // node and its ancestors.
     let mut from_parameters: HashMap<NodeId, bool> = HashMap::new();
+    // Computed from constants alone (context parallelism's positions): always recomputed.
+    let mut from_constants: HashSet<NodeId> = HashSet::new();
     for &n in order {
         let node = g.node(n);
+        // Point-to-point messages (a ring's sends and receives) run once, in order with
+        // their partner's: never recomputed.
         if node.inputs.is_empty()
+            || matches!(node.op, Op::Send { .. } | Op::Recv { .. })
             || matches!(classify(node.scope.as_deref()).0, Phase::Optimizer)
             || node.outputs.iter().any(|v| graph_outputs.contains(v))
         {
             continue;
         }
         let mut collective = node.op.is_communication();
+        let constant = |p: NodeId| {
+            let producer = g.node(p);
+            from_constants.contains(&p)
+                || (producer.inputs.is_empty()
+                    && !matches!(
+                        producer.op,
+                        Op::Input { .. } | Op::Recv { .. } | Op::Parameter { .. }
+                    ))
+        };
+        if node.inputs.iter().all(|&v| constant(g.value(v).producer)) {
+            from_constants.insert(n);
+        }
         let all = node.inputs.iter().all(|&v| {
             let p = g.value(v).producer;
             let producer = g.node(p);
@@ -572,7 +592,8 @@ fn derived_nodes(g: &Graph, order: &[NodeId], graph_outputs: &HashSet<ValueId>) 
                 return true;
             }
             matches!(producer.op, Op::Parameter { .. })
-                || (producer.inputs.is_empty() && !matches!(producer.op, Op::Input { .. }))
+                || (producer.inputs.is_empty()
+                    && !matches!(producer.op, Op::Input { .. } | Op::Recv { .. }))
         });
         if all {
             from_parameters.insert(n, collective);
@@ -589,7 +610,7 @@ fn derived_nodes(g: &Graph, order: &[NodeId], graph_outputs: &HashSet<ValueId>) 
             .outputs
             .iter()
             .any(|&v| g.users(v).iter().any(|(u, _)| derived.contains(u)));
-        if collective || feeds {
+        if collective || feeds || from_constants.contains(&n) {
             derived.insert(n);
         }
     }

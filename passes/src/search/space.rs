@@ -185,8 +185,9 @@ impl Constraints {
 
 /// What in `plan` the CPU runtime cannot execute, one phrase each (empty: it executes it).
 /// The runtime runs data, tensor, expert and context parallelism with ZeRO 0-3, alone or
-/// (context parallelism excepted) inside a pipeline (any schedule, micro-batches and virtual
-/// stages).
+/// inside a pipeline (any schedule, micro-batches and virtual stages); it shards ZeRO over the
+/// mesh's `dp` axis, the data ranks outside `ep`, so a plan whose data ranks are all expert
+/// ranks has nothing to shard ZeRO over.
 ///
 /// ```
 /// # use autopar_cost_model::Plan;
@@ -194,14 +195,18 @@ impl Constraints {
 /// assert!(cpu_unsupported(&Plan::parse("dp=2,tp=2,zero=3").unwrap()).is_empty());
 /// assert!(cpu_unsupported(&Plan::parse("dp=2,tp=2,pp=2,zero=3").unwrap()).is_empty());
 /// assert!(cpu_unsupported(&Plan::parse("tp=2,cp=2").unwrap()).is_empty());
-/// assert_eq!(cpu_unsupported(&Plan::parse("pp=2,cp=2").unwrap()), ["context parallelism in a pipeline (pp=2, cp=2)"]);
+/// assert!(cpu_unsupported(&Plan::parse("dp=2,tp=2,cp=2,pp=2,sp=true").unwrap()).is_empty());
+/// assert_eq!(
+///     cpu_unsupported(&Plan::parse("dp=2,ep=2,zero=1").unwrap()),
+///     ["ZeRO-1 with every data rank an expert rank (dp=2, ep=2)"]
+/// );
 /// ```
 pub fn cpu_unsupported(plan: &Plan) -> Vec<String> {
     let mut out = Vec::new();
-    if plan.cp > 1 && plan.pp > 1 {
+    if plan.zero_stage > 0 && plan.ep > 1 && plan.dp == plan.ep {
         out.push(format!(
-            "context parallelism in a pipeline (pp={}, cp={})",
-            plan.pp, plan.cp
+            "ZeRO-{} with every data rank an expert rank (dp={}, ep={})",
+            plan.zero_stage, plan.dp, plan.ep
         ));
     }
     out
