@@ -699,6 +699,12 @@ fn run_pipelined(
             args.trace.as_deref(),
         );
     }
+    if args.spmd.zero > 0 {
+        anyhow::bail!(
+            "--zero {} shards over the data axis `dp`, which the mesh `{mesh}` does not have",
+            args.spmd.zero
+        );
+    }
     let (_, pp) = pc::pipeline_degree(mesh)?;
     let split = pc::split(step, pp, kind, p.vpp, &p.stage_boundaries)?;
     let summary = pc::run_steps(step, &split, args.seed, args.steps)?;

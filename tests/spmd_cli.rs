@@ -180,6 +180,14 @@ fn impossible_requests_name_tensor_dim_and_axis() {
     );
     let err = autopar_err(&["run", "mlp-tiny", "--mesh", "dp=2", "--zero", "4"]);
     assert!(err.contains("--zero"), "{err}");
+    // ZeRO shards over `dp`: asked for on a mesh without it, it is an error, not ignored.
+    for mesh in ["tp=2", "pp=2"] {
+        let err = autopar_err(&["run", "gpt-tiny", "--mesh", mesh, "--zero", "1"]);
+        assert!(
+            err.contains("--zero") && err.contains("`dp`"),
+            "{mesh}: {err}"
+        );
+    }
     let err = autopar_err(&[
         "dump",
         "mlp-tiny",

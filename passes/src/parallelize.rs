@@ -233,6 +233,16 @@ pub fn zero_constraints(g: &Graph, mesh: &DeviceMesh, zero: u8) -> Result<Constr
         ..Constraints::default()
     };
     let Some(dp) = mesh.axis_size(DATA_AXIS).filter(|&n| n > 1) else {
+        if zero > 0 {
+            return Err(PassError::BadOption {
+                option: "--zero",
+                detail: format!(
+                    "ZeRO-{zero} shards over the data axis `{DATA_AXIS}`, which the mesh {} \
+                     does not have (above 1)",
+                    mesh
+                ),
+            });
+        }
         return Ok(c);
     };
     let fix = |c: &mut Constraints, v: ValueId, p: Placement| {

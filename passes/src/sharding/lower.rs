@@ -285,36 +285,11 @@ fn ring_attention(
                 .collect::<Result<_, _>>()?;
         }
         let (kb, vb) = (block[0], block[1]);
-        let scores = einsum(g, "bskgd,btkd->bkgst", q5, kb)?;
-        let scale = constant(g, g.ty(scores).clone(), ring.scale)?;
-        let mut logits = binary(g, BinaryOp::Mul, scores, scale)?;
-        if let (true, Some((q_pos, _)), Some(&k_pos)) = (ring.causal, positions, block.get(2)) {
-            let square = Shape::new([s, t]);
-            let rows = g.add(
-                Op::Broadcast {
-                    shape: square.clone(),
-                    dims: vec![0],
-                },
-                &[q_pos],
-            )?;
-            let cols = g.add(
-                Op::Broadcast {
-                    shape: square,
-                    dims: vec![1],
-                },
-                &[k_pos],
-            )?;
-            let future = compare(g, CompareOp::Gt, cols, rows)?;
-            let mask = g.add(
-                Op::Broadcast {
-                    shape: scores_shape.clone(),
-                    dims: vec![3, 4],
-                },
-                &[future],
-            )?;
-            let masked = constant(g, g.ty(logits).clone(), f64::NEG_INFINITY)?;
-            logits = g.add(Op::Select, &[mask, masked, logits])?;
-        }
+        let block_positions = match (positions, block.get(2)) {
+            (Some((q_pos, _)), Some(&k_pos)) => Some((q_pos, k_pos)),
+            _ => None,
+        };
+        let logits = ring_logits(g, ring, q5, kb, block_positions)?;
         let block_max = g.add(
             Op::Reduce {
                 func: ReduceOp::Max,
