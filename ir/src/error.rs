@@ -82,7 +82,7 @@ pub enum IrError {
         /// What is wrong.
         detail: String,
     },
-    /// A structural invariant of the graph does not hold (see [`crate::verify`]).
+    /// A structural invariant of the graph does not hold (see [`crate::verify()`]).
     #[error("verifier: {0}")]
     Verify(String),
 }

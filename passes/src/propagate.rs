@@ -94,7 +94,7 @@ pub struct Constraints {
 pub enum AxisKernel {
     /// The op itself on local shapes.
     Same,
-    /// A lowering of the per-op table ([`crate::sharding::lower`]).
+    /// A lowering of the per-op table ([`crate::sharding::lower()`]).
     Lowered(Lowering),
     /// Softmax over a sharded dim: local max, all-reduce max, local sum of exponentials,
     /// all-reduce sum, divide.

@@ -2,7 +2,7 @@
 //!
 //! [`differentiate`] appends to a graph the nodes that compute the gradient of a scalar loss
 //! with respect to chosen values (usually parameters). Every op has a vector-Jacobian product
-//! (VJP) rule written with IR ops in [`vjp`]; the rules match on [`Op`] exhaustively, so a
+//! (VJP) rule written with IR ops in the `vjp` module; the rules match on [`Op`] exhaustively, so a
 //! new op must get a rule or an explicit refusal.
 //!
 //! # What is differentiable

@@ -19,7 +19,7 @@
 //!    or reduced once however many consumers need it that way;
 //! 2. the node runs locally: the op with local shape attributes ([`crate::sharding::local_op`],
 //!    applied axis by axis, outermost first), or the lowering the strategies name
-//!    ([`crate::sharding::lower`], or the sharded softmax of [`crate::propagate`]) with the
+//!    ([`crate::sharding::lower()`], or the sharded softmax of [`crate::propagate`]) with the
 //!    axes that chose it;
 //! 3. results whose stored sharding differs from what the strategies produce (a fixed
 //!    placement) are resharded at once.

@@ -17,7 +17,7 @@
 //! sub-program that reads them; parameters and inputs are read from each rank's store.
 //!
 //! Forward and backward nodes computed by collectives from parameters and constants alone
-//! (with the local ops on the way, [`derived_nodes`]) are copied in the same way: every
+//! (with the local ops on the way, `derived_nodes`) are copied in the same way: every
 //! sub-program recomputes them where it needs them. This is what makes ZeRO-3 (FSDP)
 //! pipeline: the partitioner all-gathers a sharded weight once and lets every
 //! micro-batch, stage and the backward read that copy, which no cut into sub-programs could
@@ -113,7 +113,7 @@ enum Role {
     /// A node without operands: copied into each sub-program that reads it.
     Constant,
     /// A forward or backward node computed from parameters and constants only, through a
-    /// collective (a ZeRO-3 weight's all-gather, see [`derived_nodes`]): recomputed in each
+    /// collective (a ZeRO-3 weight's all-gather, see `derived_nodes`): recomputed in each
     /// sub-program that reads it, so it is never carried between sub-programs.
     Derived,
     /// Computed in `(phase, virtual stage)`.

@@ -1,7 +1,7 @@
 //! Lowerings: the local computations of strategies whose kernel is not the op itself,
 //! emitted as IR ops into a device's local graph.
 //!
-//! A partitioner calls [`lower`] once per op with a [`ShardContext`] that combines every mesh
+//! A partitioner calls [`lower()`] once per op with a [`ShardContext`] that combines every mesh
 //! axis whose strategy chose the lowering: the shard this device holds of the dim the
 //! lowering is about (the table's rows, the logits' vocabulary, the reduced dims of a mean),
 //! numbered row-major over those axes, and the axes themselves (cross-entropy all-reduces

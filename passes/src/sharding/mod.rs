@@ -8,7 +8,7 @@
 //!   local operand types the previous axes left.
 //! - [`Strategy::kernel`] says what each device runs: the op itself with its shape attributes
 //!   made local ([`local_op`]), or a [`Lowering`] into several local ops and, for
-//!   cross-entropy, collectives ([`lower`]).
+//!   cross-entropy, collectives ([`lower()`]).
 //!
 //! Collectives are not listed here; the partitioner inserts them where a producer's placement
 //! differs from what a consumer's strategy needs, as planned by [`autopar_ir::reshard`].

@@ -25,7 +25,7 @@ pub struct Strategy {
 pub enum LocalKernel {
     /// The op itself, with shape attributes made local ([`crate::sharding::local_op`]).
     Same,
-    /// A rewrite into several local ops ([`crate::sharding::lower`]).
+    /// A rewrite into several local ops ([`crate::sharding::lower()`]).
     Lowered(Lowering),
 }
 
