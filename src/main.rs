@@ -448,6 +448,26 @@ fn estimate(args: EstimateArgs) -> Result<()> {
                 t.layer_backward.comm_exposed_s,
             ),
             (
+                "  tensor-parallel",
+                t.layer_forward.exposed_by.tp_s,
+                t.layer_backward.exposed_by.tp_s,
+            ),
+            (
+                "  context-parallel",
+                t.layer_forward.exposed_by.cp_s,
+                t.layer_backward.exposed_by.cp_s,
+            ),
+            (
+                "  expert-parallel",
+                t.layer_forward.exposed_by.ep_s,
+                t.layer_backward.exposed_by.ep_s,
+            ),
+            (
+                "  ZeRO",
+                t.layer_forward.exposed_by.zero_s,
+                t.layer_backward.exposed_by.zero_s,
+            ),
+            (
                 "communication, issued",
                 t.layer_forward.comm_total_s,
                 t.layer_backward.comm_total_s,

@@ -81,6 +81,31 @@ pub struct PassTime {
     pub comm_total_s: f64,
     /// Recomputation of forward work inside a backward.
     pub recompute_s: f64,
+    /// `comm_exposed_s` split by the parallelism the collectives serve.
+    pub exposed_by: ExposedComm,
+}
+
+/// Exposed communication of a pass by what it serves, in seconds; the fields add up to the
+/// pass's `comm_exposed_s`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ExposedComm {
+    /// Tensor (and sequence) parallelism: all-reduce, or all-gather and reduce-scatter.
+    pub tp_s: f64,
+    /// Context parallelism's key/value exchange.
+    pub cp_s: f64,
+    /// Expert parallelism's dispatch and combine all-to-alls.
+    pub ep_s: f64,
+    /// ZeRO's per-layer traffic: ZeRO-3 weight gathers, ZeRO-2/3 gradient reduce-scatters.
+    pub zero_s: f64,
+}
+
+/// What a collective inside a layer serves (see [`ExposedComm`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum CommKind {
+    Tensor,
+    Context,
+    Expert,
+    Zero,
 }
 
 impl PassTime {
@@ -89,9 +114,22 @@ impl PassTime {
         self.gemm_s + self.attention_s + self.memory_s + self.comm_exposed_s + self.recompute_s
     }
 
-    fn exposed(&mut self, t: f64) {
-        self.comm_exposed_s += t;
-        self.comm_total_s += t;
+    /// Communication nothing hides.
+    fn exposed(&mut self, kind: CommKind, t: f64) {
+        self.overlapped(kind, t, t);
+    }
+
+    /// `issued` seconds of communication of which `exposed` stay on the critical path.
+    fn overlapped(&mut self, kind: CommKind, issued: f64, exposed: f64) {
+        self.comm_total_s += issued;
+        self.comm_exposed_s += exposed;
+        let by = &mut self.exposed_by;
+        *match kind {
+            CommKind::Tensor => &mut by.tp_s,
+            CommKind::Context => &mut by.cp_s,
+            CommKind::Expert => &mut by.ep_s,
+            CommKind::Zero => &mut by.zero_s,
+        } += exposed;
     }
 }
 
@@ -717,17 +755,16 @@ impl<'a> Ctx<'a> {
         p.attention_s += t_attn;
         flops += f_attn;
         if self.sp {
-            p.exposed(2.0 * self.tp_gather());
+            p.exposed(CommKind::Tensor, 2.0 * self.tp_gather());
         }
-        p.exposed(2.0 * self.tp_comm());
+        p.exposed(CommKind::Tensor, 2.0 * self.tp_comm());
         let cp = self.cp_comm();
-        p.comm_total_s += cp;
-        p.comm_exposed_s += self.m.comm.exposed(cp, t_attn);
+        p.overlapped(CommKind::Context, cp, self.m.comm.exposed(cp, t_attn));
         let a2a = self.moe_all_to_all();
-        p.exposed(2.0 * a2a);
+        p.exposed(CommKind::Expert, 2.0 * a2a);
         let z3 = self.zero3_gather();
-        p.comm_total_s += z3;
-        p.comm_exposed_s += self.m.comm.exposed(z3, p.total_s());
+        let hidden_under = p.total_s();
+        p.overlapped(CommKind::Zero, z3, self.m.comm.exposed(z3, hidden_under));
         (p, flops)
     }
 
@@ -769,21 +806,23 @@ impl<'a> Ctx<'a> {
                 // Re-gather the sharded input for the weight gradient under the input-gradient
                 // GEMM; reduce-scatter the input gradient under the weight-gradient GEMM.
                 let ag = self.tp_gather();
-                p.comm_total_s += ag + tp_comm;
-                p.comm_exposed_s += overlap(ag, *d) + overlap(tp_comm, *w);
+                p.overlapped(
+                    CommKind::Tensor,
+                    ag + tp_comm,
+                    overlap(ag, *d) + overlap(tp_comm, *w),
+                );
             } else {
-                p.comm_total_s += tp_comm;
-                p.comm_exposed_s += overlap(tp_comm, *w);
+                p.overlapped(CommKind::Tensor, tp_comm, overlap(tp_comm, *w));
             }
         }
         if self.sp {
             // Gradients entering the row-parallel GEMMs are gathered first.
-            p.exposed(2.0 * self.tp_gather());
+            p.exposed(CommKind::Tensor, 2.0 * self.tp_gather());
         }
         let cp = 2.0 * self.cp_comm();
-        p.comm_total_s += cp;
-        p.comm_exposed_s += self.m.comm.exposed(cp, p.attention_s);
-        p.exposed(2.0 * self.moe_all_to_all());
+        let under = p.attention_s;
+        p.overlapped(CommKind::Context, cp, self.m.comm.exposed(cp, under));
+        p.exposed(CommKind::Expert, 2.0 * self.moe_all_to_all());
         // ZeRO-3 re-gathers the weights. ZeRO-2 and -3 hold only a 1/dp shard of the
         // gradients (that is what their memory is charged for), so there is no full-size
         // buffer to accumulate micro-batches into: each micro-batch's gradients are
@@ -799,8 +838,8 @@ impl<'a> Ctx<'a> {
             0.0
         };
         if z3 + rs > 0.0 {
-            p.comm_total_s += z3 + rs;
-            p.comm_exposed_s += self.m.comm.exposed(z3 + rs, p.total_s());
+            let under = p.total_s();
+            p.overlapped(CommKind::Zero, z3 + rs, self.m.comm.exposed(z3 + rs, under));
         }
         match self.plan.recompute {
             Recompute::None => {}
@@ -822,9 +861,9 @@ impl<'a> Ctx<'a> {
         f.memory_s += self.mem(act * 2.0 * e) + self.mem(self.act_sp() * (3.0 * e + 1.0));
         b.memory_s += self.mem(act * 3.0 * e) + self.mem(self.act_sp() * (2.0 * e + 1.0));
         if self.plan.tp > 1 {
-            f.exposed(self.tp_comm());
+            f.exposed(CommKind::Tensor, self.tp_comm());
             if self.sp {
-                b.exposed(self.tp_gather());
+                b.exposed(CommKind::Tensor, self.tp_gather());
             }
         }
         (f, b)
@@ -842,9 +881,9 @@ impl<'a> Ctx<'a> {
         f.gemm_s += self.gemm(s, false);
         f.memory_s += self.mem(self.act_sp() * 2.0 * e) + self.mem(logits * (e + 12.0));
         let small = self.coll(Collective::AllReduce, self.n as f64 * 4.0, &self.tp);
-        f.exposed(3.0 * small);
+        f.exposed(CommKind::Tensor, 3.0 * small);
         if self.sp {
-            f.exposed(self.tp_gather());
+            f.exposed(CommKind::Tensor, self.tp_gather());
         }
         let dgrad = self.gemm(GemmShape::new(1, self.n, h, v_t), false);
         let wgrad = self.gemm(GemmShape::new(1, h, v_t, self.n), false);
@@ -852,8 +891,7 @@ impl<'a> Ctx<'a> {
         b.memory_s += self.mem(logits * (4.0 + e)) + self.mem(self.act_sp() * 4.0 * e);
         if self.plan.tp > 1 {
             let tc = self.tp_comm();
-            b.comm_total_s += tc;
-            b.comm_exposed_s += self.m.comm.exposed(tc, wgrad);
+            b.overlapped(CommKind::Tensor, tc, self.m.comm.exposed(tc, wgrad));
         }
         (f, b, s.flops())
     }

@@ -24,7 +24,9 @@ pub use comm::{Collective, CommParams};
 pub use compute::{AttentionKernel, ComputeParams, OpCost};
 pub use cost::Cost;
 pub use error::CostError;
-pub use estimate::{CostModel, Estimate, OpCostModel, PassTime, StageTimes, TimeBreakdown};
+pub use estimate::{
+    CostModel, Estimate, ExposedComm, OpCostModel, PassTime, StageTimes, TimeBreakdown,
+};
 pub use mapping::{GroupInfo, MeshMapping};
 pub use memory::{MemoryBreakdown, MemoryParams};
 pub use model::TransformerConfig;

@@ -1,5 +1,5 @@
 //! Explanations: a step's predicted time split into terms (GEMMs, attention, memory-bound
-//! kernels, exposed layer collectives, recomputation, bubbles, data-parallel reduction,
+//! kernels, exposed layer collectives by parallelism (tensor, context, expert, ZeRO), recomputation, bubbles, data-parallel reduction,
 //! optimizer, ...) on the critical path, and the term-by-term comparison of two plans that
 //! says which term decides and by how much. Also a named reference configuration, built by
 //! Megatron-LM's published rules of thumb, to compare the search's best plan against.
@@ -24,9 +24,16 @@ pub enum Term {
     Attention,
     /// Memory-bound kernels of the layers (norms, activations, residuals).
     MemoryBound,
-    /// Tensor-, context- and expert-parallel collectives and ZeRO-3 gathers inside the
-    /// layers, the part not hidden under computation.
-    LayerCommunication,
+    /// Tensor-parallel collectives inside the layers (with sequence parallelism, the
+    /// all-gathers and reduce-scatters), the part not hidden under computation.
+    TensorParallelCommunication,
+    /// Context parallelism's key/value exchange, the part not hidden under attention.
+    ContextParallelCommunication,
+    /// Expert parallelism's dispatch and combine all-to-alls.
+    ExpertParallelCommunication,
+    /// ZeRO's per-layer traffic (ZeRO-3 weight gathers, ZeRO-2/3 gradient reduce-scatters),
+    /// the part not hidden under computation.
+    ZeroCommunication,
     /// Forward work recomputed in the backward.
     Recompute,
     /// Embedding, final norm, logits and loss.
@@ -48,11 +55,14 @@ pub enum Term {
 
 impl Term {
     /// Every term, in report order.
-    pub const ALL: [Term; 12] = [
+    pub const ALL: [Term; 15] = [
         Term::Gemm,
         Term::Attention,
         Term::MemoryBound,
-        Term::LayerCommunication,
+        Term::TensorParallelCommunication,
+        Term::ContextParallelCommunication,
+        Term::ExpertParallelCommunication,
+        Term::ZeroCommunication,
         Term::Recompute,
         Term::EmbeddingAndHead,
         Term::PipelineBubbles,
@@ -69,7 +79,10 @@ impl Term {
             Term::Gemm => "dense GEMMs",
             Term::Attention => "attention",
             Term::MemoryBound => "memory-bound kernels",
-            Term::LayerCommunication => "exposed TP/CP/EP/ZeRO-3 communication",
+            Term::TensorParallelCommunication => "exposed tensor-parallel communication",
+            Term::ContextParallelCommunication => "exposed context-parallel communication",
+            Term::ExpertParallelCommunication => "exposed expert-parallel all-to-all",
+            Term::ZeroCommunication => "exposed ZeRO gathers and reduce-scatters",
             Term::Recompute => "recomputation",
             Term::EmbeddingAndHead => "embedding and head",
             Term::PipelineBubbles => "pipeline bubbles and transfers",
@@ -119,13 +132,24 @@ pub fn time_terms(cfg: &TransformerConfig, plan: &Plan, estimate: &Estimate) -> 
     let attention = per_layer * (f.attention_s + b.attention_s);
     let memory = per_layer * (f.memory_s + b.memory_s);
     let comm = per_layer * (f.comm_exposed_s + b.comm_exposed_s);
+    let (fe, be) = (&f.exposed_by, &b.exposed_by);
+    let comm_terms = [
+        (Term::TensorParallelCommunication, fe.tp_s + be.tp_s),
+        (Term::ContextParallelCommunication, fe.cp_s + be.cp_s),
+        (Term::ExpertParallelCommunication, fe.ep_s + be.ep_s),
+        (Term::ZeroCommunication, fe.zero_s + be.zero_s),
+    ]
+    .map(|(term, s)| (term, per_layer * s));
     let recompute = per_layer * (f.recompute_s + b.recompute_s);
     let head = (t.busiest_rank_compute_s - gemm - attention - memory - comm - recompute).max(0.0);
     let mut terms = vec![
         (Term::Gemm, gemm),
         (Term::Attention, attention),
         (Term::MemoryBound, memory),
-        (Term::LayerCommunication, comm),
+        comm_terms[0],
+        comm_terms[1],
+        comm_terms[2],
+        comm_terms[3],
         (Term::Recompute, recompute),
         (Term::EmbeddingAndHead, head),
         (Term::PipelineBubbles, t.bubble_s),
