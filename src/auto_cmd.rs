@@ -149,6 +149,7 @@ fn execute(args: &RunArgs, plan: &Plan) -> Result<()> {
         zero: plan.zero_stage,
         annotate: None,
         sp: plan.sequence_parallel,
+        mlp: if plan.mlp_sequence { "seq" } else { "tp" }.into(),
     };
     let verify = args
         .verify

@@ -334,7 +334,7 @@ fn header(
 
 fn table(plans: &[RankedPlan]) -> String {
     let mut out = format!(
-        "{:>4} {:>5} {:>3} {:>3} {:>3} {:>3} {:>3} {:>4} {:>4} {:<9} {:<3} {:<11} {:<14} {:>8} {:>10} {:>7} {:>7} {:>6} {:>7}\n",
+        "{:>4} {:>5} {:>3} {:>3} {:>3} {:>3} {:>3} {:>4} {:>4} {:<9} {:<3} {:<3} {:<11} {:<14} {:>8} {:>10} {:>7} {:>7} {:>6} {:>7}\n",
         "rank",
         "dp",
         "tp",
@@ -346,6 +346,7 @@ fn table(plans: &[RankedPlan]) -> String {
         "zero",
         "recompute",
         "sp",
+        "mlp",
         "schedule",
         "placement",
         "step s",
@@ -358,7 +359,7 @@ fn table(plans: &[RankedPlan]) -> String {
     for (i, p) in plans.iter().enumerate() {
         let (plan, e) = (&p.plan, &p.estimate);
         out += &format!(
-            "{:>4} {:>5} {:>3} {:>3} {:>3} {:>3} {:>3} {:>4} {:>4} {:<9} {:<3} {:<11} {:<14} {:>8.3} {:>10.0} {:>7.1} {:>7.1} {:>5.1}% {:>7.1}\n",
+            "{:>4} {:>5} {:>3} {:>3} {:>3} {:>3} {:>3} {:>4} {:>4} {:<9} {:<3} {:<3} {:<11} {:<14} {:>8.3} {:>10.0} {:>7.1} {:>7.1} {:>5.1}% {:>7.1}\n",
             i + 1,
             plan.dp,
             plan.tp,
@@ -370,6 +371,7 @@ fn table(plans: &[RankedPlan]) -> String {
             plan.zero_stage,
             plan.recompute.name(),
             if plan.sequence_parallel { "yes" } else { "no" },
+            if plan.mlp_sequence { "seq" } else { "tp" },
             plan.schedule.name(),
             placed_axes(plan).join("-"),
             e.iter_time_s,

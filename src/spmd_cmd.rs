@@ -24,6 +24,10 @@ pub struct SpmdArgs {
     /// all-gather.
     #[arg(long, requires = "mesh")]
     pub sp: bool,
+    /// Placement of the MLPs over `tp`: `tp`, Megatron's column/row split, or `seq`, the whole
+    /// MLP on each rank's sequence shard with the weights replicated over `tp` (needs --sp).
+    #[arg(long, default_value = "tp", value_parser = ["tp", "seq"], requires = "mesh")]
+    pub mlp: String,
 }
 
 /// True when `mesh` asks for a pipeline (a `pp` axis of size above 1), alone or with other
@@ -148,6 +152,7 @@ impl SpmdArgs {
                 zero: self.zero,
                 annotations,
                 sequence_parallel: self.sp,
+                mlp_on_sequence: self.mlp == "seq",
             },
         )))
     }

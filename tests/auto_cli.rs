@@ -246,3 +246,30 @@ fn a_plan_with_fixed_stage_layers_runs_with_those_stages() {
         "the head's stage keeps fewer layers: {layers:?}"
     );
 }
+
+#[test]
+fn a_plan_with_the_mlp_on_sequence_shards_runs_as_planned() {
+    let dir = scratch("auto_mlp_seq_plan");
+    let file = dir.join("plans.json");
+    let doc = autopar_ok(&[
+        "plan",
+        "gpt-tiny",
+        "--cluster",
+        "cpu:ranks=2",
+        "--batch",
+        "8",
+        "--dtype",
+        "f32",
+        "--pin",
+        "tp=2,mlp=seq",
+        "--json",
+    ]);
+    let v: serde_json::Value = serde_json::from_str(&doc).expect("JSON");
+    let best = &v["plans"][0]["config"];
+    assert_eq!(best["mlp_sequence"], true, "{doc}");
+    assert_eq!(best["sequence_parallel"], true, "{doc}");
+    std::fs::write(&file, &doc).expect("write");
+    let file = file.to_str().expect("UTF-8 path");
+    let out = autopar_ok(&["run", "gpt-tiny", "--plan-file", file, "--verify"]);
+    assert!(out.trim_end().ends_with(" OK"), "{out}");
+}

@@ -371,3 +371,56 @@ fn sequence_parallelism_turns_each_block_all_reduce_into_reduce_scatter_and_all_
     let err = autopar_err(&["run", "gpt-tiny", "--mesh", "dp=2", "--sp"]);
     assert!(err.contains("--sp") && err.contains("tp"), "{err}");
 }
+
+#[test]
+fn mlp_on_sequence_shards_moves_no_mlp_activations() {
+    // With sequence parallelism, `--mlp seq` runs each MLP on the rank's sequence shard with
+    // its weights replicated over tp: the MLP blocks have no collective of their own, forward
+    // or backward; only their weight gradients are summed over tp.
+    let dump = autopar_ok(&[
+        "dump",
+        "gpt-tiny",
+        "--mesh",
+        "tp=2",
+        "--sp",
+        "--mlp",
+        "seq",
+        "--stage",
+        "partitioned",
+    ]);
+    let ops = collectives(&dump);
+    for layer in 0..2 {
+        for scope in [
+            format!("mb0/h.{layer}.mlp"),
+            format!("mb0/grad/h.{layer}.mlp"),
+        ] {
+            assert!(!ops.iter().any(|(_, _, s)| *s == scope), "{scope}: {ops:?}");
+        }
+        let attention = format!("mb0/h.{layer}.attn");
+        assert!(
+            ops.iter()
+                .any(|(o, _, s)| o == "all_gather" && *s == attention),
+            "{ops:?}"
+        );
+    }
+    assert!(
+        ops.iter()
+            .any(|(o, _, s)| o == "all_reduce" && s.starts_with("optimizer/h.0.mlp")),
+        "the replicated MLP weights' gradients are summed over tp: {ops:?}"
+    );
+    let out = autopar_ok(&[
+        "run",
+        "gpt-tiny",
+        "--mesh",
+        "dp=2,tp=2",
+        "--sp",
+        "--mlp",
+        "seq",
+        "--steps",
+        "2",
+        "--verify",
+    ]);
+    assert!(out.trim_end().ends_with("OK"), "{out}");
+    let err = autopar_err(&["run", "gpt-tiny", "--mesh", "tp=2", "--mlp", "seq"]);
+    assert!(err.contains("--sp"), "{err}");
+}

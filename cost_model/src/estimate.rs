@@ -19,7 +19,7 @@ use crate::mapping::{GroupInfo, MeshMapping};
 use crate::memory::{
     MemoryBreakdown, MemoryParams, RUNTIME_CROSS_ENTROPY_BYTES_PER_LOGIT,
     RUNTIME_MLP_BACKWARD_TEMPORARIES, activation_bytes_per_layer, layer_params_per_rank,
-    runtime_activation_bytes_per_layer, runtime_attention_bytes_per_layer,
+    mlp_params_per_rank, runtime_activation_bytes_per_layer, runtime_attention_bytes_per_layer,
 };
 use crate::model::TransformerConfig;
 use crate::plan::{Plan, Recompute};
@@ -263,6 +263,12 @@ impl CostModel {
                 "{} layers cannot fill pp x vpp = {} virtual stages",
                 cfg.layers,
                 plan.pp * plan.vpp
+            ));
+        }
+        if plan.mlp_sequence && cfg.experts > 1 {
+            return mis(format!(
+                "mlp=seq replicates dense MLP weights over tp; `{}` has {} experts",
+                cfg.name, cfg.experts
             ));
         }
         if let Some(l) = &plan.stage_layers
@@ -561,6 +567,12 @@ impl<'a> Ctx<'a> {
         (self.n * self.cfg.hidden as u64) as f64
     }
 
+    /// Blocks of a layer whose activations cross the tensor-parallel ranks: attention and
+    /// the MLP, or attention alone when the MLP runs on sequence shards.
+    fn tp_blocks(&self) -> f64 {
+        if self.plan.mlp_sequence { 1.0 } else { 2.0 }
+    }
+
     fn act_sp(&self) -> f64 {
         if self.sp {
             self.act() / self.plan.tp as f64
@@ -612,6 +624,13 @@ impl<'a> Ctx<'a> {
                 (GemmShape::new(1, self.n, c.experts as u64, h), false),
                 (GemmShape::new(local, per_expert, gate * f_t, h), true),
                 (GemmShape::new(local, per_expert, h, f_t), true),
+            ]
+        } else if self.plan.mlp_sequence {
+            // The whole MLP on this rank's sequence shard.
+            let (n_t, f) = (self.n / t, c.ffn as u64);
+            vec![
+                (GemmShape::new(1, n_t, gate * f, h), false),
+                (GemmShape::new(1, n_t, h, f), false),
             ]
         } else {
             vec![
@@ -754,10 +773,13 @@ impl<'a> Ctx<'a> {
         let (t_attn, f_attn) = self.attention_forward();
         p.attention_s += t_attn;
         flops += f_attn;
+        // One gather and one reduction per tensor-parallel block: attention's, and the MLP's
+        // unless it runs on the sequence shards.
+        let blocks = self.tp_blocks();
         if self.sp {
-            p.exposed(CommKind::Tensor, 2.0 * self.tp_gather());
+            p.exposed(CommKind::Tensor, blocks * self.tp_gather());
         }
-        p.exposed(CommKind::Tensor, 2.0 * self.tp_comm());
+        p.exposed(CommKind::Tensor, blocks * self.tp_comm());
         let cp = self.cp_comm();
         p.overlapped(CommKind::Context, cp, self.m.comm.exposed(cp, t_attn));
         let a2a = self.moe_all_to_all();
@@ -785,7 +807,8 @@ impl<'a> Ctx<'a> {
             let dgrad = self.gemm(GemmShape::new(s.batch, s.m, s.k, s.n), *batched);
             let wgrad = self.gemm(GemmShape::new(s.batch, s.k, s.n, s.m), *batched);
             p.gemm_s += dgrad + wgrad;
-            let column = i == 0 || i == attn.len() + usize::from(self.cfg.experts > 1);
+            let column = i == 0
+                || (i == attn.len() + usize::from(self.cfg.experts > 1) && !self.plan.mlp_sequence);
             if column {
                 wgrad_col.push(wgrad);
                 dgrad_col.push(dgrad);
@@ -817,7 +840,7 @@ impl<'a> Ctx<'a> {
         }
         if self.sp {
             // Gradients entering the row-parallel GEMMs are gathered first.
-            p.exposed(CommKind::Tensor, 2.0 * self.tp_gather());
+            p.exposed(CommKind::Tensor, self.tp_blocks() * self.tp_gather());
         }
         let cp = 2.0 * self.cp_comm();
         let under = p.attention_s;
@@ -1018,7 +1041,20 @@ impl<'a> Ctx<'a> {
             }
         };
         let layer_params = self.layer_params_per_rank();
-        let layer_reduce = reduce(layer_params * grad_bytes);
+        let mut layer_reduce = reduce(layer_params * grad_bytes);
+        if plan.mlp_sequence {
+            // The MLP's replicated weights: their gradients are also summed over `tp`.
+            layer_reduce += self.coll(
+                Collective::AllReduce,
+                mlp_params_per_rank(cfg, plan) * grad_bytes
+                    / if plan.zero_stage >= 2 {
+                        plan.dp as f64
+                    } else {
+                        1.0
+                    },
+                &self.tp,
+            );
+        }
         let emb_params = cfg.embedding_params() as f64 / plan.tp as f64;
         let mut iter_end = 0.0f64;
         let mut grad_reduce = 0.0f64;

@@ -89,16 +89,29 @@ pub struct MemoryBreakdown {
 }
 
 /// Parameters of one transformer layer held by one rank under `plan`: attention and MLP
-/// divided over the tensor-parallel ranks (and the experts over the expert-parallel ranks),
-/// norms replicated; before any ZeRO division.
+/// divided over the tensor-parallel ranks (the MLP only under Megatron's placement, see
+/// [`mlp_params_per_rank`]; the experts over the expert-parallel ranks), norms replicated;
+/// before any ZeRO division.
 pub fn layer_params_per_rank(cfg: &TransformerConfig, plan: &Plan) -> f64 {
-    let t = plan.tp as f64;
+    cfg.attention_params() as f64 / plan.tp as f64
+        + mlp_params_per_rank(cfg, plan)
+        + cfg.norm_params() as f64
+}
+
+/// Parameters of one layer's MLP held by one rank: divided over the expert-parallel ranks,
+/// and over the tensor-parallel ones unless the plan runs the MLP on sequence shards with
+/// replicated weights ([`Plan::mlp_sequence`]).
+pub fn mlp_params_per_rank(cfg: &TransformerConfig, plan: &Plan) -> f64 {
     let mlp = if cfg.experts > 1 {
         cfg.mlp_params() as f64 / plan.ep as f64
     } else {
         cfg.mlp_params() as f64
     };
-    (cfg.attention_params() as f64 + mlp) / t + cfg.norm_params() as f64
+    if plan.mlp_sequence {
+        mlp
+    } else {
+        mlp / plan.tp as f64
+    }
 }
 
 /// Activation bytes stored per layer per micro-batch, following Korthikanti et al. 2022

@@ -184,3 +184,34 @@ fn stage_times_are_what_the_estimate_feeds_the_schedule() {
     assert_eq!(st.forward_s, e.time.stage_forward_s);
     assert_eq!(st.backward_s, e.time.stage_backward_s);
 }
+
+#[test]
+fn mlp_on_sequence_shards_trades_activation_traffic_for_replicated_weights() {
+    let m = a100(1);
+    let cfg = TransformerConfig::gpt("1.3b", 24, 2048, 16, 2048, 51200);
+    let megatron = Plan::parse("dp=1,tp=8,mbs=4,gbs=32,sp=true").unwrap();
+    let seq = Plan::parse("dp=1,tp=8,mbs=4,gbs=32,sp=true,mlp=seq").unwrap();
+    assert_eq!(Plan::parse(&seq.to_string()).unwrap(), seq);
+    let (a, b) = (
+        m.estimate(&cfg, &megatron).unwrap(),
+        m.estimate(&cfg, &seq).unwrap(),
+    );
+    let (fa, fb) = (&a.time.layer_forward, &b.time.layer_forward);
+    // Half the tensor-parallel collectives (attention's only), the same GEMM work.
+    assert!(
+        fb.exposed_by.tp_s < 0.6 * fa.exposed_by.tp_s,
+        "{fa:?} {fb:?}"
+    );
+    assert!(
+        (fb.gemm_s - fa.gemm_s).abs() < 0.25 * fa.gemm_s,
+        "{fa:?} {fb:?}"
+    );
+    // Whole MLP weights on every rank.
+    assert!(b.memory.num_params > 2.0 * a.memory.num_params);
+    // The placement needs sequence parallelism and a dense MLP.
+    assert!(Plan::parse("tp=8,mlp=seq").is_err());
+    let mut moe = cfg.clone();
+    moe.experts = 8;
+    moe.top_k = 2;
+    assert!(m.estimate(&moe, &seq).is_err());
+}

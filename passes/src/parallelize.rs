@@ -73,6 +73,10 @@ pub struct ParallelOptions {
     pub annotations: Vec<Annotation>,
     /// Megatron sequence parallelism on the tensor axis (see the module docs).
     pub sequence_parallel: bool,
+    /// With sequence parallelism: the MLPs run on the residual stream's sequence shards with
+    /// their weights replicated over the tensor axis instead of Megatron's column/row split
+    /// ([`mlp_on_sequence_shards`]).
+    pub mlp_on_sequence: bool,
 }
 
 /// One sharding given by tensor name.
@@ -175,6 +179,17 @@ pub fn parallelize(
     }
     let mut graph = g.clone();
     graph.set_mesh(Some(mesh.clone()));
+    if options.mlp_on_sequence {
+        if !options.sequence_parallel {
+            return Err(PassError::BadOption {
+                option: "--mlp",
+                detail: "the MLP runs on the sequence shards of sequence parallelism: it needs \
+                         --sp"
+                    .into(),
+            });
+        }
+        mlp_on_sequence_shards(&mut graph)?;
+    }
     apply_annotations(&mut graph, &options.annotations)?;
     let mut constraints = zero_constraints(&graph, mesh, options.zero)?;
     if mesh.axis_size(EXPERT_AXIS).is_some_and(|n| n > 1) {
@@ -186,6 +201,55 @@ pub fn parallelize(
     crate::context_parallel::context_parallel_constraints(&graph, mesh, &mut constraints)?;
     let plan = propagate_sharding(&mut graph, &constraints)?;
     Ok(Parallelized { graph, plan })
+}
+
+/// The MLP placement of [`ParallelOptions::mlp_on_sequence`]: every weight of an MLP block
+/// (a parameter whose scope's last component is `mlp`) loses its split over the tensor axis,
+/// so that, with the residual stream sharded on the sequence, each rank runs the whole MLP
+/// on its sequence shard and the weight gradients are summed over the tensor axis. Other
+/// axes keep their placements; the weight's next value (the output of the same name) follows.
+pub fn mlp_on_sequence_shards(g: &mut Graph) -> Result<(), PassError> {
+    let weights: Vec<(ValueId, String, Sharding)> = g
+        .parameters()
+        .into_iter()
+        .filter(|&(v, _, _)| {
+            let scope = g.node(g.value(v).producer).scope.as_deref().unwrap_or("");
+            let path = crate::autodiff::split_scope(scope).1;
+            path.rsplit('.').next() == Some("mlp")
+        })
+        .filter_map(|(v, name, _)| {
+            let s = g.value(v).sharding.clone()?;
+            s.get(TENSOR_AXIS)
+                .is_some_and(|p| p != Placement::Replicate)
+                .then(|| (v, name.to_string(), s))
+        })
+        .collect();
+    if weights.is_empty() {
+        return Err(PassError::BadOption {
+            option: "--mlp",
+            detail: format!("no MLP weight of the model is split over `{TENSOR_AXIS}`"),
+        });
+    }
+    for (v, name, s) in weights {
+        let axes = s
+            .axes
+            .iter()
+            .map(|(a, p)| {
+                let p = if a == TENSOR_AXIS {
+                    Placement::Replicate
+                } else {
+                    *p
+                };
+                (a.clone(), p)
+            })
+            .collect::<Vec<_>>();
+        let replicated = Sharding::user(axes);
+        g.set_sharding(v, Some(replicated.clone()))?;
+        if let Some(next) = g.output(&name).filter(|&o| o != v) {
+            g.set_sharding(next, Some(replicated))?;
+        }
+    }
+    Ok(())
 }
 
 /// Replaces the shardings of the named parameters and inputs.

@@ -363,6 +363,8 @@ pub fn plan_changes(best: &Plan, other: &Plan) -> Vec<String> {
         best.sequence_parallel.to_string(),
         other.sequence_parallel.to_string(),
     );
+    let mlp = |p: &Plan| if p.mlp_sequence { "seq" } else { "tp" }.to_string();
+    diff("mlp", mlp(best), mlp(other));
     diff(
         "schedule",
         best.schedule.to_string(),
@@ -449,6 +451,7 @@ pub fn megatron_reference(
             dtype: opts.dtype,
             axis_order: Plan::DEFAULT_ORDER.iter().map(|a| a.to_string()).collect(),
             stage_layers: None,
+            mlp_sequence: false,
         };
         if model.estimate(cfg, &plan).is_ok_and(|e| e.fits) {
             let name = format!(

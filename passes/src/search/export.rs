@@ -18,6 +18,11 @@ use autopar_ir::schedule::ScheduleKind;
 
 use crate::search::error::SearchError;
 
+/// What neither stack can say of a plan that runs the MLP on sequence shards.
+const MLP_SEQUENCE_NOTE: &str = "the plan runs each MLP on the sequence shards of sequence \
+     parallelism with its weights replicated over tp (mlp=seq); these arguments shard the MLP \
+     over tp as usual, which moves more activations and holds fewer weights than the plan";
+
 /// Megatron-LM's rank order, innermost first, for a plan's axis order (outermost first):
 /// the reverse, e.g. `pp-dp-ep-cp-tp` becomes `tp-cp-ep-dp-pp`.
 pub fn megatron_order(plan: &Plan) -> String {
@@ -146,6 +151,9 @@ pub fn megatron_args(cfg: &TransformerConfig, plan: &Plan) -> Result<String, Sea
             });
         }
     }
+    if plan.mlp_sequence {
+        notes.push(MLP_SEQUENCE_NOTE.to_string());
+    }
     let order = megatron_order(plan);
     if order != "tp-cp-ep-dp-pp" {
         notes.push(format!(
@@ -214,6 +222,9 @@ pub fn torchtitan_toml(cfg: &TransformerConfig, plan: &Plan) -> Result<String, S
              (sequence parallelism); the plan was ranked without it"
                 .into(),
         );
+    }
+    if plan.mlp_sequence {
+        notes.push(MLP_SEQUENCE_NOTE.to_string());
     }
     if plan.recompute == Recompute::Selective {
         notes.push(

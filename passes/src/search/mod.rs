@@ -442,7 +442,7 @@ impl Worker {
         );
         let mut mappings: Vec<Option<MeshMapping>> = vec![None; orders.len()];
         let zeros = space::zero_stages(&s, c);
-        let sps = space::sequence_parallel(cfg, &s, c);
+        let variants = space::sequence_parallel_variants(cfg, &s, c);
         let recomputes = space::recomputes(model.compute.attention, c);
         for mbs in space::micro_batch_sizes(&s, batch, c) {
             let m = batch / (s.dp * mbs);
@@ -464,15 +464,16 @@ impl Worker {
                         dtype: opts.dtype,
                         axis_order: Vec::new(),
                         stage_layers: c.stage_layers.clone(),
+                        mlp_sequence: false,
                     };
-                    let family = (sps.len() * orders.len() * recomputes.len()) as u64;
+                    let family = (variants.len() * orders.len() * recomputes.len()) as u64;
                     self.stats.candidates += family;
                     if opts.prune && memory_lower_bound(model, cfg, &base, None) > capacity {
                         self.stats.pruned_by_memory += family;
                         continue;
                     }
                     let built = self.schedule(kind, s.pp, vpp, m)?;
-                    for &sp in &sps {
+                    for &(sp, mlp_sequence) in &variants {
                         for (oi, order) in orders.iter().enumerate() {
                             // A lower bound on the step time of this plan under this and
                             // every later (heavier) recompute policy.
@@ -489,6 +490,7 @@ impl Worker {
                                 let plan = Plan {
                                     recompute,
                                     sequence_parallel: sp,
+                                    mlp_sequence,
                                     axis_order: order.clone(),
                                     ..base.clone()
                                 };

@@ -39,6 +39,9 @@ pub struct Constraints {
     pub recompute: Option<Recompute>,
     /// Sequence parallelism.
     pub sp: Option<bool>,
+    /// The MLP's placement over `tp`: `Some(true)` for `mlp=seq` ([`Plan::mlp_sequence`]).
+    #[serde(default)]
+    pub mlp_sequence: Option<bool>,
     /// Pipeline schedule.
     pub schedule: Option<ScheduleKind>,
     /// Mesh axes outermost first (all five, as [`Plan::axis_order`]).
@@ -60,7 +63,7 @@ pub struct Constraints {
 
 impl Constraints {
     /// Parses `key=value` pairs separated by commas, with the keys of [`Plan::parse`] (`dp tp
-    /// pp vpp cp ep mbs zero recompute sp schedule order`) and `stages` (layers per virtual
+    /// pp vpp cp ep mbs zero recompute sp schedule order mlp`) and `stages` (layers per virtual
     /// stage joined by `-`, e.g. `stages=12-12-12-12`) and `runtime=cpu` (only plans the CPU
     /// runtime executes, see [`cpu_unsupported`]).
     ///
@@ -104,6 +107,13 @@ impl Constraints {
                 "zero" => c.zero = Some(one()?.zero_stage),
                 "recompute" => c.recompute = Some(one()?.recompute),
                 "sp" => c.sp = Some(one()?.sequence_parallel),
+                "mlp" => {
+                    c.mlp_sequence = Some(match v {
+                        "tp" => false,
+                        "seq" => true,
+                        _ => return Err(err(format!("expected tp or seq, not `{v}`"))),
+                    })
+                }
                 "schedule" => {
                     c.schedule = Some(v.parse().map_err(|e| err(format!("{e}")))?);
                 }
@@ -155,6 +165,7 @@ impl Constraints {
             && ok(&self.zero, plan.zero_stage)
             && ok(&self.recompute, plan.recompute)
             && ok(&self.sp, plan.sequence_parallel)
+            && ok(&self.mlp_sequence, plan.mlp_sequence)
             && ok(&self.schedule, plan.schedule)
             && self
                 .axis_order
@@ -513,6 +524,25 @@ pub(crate) fn sequence_parallel(cfg: &TransformerConfig, s: &Shape, c: &Constrai
         out.push(true);
     }
     out.retain(|&sp| c.sp.is_none_or(|p| p == sp));
+    out
+}
+
+/// Sequence parallelism with the MLP's placement over `tp` (see [`Plan::mlp_sequence`]):
+/// `(sp, mlp on sequence shards)`. The MLP can leave Megatron's placement only with sequence
+/// parallelism (it runs on the residual stream's sequence shards), and only in a dense model.
+pub(crate) fn sequence_parallel_variants(
+    cfg: &TransformerConfig,
+    s: &Shape,
+    c: &Constraints,
+) -> Vec<(bool, bool)> {
+    let mut out = Vec::new();
+    for sp in sequence_parallel(cfg, s, c) {
+        out.push((sp, false));
+        if sp && cfg.experts <= 1 {
+            out.push((sp, true));
+        }
+    }
+    out.retain(|&(_, m)| c.mlp_sequence.is_none_or(|p| p == m));
     out
 }
 
