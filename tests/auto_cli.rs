@@ -118,19 +118,7 @@ fn a_saved_plan_runs_exactly_as_written() {
 fn a_pipeline_plan_from_plan_json_runs_its_schedule() {
     let dir = scratch("auto_pipeline_plan");
     let file = dir.join("plans.json");
-    let doc = autopar_ok(&[
-        "plan",
-        "gpt-tiny",
-        "--cluster",
-        "cpu:ranks=2",
-        "--batch",
-        "8",
-        "--dtype",
-        "f32",
-        "--pin",
-        "pp=2,schedule=gpipe",
-        "--json",
-    ]);
+    let doc = plan_f32_on_two_ranks("gpt-tiny", "8", "pp=2,schedule=gpipe");
     std::fs::write(&file, doc).expect("write");
     let file = file.to_str().expect("UTF-8 path");
     let out = autopar_ok(&["run", "gpt-tiny", "--plan-file", file, "--verify"]);
@@ -194,19 +182,7 @@ fn a_plan_with_fixed_stage_layers_runs_with_those_stages() {
     let dir = scratch("auto_stage_layers_plan");
     let file = dir.join("plans.json");
     let model = "gpt:layers=4,hidden=32,heads=2,seq=16,vocab=64";
-    let doc = autopar_ok(&[
-        "plan",
-        model,
-        "--cluster",
-        "cpu:ranks=2",
-        "--batch",
-        "4",
-        "--dtype",
-        "f32",
-        "--pin",
-        "pp=2,stages=1-3",
-        "--json",
-    ]);
+    let doc = plan_f32_on_two_ranks(model, "4", "pp=2,stages=1-3");
     assert!(doc.contains("\"stage_layers\""), "{doc}");
     std::fs::write(&file, doc).expect("write");
     let file = file.to_str().expect("UTF-8 path");
@@ -251,19 +227,7 @@ fn a_plan_with_fixed_stage_layers_runs_with_those_stages() {
 fn a_plan_with_the_mlp_on_sequence_shards_runs_as_planned() {
     let dir = scratch("auto_mlp_seq_plan");
     let file = dir.join("plans.json");
-    let doc = autopar_ok(&[
-        "plan",
-        "gpt-tiny",
-        "--cluster",
-        "cpu:ranks=2",
-        "--batch",
-        "8",
-        "--dtype",
-        "f32",
-        "--pin",
-        "tp=2,mlp=seq",
-        "--json",
-    ]);
+    let doc = plan_f32_on_two_ranks("gpt-tiny", "8", "tp=2,mlp=seq");
     let v: serde_json::Value = serde_json::from_str(&doc).expect("JSON");
     let best = &v["plans"][0]["config"];
     assert_eq!(best["mlp_sequence"], true, "{doc}");
@@ -272,4 +236,21 @@ fn a_plan_with_the_mlp_on_sequence_shards_runs_as_planned() {
     let file = file.to_str().expect("UTF-8 path");
     let out = autopar_ok(&["run", "gpt-tiny", "--plan-file", file, "--verify"]);
     assert!(out.trim_end().ends_with(" OK"), "{out}");
+}
+
+/// `autopar plan MODEL --cluster cpu:ranks=2 --batch B --dtype f32 --pin PINS --json`.
+fn plan_f32_on_two_ranks(model: &str, batch: &str, pins: &str) -> String {
+    autopar_ok(&[
+        "plan",
+        model,
+        "--cluster",
+        "cpu:ranks=2",
+        "--batch",
+        batch,
+        "--dtype",
+        "f32",
+        "--pin",
+        pins,
+        "--json",
+    ])
 }
