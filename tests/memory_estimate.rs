@@ -1,5 +1,5 @@
 //! The cost model's memory estimate against the CPU runtime: for the tiny zoo models under
-//! data + tensor parallelism, ZeRO-3 and a 1F1B pipeline, `autopar estimate` on
+//! data + tensor parallelism, ZeRO-3, a 1F1B pipeline and context parallelism, `autopar estimate` on
 //! `cpu:ranks=N` predicts the peak bytes per rank that `autopar run` records within 15%: the
 //! fullest rank's (an SPMD run reports only that one) and, for a pipeline, every pipeline
 //! rank's. Each prediction is printed beside its measurement (`cargo test -- --nocapture`).
@@ -51,8 +51,8 @@ fn measured(model: &str, run_args: &[&str]) -> Vec<f64> {
     per_rank
 }
 
-/// Predicted bytes per pipeline rank.
-fn predicted(model: &str, ranks: usize, plan: &str) -> Vec<f64> {
+/// Predicted bytes per pipeline rank, for the global batch `batch`.
+fn predicted(model: &str, ranks: usize, batch: &str, plan: &str) -> Vec<f64> {
     let cluster = format!("cpu:ranks={ranks}");
     let plan = format!("{plan},dtype=f32");
     let out = autopar(&[
@@ -61,7 +61,7 @@ fn predicted(model: &str, ranks: usize, plan: &str) -> Vec<f64> {
         "--cluster",
         &cluster,
         "--batch",
-        "8",
+        batch,
         "--plan",
         &plan,
         "--json",
@@ -77,7 +77,14 @@ fn predicted(model: &str, ranks: usize, plan: &str) -> Vec<f64> {
 
 fn check(model: &str, ranks: usize, run_args: &[&str], plan: &str) {
     let measured = measured(model, run_args);
-    let predicted = predicted(model, ranks, plan);
+    // The run's batch (the zoo's default of 8 unless the arguments give one).
+    let batch = run_args
+        .iter()
+        .position(|&a| a == "--batch")
+        .and_then(|i| run_args.get(i + 1))
+        .copied()
+        .unwrap_or("8");
+    let predicted = predicted(model, ranks, batch, plan);
     if measured.len() > 1 {
         assert_eq!(measured.len(), predicted.len(), "{model} {run_args:?}");
         for (rank, (m, p)) in measured.iter().zip(&predicted).enumerate() {
@@ -162,5 +169,17 @@ fn recompute_and_micro_batches() {
         4,
         &["--mesh", "dp=2,tp=2", "--micro-batches", "2"],
         "dp=2,tp=2,mbs=2",
+    );
+}
+
+#[test]
+fn context_parallel() {
+    // The fused ring backward keeps no attention probabilities; the sequence is split over cp.
+    check("llama-tiny", 2, &["--mesh", "cp=2"], "cp=2,mbs=8");
+    check(
+        "llama:layers=2,hidden=64,heads=4,kv_heads=2,ffn=128,seq=128,vocab=256",
+        2,
+        &["--mesh", "cp=2", "--batch", "4"],
+        "cp=2,mbs=4",
     );
 }

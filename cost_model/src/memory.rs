@@ -173,7 +173,8 @@ pub fn activation_bytes_per_layer(
 /// `f`-wide tensors, `2f/h` for GELU (its input and output) or `4f/h` for SwiGLU (gate, up,
 /// `silu(gate)` and their product), times `top_k` for experts; the attention probabilities,
 /// one element per score over the whole key sequence (`as/(ht)`), unless selective recompute
-/// drops them. No dropout masks. Full recompute keeps only the layer input.
+/// drops them or context parallelism's fused attention backward never stores them. No
+/// dropout masks. Full recompute keeps only the layer input.
 pub fn runtime_activation_bytes_per_layer(
     cfg: &TransformerConfig,
     plan: &Plan,
@@ -199,7 +200,9 @@ pub fn runtime_activation_bytes_per_layer(
     };
     let attention = (1.0 + 2.0 * kv_frac + 1.0) * sbh / t;
     let scores = cfg.heads as f64 * cfg.seq as f64 / (h * t) * sbh;
-    let scores = if recompute == Recompute::None {
+    // Under context parallelism attention differentiates through the fused ring backward,
+    // which keeps no probabilities.
+    let scores = if recompute == Recompute::None && plan.cp == 1 {
         scores
     } else {
         0.0
