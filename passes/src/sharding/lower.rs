@@ -207,35 +207,8 @@ fn ring_attention(
     [q, k, v]: [ValueId; 3],
     positions: Option<(ValueId, ValueId)>,
 ) -> Result<Vec<ValueId>, ShardingError> {
-    let (qt, vt) = (g.ty(q).clone(), g.ty(v).clone());
-    let (&[b, s, hq, d], &[_, t, hkv, dv]) = (qt.dims(), vt.dims()) else {
-        return Err(ShardingError::Mismatch {
-            op: "attention",
-            detail: "ring attention needs rank-4 q, k and v".into(),
-        });
-    };
-    let group = hq / hkv.max(1);
-    let dtype = qt.dtype;
-    let scores_shape = Shape::new([b, hkv, group, s, t]);
-    let stats_ty = TensorType::new(dtype, [b, hkv, group, s]);
-    let out_shape = Shape::new([b, s, hkv, group, dv]);
-    let einsum = |g: &mut Graph, spec: &str, x: ValueId, y: ValueId| {
-        let spec = spec.parse().map_err(|detail| ShardingError::Mismatch {
-            op: "attention",
-            detail,
-        })?;
-        Ok::<_, ShardingError>(g.add(Op::Einsum { spec }, &[x, y])?)
-    };
-    let spread = |g: &mut Graph, x: ValueId, shape: &Shape| {
-        let dims: Vec<usize> = (0..g.ty(x).rank()).collect();
-        g.add(
-            Op::Broadcast {
-                shape: shape.clone(),
-                dims,
-            },
-            &[x],
-        )
-    };
+    let sh = RingShapes::of(g, q, v, "attention")?;
+    let out_shape = Shape::new([sh.b, sh.s, sh.hkv, sh.group, sh.dv]);
     // Per-query statistics `[b, hkv, g, s]` laid out like the output rows `[b, s, hkv, g]`.
     let over_rows = |g: &mut Graph, x: ValueId| -> Result<ValueId, ShardingError> {
         let x = g.add(
@@ -244,45 +217,29 @@ fn ring_attention(
             },
             &[x],
         )?;
-        Ok(spread(g, x, &out_shape)?)
+        Ok(g.add(
+            Op::Broadcast {
+                shape: out_shape.clone(),
+                dims: vec![0, 1, 2, 3],
+            },
+            &[x],
+        )?)
     };
     let q5 = g.add(
         Op::Reshape {
-            shape: Shape::new([b, s, hkv, group, d]),
+            shape: Shape::new([sh.b, sh.s, sh.hkv, sh.group, sh.d]),
         },
         &[q],
     )?;
-    let neg_inf = constant(g, stats_ty.clone(), f64::NEG_INFINITY)?;
-    let zero = constant(g, stats_ty.clone(), 0.0)?;
+    let neg_inf = constant(g, sh.stats(), f64::NEG_INFINITY)?;
+    let zero = constant(g, sh.stats(), 0.0)?;
     let mut block = vec![k, v];
     block.extend(positions.map(|(_, k_pos)| k_pos));
     // (running max, running sum, running output)
     let mut state: Option<(ValueId, ValueId, ValueId)> = None;
     for step in 0..ring.steps {
         if step > 0 {
-            for &x in &block {
-                g.add_node(
-                    Op::Send {
-                        axis: ring.axis.to_string(),
-                        shift: 1,
-                    },
-                    &[x],
-                )?;
-            }
-            block = block
-                .iter()
-                .map(|&x| {
-                    let ty = g.ty(x).clone();
-                    g.add(
-                        Op::Recv {
-                            axis: ring.axis.to_string(),
-                            shift: -1,
-                            ty,
-                        },
-                        &[],
-                    )
-                })
-                .collect::<Result<_, _>>()?;
+            block = pass_on(g, ring.axis, &block)?;
         }
         let (kb, vb) = (block[0], block[1]);
         let block_positions = match (positions, block.get(2)) {
@@ -290,41 +247,16 @@ fn ring_attention(
             _ => None,
         };
         let logits = ring_logits(g, ring, q5, kb, block_positions)?;
-        let block_max = g.add(
-            Op::Reduce {
-                func: ReduceOp::Max,
-                dims: vec![4],
-            },
-            &[logits],
-        )?;
-        let max = match state {
-            None => block_max,
-            Some((m, _, _)) => binary(g, BinaryOp::Max, m, block_max)?,
-        };
-        let unseen = compare(g, CompareOp::Eq, max, neg_inf)?;
-        let safe_max = g.add(Op::Select, &[unseen, zero, max])?;
-        let safe_max_b = spread(g, safe_max, &scores_shape)?;
-        let shifted = binary(g, BinaryOp::Sub, logits, safe_max_b)?;
-        let p = g.add(Op::Unary { func: UnaryOp::Exp }, &[shifted])?;
-        let block_sum = g.add(
-            Op::Reduce {
-                func: ReduceOp::Sum,
-                dims: vec![4],
-            },
-            &[p],
-        )?;
-        let block_out = einsum(g, "bkgst,btke->bskge", p, vb)?;
+        let soft = block_softmax(g, logits, state.map(|(m, _, _)| m), [neg_inf, zero])?;
+        let block_out = einsum(g, "attention", "bkgst,btke->bskge", soft.exp, vb)?;
         state = Some(match state {
-            None => (max, block_sum, block_out),
+            None => (soft.max, soft.sum, block_out),
             Some((m, sum, out)) => {
-                let diff = binary(g, BinaryOp::Sub, m, safe_max)?;
-                let alpha = g.add(Op::Unary { func: UnaryOp::Exp }, &[diff])?;
-                let kept = binary(g, BinaryOp::Mul, sum, alpha)?;
-                let sum = binary(g, BinaryOp::Add, kept, block_sum)?;
+                let (sum, alpha) = rescaled_sum(g, m, sum, &soft)?;
                 let alpha_rows = over_rows(g, alpha)?;
                 let kept = binary(g, BinaryOp::Mul, out, alpha_rows)?;
                 let out = binary(g, BinaryOp::Add, kept, block_out)?;
-                (max, sum, out)
+                (soft.max, sum, out)
             }
         });
     }
@@ -338,7 +270,7 @@ fn ring_attention(
     let out = binary(g, BinaryOp::Div, out, sum_rows)?;
     Ok(vec![g.add(
         Op::Reshape {
-            shape: Shape::new([b, s, hq, dv]),
+            shape: Shape::new([sh.b, sh.s, sh.hq, sh.dv]),
         },
         &[out],
     )?])
@@ -372,6 +304,136 @@ fn pass_on(g: &mut Graph, axis: &str, block: &[ValueId]) -> Result<Vec<ValueId>,
         .collect()
 }
 
+/// `einsum(spec, x, y)`; a malformed spec is an error of `op`.
+fn einsum(
+    g: &mut Graph,
+    op: &'static str,
+    spec: &str,
+    x: ValueId,
+    y: ValueId,
+) -> Result<ValueId, ShardingError> {
+    let spec = spec
+        .parse()
+        .map_err(|detail| ShardingError::Mismatch { op, detail })?;
+    Ok(g.add(Op::Einsum { spec }, &[x, y])?)
+}
+
+/// The sizes of a ring attention (or its backward) on `q[b, s, hq, d]` and
+/// `v[b, t, hkv, dv]`; an error of `op` unless both have rank 4.
+struct RingShapes {
+    b: usize,
+    s: usize,
+    hq: usize,
+    d: usize,
+    t: usize,
+    hkv: usize,
+    dv: usize,
+    group: usize,
+    dtype: DType,
+}
+
+impl RingShapes {
+    fn of(g: &Graph, q: ValueId, v: ValueId, op: &'static str) -> Result<Self, ShardingError> {
+        let (qt, vt) = (g.ty(q), g.ty(v));
+        let (&[b, s, hq, d], &[_, t, hkv, dv]) = (qt.dims(), vt.dims()) else {
+            return Err(ShardingError::Mismatch {
+                op,
+                detail: "ring attention needs rank-4 q, k and v".into(),
+            });
+        };
+        Ok(RingShapes {
+            b,
+            s,
+            hq,
+            d,
+            t,
+            hkv,
+            dv,
+            group: hq / hkv.max(1),
+            dtype: qt.dtype,
+        })
+    }
+
+    /// The scores of one key block, `[b, hkv, group, s, t]`.
+    fn scores(&self) -> Shape {
+        Shape::new([self.b, self.hkv, self.group, self.s, self.t])
+    }
+
+    /// Per-query-row statistics, `[b, hkv, group, s]`.
+    fn stats(&self) -> TensorType {
+        TensorType::new(self.dtype, [self.b, self.hkv, self.group, self.s])
+    }
+}
+
+/// One key block of an online softmax over the last dim of `z[b, hkv, g, s, t]`, given the
+/// running max of the blocks before (`None` for the first): the new running max, the same
+/// with a still `-inf` max (every key so far masked) replaced by 0 (`safe`, what is
+/// subtracted), the block's `exp(z - safe)` and its row sums.
+struct BlockSoftmax {
+    max: ValueId,
+    safe: ValueId,
+    exp: ValueId,
+    sum: ValueId,
+}
+
+fn block_softmax(
+    g: &mut Graph,
+    z: ValueId,
+    running_max: Option<ValueId>,
+    [neg_inf, zero]: [ValueId; 2],
+) -> Result<BlockSoftmax, ShardingError> {
+    let block_max = g.add(
+        Op::Reduce {
+            func: ReduceOp::Max,
+            dims: vec![4],
+        },
+        &[z],
+    )?;
+    let max = match running_max {
+        None => block_max,
+        Some(m) => binary(g, BinaryOp::Max, m, block_max)?,
+    };
+    let unseen = compare(g, CompareOp::Eq, max, neg_inf)?;
+    let safe = g.add(Op::Select, &[unseen, zero, max])?;
+    let scores = g.ty(z).shape.clone();
+    let safe_b = g.add(
+        Op::Broadcast {
+            shape: scores,
+            dims: vec![0, 1, 2, 3],
+        },
+        &[safe],
+    )?;
+    let shifted = binary(g, BinaryOp::Sub, z, safe_b)?;
+    let exp = g.add(Op::Unary { func: UnaryOp::Exp }, &[shifted])?;
+    let sum = g.add(
+        Op::Reduce {
+            func: ReduceOp::Sum,
+            dims: vec![4],
+        },
+        &[exp],
+    )?;
+    Ok(BlockSoftmax {
+        max,
+        safe,
+        exp,
+        sum,
+    })
+}
+
+/// The running sum of an online softmax after a block: `sum * alpha + block_sum` with
+/// `alpha = exp(old_max - safe)`, which also rescales anything else accumulated so far.
+fn rescaled_sum(
+    g: &mut Graph,
+    old_max: ValueId,
+    sum: ValueId,
+    block: &BlockSoftmax,
+) -> Result<(ValueId, ValueId), ShardingError> {
+    let diff = binary(g, BinaryOp::Sub, old_max, block.safe)?;
+    let alpha = g.add(Op::Unary { func: UnaryOp::Exp }, &[diff])?;
+    let kept = binary(g, BinaryOp::Mul, sum, alpha)?;
+    Ok((binary(g, BinaryOp::Add, kept, block.sum)?, alpha))
+}
+
 /// `scale q5 k^T` as `[b, hkv, g, s, t]`, set to `-inf` where `k_pos > q_pos` when causal.
 fn ring_logits(
     g: &mut Graph,
@@ -380,13 +442,7 @@ fn ring_logits(
     k: ValueId,
     positions: Option<(ValueId, ValueId)>,
 ) -> Result<ValueId, ShardingError> {
-    let spec = "bskgd,btkd->bkgst"
-        .parse()
-        .map_err(|detail| ShardingError::Mismatch {
-            op: "attention",
-            detail,
-        })?;
-    let scores = g.add(Op::Einsum { spec }, &[q5, k])?;
+    let scores = einsum(g, "attention", "bskgd,btkd->bkgst", q5, k)?;
     let ty = g.ty(scores).clone();
     let scale = constant(g, ty.clone(), ring.scale)?;
     let logits = binary(g, BinaryOp::Mul, scores, scale)?;
@@ -434,24 +490,9 @@ fn ring_attention_backward(
     [q, k, v, o, grad]: [ValueId; 5],
     positions: Option<(ValueId, ValueId)>,
 ) -> Result<Vec<ValueId>, ShardingError> {
-    let (qt, vt) = (g.ty(q).clone(), g.ty(v).clone());
-    let (&[b, s, hq, d], &[_, t, hkv, dv]) = (qt.dims(), vt.dims()) else {
-        return Err(ShardingError::Mismatch {
-            op: "attention_backward",
-            detail: "ring attention needs rank-4 q, k and v".into(),
-        });
-    };
-    let group = hq / hkv.max(1);
-    let dtype = qt.dtype;
-    let scores_shape = Shape::new([b, hkv, group, s, t]);
-    let stats_ty = TensorType::new(dtype, [b, hkv, group, s]);
-    let einsum = |g: &mut Graph, spec: &str, x: ValueId, y: ValueId| {
-        let spec = spec.parse().map_err(|detail| ShardingError::Mismatch {
-            op: "attention_backward",
-            detail,
-        })?;
-        Ok::<_, ShardingError>(g.add(Op::Einsum { spec }, &[x, y])?)
-    };
+    const OP: &str = "attention_backward";
+    let sh = RingShapes::of(g, q, v, OP)?;
+    let scores_shape = sh.scores();
     let spread = |g: &mut Graph, x: ValueId| {
         g.add(
             Op::Broadcast {
@@ -464,21 +505,21 @@ fn ring_attention_backward(
     let split = |g: &mut Graph, x: ValueId, last: usize| {
         g.add(
             Op::Reshape {
-                shape: Shape::new([b, s, hkv, group, last]),
+                shape: Shape::new([sh.b, sh.s, sh.hkv, sh.group, last]),
             },
             &[x],
         )
     };
-    let q5 = split(g, q, d)?;
-    let g5 = split(g, grad, dv)?;
-    let o5 = split(g, o, dv)?;
+    let q5 = split(g, q, sh.d)?;
+    let g5 = split(g, grad, sh.dv)?;
+    let o5 = split(g, o, sh.dv)?;
     let k_pos = positions.map(|(_, k_pos)| k_pos);
     let q_pos = positions.map(|(q_pos, _)| q_pos);
     let with_positions = |k_pos: Option<ValueId>| q_pos.zip(k_pos);
 
     // Pass 1: every row's log-sum-exp over all keys.
-    let neg_inf = constant(g, stats_ty.clone(), f64::NEG_INFINITY)?;
-    let zero = constant(g, stats_ty.clone(), 0.0)?;
+    let neg_inf = constant(g, sh.stats(), f64::NEG_INFINITY)?;
+    let zero = constant(g, sh.stats(), 0.0)?;
     let mut block: Vec<ValueId> = std::iter::once(k).chain(k_pos).collect();
     let mut stats: Option<(ValueId, ValueId, ValueId)> = None; // (max, safe max, sum)
     for step in 0..ring.steps {
@@ -486,39 +527,12 @@ fn ring_attention_backward(
             block = pass_on(g, ring.axis, &block)?;
         }
         let z = ring_logits(g, ring, q5, block[0], with_positions(block.get(1).copied()))?;
-        let block_max = g.add(
-            Op::Reduce {
-                func: ReduceOp::Max,
-                dims: vec![4],
-            },
-            &[z],
-        )?;
-        let max = match stats {
-            None => block_max,
-            Some((m, _, _)) => binary(g, BinaryOp::Max, m, block_max)?,
-        };
-        let unseen = compare(g, CompareOp::Eq, max, neg_inf)?;
-        let safe = g.add(Op::Select, &[unseen, zero, max])?;
-        let safe_b = spread(g, safe)?;
-        let shifted = binary(g, BinaryOp::Sub, z, safe_b)?;
-        let e = g.add(Op::Unary { func: UnaryOp::Exp }, &[shifted])?;
-        let block_sum = g.add(
-            Op::Reduce {
-                func: ReduceOp::Sum,
-                dims: vec![4],
-            },
-            &[e],
-        )?;
+        let soft = block_softmax(g, z, stats.map(|(m, _, _)| m), [neg_inf, zero])?;
         let sum = match stats {
-            None => block_sum,
-            Some((m, _, sum)) => {
-                let diff = binary(g, BinaryOp::Sub, m, safe)?;
-                let alpha = g.add(Op::Unary { func: UnaryOp::Exp }, &[diff])?;
-                let kept = binary(g, BinaryOp::Mul, sum, alpha)?;
-                binary(g, BinaryOp::Add, kept, block_sum)?
-            }
+            None => soft.sum,
+            Some((m, _, sum)) => rescaled_sum(g, m, sum, &soft)?.0,
         };
-        stats = Some((max, safe, sum));
+        stats = Some((soft.max, soft.safe, sum));
     }
     let Some((_, safe, sum)) = stats else {
         return Err(ShardingError::Mismatch {
@@ -545,7 +559,7 @@ fn ring_attention_backward(
         &[centre],
     )?;
     let centre_b = spread(g, centre)?;
-    let scale_ty = TensorType::new(dtype, scores_shape.dims());
+    let scale_ty = TensorType::new(sh.dtype, scores_shape.dims());
 
     // Pass 2: gradients, the key/value gradients travelling with their block.
     let mut block: Vec<ValueId> = vec![k, v];
@@ -567,14 +581,14 @@ fn ring_attention_backward(
         let z = ring_logits(g, ring, q5, kb, with_positions(block.get(2).copied()))?;
         let shifted = binary(g, BinaryOp::Sub, z, lse_b)?;
         let p = g.add(Op::Unary { func: UnaryOp::Exp }, &[shifted])?;
-        let dv_part = einsum(g, "bkgst,bskge->btke", p, g5)?;
-        let dp = einsum(g, "bskge,btke->bkgst", g5, vb)?;
+        let dv_part = einsum(g, OP, "bkgst,bskge->btke", p, g5)?;
+        let dp = einsum(g, OP, "bskge,btke->bkgst", g5, vb)?;
         let centred = binary(g, BinaryOp::Sub, dp, centre_b)?;
         let ds = binary(g, BinaryOp::Mul, p, centred)?;
         let scale = constant(g, scale_ty.clone(), ring.scale)?;
         let ds = binary(g, BinaryOp::Mul, ds, scale)?;
-        let dq_part = einsum(g, "bkgst,btkd->bskgd", ds, kb)?;
-        let dk_part = einsum(g, "bkgst,bskgd->btkd", ds, q5)?;
+        let dq_part = einsum(g, OP, "bkgst,btkd->bskgd", ds, kb)?;
+        let dk_part = einsum(g, OP, "bkgst,bskgd->btkd", ds, q5)?;
         dq = Some(match dq {
             None => dq_part,
             Some(x) => binary(g, BinaryOp::Add, x, dq_part)?,
@@ -599,7 +613,7 @@ fn ring_attention_backward(
     }
     let dq = g.add(
         Op::Reshape {
-            shape: Shape::new([b, s, hq, d]),
+            shape: Shape::new([sh.b, sh.s, sh.hq, sh.d]),
         },
         &[dq],
     )?;
