@@ -90,19 +90,7 @@ pub fn lower(
         (Lowering::RingAttention, Op::Attention { causal, scale }, [q, k, v, positions @ ..])
             if positions.is_empty() || positions.len() == 2 =>
         {
-            let [axis] = shard.axes.as_slice() else {
-                return Err(mismatch("a ring runs along one mesh axis"));
-            };
-            let positions = match *positions {
-                [q_pos, k_pos] => Some((q_pos, k_pos)),
-                _ => None,
-            };
-            let ring = Ring {
-                axis,
-                steps: shard.count,
-                causal: *causal,
-                scale: *scale,
-            };
+            let (ring, positions) = Ring::of(shard, *causal, *scale, positions, &mismatch)?;
             ring_attention(g, &ring, [*q, *k, *v], positions)
         }
         (
@@ -110,19 +98,7 @@ pub fn lower(
             Op::AttentionBackward { causal, scale },
             [q, k, v, o, grad, positions @ ..],
         ) if positions.is_empty() || positions.len() == 2 => {
-            let [axis] = shard.axes.as_slice() else {
-                return Err(mismatch("a ring runs along one mesh axis"));
-            };
-            let positions = match *positions {
-                [q_pos, k_pos] => Some((q_pos, k_pos)),
-                _ => None,
-            };
-            let ring = Ring {
-                axis,
-                steps: shard.count,
-                causal: *causal,
-                scale: *scale,
-            };
+            let (ring, positions) = Ring::of(shard, *causal, *scale, positions, &mismatch)?;
             ring_attention_backward(g, &ring, [*q, *k, *v, *o, *grad], positions)
         }
         _ => Err(mismatch("does not apply to this op or its operands")),
@@ -189,6 +165,34 @@ struct Ring<'a> {
     steps: usize,
     causal: bool,
     scale: f64,
+}
+
+impl<'a> Ring<'a> {
+    /// The ring of `shard` (one mesh axis, a step per device) and the `(q_pos, k_pos)`
+    /// operands when `positions` has them; `mismatch` words the error of a ring over several
+    /// axes.
+    fn of(
+        shard: &'a ShardContext,
+        causal: bool,
+        scale: f64,
+        positions: &[ValueId],
+        mismatch: &dyn Fn(&str) -> ShardingError,
+    ) -> Result<(Self, Option<(ValueId, ValueId)>), ShardingError> {
+        let [axis] = shard.axes.as_slice() else {
+            return Err(mismatch("a ring runs along one mesh axis"));
+        };
+        let positions = match *positions {
+            [q_pos, k_pos] => Some((q_pos, k_pos)),
+            _ => None,
+        };
+        let ring = Ring {
+            axis,
+            steps: shard.count,
+            causal,
+            scale,
+        };
+        Ok((ring, positions))
+    }
 }
 
 /// Ring attention on this device's rows `q[b, s, hq, d]` and its key/value block
