@@ -149,7 +149,12 @@ fn execute(args: &RunArgs, plan: &Plan) -> Result<()> {
         zero: plan.zero_stage,
         annotate: None,
         sp: plan.sequence_parallel,
-        mlp: if plan.mlp_sequence { "seq" } else { "tp" }.into(),
+        mlp: if plan.layer.mlp_code() == "ss" {
+            "seq"
+        } else {
+            "tp"
+        }
+        .into(),
     };
     let verify = args
         .verify

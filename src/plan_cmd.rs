@@ -312,7 +312,8 @@ fn header(
     );
     out += &format!(
         "searched {} plans over {} mesh shapes in {:.2} s on {} thread(s): {} estimated, {} ruled \
-         out by the memory bound, {} by the step-time bound; {}\n\n",
+         out by the memory bound, {} by the step-time bound, {} by a layer placement nowhere \
+         worse; {}\n\n",
         s.candidates,
         s.mesh_shapes,
         s.elapsed_s,
@@ -320,6 +321,7 @@ fn header(
         s.estimated,
         s.pruned_by_memory,
         s.pruned_by_time,
+        s.pruned_by_dominance,
         if s.complete {
             "the space was fully explored".to_string()
         } else {
@@ -334,7 +336,7 @@ fn header(
 
 fn table(plans: &[RankedPlan]) -> String {
     let mut out = format!(
-        "{:>4} {:>5} {:>3} {:>3} {:>3} {:>3} {:>3} {:>4} {:>4} {:<9} {:<3} {:<3} {:<11} {:<14} {:>8} {:>10} {:>7} {:>7} {:>6} {:>7}\n",
+        "{:>4} {:>5} {:>3} {:>3} {:>3} {:>3} {:>3} {:>4} {:>4} {:<9} {:<3} {:<6} {:<11} {:<14} {:>8} {:>10} {:>7} {:>7} {:>6} {:>7}\n",
         "rank",
         "dp",
         "tp",
@@ -346,7 +348,7 @@ fn table(plans: &[RankedPlan]) -> String {
         "zero",
         "recompute",
         "sp",
-        "mlp",
+        "tp ops",
         "schedule",
         "placement",
         "step s",
@@ -359,7 +361,7 @@ fn table(plans: &[RankedPlan]) -> String {
     for (i, p) in plans.iter().enumerate() {
         let (plan, e) = (&p.plan, &p.estimate);
         out += &format!(
-            "{:>4} {:>5} {:>3} {:>3} {:>3} {:>3} {:>3} {:>4} {:>4} {:<9} {:<3} {:<3} {:<11} {:<14} {:>8.3} {:>10.0} {:>7.1} {:>7.1} {:>5.1}% {:>7.1}\n",
+            "{:>4} {:>5} {:>3} {:>3} {:>3} {:>3} {:>3} {:>4} {:>4} {:<9} {:<3} {:<6} {:<11} {:<14} {:>8.3} {:>10.0} {:>7.1} {:>7.1} {:>5.1}% {:>7.1}\n",
             i + 1,
             plan.dp,
             plan.tp,
@@ -371,7 +373,7 @@ fn table(plans: &[RankedPlan]) -> String {
             plan.zero_stage,
             plan.recompute.name(),
             if plan.sequence_parallel { "yes" } else { "no" },
-            if plan.mlp_sequence { "seq" } else { "tp" },
+            format!("{}-{}", plan.layer.attention_code(), plan.layer.mlp_code()),
             plan.schedule.name(),
             placed_axes(plan).join("-"),
             e.iter_time_s,

@@ -227,10 +227,11 @@ fn a_plan_with_fixed_stage_layers_runs_with_those_stages() {
 fn a_plan_with_the_mlp_on_sequence_shards_runs_as_planned() {
     let dir = scratch("auto_mlp_seq_plan");
     let file = dir.join("plans.json");
-    let doc = plan_f32_on_two_ranks("gpt-tiny", "8", "tp=2,mlp=seq");
+    let doc = plan_f32_on_two_ranks("gpt-tiny", "8", "tp=2,mlp=seq,runtime=cpu");
     let v: serde_json::Value = serde_json::from_str(&doc).expect("JSON");
     let best = &v["plans"][0]["config"];
-    assert_eq!(best["mlp_sequence"], true, "{doc}");
+    assert_eq!(best["layer"]["mlp_in"], "sequence", "{doc}");
+    assert_eq!(best["layer"]["mlp_out"], "sequence", "{doc}");
     assert_eq!(best["sequence_parallel"], true, "{doc}");
     std::fs::write(&file, &doc).expect("write");
     let file = file.to_str().expect("UTF-8 path");

@@ -15,11 +15,15 @@ use crate::comm::{Collective, CommParams};
 use crate::compute::{AttentionKernel, AttentionShape, ComputeParams, GemmShape, OpCost};
 use crate::cost::Cost;
 use crate::error::CostError;
+use crate::layer::{
+    LayerOp, LayerPlacement, OpPlacement, Overlap, Pass, TpCollective, Width, tp_collectives,
+};
 use crate::mapping::{GroupInfo, MeshMapping};
 use crate::memory::{
     MemoryBreakdown, MemoryParams, RUNTIME_CROSS_ENTROPY_BYTES_PER_LOGIT,
     RUNTIME_MLP_BACKWARD_TEMPORARIES, activation_bytes_per_layer, layer_params_per_rank,
-    mlp_params_per_rank, runtime_activation_bytes_per_layer, runtime_attention_bytes_per_layer,
+    runtime_activation_bytes_per_layer, runtime_attention_bytes_per_layer,
+    tp_replicated_params_per_layer,
 };
 use crate::model::TransformerConfig;
 use crate::plan::{Plan, Recompute};
@@ -265,10 +269,29 @@ impl CostModel {
                 plan.pp * plan.vpp
             ));
         }
-        if plan.mlp_sequence && cfg.experts > 1 {
+        let layer = &plan.layer;
+        if cfg.experts > 1 && layer.mlp_code() != "tt" {
             return mis(format!(
-                "mlp=seq replicates dense MLP weights over tp; `{}` has {} experts",
-                cfg.name, cfg.experts
+                "mlp={} runs MLP GEMMs on sequence shards with replicated weights; `{}` has {} \
+                 experts, which expert parallelism places",
+                layer.mlp_code(),
+                cfg.name,
+                cfg.experts
+            ));
+        }
+        if plan.cp > 1 && layer.attention == OpPlacement::Sequence {
+            return mis(format!(
+                "attn={} splits the attention core's queries over tp, which context \
+                 parallelism's ring attention does not combine with (cp={})",
+                layer.attention_code(),
+                plan.cp
+            ));
+        }
+        if layer.sequence_ops().next().is_some() && !(cfg.seq / plan.cp).is_multiple_of(plan.tp) {
+            return mis(format!(
+                "{layer} runs ops on sequence shards: tp={} must divide the sequence {} (over \
+                 cp={})",
+                plan.tp, cfg.seq, plan.cp
             ));
         }
         if let Some(l) = &plan.stage_layers
@@ -387,6 +410,100 @@ impl CostModel {
     }
 }
 
+impl CostModel {
+    /// Everything the estimate of `plan` reads from its layer placement ([`Plan::layer`]):
+    /// the layer's forward and backward seconds without recomputation, the attention core's
+    /// forward (what selective recomputation adds), the activation bytes the layer stores
+    /// under each recompute policy in both runtimes' accounting, the
+    /// attention bytes a recomputed layer holds in autopar's runtime, the layer's parameters
+    /// per rank and those replicated over `tp`. Computed without ZeRO: its gathers and
+    /// reductions grow with the parameters and hide under the layer times, so they only grow
+    /// with these; full recomputation adds the forward to the backward.
+    ///
+    /// The estimate is monotone in every component: the pipeline simulation is a max-plus
+    /// system, gradient buckets start at times interpolated inside backward spans, exposed
+    /// communication `max(0, c - u) + k min(c, u)` added to `u` never shrinks as `c` or `u`
+    /// grows, and memory is a sum. So a placement whose profile is nowhere smaller than
+    /// another's cannot rank above it ([`CostModel::layer_dominance`]).
+    pub fn layer_profile(
+        &self,
+        cfg: &TransformerConfig,
+        plan: &Plan,
+        mapping: &MeshMapping,
+    ) -> Result<Vec<f64>, CostError> {
+        self.check_plan(cfg, plan)?;
+        check_mapping(plan, mapping)?;
+        let p = Plan {
+            recompute: Recompute::None,
+            zero_stage: 0,
+            ..plan.clone()
+        };
+        let ctx = Ctx::new(self, cfg, &p, mapping)?;
+        let mut out = vec![
+            ctx.layer_forward().0.total_s(),
+            ctx.layer_backward().total_s(),
+            ctx.attention_forward().0,
+        ];
+        let e = plan.dtype.size_bytes() as f64;
+        for recompute in [Recompute::None, Recompute::Selective, Recompute::Full] {
+            let kernel = self.compute.attention;
+            out.push(activation_bytes_per_layer(cfg, &p, recompute, kernel));
+            out.push(runtime_activation_bytes_per_layer(cfg, &p, recompute, e));
+        }
+        out.push(runtime_attention_bytes_per_layer(cfg, &p, e));
+        out.push(layer_params_per_rank(cfg, &p));
+        out.push(tp_replicated_params_per_layer(cfg, &p));
+        Ok(out)
+    }
+
+    /// `candidates` (placements of `plan`'s layers) ordered so that each comes after every
+    /// candidate that beats it, each with the positions (in the returned list) of those that
+    /// beat it. A candidate beats another when its [`CostModel::layer_profile`] is nowhere
+    /// larger and somewhere smaller; the estimate is monotone in the profile, so under every
+    /// recompute policy, ZeRO stage and pipeline layout the beaten plan is no faster and no
+    /// smaller than the one that beats it. A search uses this as a bound: a beaten placement
+    /// needs no estimate when one that beats it is already too slow or does not fit.
+    pub fn layer_dominance(
+        &self,
+        cfg: &TransformerConfig,
+        plan: &Plan,
+        mapping: &MeshMapping,
+        candidates: &[LayerPlacement],
+    ) -> Result<Vec<(LayerPlacement, Vec<usize>)>, CostError> {
+        let mut profiled = Vec::with_capacity(candidates.len());
+        for &layer in candidates {
+            let p = Plan {
+                layer,
+                ..plan.clone()
+            };
+            profiled.push((layer, self.layer_profile(cfg, &p, mapping)?));
+        }
+        // If one profile beats another it is lexicographically smaller: a topological order.
+        profiled.sort_by(|a, b| {
+            a.1.iter()
+                .zip(&b.1)
+                .map(|(x, y)| x.total_cmp(y))
+                .find(|o| o.is_ne())
+                .unwrap_or(std::cmp::Ordering::Equal)
+        });
+        let beats = |a: &[f64], b: &[f64]| {
+            a.iter().zip(b).all(|(x, y)| x <= y) && a.iter().zip(b).any(|(x, y)| x < y)
+        };
+        Ok(profiled
+            .iter()
+            .map(|(layer, mine)| {
+                let by = profiled
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, (_, other))| beats(other, mine))
+                    .map(|(k, _)| k)
+                    .collect();
+                (*layer, by)
+            })
+            .collect())
+    }
+}
+
 fn check_mapping(plan: &Plan, mapping: &MeshMapping) -> Result<(), CostError> {
     let axes = plan.mesh_axes();
     if mapping.axes().len() != axes.len()
@@ -502,7 +619,7 @@ pub fn balanced_layers_per_virtual_stage(
 }
 
 /// GEMM shapes with whether each batch has its own weights.
-type GemmList = Vec<(GemmShape, bool)>;
+type GemmList = Vec<(Option<LayerOp>, GemmShape, bool)>;
 
 /// Everything one estimate needs, computed once.
 struct Ctx<'a> {
@@ -567,12 +684,6 @@ impl<'a> Ctx<'a> {
         (self.n * self.cfg.hidden as u64) as f64
     }
 
-    /// Blocks of a layer whose activations cross the tensor-parallel ranks: attention and
-    /// the MLP, or attention alone when the MLP runs on sequence shards.
-    fn tp_blocks(&self) -> f64 {
-        if self.plan.mlp_sequence { 1.0 } else { 2.0 }
-    }
-
     fn act_sp(&self) -> f64 {
         if self.sp {
             self.act() / self.plan.tp as f64
@@ -597,19 +708,68 @@ impl<'a> Ctx<'a> {
         self.coll(Collective::AllGather, self.act() * self.e, &self.tp)
     }
 
+    /// One tensor-parallel collective of a layer ([`tp_collectives`]), in seconds.
+    fn tp_collective(&self, c: &TpCollective) -> f64 {
+        let cfg = self.cfg;
+        let d = cfg.head_dim() as f64;
+        let width = match c.width {
+            Width::Hidden => cfg.hidden as f64,
+            Width::Qkv => (cfg.heads + 2 * cfg.kv_heads) as f64 * d,
+            Width::Query | Width::AttentionOut => cfg.heads as f64 * d,
+            Width::KeyValue => 2.0 * cfg.kv_heads as f64 * d,
+            Width::Ffn => cfg.ffn as f64,
+        };
+        let mut bytes = self.n as f64 * width * self.e;
+        if c.kind == Collective::AllToAll {
+            // The send buffer: this rank's share.
+            bytes /= self.plan.tp as f64;
+        }
+        self.coll(c.kind, bytes, &self.tp)
+    }
+
+    /// The layer's tensor-parallel collectives of one pass (none without `tp`).
+    fn layer_tp_collectives(&self, pass: Pass) -> Vec<TpCollective> {
+        if self.plan.tp <= 1 {
+            return Vec::new();
+        }
+        let mut l = tp_collectives(&self.plan.layer, self.sp);
+        l.retain(|c| c.pass == pass);
+        l
+    }
+
+    fn placed_on_sequence(&self, op: LayerOp) -> bool {
+        self.plan.layer.get(op) == OpPlacement::Sequence
+    }
+
     /// The GEMMs of one layer's forward, as (shape, weights batched), in order: QKV,
-    /// projection, MLP in, MLP out (MoE: router, then expert GEMMs batched over local experts).
+    /// projection, MLP in, MLP out (MoE: router, then expert GEMMs batched over local
+    /// experts), each with the placed op it belongs to. An op split over `tp` computes all
+    /// tokens on its share of the features; one on sequence shards computes its tokens
+    /// (`n / tp`) on every feature.
     fn layer_gemms(&self) -> (GemmList, GemmList) {
         let c = self.cfg;
         let t = self.plan.tp as u64;
         let (h, d) = (c.hidden as u64, c.head_dim() as u64);
-        let a_t = c.heads as u64 / t;
-        let kv_t = (c.kv_heads as u64 / t).max(1);
+        let (a, kv) = (c.heads as u64, c.kv_heads as u64);
+        let a_t = a / t;
+        let kv_t = (kv / t).max(1);
         let f_t = c.ffn as u64 / t;
+        let n_t = self.n / t;
         let gate = if c.gated_mlp { 2 } else { 1 };
+        let seq = |op| self.placed_on_sequence(op);
+        let qkv = if seq(LayerOp::Qkv) {
+            GemmShape::new(1, n_t, (a + 2 * kv) * d, h)
+        } else {
+            GemmShape::new(1, self.n, (a_t + 2 * kv_t) * d, h)
+        };
+        let proj = if seq(LayerOp::Proj) {
+            GemmShape::new(1, n_t, h, a * d)
+        } else {
+            GemmShape::new(1, self.n, h, a_t * d)
+        };
         let attn = vec![
-            (GemmShape::new(1, self.n, (a_t + 2 * kv_t) * d, h), false),
-            (GemmShape::new(1, self.n, h, a_t * d), false),
+            (Some(LayerOp::Qkv), qkv, false),
+            (Some(LayerOp::Proj), proj, false),
         ];
         let mlp = if c.experts > 1 {
             let local = (c.experts / self.plan.ep) as u64;
@@ -621,34 +781,64 @@ impl<'a> Ctx<'a> {
             // sequences (groups) like `dp`, so per-rank sizes are those of `n`.
             let per_expert = (self.n * c.top_k as u64).div_ceil(local);
             vec![
-                (GemmShape::new(1, self.n, c.experts as u64, h), false),
-                (GemmShape::new(local, per_expert, gate * f_t, h), true),
-                (GemmShape::new(local, per_expert, h, f_t), true),
-            ]
-        } else if self.plan.mlp_sequence {
-            // The whole MLP on this rank's sequence shard.
-            let (n_t, f) = (self.n / t, c.ffn as u64);
-            vec![
-                (GemmShape::new(1, n_t, gate * f, h), false),
-                (GemmShape::new(1, n_t, h, f), false),
+                (None, GemmShape::new(1, self.n, c.experts as u64, h), false),
+                (
+                    Some(LayerOp::MlpIn),
+                    GemmShape::new(local, per_expert, gate * f_t, h),
+                    true,
+                ),
+                (
+                    Some(LayerOp::MlpOut),
+                    GemmShape::new(local, per_expert, h, f_t),
+                    true,
+                ),
             ]
         } else {
+            let f = c.ffn as u64;
+            let mlp_in = if seq(LayerOp::MlpIn) {
+                GemmShape::new(1, n_t, gate * f, h)
+            } else {
+                GemmShape::new(1, self.n, gate * f_t, h)
+            };
+            let mlp_out = if seq(LayerOp::MlpOut) {
+                GemmShape::new(1, n_t, h, f)
+            } else {
+                GemmShape::new(1, self.n, h, f_t)
+            };
             vec![
-                (GemmShape::new(1, self.n, gate * f_t, h), false),
-                (GemmShape::new(1, self.n, h, f_t), false),
+                (Some(LayerOp::MlpIn), mlp_in, false),
+                (Some(LayerOp::MlpOut), mlp_out, false),
             ]
         };
         (attn, mlp)
     }
 
-    /// Attention core forward (scores, softmax, dropout, weighted sum) and its FLOPs.
-    fn attention_forward(&self) -> (f64, f64) {
+    /// The attention core of one rank: (batch x query heads, queries, keys, head dim, key/value
+    /// heads per sequence). Split by heads over `tp`, or on the local queries against every
+    /// key with all heads.
+    fn core_shape(&self) -> (u64, u64, u64, u64, u64) {
         let c = self.cfg;
         let b = self.plan.micro_batch_size as u64;
-        let heads = b * (c.heads / self.plan.tp) as u64;
         let s = (c.seq / self.plan.cp) as u64;
-        let t = c.seq as u64;
-        let d = c.head_dim() as u64;
+        let (t, d) = (c.seq as u64, c.head_dim() as u64);
+        if self.placed_on_sequence(LayerOp::Attention) {
+            (
+                b * c.heads as u64,
+                s / self.plan.tp as u64,
+                t,
+                d,
+                c.kv_heads as u64,
+            )
+        } else {
+            let kv = (c.kv_heads / self.plan.tp).max(1) as u64;
+            (b * (c.heads / self.plan.tp) as u64, s, t, d, kv)
+        }
+    }
+
+    /// Attention core forward (scores, softmax, dropout, weighted sum) and its FLOPs.
+    fn attention_forward(&self) -> (f64, f64) {
+        let b = self.plan.micro_batch_size as u64;
+        let (heads, s, t, d, kv) = self.core_shape();
         let full = 4.0 * (heads * s * t * d) as f64;
         match self.m.compute.attention {
             AttentionKernel::Unfused => (
@@ -667,7 +857,6 @@ impl<'a> Ctx<'a> {
             ),
             AttentionKernel::Flash => {
                 let flops = full * 0.5;
-                let kv = (c.kv_heads / self.plan.tp).max(1) as u64;
                 let io = ((2 * heads * s * d) + 2 * b * kv * t * d) as f64 * self.e;
                 (
                     self.m
@@ -680,12 +869,7 @@ impl<'a> Ctx<'a> {
     }
 
     fn attention_backward(&self) -> f64 {
-        let c = self.cfg;
-        let b = self.plan.micro_batch_size as u64;
-        let heads = b * (c.heads / self.plan.tp) as u64;
-        let s = (c.seq / self.plan.cp) as u64;
-        let t = c.seq as u64;
-        let d = c.head_dim() as u64;
+        let (heads, s, t, d, _) = self.core_shape();
         match self.m.compute.attention {
             AttentionKernel::Unfused => {
                 let scores = (heads * s * t) as f64;
@@ -766,20 +950,18 @@ impl<'a> Ctx<'a> {
             + 2.0 * self.mem(act_sp * (3.0 * e + 1.0))
             + self.mem(f_t * topk * (gate + 1.0) * e);
         let mut flops = 0.0;
-        for (s, batched) in attn.iter().chain(&mlp) {
+        for (_, s, batched) in attn.iter().chain(&mlp) {
             p.gemm_s += self.gemm(*s, *batched);
             flops += s.flops();
         }
         let (t_attn, f_attn) = self.attention_forward();
         p.attention_s += t_attn;
         flops += f_attn;
-        // One gather and one reduction per tensor-parallel block: attention's, and the MLP's
-        // unless it runs on the sequence shards.
-        let blocks = self.tp_blocks();
-        if self.sp {
-            p.exposed(CommKind::Tensor, blocks * self.tp_gather());
+        // What converts the layouts between the placed ops (Megatron: one gather and one
+        // reduction per block).
+        for c in self.layer_tp_collectives(Pass::Forward) {
+            p.exposed(CommKind::Tensor, self.tp_collective(&c));
         }
-        p.exposed(CommKind::Tensor, blocks * self.tp_comm());
         let cp = self.cp_comm();
         p.overlapped(CommKind::Context, cp, self.m.comm.exposed(cp, t_attn));
         let a2a = self.moe_all_to_all();
@@ -799,48 +981,38 @@ impl<'a> Ctx<'a> {
         p.memory_s += 2.0 * self.mem(act_sp * 4.0 * e)
             + 2.0 * self.mem(act_sp * (3.0 * e + 1.0))
             + self.mem(f_t * topk * (gate + 2.0) * e);
-        // dgrad and wgrad of every GEMM; remember the weight-gradient GEMMs of the
-        // column-parallel layers (QKV, MLP in), under which the input-gradient collective runs.
-        let mut wgrad_col = Vec::new();
-        let mut dgrad_col = Vec::new();
-        for (i, (s, batched)) in attn.iter().chain(&mlp).enumerate() {
+        // dgrad and wgrad of every GEMM, by op: the collectives of a column-parallel GEMM's
+        // input run under them.
+        let mut grads: Vec<(LayerOp, f64, f64)> = Vec::new();
+        for (op, s, batched) in attn.iter().chain(&mlp) {
             let dgrad = self.gemm(GemmShape::new(s.batch, s.m, s.k, s.n), *batched);
             let wgrad = self.gemm(GemmShape::new(s.batch, s.k, s.n, s.m), *batched);
             p.gemm_s += dgrad + wgrad;
-            let column = i == 0
-                || (i == attn.len() + usize::from(self.cfg.experts > 1) && !self.plan.mlp_sequence);
-            if column {
-                wgrad_col.push(wgrad);
-                dgrad_col.push(dgrad);
+            if let Some(op) = op {
+                grads.push((*op, dgrad, wgrad));
             }
         }
         p.attention_s += self.attention_backward();
         let comm = &self.m.comm;
-        let overlap = |c: f64, under: f64| {
-            if comm.overlap_tp_backward {
-                comm.exposed(c, under)
-            } else {
-                c
+        let under = |o: Overlap| {
+            let find = |op| grads.iter().find(|g| g.0 == op);
+            match o {
+                Overlap::None => None,
+                Overlap::Dgrad(op) => find(op).map(|g| g.1),
+                Overlap::Wgrad(op) => find(op).map(|g| g.2),
             }
         };
-        let tp_comm = self.tp_comm();
-        for (w, d) in wgrad_col.iter().zip(&dgrad_col) {
-            if self.sp {
-                // Re-gather the sharded input for the weight gradient under the input-gradient
-                // GEMM; reduce-scatter the input gradient under the weight-gradient GEMM.
-                let ag = self.tp_gather();
-                p.overlapped(
-                    CommKind::Tensor,
-                    ag + tp_comm,
-                    overlap(ag, *d) + overlap(tp_comm, *w),
-                );
-            } else {
-                p.overlapped(CommKind::Tensor, tp_comm, overlap(tp_comm, *w));
+        // Megatron-SP re-gathers a column-parallel GEMM's sharded input for its weight
+        // gradient under the input-gradient GEMM and reduce-scatters the input gradient under
+        // the weight-gradient GEMM (without SP, all-reduces it there).
+        for c in self.layer_tp_collectives(Pass::Backward) {
+            let t = self.tp_collective(&c);
+            match under(c.overlap) {
+                Some(gemm) if comm.overlap_tp_backward => {
+                    p.overlapped(CommKind::Tensor, t, comm.exposed(t, gemm))
+                }
+                _ => p.exposed(CommKind::Tensor, t),
             }
-        }
-        if self.sp {
-            // Gradients entering the row-parallel GEMMs are gathered first.
-            p.exposed(CommKind::Tensor, self.tp_blocks() * self.tp_gather());
         }
         let cp = 2.0 * self.cp_comm();
         let under = p.attention_s;
@@ -1042,11 +1214,12 @@ impl<'a> Ctx<'a> {
         };
         let layer_params = self.layer_params_per_rank();
         let mut layer_reduce = reduce(layer_params * grad_bytes);
-        if plan.mlp_sequence {
-            // The MLP's replicated weights: their gradients are also summed over `tp`.
+        let replicated = tp_replicated_params_per_layer(cfg, plan);
+        if replicated > 0.0 {
+            // The weights of ops on sequence shards: their gradients are also summed over `tp`.
             layer_reduce += self.coll(
                 Collective::AllReduce,
-                mlp_params_per_rank(cfg, plan) * grad_bytes
+                replicated * grad_bytes
                     / if plan.zero_stage >= 2 {
                         plan.dp as f64
                     } else {

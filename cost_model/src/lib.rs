@@ -14,6 +14,7 @@ pub mod compute;
 pub mod cost;
 pub mod error;
 pub mod estimate;
+pub mod layer;
 pub mod mapping;
 pub mod memory;
 pub mod model;
@@ -27,6 +28,7 @@ pub use error::CostError;
 pub use estimate::{
     CostModel, Estimate, ExposedComm, OpCostModel, PassTime, StageTimes, TimeBreakdown,
 };
+pub use layer::{LayerOp, LayerPlacement, OpPlacement};
 pub use mapping::{GroupInfo, MeshMapping};
 pub use memory::{MemoryBreakdown, MemoryParams};
 pub use model::TransformerConfig;

@@ -10,6 +10,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::compute::AttentionKernel;
+use crate::layer::{LayerOp, OpPlacement};
 use crate::model::TransformerConfig;
 use crate::plan::{Plan, Recompute};
 
@@ -88,30 +89,53 @@ pub struct MemoryBreakdown {
     pub capacity: f64,
 }
 
-/// Parameters of one transformer layer held by one rank under `plan`: attention and MLP
-/// divided over the tensor-parallel ranks (the MLP only under Megatron's placement, see
-/// [`mlp_params_per_rank`]; the experts over the expert-parallel ranks), norms replicated;
-/// before any ZeRO division.
+/// Parameters of each placed op of one layer ([`LayerOp`]), before any division: the QKV
+/// projection and output projection with their biases, the dense MLP's input GEMM(s) (up,
+/// and gate when gated) and output GEMM with theirs. A MoE MLP is counted whole under
+/// [`LayerOp::MlpIn`] (experts and router; expert parallelism places it).
+pub fn op_params(cfg: &TransformerConfig, op: LayerOp) -> f64 {
+    let (h, d) = (cfg.hidden as f64, cfg.head_dim() as f64);
+    let (a, kv, f) = (cfg.heads as f64, cfg.kv_heads as f64, cfg.ffn as f64);
+    let in_mats = if cfg.gated_mlp { 2.0 } else { 1.0 };
+    match op {
+        LayerOp::Qkv => (h + 1.0) * (a + 2.0 * kv) * d,
+        LayerOp::Attention => 0.0,
+        LayerOp::Proj => a * d * h + h,
+        LayerOp::MlpIn if cfg.experts > 1 => cfg.mlp_params() as f64,
+        LayerOp::MlpIn => in_mats * (h * f + f),
+        LayerOp::MlpOut if cfg.experts > 1 => 0.0,
+        LayerOp::MlpOut => f * h + h,
+    }
+}
+
+/// Parameters of one transformer layer held by one rank under `plan`, before any ZeRO
+/// division: each op's split over the tensor-parallel ranks unless the plan runs it on
+/// sequence shards ([`Plan::layer`]), the experts also over the expert-parallel ranks, the
+/// norms replicated.
 pub fn layer_params_per_rank(cfg: &TransformerConfig, plan: &Plan) -> f64 {
-    cfg.attention_params() as f64 / plan.tp as f64
-        + mlp_params_per_rank(cfg, plan)
+    LayerOp::ALL
+        .into_iter()
+        .map(|op| {
+            let mut n = op_params(cfg, op);
+            if cfg.experts > 1 && op == LayerOp::MlpIn {
+                n /= plan.ep as f64;
+            }
+            if plan.layer.get(op) == OpPlacement::Tensor {
+                n /= plan.tp as f64;
+            }
+            n
+        })
+        .sum::<f64>()
         + cfg.norm_params() as f64
 }
 
-/// Parameters of one layer's MLP held by one rank: divided over the expert-parallel ranks,
-/// and over the tensor-parallel ones unless the plan runs the MLP on sequence shards with
-/// replicated weights ([`Plan::mlp_sequence`]).
-pub fn mlp_params_per_rank(cfg: &TransformerConfig, plan: &Plan) -> f64 {
-    let mlp = if cfg.experts > 1 {
-        cfg.mlp_params() as f64 / plan.ep as f64
-    } else {
-        cfg.mlp_params() as f64
-    };
-    if plan.mlp_sequence {
-        mlp
-    } else {
-        mlp / plan.tp as f64
+/// Of [`layer_params_per_rank`], the parameters replicated over `tp` because their op runs
+/// on sequence shards: their gradients are summed over `tp` once per step.
+pub fn tp_replicated_params_per_layer(cfg: &TransformerConfig, plan: &Plan) -> f64 {
+    if plan.tp <= 1 {
+        return 0.0;
     }
+    plan.layer.sequence_ops().map(|op| op_params(cfg, op)).sum()
 }
 
 /// Activation bytes stored per layer per micro-batch, following Korthikanti et al. 2022
@@ -140,18 +164,24 @@ pub fn activation_bytes_per_layer(
     let kv_frac = cfg.kv_heads as f64 / cfg.heads as f64;
     let f_frac = cfg.ffn as f64 / h;
     let gate = if cfg.gated_mlp { 2.0 } else { 1.0 };
+    let seq = |op| plan.tp > 1 && plan.layer.get(op) == OpPlacement::Sequence;
+    // The input a GEMM keeps: the stream's layout, or its sequence shard when the op runs on
+    // sequence shards.
+    let gemm_input = |op| if seq(op) { sbh / t } else { rep };
     // Replicated (or sequence-sharded) terms: layer-norm inputs 4, QKV input 2, attention
     // dropout-add mask 1, MLP input 2, MLP dropout mask 1.
-    let replicated = 10.0 * rep;
-    // Tensor-sharded terms: Q 2, K and V 2 each (scaled by kv/a), projection input 2,
+    let replicated = 6.0 * rep + 2.0 * gemm_input(LayerOp::Qkv) + 2.0 * gemm_input(LayerOp::MlpIn);
+    // Tensor-sharded terms (split by heads or by queries alike): Q 2, K and V 2 each (scaled
+    // by kv/a; whole when the core gathers them for its local queries), projection input 2,
     // MLP activation input 2f/h per gate and its output 2f/h; experts see top_k copies.
     let moe = if cfg.experts > 1 {
         cfg.top_k as f64
     } else {
         1.0
     };
+    let kv = if seq(LayerOp::Attention) { t } else { 1.0 };
     let sharded =
-        (2.0 + 4.0 * kv_frac + 2.0 + moe * (2.0 * f_frac * gate + 2.0 * f_frac)) * sbh / t;
+        (2.0 + 4.0 * kv_frac * kv + 2.0 + moe * (2.0 * f_frac * gate + 2.0 * f_frac)) * sbh / t;
     let scores = match (recompute, attention) {
         (Recompute::None, AttentionKernel::Unfused) => {
             // softmax output 2, dropout mask 1, dropout output 2 bytes per score.
@@ -198,7 +228,13 @@ pub fn runtime_activation_bytes_per_layer(
     } else {
         1.0
     };
-    let attention = (1.0 + 2.0 * kv_frac + 1.0) * sbh / t;
+    // Keys and values are whole when the core gathers them for its local queries.
+    let kv = if plan.tp > 1 && plan.layer.attention == OpPlacement::Sequence {
+        t
+    } else {
+        1.0
+    };
+    let attention = (1.0 + 2.0 * kv_frac * kv + 1.0) * sbh / t;
     let scores = cfg.heads as f64 * cfg.seq as f64 / (h * t) * sbh;
     // Under context parallelism attention differentiates through the fused ring backward,
     // which keeps no probabilities.

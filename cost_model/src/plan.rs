@@ -11,6 +11,7 @@ use autopar_ir::DType;
 use autopar_ir::schedule::ScheduleKind;
 
 use crate::error::CostError;
+use crate::layer::LayerPlacement;
 
 /// Which activations are recomputed in the backward pass.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -71,14 +72,10 @@ pub struct Plan {
     /// balances them ([`crate::estimate::balanced_layers_per_virtual_stage`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stage_layers: Option<Vec<usize>>,
-    /// The intra-op placement of the MLP blocks over the tensor-parallel ranks: `false`
-    /// (`mlp=tp`), Megatron's column- then row-parallel GEMMs with an all-gather before and a
-    /// reduce-scatter after; `true` (`mlp=seq`, with sequence parallelism only), every rank
-    /// runs the whole MLP on its sequence shard of the residual stream with the weights
-    /// replicated over `tp`: no activation collective, the weight gradients all-reduced over
-    /// `tp` once per step (as data parallelism does), `tp` times the MLP weights per rank.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub mlp_sequence: bool,
+    /// The intra-op placement of every layer's ops over the tensor-parallel ranks
+    /// ([`LayerPlacement`]; `attn=` and `mlp=` in the text form): Megatron-LM's by default.
+    #[serde(default, skip_serializing_if = "LayerPlacement::is_megatron")]
+    pub layer: LayerPlacement,
 }
 
 impl Default for Plan {
@@ -99,7 +96,7 @@ impl Default for Plan {
             dtype: DType::BF16,
             axis_order: Plan::DEFAULT_ORDER.iter().map(|s| s.to_string()).collect(),
             stage_layers: None,
-            mlp_sequence: false,
+            layer: LayerPlacement::MEGATRON,
         }
     }
 }
@@ -112,8 +109,10 @@ impl Plan {
     /// (`micro_batch`), `gbs` (`batch`), `zero` (0-3), `recompute` (none|selective|full),
     /// `sp` (true|false), `schedule` (gpipe|1f1b|interleaved), `dtype` (bf16|fp16|f16|f32),
     /// `order` (axes outermost first joined by `-`, e.g. `pp-dp-tp`), `stages` (layers of each
-    /// virtual stage joined by `-`, e.g. `stages=13-14-14-13`), `mlp` (tp|seq, see
-    /// [`Plan::mlp_sequence`]). Omitted keys take their
+    /// virtual stage joined by `-`, e.g. `stages=13-14-14-13`), `attn` and `mlp` (the
+    /// ops' placement over `tp`, see [`LayerPlacement`]: `attn=tp|seq|ulysses` or three
+    /// letters `t`/`s` for QKV, core and projection, `mlp=tp|seq` or two letters for the MLP's
+    /// input and output GEMMs). Omitted keys take their
     /// defaults; the global batch defaults to `dp * mbs` (the CLI sets it from `--batch`);
     /// `vpp > 1` without a schedule means `interleaved`.
     ///
@@ -190,13 +189,8 @@ impl Plan {
                         _ => return Err(err(format!("expected bf16, fp16 or f32, not `{v}`"))),
                     }
                 }
-                "mlp" => {
-                    p.mlp_sequence = match v {
-                        "tp" => false,
-                        "seq" => true,
-                        _ => return Err(err(format!("expected tp or seq, not `{v}`"))),
-                    }
-                }
+                "attn" => p.layer.set_attention(v).map_err(err)?,
+                "mlp" => p.layer.set_mlp(v).map_err(err)?,
                 "stages" => {
                     let layers: Result<Vec<usize>, _> =
                         v.split('-').map(|x| x.trim().parse::<usize>()).collect();
@@ -237,7 +231,7 @@ impl Plan {
                 _ => {
                     return Err(err(
                         "unknown key (expected dp, tp, pp, vpp, cp, ep, mbs, gbs, zero, \
-                         recompute, sp, schedule, dtype, order, stages or mlp)"
+                         recompute, sp, schedule, dtype, order, stages, attn or mlp)"
                             .into(),
                     ));
                 }
@@ -262,11 +256,10 @@ impl Plan {
         if self.vpp > 1 && self.schedule != ScheduleKind::Interleaved {
             return mis(format!("vpp={} needs schedule=interleaved", self.vpp));
         }
-        if self.mlp_sequence && !(self.sequence_parallel && self.tp > 1) {
+        if self.tp == 1 && !self.layer.is_megatron() {
             return mis(format!(
-                "mlp=seq runs the MLP on the sequence shards of sequence parallelism: it needs \
-                 sp=true and tp above 1 (tp={}, sp={})",
-                self.tp, self.sequence_parallel
+                "{} places ops over tp: it needs tp above 1",
+                self.layer
             ));
         }
         if let Some(l) = &self.stage_layers
@@ -339,8 +332,11 @@ impl fmt::Display for Plan {
             let l: Vec<String> = l.iter().map(|n| n.to_string()).collect();
             write!(f, ",stages={}", l.join("-"))?;
         }
-        if self.mlp_sequence {
-            f.write_str(",mlp=seq")?;
+        if self.layer.attention_code() != "ttt" {
+            write!(f, ",attn={}", self.layer.attention_code())?;
+        }
+        if self.layer.mlp_code() != "tt" {
+            write!(f, ",mlp={}", self.layer.mlp_code())?;
         }
         Ok(())
     }

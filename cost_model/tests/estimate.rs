@@ -1,7 +1,9 @@
 //! End-to-end properties of the step estimate: the issue's GPT-3 175B plans, memory
 //! rejection with a reason, monotonicity in obvious directions, and the JSON contract.
 
-use autopar_cost_model::{Cluster, CostModel, Plan, Recompute, TransformerConfig};
+use autopar_cost_model::{
+    Cluster, CostModel, LayerPlacement, MeshMapping, Plan, Recompute, TransformerConfig,
+};
 
 fn a100(nodes: usize) -> CostModel {
     CostModel::new(Cluster::preset(&format!("dgx-a100:nodes={nodes}")).expect("preset"))
@@ -208,10 +210,93 @@ fn mlp_on_sequence_shards_trades_activation_traffic_for_replicated_weights() {
     );
     // Whole MLP weights on every rank.
     assert!(b.memory.num_params > 2.0 * a.memory.num_params);
-    // The placement needs sequence parallelism and a dense MLP.
-    assert!(Plan::parse("tp=8,mlp=seq").is_err());
+    // The placement needs tensor parallelism and a dense MLP.
+    assert!(Plan::parse("mlp=seq").is_err());
     let mut moe = cfg.clone();
     moe.experts = 8;
     moe.top_k = 2;
     assert!(m.estimate(&moe, &seq).is_err());
+}
+
+/// A grouped-query model: 64 query heads sharing 8 key/value heads.
+fn gqa() -> TransformerConfig {
+    TransformerConfig {
+        kv_heads: 8,
+        gated_mlp: true,
+        ffn: 28672,
+        ..TransformerConfig::gpt("gqa", 8, 8192, 64, 4096, 128256)
+    }
+}
+
+#[test]
+fn attention_placements_move_what_their_layouts_need() {
+    let m = a100(1);
+    let cfg = gqa();
+    let at = |attn: &str| {
+        let p = Plan::parse(&format!("tp=8,mbs=1,gbs=8,sp=true,attn={attn}")).unwrap();
+        assert_eq!(Plan::parse(&p.to_string()).unwrap(), p);
+        m.estimate(&cfg, &p).unwrap()
+    };
+    let (megatron, ulysses, gathered) = (at("tp"), at("ulysses"), at("seq"));
+    let tp_fwd = |e: &autopar_cost_model::Estimate| e.time.layer_forward.exposed_by.tp_s;
+    // Ulysses' all-to-alls move 1/tp of what the gathers and reductions move; gathering the
+    // 8 key/value heads moves less than the hidden state, and the MLP's collectives remain.
+    assert!(tp_fwd(&ulysses) < tp_fwd(&megatron), "{ulysses:?}");
+    assert!(tp_fwd(&gathered) < tp_fwd(&megatron), "{gathered:?}");
+    // Both replicate the attention weights over tp; the gathered keys and values are kept.
+    assert!(ulysses.memory.num_params > megatron.memory.num_params);
+    assert!(gathered.memory.activations > ulysses.memory.activations);
+    // The attention core's queries cannot also be split by context parallelism.
+    let cp = Plan::parse("tp=4,cp=2,mbs=1,gbs=8,sp=true,attn=sss").unwrap();
+    let err = m.estimate(&cfg, &cp).unwrap_err().to_string();
+    assert!(err.contains("context"), "{err}");
+}
+
+#[test]
+fn a_beaten_layer_placement_is_never_faster_or_smaller() {
+    // For plans of several shapes, every recompute policy and ZeRO stage: a placement that
+    // another beats in the layer profile is no faster and holds no less.
+    let m = a100(2);
+    let cfg = gqa();
+    for text in [
+        "dp=2,tp=8,mbs=1,gbs=16,sp=true",
+        "tp=16,mbs=2,gbs=16,sp=true",
+        "dp=4,tp=4,mbs=1,gbs=16",
+        "dp=2,tp=4,pp=2,mbs=1,gbs=16,sp=true",
+    ] {
+        let plan = Plan::parse(text).unwrap();
+        let mapping = MeshMapping::new(&plan.mesh_axes(), &m.cluster).unwrap();
+        let all = LayerPlacement::all();
+        let order = m.layer_dominance(&cfg, &plan, &mapping, &all).unwrap();
+        assert_eq!(order.len(), all.len());
+        let beaten = order.iter().filter(|(_, by)| !by.is_empty()).count();
+        assert!(beaten > 0 && beaten < all.len(), "{text}");
+        for recompute in [Recompute::None, Recompute::Selective, Recompute::Full] {
+            for zero in [0, 1, 3] {
+                let est = |l: LayerPlacement| {
+                    let p = Plan {
+                        layer: l,
+                        recompute,
+                        zero_stage: zero,
+                        ..plan.clone()
+                    };
+                    m.estimate(&cfg, &p).unwrap()
+                };
+                for (i, (layer, by)) in order.iter().enumerate() {
+                    let e = est(*layer);
+                    for &k in by {
+                        assert!(k < i, "{text}: {layer} listed before what beats it");
+                        let f = est(order[k].0);
+                        assert!(
+                            f.iter_time_s <= e.iter_time_s
+                                && f.peak_memory_gib <= e.peak_memory_gib,
+                            "{text} {recompute:?} zero={zero}: {} beats {layer} in the profile \
+                             but not in the estimate",
+                            order[k].0
+                        );
+                    }
+                }
+            }
+        }
+    }
 }

@@ -9,7 +9,7 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 use autopar_cost_model::estimate::stage_layers;
-use autopar_cost_model::{CostModel, Estimate, Plan, Recompute, TransformerConfig};
+use autopar_cost_model::{CostModel, Estimate, LayerPlacement, Plan, Recompute, TransformerConfig};
 use autopar_ir::schedule::ScheduleKind;
 
 use crate::search::SearchOptions;
@@ -363,8 +363,12 @@ pub fn plan_changes(best: &Plan, other: &Plan) -> Vec<String> {
         best.sequence_parallel.to_string(),
         other.sequence_parallel.to_string(),
     );
-    let mlp = |p: &Plan| if p.mlp_sequence { "seq" } else { "tp" }.to_string();
-    diff("mlp", mlp(best), mlp(other));
+    diff(
+        "attn",
+        best.layer.attention_code(),
+        other.layer.attention_code(),
+    );
+    diff("mlp", best.layer.mlp_code(), other.layer.mlp_code());
     diff(
         "schedule",
         best.schedule.to_string(),
@@ -451,7 +455,7 @@ pub fn megatron_reference(
             dtype: opts.dtype,
             axis_order: Plan::DEFAULT_ORDER.iter().map(|a| a.to_string()).collect(),
             stage_layers: None,
-            mlp_sequence: false,
+            layer: LayerPlacement::MEGATRON,
         };
         if model.estimate(cfg, &plan).is_ok_and(|e| e.fits) {
             let name = format!(

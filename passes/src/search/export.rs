@@ -18,10 +18,22 @@ use autopar_ir::schedule::ScheduleKind;
 
 use crate::search::error::SearchError;
 
-/// What neither stack can say of a plan that runs the MLP on sequence shards.
-const MLP_SEQUENCE_NOTE: &str = "the plan runs each MLP on the sequence shards of sequence \
-     parallelism with its weights replicated over tp (mlp=seq); these arguments shard the MLP \
-     over tp as usual, which moves more activations and holds fewer weights than the plan";
+/// What neither stack can say of a plan whose layers leave Megatron-LM's placement over
+/// `tp` ([`Plan::layer`]).
+fn layer_note(plan: &Plan) -> Option<String> {
+    let ops: Vec<&str> = plan.layer.sequence_ops().map(|op| op.name()).collect();
+    if ops.is_empty() {
+        return None;
+    }
+    Some(format!(
+        "the plan runs {} on sequence shards with replicated weights ({}); these arguments \
+         split every op over tp as Megatron-LM does, so they communicate and hold other amounts \
+         than the plan (estimate the plan with {} to compare)",
+        ops.join(", "),
+        plan.layer,
+        "attn=ttt,mlp=tt"
+    ))
+}
 
 /// Megatron-LM's rank order, innermost first, for a plan's axis order (outermost first):
 /// the reverse, e.g. `pp-dp-ep-cp-tp` becomes `tp-cp-ep-dp-pp`.
@@ -151,8 +163,8 @@ pub fn megatron_args(cfg: &TransformerConfig, plan: &Plan) -> Result<String, Sea
             });
         }
     }
-    if plan.mlp_sequence {
-        notes.push(MLP_SEQUENCE_NOTE.to_string());
+    if let Some(note) = layer_note(plan) {
+        notes.push(note);
     }
     let order = megatron_order(plan);
     if order != "tp-cp-ep-dp-pp" {
@@ -223,8 +235,8 @@ pub fn torchtitan_toml(cfg: &TransformerConfig, plan: &Plan) -> Result<String, S
                 .into(),
         );
     }
-    if plan.mlp_sequence {
-        notes.push(MLP_SEQUENCE_NOTE.to_string());
+    if let Some(note) = layer_note(plan) {
+        notes.push(note);
     }
     if plan.recompute == Recompute::Selective {
         notes.push(

@@ -54,7 +54,9 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use autopar_cost_model::{CostModel, Estimate, MeshMapping, Plan, Recompute, TransformerConfig};
+use autopar_cost_model::{
+    CostModel, Estimate, LayerPlacement, MeshMapping, Plan, Recompute, TransformerConfig,
+};
 use autopar_ir::DType;
 use autopar_ir::schedule::{Schedule, ScheduleKind};
 
@@ -125,6 +127,10 @@ pub struct SearchStats {
     pub pruned_by_memory: u64,
     /// Plans skipped because the time bound exceeds the `top_k`-th best step time.
     pub pruned_by_time: u64,
+    /// Plans skipped because another layer placement of the same plan is nowhere worse
+    /// ([`CostModel::pareto_layer_placements`]).
+    #[serde(default)]
+    pub pruned_by_dominance: u64,
     /// Plans estimated.
     pub estimated: u64,
     /// Estimated plans that fit.
@@ -258,6 +264,7 @@ pub fn search_with_progress(
         stats.candidates += s.candidates;
         stats.pruned_by_memory += s.pruned_by_memory;
         stats.pruned_by_time += s.pruned_by_time;
+        stats.pruned_by_dominance += s.pruned_by_dominance;
         stats.estimated += s.estimated;
         stats.fitting += s.fitting;
         stats.schedules_built += s.schedules_built;
@@ -341,9 +348,34 @@ struct LocalStats {
     candidates: u64,
     pruned_by_memory: u64,
     pruned_by_time: u64,
+    pruned_by_dominance: u64,
     estimated: u64,
     fitting: u64,
     schedules_built: u64,
+}
+
+/// Layer placements, each after those that beat it, with their positions.
+type Dominance = Vec<(LayerPlacement, Vec<usize>)>;
+
+/// One base plan (mesh shape, axis order, micro-batches, pipeline, ZeRO stage, sp) whose
+/// layer placements and recompute policies a worker explores together.
+struct Family<'a> {
+    base: &'a Plan,
+    built: &'a Built,
+    micro_batches: usize,
+    recomputes: &'a [Recompute],
+}
+
+/// The mapping of `plan`'s mesh, built on first use.
+fn mapping_of<'m>(
+    slot: &'m mut Option<MeshMapping>,
+    plan: &Plan,
+    model: &CostModel,
+) -> Result<&'m MeshMapping, SearchError> {
+    Ok(match slot {
+        Some(mapping) => mapping,
+        None => slot.insert(MeshMapping::new(&plan.mesh_axes(), &model.cluster)?),
+    })
 }
 
 /// A schedule and the in-flight chunk count of each of its ranks.
@@ -442,7 +474,10 @@ impl Worker {
         );
         let mut mappings: Vec<Option<MeshMapping>> = vec![None; orders.len()];
         let zeros = space::zero_stages(&s, c);
-        let variants = space::sequence_parallel_variants(cfg, &s, c);
+        let sps = space::sequence_parallel(cfg, &s, c);
+        let placements = space::layer_placements(cfg, &s, c);
+        // Per (micro-batch size, sp, axis order): the layer placements in dominance order.
+        let mut dominance: HashMap<(usize, bool, usize), Rc<Dominance>> = HashMap::new();
         let recomputes = space::recomputes(model.compute.attention, c);
         for mbs in space::micro_batch_sizes(&s, batch, c) {
             let m = batch / (s.dp * mbs);
@@ -464,75 +499,159 @@ impl Worker {
                         dtype: opts.dtype,
                         axis_order: Vec::new(),
                         stage_layers: c.stage_layers.clone(),
-                        mlp_sequence: false,
+                        layer: LayerPlacement::MEGATRON,
                     };
-                    let family = (variants.len() * orders.len() * recomputes.len()) as u64;
+                    // Megatron-LM's placement has the fewest parameters per rank, so the
+                    // base plan's weights bound every placement's from below.
+                    let family =
+                        (sps.len() * placements.len() * orders.len() * recomputes.len()) as u64;
                     self.stats.candidates += family;
                     if opts.prune && memory_lower_bound(model, cfg, &base, None) > capacity {
                         self.stats.pruned_by_memory += family;
                         continue;
                     }
                     let built = self.schedule(kind, s.pp, vpp, m)?;
-                    for &(sp, mlp_sequence) in &variants {
+                    for &sp in &sps {
                         for (oi, order) in orders.iter().enumerate() {
-                            // A lower bound on the step time of this plan under this and
-                            // every later (heavier) recompute policy.
-                            let mut floor = 0.0f64;
-                            for (ri, &recompute) in recomputes.iter().enumerate() {
-                                if sh.out_of_time() {
-                                    return Ok(false);
+                            let runnable: Vec<LayerPlacement> = placements
+                                .iter()
+                                .copied()
+                                .filter(|l| !c.cpu_executable || space::cpu_runs_layer(sp, l))
+                                .collect();
+                            // Placements the CPU runtime cannot run are not in this space.
+                            self.stats.candidates -=
+                                ((placements.len() - runnable.len()) * recomputes.len()) as u64;
+                            let base = Plan {
+                                sequence_parallel: sp,
+                                axis_order: order.clone(),
+                                ..base.clone()
+                            };
+                            let mapping = &mut mappings[oi];
+                            let layers = if opts.prune && runnable.len() > 1 {
+                                let key = (mbs, sp, oi);
+                                if let Some(l) = dominance.get(&key) {
+                                    Rc::clone(l)
+                                } else {
+                                    let mapping = mapping_of(mapping, &base, model)?;
+                                    let l = Rc::new(
+                                        model.layer_dominance(cfg, &base, mapping, &runnable)?,
+                                    );
+                                    dominance.insert(key, Rc::clone(&l));
+                                    l
                                 }
-                                let rest = (recomputes.len() - ri) as u64;
-                                if opts.prune && floor > sh.threshold() {
-                                    self.stats.pruned_by_time += rest;
-                                    break;
-                                }
-                                let plan = Plan {
-                                    recompute,
-                                    sequence_parallel: sp,
-                                    mlp_sequence,
-                                    axis_order: order.clone(),
-                                    ..base.clone()
-                                };
-                                if opts.prune
-                                    && memory_lower_bound(model, cfg, &plan, Some(&built.in_flight))
-                                        > capacity
-                                {
-                                    self.stats.pruned_by_memory += 1;
-                                    continue;
-                                }
-                                let mapping = match &mut mappings[oi] {
-                                    Some(mapping) => &*mapping,
-                                    slot @ None => &*slot.insert(MeshMapping::new(
-                                        &plan.mesh_axes(),
-                                        &model.cluster,
-                                    )?),
-                                };
-                                if opts.prune {
-                                    let stages = model.stage_times(cfg, &plan, mapping)?;
-                                    floor = floor.max(step_time_lower_bound(&stages, s.pp, vpp, m));
-                                    if floor > sh.threshold() {
-                                        self.stats.pruned_by_time += rest;
-                                        break;
-                                    }
-                                }
-                                let mut est = model.estimate_with_mapping(
-                                    cfg,
-                                    &plan,
-                                    &built.schedule,
-                                    mapping,
-                                )?;
-                                self.stats.estimated += 1;
-                                sh.estimated.fetch_add(1, AtomicOrdering::Relaxed);
-                                floor = floor.max(est.iter_time_s);
-                                if est.fits {
-                                    self.stats.fitting += 1;
-                                    est.timeline = None;
-                                    self.offer(sh, plan, est);
-                                }
+                            } else {
+                                Rc::new(runnable.into_iter().map(|l| (l, Vec::new())).collect())
+                            };
+                            let family = Family {
+                                base: &base,
+                                built: &built,
+                                micro_batches: m,
+                                recomputes: &recomputes,
+                            };
+                            if !self.run_family(sh, &family, &layers, mapping)? {
+                                return Ok(false);
                             }
                         }
                     }
+                }
+            }
+        }
+        Ok(true)
+    }
+
+    /// Estimates the plans of one family (one base plan, every layer placement and recompute
+    /// policy), skipping what the bounds prove cannot rank; false when the time limit
+    /// interrupted it.
+    ///
+    /// `layers` lists the placements, each after those that beat it in the layer profile
+    /// ([`CostModel::layer_dominance`]), with their positions. A beaten placement's plan is no
+    /// faster and no smaller than the plan of one that beats it under the same recompute
+    /// policy, so that plan's step time bounds it from below and, if that plan does not fit,
+    /// neither does it.
+    fn run_family(
+        &mut self,
+        sh: &Shared<'_>,
+        f: &Family<'_>,
+        layers: &[(LayerPlacement, Vec<usize>)],
+        mapping: &mut Option<MeshMapping>,
+    ) -> Result<bool, SearchError> {
+        let (model, cfg, opts) = (sh.model, sh.cfg, sh.opts);
+        let capacity = capacity_bytes(model);
+        let base = f.base;
+        let n = f.recomputes.len();
+        // Per placement and recompute policy: a lower bound on the step time, and whether the
+        // plan is known not to fit.
+        let mut seen: Vec<Vec<(f64, bool)>> = vec![vec![(0.0, false); n]; layers.len()];
+        for (li, (layer, beaten_by)) in layers.iter().enumerate() {
+            // A lower bound on the step time of this plan under this and every later (heavier)
+            // recompute policy.
+            let mut floor = 0.0f64;
+            for (ri, &recompute) in f.recomputes.iter().enumerate() {
+                if sh.out_of_time() {
+                    return Ok(false);
+                }
+                let rest = (n - ri) as u64;
+                let by_dominance = beaten_by
+                    .iter()
+                    .map(|&k| seen[k][ri].0)
+                    .fold(0.0f64, f64::max);
+                if opts.prune && by_dominance.max(floor) > sh.threshold() {
+                    if by_dominance > floor {
+                        self.stats.pruned_by_dominance += rest;
+                    } else {
+                        self.stats.pruned_by_time += rest;
+                    }
+                    for s in &mut seen[li][ri..] {
+                        s.0 = by_dominance.max(floor);
+                    }
+                    break;
+                }
+                floor = floor.max(by_dominance);
+                seen[li][ri].0 = floor;
+                if opts.prune && beaten_by.iter().any(|&k| seen[k][ri].1) {
+                    self.stats.pruned_by_dominance += 1;
+                    seen[li][ri].1 = true;
+                    continue;
+                }
+                let plan = Plan {
+                    recompute,
+                    layer: *layer,
+                    ..base.clone()
+                };
+                if opts.prune
+                    && memory_lower_bound(model, cfg, &plan, Some(&f.built.in_flight)) > capacity
+                {
+                    self.stats.pruned_by_memory += 1;
+                    seen[li][ri].1 = true;
+                    continue;
+                }
+                let mapping = mapping_of(mapping, &plan, model)?;
+                if opts.prune {
+                    let stages = model.stage_times(cfg, &plan, mapping)?;
+                    floor = floor.max(step_time_lower_bound(
+                        &stages,
+                        plan.pp,
+                        plan.vpp,
+                        f.micro_batches,
+                    ));
+                    if floor > sh.threshold() {
+                        self.stats.pruned_by_time += rest;
+                        for s in &mut seen[li][ri..] {
+                            s.0 = floor;
+                        }
+                        break;
+                    }
+                }
+                let mut est =
+                    model.estimate_with_mapping(cfg, &plan, &f.built.schedule, mapping)?;
+                self.stats.estimated += 1;
+                sh.estimated.fetch_add(1, AtomicOrdering::Relaxed);
+                floor = floor.max(est.iter_time_s);
+                seen[li][ri] = (floor, !est.fits);
+                if est.fits {
+                    self.stats.fitting += 1;
+                    est.timeline = None;
+                    self.offer(sh, plan, est);
                 }
             }
         }

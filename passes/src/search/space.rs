@@ -10,7 +10,9 @@
 use serde::{Deserialize, Serialize};
 
 use autopar_cost_model::estimate::stage_layers;
-use autopar_cost_model::{AttentionKernel, Plan, Recompute, TransformerConfig};
+use autopar_cost_model::{
+    AttentionKernel, LayerOp, LayerPlacement, OpPlacement, Plan, Recompute, TransformerConfig,
+};
 use autopar_ir::schedule::ScheduleKind;
 
 use crate::search::error::SearchError;
@@ -39,9 +41,16 @@ pub struct Constraints {
     pub recompute: Option<Recompute>,
     /// Sequence parallelism.
     pub sp: Option<bool>,
-    /// The MLP's placement over `tp`: `Some(true)` for `mlp=seq` ([`Plan::mlp_sequence`]).
+    /// The attention ops' placement over `tp` as a code of [`Plan::layer`] (`ttt`, `sts`, ...).
     #[serde(default)]
-    pub mlp_sequence: Option<bool>,
+    pub attention: Option<String>,
+    /// The MLP ops' placement over `tp` as a code of [`Plan::layer`] (`tt`, `ss`, ...).
+    #[serde(default)]
+    pub mlp: Option<String>,
+    /// Ops that must stay split over `tp`: an annotation shards one of their weights over it
+    /// (`plan --annotate`), which running the op on sequence shards would replicate.
+    #[serde(default)]
+    pub tensor_ops: Vec<LayerOp>,
     /// Pipeline schedule.
     pub schedule: Option<ScheduleKind>,
     /// Mesh axes outermost first (all five, as [`Plan::axis_order`]).
@@ -107,12 +116,15 @@ impl Constraints {
                 "zero" => c.zero = Some(one()?.zero_stage),
                 "recompute" => c.recompute = Some(one()?.recompute),
                 "sp" => c.sp = Some(one()?.sequence_parallel),
+                "attn" => {
+                    let mut l = LayerPlacement::MEGATRON;
+                    l.set_attention(v).map_err(err)?;
+                    c.attention = Some(l.attention_code());
+                }
                 "mlp" => {
-                    c.mlp_sequence = Some(match v {
-                        "tp" => false,
-                        "seq" => true,
-                        _ => return Err(err(format!("expected tp or seq, not `{v}`"))),
-                    })
+                    let mut l = LayerPlacement::MEGATRON;
+                    l.set_mlp(v).map_err(err)?;
+                    c.mlp = Some(l.mlp_code());
                 }
                 "schedule" => {
                     c.schedule = Some(v.parse().map_err(|e| err(format!("{e}")))?);
@@ -165,7 +177,7 @@ impl Constraints {
             && ok(&self.zero, plan.zero_stage)
             && ok(&self.recompute, plan.recompute)
             && ok(&self.sp, plan.sequence_parallel)
-            && ok(&self.mlp_sequence, plan.mlp_sequence)
+            && self.admits_layer(&plan.layer)
             && ok(&self.schedule, plan.schedule)
             && self
                 .axis_order
@@ -185,6 +197,19 @@ impl Constraints {
             ]
             .iter()
             .all(|&(axis, n)| self.allows_degree(axis, n))
+    }
+
+    /// Whether the layer placement `l` satisfies the pinned codes and keeps the annotated ops
+    /// split over `tp`.
+    pub fn admits_layer(&self, l: &LayerPlacement) -> bool {
+        self.attention
+            .as_ref()
+            .is_none_or(|a| *a == l.attention_code())
+            && self.mlp.as_ref().is_none_or(|m| *m == l.mlp_code())
+            && self
+                .tensor_ops
+                .iter()
+                .all(|&op| l.get(op) == OpPlacement::Tensor)
     }
 
     /// False when `axis` must be sharded over (see [`Constraints::sharded_axes`]) and
@@ -214,6 +239,13 @@ impl Constraints {
 /// ```
 pub fn cpu_unsupported(plan: &Plan) -> Vec<String> {
     let mut out = Vec::new();
+    let l = &plan.layer;
+    if !cpu_runs_layer(plan.sequence_parallel, l) {
+        out.push(format!(
+            "the layer placement {l} (the CPU runtime runs Megatron-LM's, or with sp \
+             attn=ttt,mlp=ss)"
+        ));
+    }
     if plan.zero_stage > 0 && plan.ep > 1 && plan.dp == plan.ep {
         out.push(format!(
             "ZeRO-{} with every data rank an expert rank (dp={}, ep={})",
@@ -221,6 +253,12 @@ pub fn cpu_unsupported(plan: &Plan) -> Vec<String> {
         ));
     }
     out
+}
+
+/// Whether the CPU runtime executes the layer placement `l` with (`sp`) or without sequence
+/// parallelism.
+pub(crate) fn cpu_runs_layer(sp: bool, l: &LayerPlacement) -> bool {
+    l.is_megatron() || (sp && l.attention_code() == "ttt" && l.mlp_code() == "ss")
 }
 
 /// A mesh shape: `dp * tp * pp * cp` devices, `ep` dividing `dp`.
@@ -527,22 +565,25 @@ pub(crate) fn sequence_parallel(cfg: &TransformerConfig, s: &Shape, c: &Constrai
     out
 }
 
-/// Sequence parallelism with the MLP's placement over `tp` (see [`Plan::mlp_sequence`]):
-/// `(sp, mlp on sequence shards)`. The MLP can leave Megatron's placement only with sequence
-/// parallelism (it runs on the residual stream's sequence shards), and only in a dense model.
-pub(crate) fn sequence_parallel_variants(
+/// The layer placements ([`Plan::layer`]) to weigh for a mesh shape: Megatron-LM's alone
+/// without `tp`; otherwise every placement the model admits (MLP ops on sequence shards only
+/// in a dense model, the attention core on its queries only without context parallelism, ops
+/// on sequence shards only where `tp` divides a context rank's sequence) and the pins allow,
+/// Megatron-LM's first.
+pub(crate) fn layer_placements(
     cfg: &TransformerConfig,
     s: &Shape,
     c: &Constraints,
-) -> Vec<(bool, bool)> {
-    let mut out = Vec::new();
-    for sp in sequence_parallel(cfg, s, c) {
-        out.push((sp, false));
-        if sp && cfg.experts <= 1 {
-            out.push((sp, true));
-        }
+) -> Vec<LayerPlacement> {
+    let mut out = vec![LayerPlacement::MEGATRON];
+    if s.tp > 1 && (cfg.seq / s.cp).is_multiple_of(s.tp) {
+        out = LayerPlacement::all();
+        out.retain(|l| {
+            (cfg.experts <= 1 || l.mlp_code() == "tt")
+                && (s.cp == 1 || l.attention == OpPlacement::Tensor)
+        });
     }
-    out.retain(|&(_, m)| c.mlp_sequence.is_none_or(|p| p == m));
+    out.retain(|l| c.admits_layer(l));
     out
 }
 

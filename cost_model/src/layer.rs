@@ -1,0 +1,526 @@
+//! Intra-op placements of one transformer layer over the tensor-parallel ranks.
+//!
+//! Five ops carry a layer's work: the QKV projection, the attention core, the output
+//! projection, and the MLP's input and output GEMMs. Each is either split Megatron-style over
+//! `tp` ([`OpPlacement::Tensor`]: column-parallel, by heads, row-parallel) or run on the
+//! ranks' shards of the sequence ([`OpPlacement::Sequence`]: the weights replicated over `tp`,
+//! the attention core on its local queries against all keys). The norms and residual adds
+//! between them run on the residual stream, sequence-sharded with sequence parallelism and
+//! replicated without.
+//!
+//! Every combination is a valid program: where one op leaves an activation in another
+//! layout than the next op reads, a collective converts it ([`tp_collectives`] lists them,
+//! forward and backward). Megatron-LM's placement is all-`Tensor`; with sequence parallelism,
+//! `attn=sts` is DeepSpeed-Ulysses' attention (projections on sequence shards, an all-to-all
+//! to heads for the core and back), `attn=sss` gathers keys and values as Llama 3's
+//! all-gather context parallelism does, and `mlp=ss` runs the MLP whole on each sequence
+//! shard. Which is fastest depends on the shapes, the links of `tp` and the memory left.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::comm::Collective;
+
+/// The five placed ops of a layer, in execution order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LayerOp {
+    /// The Q, K and V projections (with their biases).
+    Qkv,
+    /// The attention core (scores, softmax, weighted sum).
+    Attention,
+    /// The output projection.
+    Proj,
+    /// The MLP's input GEMM(s) (up and gate), with the activation.
+    MlpIn,
+    /// The MLP's output GEMM.
+    MlpOut,
+}
+
+impl LayerOp {
+    /// All five, in execution order.
+    pub const ALL: [LayerOp; 5] = [
+        LayerOp::Qkv,
+        LayerOp::Attention,
+        LayerOp::Proj,
+        LayerOp::MlpIn,
+        LayerOp::MlpOut,
+    ];
+
+    /// Name in messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            LayerOp::Qkv => "the QKV projection",
+            LayerOp::Attention => "the attention core",
+            LayerOp::Proj => "the output projection",
+            LayerOp::MlpIn => "the MLP's input GEMM",
+            LayerOp::MlpOut => "the MLP's output GEMM",
+        }
+    }
+
+    /// Whether the op belongs to the attention block.
+    pub fn in_attention(self) -> bool {
+        matches!(self, LayerOp::Qkv | LayerOp::Attention | LayerOp::Proj)
+    }
+}
+
+/// Where one op runs over the tensor-parallel ranks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OpPlacement {
+    /// Megatron-LM's split: GEMM weights by output (QKV, MLP in) or input (projection, MLP
+    /// out) features, the attention core by heads.
+    Tensor,
+    /// On the rank's sequence shard: GEMM weights replicated over `tp` (their gradients summed
+    /// over it), the attention core on the local queries with every key and value gathered.
+    Sequence,
+}
+
+impl OpPlacement {
+    fn letter(self) -> char {
+        match self {
+            OpPlacement::Tensor => 't',
+            OpPlacement::Sequence => 's',
+        }
+    }
+
+    fn from_letter(c: char) -> Option<Self> {
+        match c {
+            't' => Some(OpPlacement::Tensor),
+            's' => Some(OpPlacement::Sequence),
+            _ => None,
+        }
+    }
+}
+
+/// The placement of every op of a layer; every layer of a plan takes the same one.
+///
+/// Written as two codes, one letter per op (`t` tensor, `s` sequence): `attn=` for the QKV
+/// projection, the core and the output projection, `mlp=` for the MLP's input and output
+/// GEMMs. `attn=tp` and `mlp=tp` are all-`t`, `attn=seq` and `mlp=seq` all-`s`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct LayerPlacement {
+    /// The QKV projection.
+    pub qkv: OpPlacement,
+    /// The attention core.
+    pub attention: OpPlacement,
+    /// The output projection.
+    pub proj: OpPlacement,
+    /// The MLP's input GEMM(s).
+    pub mlp_in: OpPlacement,
+    /// The MLP's output GEMM.
+    pub mlp_out: OpPlacement,
+}
+
+impl Default for LayerPlacement {
+    fn default() -> Self {
+        LayerPlacement::MEGATRON
+    }
+}
+
+impl LayerPlacement {
+    /// Megatron-LM's placement: every op split over `tp`.
+    pub const MEGATRON: LayerPlacement = LayerPlacement {
+        qkv: OpPlacement::Tensor,
+        attention: OpPlacement::Tensor,
+        proj: OpPlacement::Tensor,
+        mlp_in: OpPlacement::Tensor,
+        mlp_out: OpPlacement::Tensor,
+    };
+
+    /// The placement of `op`.
+    pub fn get(&self, op: LayerOp) -> OpPlacement {
+        match op {
+            LayerOp::Qkv => self.qkv,
+            LayerOp::Attention => self.attention,
+            LayerOp::Proj => self.proj,
+            LayerOp::MlpIn => self.mlp_in,
+            LayerOp::MlpOut => self.mlp_out,
+        }
+    }
+
+    /// Sets the placement of `op`.
+    pub fn set(&mut self, op: LayerOp, p: OpPlacement) {
+        match op {
+            LayerOp::Qkv => self.qkv = p,
+            LayerOp::Attention => self.attention = p,
+            LayerOp::Proj => self.proj = p,
+            LayerOp::MlpIn => self.mlp_in = p,
+            LayerOp::MlpOut => self.mlp_out = p,
+        }
+    }
+
+    /// All 32 placements, Megatron's first, in a fixed order.
+    pub fn all() -> Vec<LayerPlacement> {
+        (0..32u32)
+            .map(|bits| {
+                let mut p = LayerPlacement::MEGATRON;
+                for (i, op) in LayerOp::ALL.into_iter().enumerate() {
+                    if bits & (1 << (4 - i)) != 0 {
+                        p.set(op, OpPlacement::Sequence);
+                    }
+                }
+                p
+            })
+            .collect()
+    }
+
+    /// Whether this is Megatron-LM's placement.
+    pub fn is_megatron(&self) -> bool {
+        *self == LayerPlacement::MEGATRON
+    }
+
+    /// The ops run on sequence shards.
+    pub fn sequence_ops(&self) -> impl Iterator<Item = LayerOp> + '_ {
+        LayerOp::ALL
+            .into_iter()
+            .filter(|&op| self.get(op) == OpPlacement::Sequence)
+    }
+
+    /// The attention code (`ttt`, `sts`, ...).
+    pub fn attention_code(&self) -> String {
+        [self.qkv, self.attention, self.proj]
+            .iter()
+            .map(|p| p.letter())
+            .collect()
+    }
+
+    /// The MLP code (`tt`, `ss`, ...).
+    pub fn mlp_code(&self) -> String {
+        [self.mlp_in, self.mlp_out]
+            .iter()
+            .map(|p| p.letter())
+            .collect()
+    }
+
+    /// Sets the attention ops from `tp`, `seq`, `ulysses` or a three-letter code.
+    pub fn set_attention(&mut self, v: &str) -> Result<(), String> {
+        let [a, b, c] = parse_code::<3>(v, &[("tp", "ttt"), ("seq", "sss"), ("ulysses", "sts")])?;
+        (self.qkv, self.attention, self.proj) = (a, b, c);
+        Ok(())
+    }
+
+    /// Sets the MLP ops from `tp`, `seq` or a two-letter code.
+    pub fn set_mlp(&mut self, v: &str) -> Result<(), String> {
+        let [a, b] = parse_code::<2>(v, &[("tp", "tt"), ("seq", "ss")])?;
+        (self.mlp_in, self.mlp_out) = (a, b);
+        Ok(())
+    }
+}
+
+fn parse_code<const N: usize>(
+    v: &str,
+    aliases: &[(&str, &str)],
+) -> Result<[OpPlacement; N], String> {
+    let code = aliases
+        .iter()
+        .find(|(name, _)| *name == v)
+        .map_or(v, |(_, code)| code);
+    let letters: Vec<OpPlacement> = code.chars().filter_map(OpPlacement::from_letter).collect();
+    if code.chars().count() != N || letters.len() != N {
+        let names: Vec<&str> = aliases.iter().map(|(n, _)| *n).collect();
+        return Err(format!(
+            "expected {} or {N} letters t (split over tp) / s (on sequence shards), not `{v}`",
+            names.join(", ")
+        ));
+    }
+    let mut out = [OpPlacement::Tensor; N];
+    out.copy_from_slice(&letters);
+    Ok(out)
+}
+
+impl fmt::Display for LayerPlacement {
+    /// `attn=ttt,mlp=tt` form.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "attn={},mlp={}", self.attention_code(), self.mlp_code())
+    }
+}
+
+/// The layout of an activation over the tensor-parallel ranks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Layout {
+    /// Whole on every rank.
+    Replicated,
+    /// Split on the sequence (tokens).
+    Sequence,
+    /// Split on features: heads, or the MLP's width.
+    Feature,
+    /// Partial sums (after a row-parallel GEMM).
+    Partial,
+}
+
+/// Which activation a collective moves, as a width per token.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Width {
+    /// The hidden size `h` (the residual stream, a GEMM's input).
+    Hidden,
+    /// Queries, keys and values: `(a + 2 kv) d`.
+    Qkv,
+    /// Queries alone: `a d`.
+    Query,
+    /// Keys and values: `2 kv d`.
+    KeyValue,
+    /// The attention output: `a d`.
+    AttentionOut,
+    /// The MLP's activation output (the output GEMM's input): `f`.
+    Ffn,
+}
+
+/// Forward or backward pass.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pass {
+    /// Forward.
+    Forward,
+    /// Backward.
+    Backward,
+}
+
+/// What a collective can hide under in the backward.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Overlap {
+    /// Nothing: it is on the critical path.
+    None,
+    /// The input-gradient GEMM of an op.
+    Dgrad(LayerOp),
+    /// The weight-gradient GEMM of an op.
+    Wgrad(LayerOp),
+}
+
+/// One collective over `tp` of one layer's forward or backward, per micro-batch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TpCollective {
+    /// Forward or backward.
+    pub pass: Pass,
+    /// Its kind.
+    pub kind: Collective,
+    /// What it moves: every token of the micro-batch (of this context-parallel rank) at this
+    /// width, before the split over `tp`.
+    pub width: Width,
+    /// Where it can hide.
+    pub overlap: Overlap,
+}
+
+/// The tensor-parallel collectives of one layer under `p`, with (`sp`) or without sequence
+/// parallelism, in execution order per pass: what turns each op's output layout into the
+/// layout the next op reads, and their conjugates in the backward.
+///
+/// With `tp = 1` nothing is communicated; the caller skips the list.
+pub fn tp_collectives(p: &LayerPlacement, sp: bool) -> Vec<TpCollective> {
+    let residual = if sp {
+        Layout::Sequence
+    } else {
+        Layout::Replicated
+    };
+    let mut b = Collectives {
+        out: Vec::new(),
+        residual,
+    };
+    // Attention block.
+    let qkv_out = b.read_residual(LayerOp::Qkv, p.qkv);
+    let core_out = b.attention_core(qkv_out, p.attention);
+    let proj_out = b.feature_gemm(core_out, p.proj, Width::AttentionOut);
+    b.write_residual(proj_out);
+    // MLP block.
+    let mid = b.read_residual(LayerOp::MlpIn, p.mlp_in);
+    let mlp_out = b.feature_gemm(mid, p.mlp_out, Width::Ffn);
+    b.write_residual(mlp_out);
+    b.out
+}
+
+/// Builds [`tp_collectives`], op by op.
+struct Collectives {
+    out: Vec<TpCollective>,
+    residual: Layout,
+}
+
+impl Collectives {
+    fn push(&mut self, pass: Pass, kind: Collective, width: Width, overlap: Overlap) {
+        self.out.push(TpCollective {
+            pass,
+            kind,
+            width,
+            overlap,
+        });
+    }
+
+    /// An op that reads the residual stream (QKV, MLP in); returns its output's layout.
+    fn read_residual(&mut self, op: LayerOp, placement: OpPlacement) -> Layout {
+        use Collective::{AllGather, AllReduce, ReduceScatter};
+        let (fwd, bwd) = (Pass::Forward, Pass::Backward);
+        match (self.residual, placement) {
+            (Layout::Sequence, OpPlacement::Tensor) => {
+                // Megatron-SP: gather the sequence shards and keep only the shard for the
+                // backward, which re-gathers it for the weight gradient and reduce-scatters
+                // the input's gradient.
+                self.push(fwd, AllGather, Width::Hidden, Overlap::None);
+                self.push(bwd, AllGather, Width::Hidden, Overlap::Dgrad(op));
+                self.push(bwd, ReduceScatter, Width::Hidden, Overlap::Wgrad(op));
+            }
+            // Megatron's `f`: identity forward, all-reduce of the input's gradient.
+            (_, OpPlacement::Tensor) => {
+                self.push(bwd, AllReduce, Width::Hidden, Overlap::Wgrad(op))
+            }
+            (Layout::Sequence, OpPlacement::Sequence) => {}
+            // Slicing the replicated stream is free; the slices' gradients are gathered back
+            // into the replicated stream's.
+            (_, OpPlacement::Sequence) => self.push(bwd, AllGather, Width::Hidden, Overlap::None),
+        }
+        match placement {
+            OpPlacement::Tensor => Layout::Feature,
+            OpPlacement::Sequence => Layout::Sequence,
+        }
+    }
+
+    /// The attention core: by heads from heads, on the local queries from sequence shards.
+    fn attention_core(&mut self, from: Layout, placement: OpPlacement) -> Layout {
+        use Collective::{AllGather, AllToAll, ReduceScatter};
+        let (fwd, bwd) = (Pass::Forward, Pass::Backward);
+        match (from, placement) {
+            (Layout::Feature, OpPlacement::Tensor) => {}
+            (_, OpPlacement::Tensor) => {
+                // Ulysses: sequence shards to heads.
+                self.push(fwd, AllToAll, Width::Qkv, Overlap::None);
+                self.push(bwd, AllToAll, Width::Qkv, Overlap::None);
+            }
+            (from, OpPlacement::Sequence) => {
+                if from == Layout::Feature {
+                    self.push(fwd, AllToAll, Width::Query, Overlap::None);
+                    self.push(bwd, AllToAll, Width::Query, Overlap::None);
+                }
+                // Keys and values gathered; their gradients are partial sums over the local
+                // queries, reduce-scattered back.
+                self.push(fwd, AllGather, Width::KeyValue, Overlap::None);
+                self.push(bwd, ReduceScatter, Width::KeyValue, Overlap::None);
+            }
+        }
+        match placement {
+            OpPlacement::Tensor => Layout::Feature,
+            OpPlacement::Sequence => Layout::Sequence,
+        }
+    }
+
+    /// A GEMM reading features (output projection, MLP out): row-parallel (partial sums) or
+    /// on sequence shards; an all-to-all converts an input in the other layout.
+    fn feature_gemm(&mut self, from: Layout, placement: OpPlacement, width: Width) -> Layout {
+        let wanted = match placement {
+            OpPlacement::Tensor => Layout::Feature,
+            OpPlacement::Sequence => Layout::Sequence,
+        };
+        if from != wanted {
+            self.push(Pass::Forward, Collective::AllToAll, width, Overlap::None);
+            self.push(Pass::Backward, Collective::AllToAll, width, Overlap::None);
+        }
+        match placement {
+            OpPlacement::Tensor => Layout::Partial,
+            OpPlacement::Sequence => Layout::Sequence,
+        }
+    }
+
+    /// Adds a block's output into the residual stream.
+    fn write_residual(&mut self, from: Layout) {
+        let (fwd, bwd) = (Pass::Forward, Pass::Backward);
+        match (from, self.residual) {
+            (Layout::Partial, Layout::Sequence) => {
+                self.push(fwd, Collective::ReduceScatter, Width::Hidden, Overlap::None);
+                // Gradients entering a row-parallel GEMM are gathered first.
+                self.push(bwd, Collective::AllGather, Width::Hidden, Overlap::None);
+            }
+            (Layout::Partial, _) => {
+                self.push(fwd, Collective::AllReduce, Width::Hidden, Overlap::None)
+            }
+            (Layout::Sequence, Layout::Replicated) => {
+                self.push(fwd, Collective::AllGather, Width::Hidden, Overlap::None)
+            }
+            _ => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use Collective::*;
+
+    fn kinds(p: &str, sp: bool, pass: Pass) -> Vec<(Collective, Width)> {
+        let mut l = LayerPlacement::MEGATRON;
+        let (a, m) = p.split_once(',').unwrap();
+        l.set_attention(a).unwrap();
+        l.set_mlp(m).unwrap();
+        tp_collectives(&l, sp)
+            .into_iter()
+            .filter(|c| c.pass == pass)
+            .map(|c| (c.kind, c.width))
+            .collect()
+    }
+
+    #[test]
+    fn megatron_placements_have_megatrons_collectives() {
+        let h = Width::Hidden;
+        // Without SP: g (all-reduce) after each block, f's all-reduce in the backward.
+        assert_eq!(
+            kinds("tp,tp", false, Pass::Forward),
+            vec![(AllReduce, h); 2]
+        );
+        assert_eq!(
+            kinds("tp,tp", false, Pass::Backward),
+            vec![(AllReduce, h); 2]
+        );
+        // With SP: all-gather before, reduce-scatter after each block.
+        assert_eq!(
+            kinds("tp,tp", true, Pass::Forward),
+            vec![
+                (AllGather, h),
+                (ReduceScatter, h),
+                (AllGather, h),
+                (ReduceScatter, h)
+            ]
+        );
+        assert_eq!(kinds("tp,tp", true, Pass::Backward).len(), 6);
+        // The MLP on sequence shards communicates nothing.
+        assert_eq!(
+            kinds("tp,seq", true, Pass::Forward),
+            vec![(AllGather, h), (ReduceScatter, h)]
+        );
+    }
+
+    #[test]
+    fn ulysses_and_gathered_keys() {
+        assert_eq!(
+            kinds("ulysses,seq", true, Pass::Forward),
+            vec![(AllToAll, Width::Qkv), (AllToAll, Width::AttentionOut)]
+        );
+        assert_eq!(
+            kinds("seq,seq", true, Pass::Forward),
+            vec![(AllGather, Width::KeyValue)]
+        );
+        assert_eq!(
+            kinds("seq,seq", true, Pass::Backward),
+            vec![(ReduceScatter, Width::KeyValue)]
+        );
+        // Without SP, sequence ops slice the replicated stream and gather their outputs back.
+        assert_eq!(
+            kinds("seq,seq", false, Pass::Forward),
+            vec![
+                (AllGather, Width::KeyValue),
+                (AllGather, Width::Hidden),
+                (AllGather, Width::Hidden)
+            ]
+        );
+    }
+
+    #[test]
+    fn codes_round_trip() {
+        assert_eq!(LayerPlacement::all().len(), 32);
+        assert!(LayerPlacement::all()[0].is_megatron());
+        for p in LayerPlacement::all() {
+            let mut q = LayerPlacement::MEGATRON;
+            q.set_attention(&p.attention_code()).unwrap();
+            q.set_mlp(&p.mlp_code()).unwrap();
+            assert_eq!(p, q);
+        }
+        let mut p = LayerPlacement::MEGATRON;
+        assert!(p.set_attention("tts ").is_err());
+        assert!(p.set_mlp("sss").unwrap_err().contains("2 letters"));
+    }
+}
