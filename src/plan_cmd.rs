@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use clap::ValueEnum;
 
-use autopar::cost_model::{CostModel, Plan, TransformerConfig};
+use autopar::cost_model::{CostModel, LayerPlacement, Plan, TransformerConfig};
 use autopar::ir::DType;
 use autopar::passes::search::explain::{Comparison, megatron_reference, placed_axes};
 use autopar::passes::search::export::{megatron_args, torchtitan_toml};
@@ -164,6 +164,22 @@ pub fn plan(args: PlanArgs) -> Result<()> {
             (&second.plan, &second.estimate),
         ));
     }
+    if !best.plan.layer.is_megatron() {
+        // Why this layer placement: the same plan with every op split over tp.
+        let megatron = Plan {
+            layer: LayerPlacement::MEGATRON,
+            ..best.plan.clone()
+        };
+        let est = model
+            .estimate(&cfg, &megatron)
+            .context("estimating the plan with Megatron-LM's layer placement")?;
+        comparisons.push(Comparison::new(
+            &cfg,
+            "the same plan with every op split over tp (attn=ttt,mlp=tt)",
+            (&best.plan, &best.estimate),
+            (&megatron, &est),
+        ));
+    }
     let reference = match &args.reference {
         Some(text) => {
             let mut p = Plan::parse(text).context("--reference")?;
@@ -312,8 +328,8 @@ fn header(
     );
     out += &format!(
         "searched {} plans over {} mesh shapes in {:.2} s on {} thread(s): {} estimated, {} ruled \
-         out by the memory bound, {} by the step-time bound, {} by a layer placement nowhere \
-         worse; {}\n\n",
+         out by the memory bound, {} by the step-time bound, {} by a better layer \
+         placement; {}\n\n",
         s.candidates,
         s.mesh_shapes,
         s.elapsed_s,

@@ -151,3 +151,41 @@ fn pins_time_limits_and_piped_output() {
     let err = autopar_err(&[&base[..], &["--pin", "tp=x"]].concat());
     assert!(err.contains("constraint `tp`"), "{err}");
 }
+
+#[test]
+fn layer_placements_are_searched_pinned_and_explained() {
+    let base = [
+        "plan",
+        "gpt3-13b",
+        "--cluster",
+        "dgx-a100:nodes=2",
+        "--batch",
+        "64",
+        "--top",
+        "5",
+    ];
+    // Ulysses-style attention pinned: every plan has it (so tp > 1), and the best is compared
+    // with the same plan with every op split over tp.
+    let pinned = [&base[..], &["--pin", "attn=ulysses"]].concat();
+    let doc = json(&[&pinned[..], &["--json"]].concat());
+    let plans = doc["plans"].as_array().expect("plans");
+    assert!(!plans.is_empty(), "{doc}");
+    for p in plans {
+        let layer = &p["config"]["layer"];
+        assert_eq!(layer["qkv"], "sequence", "{p}");
+        assert_eq!(layer["attention"], "tensor", "{p}");
+        assert_eq!(layer["proj"], "sequence", "{p}");
+        assert!(
+            p["plan"].as_str().expect("text").contains("attn=sts"),
+            "{p}"
+        );
+    }
+    let text = autopar_ok(&pinned);
+    assert!(text.contains("sts-"), "{text}");
+    assert!(
+        text.contains("against the same plan with every op split over tp"),
+        "{text}"
+    );
+    let err = autopar_err(&[&base[..], &["--pin", "attn=xyz"]].concat());
+    assert!(err.contains("attn") && err.contains("3 letters"), "{err}");
+}

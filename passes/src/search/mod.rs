@@ -7,7 +7,9 @@
 //! [`space`](self) lists the plans: every mesh shape `(dp, tp, pp, cp, ep)` that uses all
 //! devices and divides the model and the batch, every placement of its non-trivial axes on
 //! the devices, and for each the micro-batch sizes, pipeline layouts, ZeRO stages, recompute
-//! policies and sequence-parallel settings that are valid. [`Constraints`] pin any of them.
+//! policies, sequence-parallel settings and layer placements (each of a layer's five ops split
+//! over `tp` or run on sequence shards, [`autopar_cost_model::LayerPlacement`]) that are valid.
+//! [`Constraints`] pin any of them.
 //!
 //! # How it is pruned, exactly
 //!
@@ -29,6 +31,17 @@
 //!   plan with less recomputation, fitting or not, is a lower bound for the others, and the
 //!   search estimates policies from least to most recomputation and stops as soon as that
 //!   bound exceeds the `top_k`-th best step time found so far (strictly: ties are kept).
+//!
+//! - **Time and memory, by layer placement** (branch and bound): for plans equal in
+//!   everything but the layer placement, [`CostModel::layer_dominance`] orders the placements
+//!   so that each comes after those that beat it in a per-layer profile (forward and backward
+//!   times, stored activations under each recompute policy, parameters per rank, parameters
+//!   replicated over `tp`) in which the estimate is monotone. A beaten placement's plan is no
+//!   faster and no smaller than the plan of one that beats it under the same recompute
+//!   policy, so it is skipped when that plan's step time exceeds the `top_k`-th best or that
+//!   plan does not fit. The placements of one layer are profiled once per (micro-batch size,
+//!   sp, axis order) and shared by every pipeline layout, ZeRO stage and recompute policy:
+//!   the layers are identical, so one layer is solved for all of them.
 //!
 //! # Reuse and parallelism
 //!
@@ -127,8 +140,8 @@ pub struct SearchStats {
     pub pruned_by_memory: u64,
     /// Plans skipped because the time bound exceeds the `top_k`-th best step time.
     pub pruned_by_time: u64,
-    /// Plans skipped because another layer placement of the same plan is nowhere worse
-    /// ([`CostModel::pareto_layer_placements`]).
+    /// Plans skipped because another layer placement of the same plan, which beats theirs
+    /// ([`CostModel::layer_dominance`]), is already too slow or does not fit.
     #[serde(default)]
     pub pruned_by_dominance: u64,
     /// Plans estimated.

@@ -72,7 +72,7 @@ pub struct Constraints {
 
 impl Constraints {
     /// Parses `key=value` pairs separated by commas, with the keys of [`Plan::parse`] (`dp tp
-    /// pp vpp cp ep mbs zero recompute sp schedule order mlp`) and `stages` (layers per virtual
+    /// pp vpp cp ep mbs zero recompute sp schedule order attn mlp`) and `stages` (layers per virtual
     /// stage joined by `-`, e.g. `stages=12-12-12-12`) and `runtime=cpu` (only plans the CPU
     /// runtime executes, see [`cpu_unsupported`]).
     ///
@@ -152,7 +152,7 @@ impl Constraints {
                 _ => {
                     return Err(err(
                         "unknown key (expected dp, tp, pp, vpp, cp, ep, mbs, zero, recompute, \
-                         sp, schedule, order, stages or runtime)"
+                         sp, attn, mlp, schedule, order, stages or runtime)"
                             .into(),
                     ));
                 }
