@@ -835,6 +835,20 @@ impl<'a> Ctx<'a> {
         }
     }
 
+    /// How much more causal attention work the busiest rank does than the average. A causal
+    /// kernel skips the masked blocks; with the queries split into contiguous sequence shards
+    /// over `tp`, the last shard attends to every key and does `(2 tp - 1) / tp` times the
+    /// average share. Split by heads (or by context parallelism's balanced chunks), every
+    /// rank does the same.
+    fn causal_imbalance(&self) -> f64 {
+        if self.placed_on_sequence(LayerOp::Attention) {
+            let t = self.plan.tp as f64;
+            (2.0 * t - 1.0) / t
+        } else {
+            1.0
+        }
+    }
+
     /// Attention core forward (scores, softmax, dropout, weighted sum) and its FLOPs.
     fn attention_forward(&self) -> (f64, f64) {
         let b = self.plan.micro_batch_size as u64;
@@ -857,11 +871,12 @@ impl<'a> Ctx<'a> {
             ),
             AttentionKernel::Flash => {
                 let flops = full * 0.5;
+                let busiest = flops * self.causal_imbalance();
                 let io = ((2 * heads * s * d) + 2 * b * kv * t * d) as f64 * self.e;
                 (
                     self.m
                         .compute
-                        .flash_time(flops, io, self.plan.dtype, self.cl()),
+                        .flash_time(busiest, io, self.plan.dtype, self.cl()),
                     flops,
                 )
             }
@@ -882,7 +897,7 @@ impl<'a> Ctx<'a> {
             }
             AttentionKernel::Flash => {
                 // The backward recomputes the scores: 2.5x the forward FLOPs.
-                let flops = 2.0 * (heads * s * t * d) as f64 * 2.5;
+                let flops = 2.0 * (heads * s * t * d) as f64 * 2.5 * self.causal_imbalance();
                 let io = (4 * heads * s * d) as f64 * self.e * 2.0;
                 self.m
                     .compute
