@@ -198,13 +198,23 @@ fn bounds_never_exceed_the_estimate() {
         };
         let plan = format!(
             "dp={dp},tp={tp},pp={pp},vpp={vpp},cp={cp},ep={ep},mbs={},gbs={},zero={},\
-             recompute={},sp={},order={}",
+             recompute={},sp={},order={},attn={},mlp={}",
             rng.pick(&[1, 2, 4]),
             dp * rng.pick(&[1, 2, 4]) * pp * 2,
             rng.pick(&["0", "1", "2", "3"]),
             rng.pick(&["none", "selective", "full"]),
             rng.pick(&["true", "false"]),
             rng.pick(&["pp-dp-tp", "tp-pp-dp", "dp-tp-pp", "cp-tp-dp-pp"]),
+            if tp > 1 {
+                rng.pick(&["ttt", "sts", "sss", "tts", "stt", "tst"])
+            } else {
+                "ttt"
+            },
+            if tp > 1 && cfg.experts <= 1 {
+                rng.pick(&["tt", "ss", "ts", "st"])
+            } else {
+                "tt"
+            },
         );
         let Ok(plan) = Plan::parse(&plan) else {
             continue;
