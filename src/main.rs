@@ -480,6 +480,28 @@ fn estimate(args: EstimateArgs) -> Result<()> {
         ] {
             out += &format!("  {what:<38} {:>8.3}  {:>8.3}\n", ms(f), ms(b));
         }
+        if !est.layer_tp_collectives.is_empty() {
+            out += &format!(
+                "\ntensor-parallel collectives of one layer, one micro-batch (tp={}, {}{})\n",
+                plan.tp,
+                plan.layer,
+                if plan.sequence_parallel { ", sp" } else { "" }
+            );
+            for c in &est.layer_tp_collectives {
+                let t = &c.collective;
+                out += &format!(
+                    "  {:<8} {:<14} {:>9.1} MB {:>8.3} ms  {}\n",
+                    match t.pass {
+                        autopar::cost_model::layer::Pass::Forward => "forward",
+                        autopar::cost_model::layer::Pass::Backward => "backward",
+                    },
+                    t.kind.name(),
+                    c.bytes / 1e6,
+                    ms(c.time_s),
+                    t.why
+                );
+            }
+        }
         out += "\nstep (s)\n";
         for (what, v) in [
             ("pipeline (first forward to last backward)", t.pipeline_s),

@@ -46,6 +46,20 @@ pub enum Collective {
     SendRecv,
 }
 
+impl Collective {
+    /// Name in messages (`all-gather`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            Collective::AllReduce => "all-reduce",
+            Collective::AllGather => "all-gather",
+            Collective::ReduceScatter => "reduce-scatter",
+            Collective::AllToAll => "all-to-all",
+            Collective::Broadcast => "broadcast",
+            Collective::SendRecv => "send/recv",
+        }
+    }
+}
+
 /// Algorithms the model chooses between.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

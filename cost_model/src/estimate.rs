@@ -201,10 +201,27 @@ pub struct Estimate {
     pub stage_layers: Vec<usize>,
     /// Time breakdown.
     pub time: TimeBreakdown,
+    /// The tensor-parallel collectives of one layer and one micro-batch that the layer
+    /// placement implies, forward then backward, with their sizes and times (before any
+    /// overlap; empty without `tp` or when infeasible).
+    #[serde(default)]
+    pub layer_tp_collectives: Vec<TimedCollective>,
     /// When each action of the simulated schedule ran, in nanoseconds (for timeline exports;
     /// absent when the plan is infeasible). Not part of the JSON contract.
     #[serde(skip)]
     pub timeline: Option<Timeline>,
+}
+
+/// A collective of [`Estimate::layer_tp_collectives`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TimedCollective {
+    /// What, where and why.
+    #[serde(flatten)]
+    pub collective: TpCollective,
+    /// Bytes in nccl-tests' convention for its kind ([`Collective`]).
+    pub bytes: f64,
+    /// Seconds, alone on the `tp` links.
+    pub time_s: f64,
 }
 
 impl CostModel {
@@ -710,6 +727,11 @@ impl<'a> Ctx<'a> {
 
     /// One tensor-parallel collective of a layer ([`tp_collectives`]), in seconds.
     fn tp_collective(&self, c: &TpCollective) -> f64 {
+        self.coll(c.kind, self.tp_collective_bytes(c), &self.tp)
+    }
+
+    /// The bytes of one tensor-parallel collective of a layer, in nccl-tests' convention.
+    fn tp_collective_bytes(&self, c: &TpCollective) -> f64 {
         let cfg = self.cfg;
         let d = cfg.head_dim() as f64;
         let width = match c.width {
@@ -724,7 +746,7 @@ impl<'a> Ctx<'a> {
             // The send buffer: this rank's share.
             bytes /= self.plan.tp as f64;
         }
-        self.coll(c.kind, bytes, &self.tp)
+        bytes
     }
 
     /// The layer's tensor-parallel collectives of one pass (none without `tp`).
@@ -1392,6 +1414,15 @@ impl<'a> Ctx<'a> {
             memory: worst,
             memory_per_pipeline_rank: memory,
             stage_layers: layers.clone(),
+            layer_tp_collectives: [Pass::Forward, Pass::Backward]
+                .into_iter()
+                .flat_map(|pass| self.layer_tp_collectives(pass))
+                .map(|c| TimedCollective {
+                    bytes: self.tp_collective_bytes(&c),
+                    time_s: self.tp_collective(&c),
+                    collective: c,
+                })
+                .collect(),
             time: TimeBreakdown {
                 layer_forward: lf,
                 layer_backward: lb,
@@ -1427,6 +1458,7 @@ impl<'a> Ctx<'a> {
             memory: MemoryBreakdown::default(),
             memory_per_pipeline_rank: Vec::new(),
             stage_layers: Vec::new(),
+            layer_tp_collectives: Vec::new(),
             time: TimeBreakdown::default(),
             timeline: None,
         }

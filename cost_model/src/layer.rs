@@ -251,7 +251,8 @@ pub enum Layout {
 }
 
 /// Which activation a collective moves, as a width per token.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Width {
     /// The hidden size `h` (the residual stream, a GEMM's input).
     Hidden,
@@ -268,7 +269,8 @@ pub enum Width {
 }
 
 /// Forward or backward pass.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Pass {
     /// Forward.
     Forward,
@@ -277,7 +279,8 @@ pub enum Pass {
 }
 
 /// What a collective can hide under in the backward.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Overlap {
     /// Nothing: it is on the critical path.
     None,
@@ -288,7 +291,7 @@ pub enum Overlap {
 }
 
 /// One collective over `tp` of one layer's forward or backward, per micro-batch.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TpCollective {
     /// Forward or backward.
     pub pass: Pass,
@@ -299,6 +302,8 @@ pub struct TpCollective {
     pub width: Width,
     /// Where it can hide.
     pub overlap: Overlap,
+    /// Why the placement needs it.
+    pub why: String,
 }
 
 /// The tensor-parallel collectives of one layer under `p`, with (`sp`) or without sequence
@@ -319,12 +324,12 @@ pub fn tp_collectives(p: &LayerPlacement, sp: bool) -> Vec<TpCollective> {
     // Attention block.
     let qkv_out = b.read_residual(LayerOp::Qkv, p.qkv);
     let core_out = b.attention_core(qkv_out, p.attention);
-    let proj_out = b.feature_gemm(core_out, p.proj, Width::AttentionOut);
-    b.write_residual(proj_out);
+    let proj_out = b.feature_gemm(LayerOp::Proj, core_out, p.proj, Width::AttentionOut);
+    b.write_residual(LayerOp::Proj, proj_out);
     // MLP block.
     let mid = b.read_residual(LayerOp::MlpIn, p.mlp_in);
-    let mlp_out = b.feature_gemm(mid, p.mlp_out, Width::Ffn);
-    b.write_residual(mlp_out);
+    let mlp_out = b.feature_gemm(LayerOp::MlpOut, mid, p.mlp_out, Width::Ffn);
+    b.write_residual(LayerOp::MlpOut, mlp_out);
     b.out
 }
 
@@ -335,12 +340,13 @@ struct Collectives {
 }
 
 impl Collectives {
-    fn push(&mut self, pass: Pass, kind: Collective, width: Width, overlap: Overlap) {
+    fn push(&mut self, pass: Pass, kind: Collective, width: Width, overlap: Overlap, why: String) {
         self.out.push(TpCollective {
             pass,
             kind,
             width,
             overlap,
+            why,
         });
     }
 
@@ -348,23 +354,36 @@ impl Collectives {
     fn read_residual(&mut self, op: LayerOp, placement: OpPlacement) -> Layout {
         use Collective::{AllGather, AllReduce, ReduceScatter};
         let (fwd, bwd) = (Pass::Forward, Pass::Backward);
+        let name = op.name();
         match (self.residual, placement) {
             (Layout::Sequence, OpPlacement::Tensor) => {
                 // Megatron-SP: gather the sequence shards and keep only the shard for the
                 // backward, which re-gathers it for the weight gradient and reduce-scatters
                 // the input's gradient.
-                self.push(fwd, AllGather, Width::Hidden, Overlap::None);
-                self.push(bwd, AllGather, Width::Hidden, Overlap::Dgrad(op));
-                self.push(bwd, ReduceScatter, Width::Hidden, Overlap::Wgrad(op));
+                let why = format!("{name} (split by features) reads every token");
+                self.push(fwd, AllGather, Width::Hidden, Overlap::None, why);
+                let why = format!("{name} re-gathers its input for the weight gradient");
+                self.push(bwd, AllGather, Width::Hidden, Overlap::Dgrad(op), why);
+                let why = format!(
+                    "{name}'s input gradient is a partial sum, reduced onto the sequence shards"
+                );
+                self.push(bwd, ReduceScatter, Width::Hidden, Overlap::Wgrad(op), why);
             }
             // Megatron's `f`: identity forward, all-reduce of the input's gradient.
             (_, OpPlacement::Tensor) => {
-                self.push(bwd, AllReduce, Width::Hidden, Overlap::Wgrad(op))
+                let why = format!("{name}'s input gradient is a partial sum over tp");
+                self.push(bwd, AllReduce, Width::Hidden, Overlap::Wgrad(op), why)
             }
             (Layout::Sequence, OpPlacement::Sequence) => {}
             // Slicing the replicated stream is free; the slices' gradients are gathered back
             // into the replicated stream's.
-            (_, OpPlacement::Sequence) => self.push(bwd, AllGather, Width::Hidden, Overlap::None),
+            (_, OpPlacement::Sequence) => {
+                let why = format!(
+                    "{name} ran on a slice of the replicated stream; its input gradient is \
+                     gathered back"
+                );
+                self.push(bwd, AllGather, Width::Hidden, Overlap::None, why)
+            }
         }
         match placement {
             OpPlacement::Tensor => Layout::Feature,
@@ -376,22 +395,29 @@ impl Collectives {
     fn attention_core(&mut self, from: Layout, placement: OpPlacement) -> Layout {
         use Collective::{AllGather, AllToAll, ReduceScatter};
         let (fwd, bwd) = (Pass::Forward, Pass::Backward);
+        let none = Overlap::None;
         match (from, placement) {
             (Layout::Feature, OpPlacement::Tensor) => {}
             (_, OpPlacement::Tensor) => {
                 // Ulysses: sequence shards to heads.
-                self.push(fwd, AllToAll, Width::Qkv, Overlap::None);
-                self.push(bwd, AllToAll, Width::Qkv, Overlap::None);
+                let why = "the core splits by heads: q, k, v move from sequence shards to heads";
+                self.push(fwd, AllToAll, Width::Qkv, none, why.into());
+                let why = "the q, k, v gradients move back from heads to sequence shards";
+                self.push(bwd, AllToAll, Width::Qkv, none, why.into());
             }
             (from, OpPlacement::Sequence) => {
                 if from == Layout::Feature {
-                    self.push(fwd, AllToAll, Width::Query, Overlap::None);
-                    self.push(bwd, AllToAll, Width::Query, Overlap::None);
+                    let why = "the core splits by queries: q moves from heads to sequence shards";
+                    self.push(fwd, AllToAll, Width::Query, none, why.into());
+                    let why = "the q gradient moves back from sequence shards to heads";
+                    self.push(bwd, AllToAll, Width::Query, none, why.into());
                 }
                 // Keys and values gathered; their gradients are partial sums over the local
                 // queries, reduce-scattered back.
-                self.push(fwd, AllGather, Width::KeyValue, Overlap::None);
-                self.push(bwd, ReduceScatter, Width::KeyValue, Overlap::None);
+                let why = "the local queries attend to every key and value";
+                self.push(fwd, AllGather, Width::KeyValue, none, why.into());
+                let why = "the key and value gradients are partial sums over the local queries";
+                self.push(bwd, ReduceScatter, Width::KeyValue, none, why.into());
             }
         }
         match placement {
@@ -402,14 +428,38 @@ impl Collectives {
 
     /// A GEMM reading features (output projection, MLP out): row-parallel (partial sums) or
     /// on sequence shards; an all-to-all converts an input in the other layout.
-    fn feature_gemm(&mut self, from: Layout, placement: OpPlacement, width: Width) -> Layout {
+    fn feature_gemm(
+        &mut self,
+        op: LayerOp,
+        from: Layout,
+        placement: OpPlacement,
+        width: Width,
+    ) -> Layout {
         let wanted = match placement {
             OpPlacement::Tensor => Layout::Feature,
             OpPlacement::Sequence => Layout::Sequence,
         };
         if from != wanted {
-            self.push(Pass::Forward, Collective::AllToAll, width, Overlap::None);
-            self.push(Pass::Backward, Collective::AllToAll, width, Overlap::None);
+            let (there, back) = match placement {
+                OpPlacement::Tensor => ("feature shards", "sequence shards"),
+                OpPlacement::Sequence => ("sequence shards", "feature shards"),
+            };
+            let why = format!("{} reads {there}: its input moves from {back}", op.name());
+            self.push(
+                Pass::Forward,
+                Collective::AllToAll,
+                width,
+                Overlap::None,
+                why,
+            );
+            let why = format!("{}'s input gradient moves back to {back}", op.name());
+            self.push(
+                Pass::Backward,
+                Collective::AllToAll,
+                width,
+                Overlap::None,
+                why,
+            );
         }
         match placement {
             OpPlacement::Tensor => Layout::Partial,
@@ -417,20 +467,33 @@ impl Collectives {
         }
     }
 
-    /// Adds a block's output into the residual stream.
-    fn write_residual(&mut self, from: Layout) {
-        let (fwd, bwd) = (Pass::Forward, Pass::Backward);
+    /// Adds the output of `op` (a block's last) into the residual stream.
+    fn write_residual(&mut self, op: LayerOp, from: Layout) {
+        let (fwd, bwd, none) = (Pass::Forward, Pass::Backward, Overlap::None);
+        let name = op.name();
         match (from, self.residual) {
             (Layout::Partial, Layout::Sequence) => {
-                self.push(fwd, Collective::ReduceScatter, Width::Hidden, Overlap::None);
+                let why = format!(
+                    "{name} (split by features) leaves partial sums, reduced onto the residual \
+                     stream's sequence shards"
+                );
+                self.push(fwd, Collective::ReduceScatter, Width::Hidden, none, why);
                 // Gradients entering a row-parallel GEMM are gathered first.
-                self.push(bwd, Collective::AllGather, Width::Hidden, Overlap::None);
+                let why = format!("{name} needs the whole output gradient");
+                self.push(bwd, Collective::AllGather, Width::Hidden, none, why);
             }
             (Layout::Partial, _) => {
-                self.push(fwd, Collective::AllReduce, Width::Hidden, Overlap::None)
+                let why = format!(
+                    "{name} (split by features) leaves partial sums, all-reduced into the \
+                     replicated residual stream"
+                );
+                self.push(fwd, Collective::AllReduce, Width::Hidden, none, why)
             }
             (Layout::Sequence, Layout::Replicated) => {
-                self.push(fwd, Collective::AllGather, Width::Hidden, Overlap::None)
+                let why = format!(
+                    "{name} ran on sequence shards; the replicated residual stream gathers them"
+                );
+                self.push(fwd, Collective::AllGather, Width::Hidden, none, why)
             }
             _ => {}
         }

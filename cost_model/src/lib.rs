@@ -27,6 +27,7 @@ pub use cost::Cost;
 pub use error::CostError;
 pub use estimate::{
     CostModel, Estimate, ExposedComm, OpCostModel, PassTime, StageTimes, TimeBreakdown,
+    TimedCollective,
 };
 pub use layer::{LayerOp, LayerPlacement, OpPlacement};
 pub use mapping::{GroupInfo, MeshMapping};
