@@ -1,6 +1,7 @@
 //! The SPMD options of `autopar run` and `autopar dump`: the ZeRO stage, an annotation file,
-//! sequence parallelism and the layer placement (the mesh is the shared `--mesh`), and what the two commands do with them. A mesh
-//! with a `pp` axis longer than 1 is a pipeline, run by the pipeline commands instead.
+//! sequence parallelism and the layer placement (the mesh is the shared `--mesh`), and what
+//! the two commands do with them. A mesh with a `pp` axis longer than 1 is a pipeline, run by
+//! the pipeline commands instead.
 
 use anyhow::{Context, Result, bail};
 
@@ -27,13 +28,13 @@ pub struct SpmdArgs {
     pub sp: bool,
     /// Placement of each attention op over `tp`, one letter per op for the QKV projection,
     /// the core and the output projection: `t` Megatron's split (by columns, heads, rows), `s`
-    /// on each rank's sequence shard with the weights replicated over `tp` (needs --sp).
-    /// Aliases: `tp` (ttt), `seq` (sss), `ulysses` (sts).
+    /// on each rank's sequence shard with the weights replicated over `tp`. Aliases: `tp`
+    /// (ttt), `seq` (sss), `ulysses` (sts). The CPU runtime keeps the core split by heads.
     #[arg(long, default_value = "tp", value_parser = parse_attn, requires = "mesh")]
     pub attn: String,
     /// Placement of the MLP's input and output GEMMs over `tp`, one letter each, as for
     /// --attn: `tp` (tt) is Megatron's column/row split, `seq` (ss) the whole MLP on each
-    /// rank's sequence shard (needs --sp).
+    /// rank's sequence shard.
     #[arg(long, default_value = "tp", value_parser = parse_mlp, requires = "mesh")]
     pub mlp: String,
 }

@@ -7,6 +7,12 @@
 //!   of the gradient asks.
 //! - **Tensor and vocabulary parallelism** come from the weights' annotations in model code
 //!   (or an annotation file); propagation does the rest.
+//! - **Layer placements** ([`ParallelOptions::layer`]): the ops of a layer placed on the
+//!   sequence shards keep their weights whole on every tensor-parallel rank
+//!   ([`place_layers`]), and the activations each op reads and writes are fixed so that
+//!   propagation converts between the ops' layouts with the collectives the cost model prices
+//!   (an all-to-all between sequence shards and heads, a gather back into a replicated
+//!   residual stream without sequence parallelism).
 //! - **Expert parallelism** (a mesh axis `ep` above 1): the experts' weights are annotated
 //!   in model code, and [`crate::expert_parallel`] splits the batch over `ep` too.
 //! - **Context parallelism** on `cp`: a graph laid out by
