@@ -149,12 +149,8 @@ fn execute(args: &RunArgs, plan: &Plan) -> Result<()> {
         zero: plan.zero_stage,
         annotate: None,
         sp: plan.sequence_parallel,
-        mlp: if plan.layer.mlp_code() == "ss" {
-            "seq"
-        } else {
-            "tp"
-        }
-        .into(),
+        attn: plan.layer.attention_code(),
+        mlp: plan.layer.mlp_code(),
     };
     let verify = args
         .verify

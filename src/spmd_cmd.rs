@@ -1,9 +1,11 @@
-//! The SPMD options of `autopar run` and `autopar dump`: the ZeRO stage and an annotation
-//! file (the mesh is the shared `--mesh`), and what the two commands do with them. A mesh
-//! with a `pp` axis longer than 1 is a pipeline, run by the pipeline commands instead.
+//! The SPMD options of `autopar run` and `autopar dump`: the ZeRO stage, an annotation file,
+//! sequence parallelism and the layer placement (the mesh is the shared `--mesh`), and what
+//! the two commands do with them. A mesh with a `pp` axis longer than 1 is a pipeline, run by
+//! the pipeline commands instead.
 
 use anyhow::{Context, Result, bail};
 
+use autopar::cost_model::LayerPlacement;
 use autopar::ir::{DeviceMesh, Graph};
 use autopar::passes::parallelize::ParallelOptions;
 use autopar::spmd;
@@ -24,10 +26,29 @@ pub struct SpmdArgs {
     /// all-gather.
     #[arg(long, requires = "mesh")]
     pub sp: bool,
-    /// Placement of the MLPs over `tp`: `tp`, Megatron's column/row split, or `seq`, the whole
-    /// MLP on each rank's sequence shard with the weights replicated over `tp` (needs --sp).
-    #[arg(long, default_value = "tp", value_parser = ["tp", "seq"], requires = "mesh")]
+    /// Placement of each attention op over `tp`, one letter per op for the QKV projection,
+    /// the core and the output projection: `t` Megatron's split (by columns, heads, rows), `s`
+    /// on each rank's sequence shard with the weights replicated over `tp`. Aliases: `tp`
+    /// (ttt), `seq` (sss), `ulysses` (sts). The CPU runtime keeps the core split by heads.
+    #[arg(long, default_value = "tp", value_parser = parse_attn, requires = "mesh")]
+    pub attn: String,
+    /// Placement of the MLP's input and output GEMMs over `tp`, one letter each, as for
+    /// --attn: `tp` (tt) is Megatron's column/row split, `seq` (ss) the whole MLP on each
+    /// rank's sequence shard.
+    #[arg(long, default_value = "tp", value_parser = parse_mlp, requires = "mesh")]
     pub mlp: String,
+}
+
+/// Checks an --attn code.
+fn parse_attn(v: &str) -> Result<String, String> {
+    LayerPlacement::default().set_attention(v)?;
+    Ok(v.to_string())
+}
+
+/// Checks an --mlp code.
+fn parse_mlp(v: &str) -> Result<String, String> {
+    LayerPlacement::default().set_mlp(v)?;
+    Ok(v.to_string())
 }
 
 /// True when `mesh` asks for a pipeline (a `pp` axis of size above 1), alone or with other
@@ -137,6 +158,18 @@ pub fn describe_pipeline(
 }
 
 impl SpmdArgs {
+    /// The layer placement of --attn and --mlp.
+    pub fn layer(&self) -> Result<LayerPlacement> {
+        let mut layer = LayerPlacement::MEGATRON;
+        layer
+            .set_attention(&self.attn)
+            .map_err(|e| anyhow::anyhow!("--attn: {e}"))?;
+        layer
+            .set_mlp(&self.mlp)
+            .map_err(|e| anyhow::anyhow!("--mlp: {e}"))?;
+        Ok(layer)
+    }
+
     fn options(&self, mesh: Option<&str>) -> Result<Option<(DeviceMesh, ParallelOptions)>> {
         let Some(mesh) = mesh else {
             return Ok(None);
@@ -152,7 +185,7 @@ impl SpmdArgs {
                 zero: self.zero,
                 annotations,
                 sequence_parallel: self.sp,
-                mlp_on_sequence: self.mlp == "seq",
+                layer: self.layer()?,
             },
         )))
     }

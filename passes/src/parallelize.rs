@@ -7,6 +7,12 @@
 //!   of the gradient asks.
 //! - **Tensor and vocabulary parallelism** come from the weights' annotations in model code
 //!   (or an annotation file); propagation does the rest.
+//! - **Layer placements** ([`ParallelOptions::layer`]): the ops of a layer placed on the
+//!   sequence shards keep their weights whole on every tensor-parallel rank
+//!   ([`place_layers`]), and the activations each op reads and writes are fixed so that
+//!   propagation converts between the ops' layouts with the collectives the cost model prices
+//!   (an all-to-all between sequence shards and heads, a gather back into a replicated
+//!   residual stream without sequence parallelism).
 //! - **Expert parallelism** (a mesh axis `ep` above 1): the experts' weights are annotated
 //!   in model code, and [`crate::expert_parallel`] splits the batch over `ep` too.
 //! - **Context parallelism** on `cp`: a graph laid out by
@@ -54,6 +60,8 @@ use autopar_ir::{
     BinaryOp, DeviceMesh, Graph, Op, Placement, ReduceKind, Sharding, ValueId, mesh::is_identifier,
 };
 
+use autopar_cost_model::{LayerOp, LayerPlacement, OpPlacement};
+
 use crate::error::PassError;
 use crate::expert_parallel::{EXPERT_AXIS, expert_parallel_constraints};
 use crate::propagate::{Constraints, ShardingPlan, propagate_sharding};
@@ -73,10 +81,9 @@ pub struct ParallelOptions {
     pub annotations: Vec<Annotation>,
     /// Megatron sequence parallelism on the tensor axis (see the module docs).
     pub sequence_parallel: bool,
-    /// With sequence parallelism: the MLPs run on the residual stream's sequence shards with
-    /// their weights replicated over the tensor axis instead of Megatron's column/row split
-    /// ([`mlp_on_sequence_shards`]).
-    pub mlp_on_sequence: bool,
+    /// Where each op of a transformer layer runs over the tensor axis: Megatron's split by
+    /// default, or on the sequence shards with replicated weights ([`place_layers`]).
+    pub layer: LayerPlacement,
 }
 
 /// One sharding given by tensor name.
@@ -179,16 +186,18 @@ pub fn parallelize(
     }
     let mut graph = g.clone();
     graph.set_mesh(Some(mesh.clone()));
-    if options.mlp_on_sequence {
-        if !options.sequence_parallel {
+    if !options.layer.is_megatron() {
+        if mesh.axis_size(TENSOR_AXIS).is_none_or(|n| n < 2) {
             return Err(PassError::BadOption {
-                option: "--mlp",
-                detail: "the MLP runs on the sequence shards of sequence parallelism: it needs \
-                         --sp"
-                    .into(),
+                option: "--attn/--mlp",
+                detail: format!(
+                    "the layer placement `{}` places ops over `{TENSOR_AXIS}`, which the mesh \
+                     {mesh} does not have (above 1)",
+                    options.layer
+                ),
             });
         }
-        mlp_on_sequence_shards(&mut graph)?;
+        place_layers(&mut graph, &options.layer)?;
     }
     apply_annotations(&mut graph, &options.annotations)?;
     let mut constraints = zero_constraints(&graph, mesh, options.zero)?;
@@ -198,58 +207,211 @@ pub fn parallelize(
     if options.sequence_parallel {
         sequence_parallel_constraints(&graph, mesh, &mut constraints)?;
     }
+    if !options.layer.is_megatron() {
+        layer_constraints(
+            &graph,
+            &options.layer,
+            options.sequence_parallel,
+            &mut constraints,
+        );
+    }
     crate::context_parallel::context_parallel_constraints(&graph, mesh, &mut constraints)?;
     let plan = propagate_sharding(&mut graph, &constraints)?;
     Ok(Parallelized { graph, plan })
 }
 
-/// The MLP placement of [`ParallelOptions::mlp_on_sequence`]: every weight of an MLP block
-/// (a parameter whose scope's last component is `mlp`) loses its split over the tensor axis,
-/// so that, with the residual stream sharded on the sequence, each rank runs the whole MLP
-/// on its sequence shard and the weight gradients are summed over the tensor axis. Other
-/// axes keep their placements; the weight's next value (the output of the same name) follows.
-pub fn mlp_on_sequence_shards(g: &mut Graph) -> Result<(), PassError> {
-    let weights: Vec<(ValueId, String, Sharding)> = g
+/// The op of a transformer layer that reads the zoo weight at `path` (a parameter name such
+/// as `h.3.attn.wq`): the Q/K/V projections and their biases, the output projection and its
+/// bias, the MLP's input GEMMs (`w1`, the gate `w3`, the bias `b1`) and its output GEMM (`w2`,
+/// `b2`). Anything else (norms, embeddings, a router) reads no placed op. The path alone does
+/// not tell a dense MLP from a mixture of experts, whose expert weights have the same names:
+/// [`place_layers`] refuses to move those.
+pub fn layer_op_of_weight(path: &str) -> Option<LayerOp> {
+    let parts: Vec<&str> = path.split('.').collect();
+    let [layers, index, block, weight] = parts[..] else {
+        return None;
+    };
+    if layers != "h" || index.is_empty() || !index.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    match (block, weight) {
+        ("attn", "wq" | "wk" | "wv" | "bq" | "bk" | "bv") => Some(LayerOp::Qkv),
+        ("attn", "wo" | "bo") => Some(LayerOp::Proj),
+        ("mlp", "w1" | "w3" | "b1") => Some(LayerOp::MlpIn),
+        ("mlp", "w2" | "b2") => Some(LayerOp::MlpOut),
+        _ => None,
+    }
+}
+
+/// Applies the layer placement `layer` to `g` (see [`ParallelOptions::layer`]): every weight
+/// of an op placed on [`OpPlacement::Sequence`] ([`layer_op_of_weight`]) loses its split over
+/// the tensor axis, keeping its placements on the other axes, so that each rank runs the op
+/// on its own rows of the sequence and the weight's gradient is summed over the tensor axis;
+/// the weight's next value (the output of the same name) follows. Propagation then places the
+/// activations around it.
+///
+/// Only what the partitioned program then computes exactly as planned is accepted; the
+/// errors name the op and the reason: the attention core on the sequence needs its queries'
+/// positions for the causal mask, which the step graph does not carry, the MLP of a mixture
+/// of experts keeps its experts' split, and a model whose layers have none of the zoo's
+/// weights cannot be placed at all.
+pub fn place_layers(g: &mut Graph, layer: &LayerPlacement) -> Result<(), PassError> {
+    let refuse = |op: LayerOp, why: &str| PassError::BadOption {
+        option: if op.in_attention() { "--attn" } else { "--mlp" },
+        detail: format!("{} on the sequence shards (`{layer}`) {why}", op.name()),
+    };
+    if layer.attention == OpPlacement::Sequence {
+        return Err(refuse(
+            LayerOp::Attention,
+            "needs the global positions of its queries for the causal mask, which the \
+             training step does not hand to attention; keep the core split by heads \
+             (`t`), e.g. attn=sts",
+        ));
+    }
+    let params: Vec<(ValueId, String)> = g
         .parameters()
         .into_iter()
-        .filter(|&(v, _, _)| {
-            let scope = g.node(g.value(v).producer).scope.as_deref().unwrap_or("");
-            let path = crate::autodiff::split_scope(scope).1;
-            path.rsplit('.').next() == Some("mlp")
-        })
-        .filter_map(|(v, name, _)| {
-            let s = g.value(v).sharding.clone()?;
-            s.get(TENSOR_AXIS)
-                .is_some_and(|p| p != Placement::Replicate)
-                .then(|| (v, name.to_string(), s))
-        })
+        .map(|(v, name, _)| (v, name.to_string()))
         .collect();
-    if weights.is_empty() {
-        return Err(PassError::BadOption {
-            option: "--mlp",
-            detail: format!("no MLP weight of the model is split over `{TENSOR_AXIS}`"),
-        });
+    let moe = params.iter().any(|(_, name)| {
+        name.strip_prefix("h.")
+            .is_some_and(|rest| rest.ends_with(".mlp.router"))
+    });
+    if moe && let Some(op) = layer.sequence_ops().find(|op| !op.in_attention()) {
+        return Err(refuse(
+            op,
+            "cannot run in a mixture of experts, whose experts' weights stay split over `tp` \
+             (mlp=tt)",
+        ));
     }
-    for (v, name, s) in weights {
-        let axes = s
-            .axes
+    for op in layer.sequence_ops() {
+        let weights: Vec<(ValueId, String, Sharding)> = params
             .iter()
-            .map(|(a, p)| {
-                let p = if a == TENSOR_AXIS {
-                    Placement::Replicate
-                } else {
-                    *p
-                };
-                (a.clone(), p)
-            })
-            .collect::<Vec<_>>();
-        let replicated = Sharding::user(axes);
-        g.set_sharding(v, Some(replicated.clone()))?;
-        if let Some(next) = g.output(&name).filter(|&o| o != v) {
-            g.set_sharding(next, Some(replicated))?;
+            .filter(|(_, name)| layer_op_of_weight(name) == Some(op))
+            .filter_map(|(v, name)| Some((*v, name.clone(), g.value(*v).sharding.clone()?)))
+            .collect();
+        if weights.is_empty() {
+            return Err(refuse(
+                op,
+                &format!("finds none of its weights in `{}`", g.name()),
+            ));
+        }
+        for (v, name, s) in weights {
+            let axes = s
+                .axes
+                .iter()
+                .map(|(a, p)| {
+                    let p = if a == TENSOR_AXIS {
+                        Placement::Replicate
+                    } else {
+                        *p
+                    };
+                    (a.clone(), p)
+                })
+                .collect::<Vec<_>>();
+            let replicated = Sharding::user(axes);
+            g.set_sharding(v, Some(replicated.clone()))?;
+            if let Some(next) = g.output(&name).filter(|&o| o != v) {
+                g.set_sharding(next, Some(replicated))?;
+            }
         }
     }
     Ok(())
+}
+
+/// The activation placements over the tensor axis that make propagation run each op of a
+/// layer where `layer` places it, for a graph whose weights [`place_layers`] has placed. An
+/// op's placement alone leaves propagation free to run a sequence op as a row-parallel GEMM on
+/// slices of its replicated weight, or to replicate it outright; fixing the layouts an op
+/// reads and writes (the sequence dim, 1, for [`OpPlacement::Sequence`], the heads or the MLP's
+/// width, dim 2, for [`OpPlacement::Tensor`]) leaves exactly the conversions of
+/// [`autopar_cost_model::layer::tp_collectives`] between them:
+///
+/// - the Q/K/V and MLP-input GEMMs write their layout;
+/// - the attention core (by heads) reads q, k and v by heads, and writes by heads for a
+///   tensor-parallel output projection or on the sequence for one on the sequence shards (an
+///   all-to-all after the core);
+/// - the output GEMMs (projection, MLP out) read their layout, and those on the sequence
+///   shards write it too;
+/// - the Q/K/V and MLP-input GEMMs on the sequence shards also read their rows of the norm's
+///   result (else, with a replicated residual stream, propagation could just as cheaply run
+///   them whole on every rank and slice their results);
+/// - without sequence parallelism, the residual stream (every layer norm's input) stays
+///   replicated, so a sequence op's output is gathered back into it.
+///
+/// Only forward nodes are fixed: the backward follows from them. Values already fixed (the
+/// residual stream of sequence parallelism) keep their placement.
+fn layer_constraints(
+    g: &Graph,
+    layer: &LayerPlacement,
+    sequence_parallel: bool,
+    c: &mut Constraints,
+) {
+    use crate::autodiff::{GRAD_TAG, split_scope};
+    let forward = |n: autopar_ir::NodeId| {
+        let tags = g.node(n).scope.as_deref().map_or("", |s| split_scope(s).0);
+        !tags.contains(GRAD_TAG) && !tags.contains(crate::train::order::RECOMPUTE_TAG)
+    };
+    let mut pin = |v: ValueId, p: Placement| {
+        let fixed = c.fixed.entry(v).or_default();
+        if !fixed.iter().any(|(a, _)| a == TENSOR_AXIS) {
+            fixed.push((TENSOR_AXIS.to_string(), p));
+        }
+    };
+    let layout = |p: OpPlacement| match p {
+        OpPlacement::Sequence => Placement::Shard(1),
+        OpPlacement::Tensor => Placement::Shard(2),
+    };
+    // The weight a GEMM reads, through the casts of mixed precision.
+    let weight_op = |mut v: ValueId| loop {
+        let node = g.node(g.value(v).producer);
+        match &node.op {
+            Op::Cast { .. } => v = node.inputs[0],
+            Op::Parameter { name, .. } => return layer_op_of_weight(name),
+            _ => return None,
+        }
+    };
+    for n in g.nodes_in_order() {
+        if !forward(n) {
+            continue;
+        }
+        let node = g.node(n);
+        match &node.op {
+            Op::LayerNorm { .. } | Op::RmsNorm { .. } if !sequence_parallel => {
+                pin(node.inputs[0], Placement::Replicate);
+            }
+            Op::Attention { .. } => {
+                for &v in &node.inputs[..3] {
+                    pin(v, layout(layer.attention));
+                }
+                pin(node.outputs[0], layout(layer.proj));
+            }
+            Op::Einsum { .. } if node.inputs.len() == 2 => {
+                let Some(op) = weight_op(node.inputs[1]) else {
+                    continue;
+                };
+                let p = layer.get(op);
+                match op {
+                    LayerOp::Qkv | LayerOp::MlpIn => {
+                        // On the sequence shards it reads the rows of the (replicated or
+                        // sequence-parallel) norm's result it computes on.
+                        if p == OpPlacement::Sequence {
+                            pin(node.inputs[0], layout(p));
+                        }
+                        pin(node.outputs[0], layout(p));
+                    }
+                    LayerOp::Proj | LayerOp::MlpOut => {
+                        pin(node.inputs[0], layout(p));
+                        if p == OpPlacement::Sequence {
+                            pin(node.outputs[0], layout(p));
+                        }
+                    }
+                    LayerOp::Attention => {}
+                }
+            }
+            _ => {}
+        }
+    }
 }
 
 /// Replaces the shardings of the named parameters and inputs.
@@ -564,6 +726,125 @@ pub(crate) fn gradient_source(g: &Graph, mut v: ValueId) -> ValueId {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn zoo_weights_map_to_their_layer_ops() {
+        for (path, op) in [
+            ("h.0.attn.wq", Some(LayerOp::Qkv)),
+            ("h.12.attn.bv", Some(LayerOp::Qkv)),
+            ("h.1.attn.wo", Some(LayerOp::Proj)),
+            ("h.1.attn.bo", Some(LayerOp::Proj)),
+            ("h.0.mlp.w1", Some(LayerOp::MlpIn)),
+            ("h.0.mlp.w3", Some(LayerOp::MlpIn)),
+            ("h.0.mlp.b1", Some(LayerOp::MlpIn)),
+            ("h.3.mlp.w2", Some(LayerOp::MlpOut)),
+            ("h.3.mlp.b2", Some(LayerOp::MlpOut)),
+            ("h.0.mlp.router", None),
+            ("h.0.ln1.g", None),
+            ("h.x.attn.wq", None),
+            ("h..attn.wq", None),
+            ("g.0.attn.wq", None),
+            ("h.0.attn.wq.t", None),
+            ("wte", None),
+        ] {
+            assert_eq!(layer_op_of_weight(path), op, "{path}");
+        }
+    }
+
+    fn placement(attn: &str, mlp: &str) -> LayerPlacement {
+        let mut l = LayerPlacement::MEGATRON;
+        l.set_attention(attn).unwrap();
+        l.set_mlp(mlp).unwrap();
+        l
+    }
+
+    fn tp_split(g: &Graph, name: &str) -> Option<Placement> {
+        let (v, _, _) = g
+            .parameters()
+            .into_iter()
+            .find(|(_, n, _)| *n == name)
+            .unwrap();
+        g.value(v).sharding.as_ref()?.get(TENSOR_AXIS)
+    }
+
+    #[test]
+    fn sequence_ops_lose_the_tensor_split_of_their_weights_only() {
+        let mut g = autopar_frontends::zoo::build("gpt-tiny", 4).unwrap();
+        place_layers(&mut g, &placement("sts", "ts")).unwrap();
+        for name in ["h.0.attn.wq", "h.1.attn.bk", "h.0.attn.wo", "h.0.mlp.w2"] {
+            assert_eq!(tp_split(&g, name), Some(Placement::Replicate), "{name}");
+        }
+        assert_eq!(tp_split(&g, "h.0.mlp.w1"), Some(Placement::Shard(1)));
+        assert_eq!(tp_split(&g, "wte"), Some(Placement::Shard(0)));
+
+        let err = place_layers(&mut g, &placement("sss", "tt")).unwrap_err();
+        assert!(err.to_string().contains("attention core"), "{err}");
+        let mut moe = autopar_frontends::zoo::build("moe-tiny", 4).unwrap();
+        let err = place_layers(&mut moe, &placement("ttt", "st")).unwrap_err();
+        assert!(err.to_string().contains("mixture of experts"), "{err}");
+        place_layers(&mut moe, &placement("sts", "tt")).unwrap();
+    }
+
+    /// The forward collectives of layer 0 of rank 0's llama-tiny forward program, and the
+    /// local sequence length of each Q/K/V projection.
+    fn layer0(attn: &str, mlp: &str, sp: bool) -> (Vec<(String, &'static str)>, Vec<usize>) {
+        let g = autopar_frontends::zoo::build("llama-tiny", 4).unwrap();
+        let mesh = DeviceMesh::parse("tp=2").unwrap();
+        let options = ParallelOptions {
+            sequence_parallel: sp,
+            layer: placement(attn, mlp),
+            ..ParallelOptions::default()
+        };
+        let p = parallelize(&g, &mesh, &options).unwrap();
+        let local = crate::partition::partition(&p.graph, &p.plan, 0).unwrap();
+        let mut colls = Vec::new();
+        let mut qkv_rows = Vec::new();
+        for n in local.nodes_in_order() {
+            let node = local.node(n);
+            let scope = node.scope.clone().unwrap_or_default();
+            if !scope.starts_with("h.0") {
+                continue;
+            }
+            let name = node.op.name();
+            if ["all_reduce", "all_gather", "reduce_scatter", "all_to_all"].contains(&name) {
+                colls.push((scope.clone(), name));
+            }
+            if matches!(node.op, Op::Einsum { .. }) && scope == "h.0.attn" {
+                let reads_wq =
+                    local.node(local.value(node.inputs[1]).producer).op.name() == "parameter";
+                if reads_wq && local.ty(node.outputs[0]).rank() == 4 {
+                    qkv_rows.push(local.ty(node.outputs[0]).dims()[1]);
+                }
+            }
+        }
+        (colls, qkv_rows)
+    }
+
+    #[test]
+    fn ulysses_moves_heads_by_all_to_all_and_computes_on_sequence_shards() {
+        for sp in [true, false] {
+            let (colls, qkv_rows) = layer0("ulysses", "ss", sp);
+            let attn: Vec<&str> = colls
+                .iter()
+                .filter(|(s, _)| s == "h.0.attn")
+                .map(|(_, c)| *c)
+                .collect();
+            // q, k and v to heads, the core's output back to the sequence.
+            assert_eq!(attn, ["all_to_all"; 4], "sp={sp}: {colls:?}");
+            assert!(
+                !colls.iter().any(|(s, _)| s == "h.0.mlp"),
+                "sp={sp}: {colls:?}"
+            );
+            // The projections run on half of the 32 positions each.
+            assert_eq!(qkv_rows, [16; 3], "sp={sp}");
+            // Without sp, the two blocks' outputs are gathered back into the replicated stream.
+            let gathers = colls
+                .iter()
+                .filter(|(s, c)| s == "h.0" && *c == "all_gather")
+                .count();
+            assert_eq!(gathers, if sp { 0 } else { 2 }, "sp={sp}: {colls:?}");
+        }
+    }
 
     #[test]
     fn annotation_files_parse_and_errors_name_the_line() {

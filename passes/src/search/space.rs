@@ -242,8 +242,9 @@ pub fn cpu_unsupported(plan: &Plan) -> Vec<String> {
     let l = &plan.layer;
     if !cpu_runs_layer(plan.sequence_parallel, l) {
         out.push(format!(
-            "the layer placement {l} (the CPU runtime runs Megatron-LM's, or with sp \
-             attn=ttt,mlp=ss)"
+            "the layer placement {l} (the CPU runtime runs every placement whose attention \
+             core is split by heads, attn=?t?, but not the core on sequence shards, which \
+             needs its queries' positions for the causal mask)"
         ));
     }
     if plan.zero_stage > 0 && plan.ep > 1 && plan.dp == plan.ep {
@@ -256,9 +257,11 @@ pub fn cpu_unsupported(plan: &Plan) -> Vec<String> {
 }
 
 /// Whether the CPU runtime executes the layer placement `l` with (`sp`) or without sequence
-/// parallelism.
-pub(crate) fn cpu_runs_layer(sp: bool, l: &LayerPlacement) -> bool {
-    l.is_megatron() || (sp && l.attention_code() == "ttt" && l.mlp_code() == "ss")
+/// parallelism: every placement with the attention core split by heads, either way (see
+/// [`crate::parallelize::place_layers`]); the core on the sequence shards would need its queries'
+/// positions, which the training step does not hand to attention.
+pub(crate) fn cpu_runs_layer(_sp: bool, l: &LayerPlacement) -> bool {
+    l.attention == OpPlacement::Tensor
 }
 
 /// A mesh shape: `dp * tp * pp * cp` devices, `ep` dividing `dp`.

@@ -1,0 +1,168 @@
+//! Layer placements on the CPU runtime: every placement the plan search may pick for a CPU
+//! cluster (`cpu_unsupported` accepts it) runs and matches the single-device step, for GPT and
+//! Llama on `tp=2` with and without sequence parallelism; the partitioned forward of a layer
+//! carries the kinds of collectives the cost model prices for it; and the placements the
+//! runtime cannot run are refused by name.
+
+mod common;
+
+use std::collections::HashSet;
+
+use autopar::cost_model::layer::{Pass, tp_collectives};
+use autopar::cost_model::{Collective, LayerPlacement, Plan};
+use autopar::ir::{DeviceMesh, Op};
+use autopar::passes::parallelize::{ParallelOptions, parallelize};
+use autopar::passes::partition::partition;
+use autopar::passes::search::cpu_unsupported;
+use common::{autopar_err, autopar_ok};
+
+/// The placements `cpu_unsupported` accepts on `tp=2`, with (`sp`) or without sequence
+/// parallelism.
+fn runnable(sp: bool) -> Vec<LayerPlacement> {
+    LayerPlacement::all()
+        .into_iter()
+        .filter(|l| {
+            let mut plan = Plan::parse(&format!("tp=2,sp={sp}")).expect("a plan");
+            plan.layer = *l;
+            cpu_unsupported(&plan).is_empty()
+        })
+        .collect()
+}
+
+/// Runs one step of every runnable placement of `model` with --verify.
+fn every_runnable_placement_verifies(model: &str, sp: bool) {
+    let placements = runnable(sp);
+    // Every placement with the attention core split by heads: 4 attention codes x 4 MLP codes.
+    assert_eq!(placements.len(), 16, "{placements:?}");
+    for l in placements {
+        let (attn, mlp) = (l.attention_code(), l.mlp_code());
+        let mut args = vec![
+            "run", model, "--mesh", "tp=2", "--attn", &attn, "--mlp", &mlp, "--steps", "1",
+            "--verify",
+        ];
+        if sp {
+            args.push("--sp");
+        }
+        let out = autopar_ok(&args);
+        assert!(out.trim_end().ends_with(" OK"), "{l} sp={sp}: {out}");
+    }
+}
+
+#[test]
+fn gpt_runs_every_runnable_placement_with_sp() {
+    every_runnable_placement_verifies("gpt-tiny", true);
+}
+
+#[test]
+fn gpt_runs_every_runnable_placement_without_sp() {
+    every_runnable_placement_verifies("gpt-tiny", false);
+}
+
+#[test]
+fn llama_runs_every_runnable_placement_with_sp() {
+    every_runnable_placement_verifies("llama-tiny", true);
+}
+
+#[test]
+fn llama_runs_every_runnable_placement_without_sp() {
+    every_runnable_placement_verifies("llama-tiny", false);
+}
+
+/// The collectives of the forward of layer 0 in rank 0's partitioned training step, as
+/// `(scope, kind)`.
+fn forward_collectives(model: &str, l: &LayerPlacement, sp: bool) -> Vec<(String, Collective)> {
+    let step = autopar::load_train_step(model, None, &autopar::TrainOptions::default())
+        .expect("a training step");
+    let options = ParallelOptions {
+        sequence_parallel: sp,
+        layer: *l,
+        ..ParallelOptions::default()
+    };
+    let mesh = DeviceMesh::parse("tp=2").expect("a mesh");
+    let p = parallelize(&step.graph, &mesh, &options).expect("parallelized");
+    let local = partition(&p.graph, &p.plan, 0).expect("partitioned");
+    local
+        .nodes_in_order()
+        .into_iter()
+        .filter_map(|n| {
+            let node = local.node(n);
+            let scope = node.scope.clone()?;
+            if scope != "mb0/h.0" && !scope.starts_with("mb0/h.0.") {
+                return None;
+            }
+            let kind = match node.op {
+                Op::AllReduce { .. } => Collective::AllReduce,
+                Op::AllGather { .. } => Collective::AllGather,
+                Op::ReduceScatter { .. } => Collective::ReduceScatter,
+                Op::AllToAll { .. } => Collective::AllToAll,
+                _ => return None,
+            };
+            Some((scope, kind))
+        })
+        .collect()
+}
+
+#[test]
+fn the_partitioned_forward_carries_the_planned_collective_kinds() {
+    for model in ["gpt-tiny", "llama-tiny"] {
+        for sp in [true, false] {
+            for l in runnable(sp) {
+                let planned: HashSet<Collective> = tp_collectives(&l, sp)
+                    .into_iter()
+                    .filter(|c| c.pass == Pass::Forward)
+                    .map(|c| c.kind)
+                    .collect();
+                let colls = forward_collectives(model, &l, sp);
+                let kinds: HashSet<Collective> = colls.iter().map(|(_, k)| *k).collect();
+                assert_eq!(kinds, planned, "{model} {l} sp={sp}: {colls:?}");
+            }
+        }
+    }
+}
+
+#[test]
+fn ulysses_moves_q_k_v_by_all_to_all_and_the_mlp_on_shards_moves_nothing() {
+    let mut l = LayerPlacement::MEGATRON;
+    l.set_attention("ulysses").expect("a code");
+    l.set_mlp("seq").expect("a code");
+    for model in ["gpt-tiny", "llama-tiny"] {
+        let colls = forward_collectives(model, &l, true);
+        let in_scope = |scope: &str| -> Vec<Collective> {
+            colls
+                .iter()
+                .filter(|(s, _)| s == scope)
+                .map(|(_, k)| *k)
+                .collect()
+        };
+        // q, k and v from the sequence shards to heads, and the core's output back.
+        assert_eq!(
+            in_scope("mb0/h.0.attn"),
+            [Collective::AllToAll; 4],
+            "{model}: {colls:?}"
+        );
+        assert!(in_scope("mb0/h.0.mlp").is_empty(), "{model}: {colls:?}");
+        assert_eq!(colls.len(), 4, "{model}: {colls:?}");
+    }
+}
+
+#[test]
+fn placements_the_runtime_cannot_run_are_refused_by_name() {
+    let err = autopar_err(&[
+        "run", "gpt-tiny", "--mesh", "tp=2", "--sp", "--attn", "seq", "--steps", "1",
+    ]);
+    assert!(
+        err.contains("--attn") && err.contains("the attention core") && err.contains("positions"),
+        "{err}"
+    );
+    let err = autopar_err(&[
+        "run", "moe-tiny", "--mesh", "tp=2", "--sp", "--mlp", "seq", "--steps", "1",
+    ]);
+    assert!(
+        err.contains("--mlp") && err.contains("mixture of experts"),
+        "{err}"
+    );
+    let err = autopar_err(&["run", "gpt-tiny", "--mesh", "dp=2", "--attn", "ulysses"]);
+    assert!(err.contains("`tp`"), "{err}");
+    let err = autopar_err(&["run", "gpt-tiny", "--mesh", "tp=2", "--mlp", "tst"]);
+    assert!(err.contains("--mlp") && err.contains("2 letters"), "{err}");
+}
