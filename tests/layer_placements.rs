@@ -71,6 +71,17 @@ fn llama_runs_every_runnable_placement_without_sp() {
 /// The collectives of the forward of layer 0 in rank 0's partitioned training step, as
 /// `(scope, kind)`.
 fn forward_collectives(model: &str, l: &LayerPlacement, sp: bool) -> Vec<(String, Collective)> {
+    layer_collectives(model, l, sp, "mb0/h.0")
+}
+
+/// The collectives of rank 0's partitioned training step in scope `layer` and its sub-scopes,
+/// as `(scope, kind)`.
+fn layer_collectives(
+    model: &str,
+    l: &LayerPlacement,
+    sp: bool,
+    layer: &str,
+) -> Vec<(String, Collective)> {
     let step = autopar::load_train_step(model, None, &autopar::TrainOptions::default())
         .expect("a training step");
     let options = ParallelOptions {
@@ -87,7 +98,7 @@ fn forward_collectives(model: &str, l: &LayerPlacement, sp: bool) -> Vec<(String
         .filter_map(|n| {
             let node = local.node(n);
             let scope = node.scope.clone()?;
-            if scope != "mb0/h.0" && !scope.starts_with("mb0/h.0.") {
+            if scope != layer && !scope.starts_with(&format!("{layer}.")) {
                 return None;
             }
             let kind = match node.op {
@@ -142,6 +153,13 @@ fn ulysses_moves_q_k_v_by_all_to_all_and_the_mlp_on_shards_moves_nothing() {
         );
         assert!(in_scope("mb0/h.0.mlp").is_empty(), "{model}: {colls:?}");
         assert_eq!(colls.len(), 4, "{model}: {colls:?}");
+        // The backward moves the gradients the same way back: the output gradient to heads,
+        // the q, k and v gradients to the sequence shards; nothing is gathered.
+        let back = layer_collectives(model, &l, true, "mb0/grad/h.0");
+        assert!(
+            back.iter().all(|(_, k)| *k == Collective::AllToAll) && back.len() == 4,
+            "{model}: {back:?}"
+        );
     }
 }
 

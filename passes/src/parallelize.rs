@@ -339,8 +339,11 @@ pub fn place_layers(g: &mut Graph, layer: &LayerPlacement) -> Result<(), PassErr
 /// - without sequence parallelism, the residual stream (every layer norm's input) stays
 ///   replicated, so a sequence op's output is gathered back into it.
 ///
-/// Only forward nodes are fixed: the backward follows from them. Values already fixed (the
-/// residual stream of sequence parallelism) keep their placement.
+/// In the backward, the attention core's backward reads and writes by heads like its forward,
+/// and a GEMM reading the weight of an op on the sequence shards (its input gradient) reads
+/// and writes the sequence shards, so that the gradients move by the conjugates the cost
+/// model prices (all-to-alls back to the sequence shards, not gathers onto every rank). Values
+/// already fixed (the residual stream of sequence parallelism) keep their placement.
 fn layer_constraints(
     g: &Graph,
     layer: &LayerPlacement,
@@ -372,10 +375,30 @@ fn layer_constraints(
         }
     };
     for n in g.nodes_in_order() {
+        let node = g.node(n);
         if !forward(n) {
+            match &node.op {
+                Op::AttentionBackward { .. } if layer.attention == OpPlacement::Tensor => {
+                    for &v in node.inputs.iter().take(5).chain(&node.outputs) {
+                        pin(v, layout(OpPlacement::Tensor));
+                    }
+                }
+                Op::Einsum { .. } if node.inputs.len() == 2 => {
+                    let reads = |i: usize| weight_op(node.inputs[i]);
+                    let (grad, op) = match (reads(0), reads(1)) {
+                        (Some(op), None) => (node.inputs[1], op),
+                        (None, Some(op)) => (node.inputs[0], op),
+                        _ => continue,
+                    };
+                    if layer.get(op) == OpPlacement::Sequence {
+                        pin(grad, layout(OpPlacement::Sequence));
+                        pin(node.outputs[0], layout(OpPlacement::Sequence));
+                    }
+                }
+                _ => {}
+            }
             continue;
         }
-        let node = g.node(n);
         match &node.op {
             Op::LayerNorm { .. } | Op::RmsNorm { .. } if !sequence_parallel => {
                 pin(node.inputs[0], Placement::Replicate);
