@@ -309,6 +309,13 @@ pub fn annotation_constraints(path: &str, pin: &str) -> Result<Constraints> {
             if !c.sharded_axes.contains(axis) {
                 c.sharded_axes.push(axis.clone());
             }
+            // A weight split over tp keeps its op split over tp in every plan.
+            if axis == "tp"
+                && let Some(op) = autopar::passes::parallelize::layer_op_of_weight(&a.tensor)
+                && !c.tensor_ops.contains(&op)
+            {
+                c.tensor_ops.push(op);
+            }
         }
     }
     Ok(c)

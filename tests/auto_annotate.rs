@@ -35,7 +35,32 @@ fn a_tensor_sharded_over_tp_keeps_tp_in_every_plan() {
         "annotate_tp",
     ) {
         assert!(p["config"]["tp"].as_u64().expect("tp") > 1, "{p}");
+        // The MLP's input GEMM stays split over tp: its weight is.
+        let layer = &p["config"]["layer"];
+        assert!(layer.is_null() || layer["mlp_in"] == "tensor", "{p}");
     }
+}
+
+#[test]
+fn run_refuses_an_annotation_that_contradicts_the_layer_placement() {
+    let dir = scratch("annotate_layer");
+    let file = dir.join("shard.txt");
+    std::fs::write(&file, "# column-parallel\nh.0.mlp.w1: tp=S(1)\n").expect("write");
+    let err = autopar_err(&[
+        "run",
+        "gpt-tiny",
+        "--mesh",
+        "tp=2",
+        "--sp",
+        "--mlp",
+        "seq",
+        "--annotate",
+        file.to_str().expect("UTF-8 path"),
+    ]);
+    assert!(
+        err.contains("line 2") && err.contains("h.0.mlp.w1") && err.contains("MLP's input GEMM"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -198,6 +198,31 @@ pub fn parallelize(
             });
         }
         place_layers(&mut graph, &options.layer)?;
+        // An annotation that splits a weight over `tp` contradicts running its op on the
+        // sequence shards with the weight replicated.
+        for a in &options.annotations {
+            let split = a
+                .axes
+                .iter()
+                .any(|(axis, p)| axis == TENSOR_AXIS && matches!(p, Placement::Shard(_)));
+            if let Some(op) = layer_op_of_weight(&a.tensor)
+                && split
+                && options.layer.get(op) == OpPlacement::Sequence
+            {
+                return Err(PassError::BadOption {
+                    option: "--attn/--mlp",
+                    detail: format!(
+                        "line {}: `{}` is split over `{TENSOR_AXIS}` by the annotation, but the \
+                         layer placement `{}` runs {} on the sequence shards with its weights \
+                         replicated over `{TENSOR_AXIS}`",
+                        a.line,
+                        a.tensor,
+                        options.layer,
+                        op.name()
+                    ),
+                });
+            }
+        }
     }
     apply_annotations(&mut graph, &options.annotations)?;
     let mut constraints = zero_constraints(&graph, mesh, options.zero)?;
