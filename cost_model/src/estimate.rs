@@ -837,7 +837,9 @@ impl<'a> Ctx<'a> {
 
     /// The attention core of one rank: (batch x query heads, queries, keys, head dim, key/value
     /// heads per sequence). Split by heads over `tp`, or on the local queries against every
-    /// key with all heads.
+    /// key with all heads; the sequence is then in a load-balanced order (each rank holds a
+    /// chunk from each end, as context parallelism lays it out), so every rank does the same
+    /// share of the causal work.
     fn core_shape(&self) -> (u64, u64, u64, u64, u64) {
         let c = self.cfg;
         let b = self.plan.micro_batch_size as u64;
@@ -854,20 +856,6 @@ impl<'a> Ctx<'a> {
         } else {
             let kv = (c.kv_heads / self.plan.tp).max(1) as u64;
             (b * (c.heads / self.plan.tp) as u64, s, t, d, kv)
-        }
-    }
-
-    /// How much more causal attention work the busiest rank does than the average. A causal
-    /// kernel skips the masked blocks; with the queries split into contiguous sequence shards
-    /// over `tp`, the last shard attends to every key and does `(2 tp - 1) / tp` times the
-    /// average share. Split by heads (or by context parallelism's balanced chunks), every
-    /// rank does the same.
-    fn causal_imbalance(&self) -> f64 {
-        if self.placed_on_sequence(LayerOp::Attention) {
-            let t = self.plan.tp as f64;
-            (2.0 * t - 1.0) / t
-        } else {
-            1.0
         }
     }
 
@@ -893,12 +881,11 @@ impl<'a> Ctx<'a> {
             ),
             AttentionKernel::Flash => {
                 let flops = full * 0.5;
-                let busiest = flops * self.causal_imbalance();
                 let io = ((2 * heads * s * d) + 2 * b * kv * t * d) as f64 * self.e;
                 (
                     self.m
                         .compute
-                        .flash_time(busiest, io, self.plan.dtype, self.cl()),
+                        .flash_time(flops, io, self.plan.dtype, self.cl()),
                     flops,
                 )
             }
@@ -919,7 +906,7 @@ impl<'a> Ctx<'a> {
             }
             AttentionKernel::Flash => {
                 // The backward recomputes the scores: 2.5x the forward FLOPs.
-                let flops = 2.0 * (heads * s * t * d) as f64 * 2.5 * self.causal_imbalance();
+                let flops = 2.0 * (heads * s * t * d) as f64 * 2.5;
                 let io = (4 * heads * s * d) as f64 * self.e * 2.0;
                 self.m
                     .compute
