@@ -4,7 +4,8 @@
 //! projection, and the MLP's input and output GEMMs. Each is either split Megatron-style over
 //! `tp` ([`OpPlacement::Tensor`]: column-parallel, by heads, row-parallel) or run on the
 //! ranks' shards of the sequence ([`OpPlacement::Sequence`]: the weights replicated over `tp`,
-//! the attention core on its local queries against all keys). The norms and residual adds
+//! the attention core on its local queries against all keys, the sequence then laid out in a
+//! load-balanced order so that causal attention is spread evenly). The norms and residual adds
 //! between them run on the residual stream, sequence-sharded with sequence parallelism and
 //! replicated without.
 //!
