@@ -183,3 +183,23 @@ fn context_parallel() {
         "cp=2,mbs=4",
     );
 }
+
+#[test]
+fn layer_placements() {
+    // Ops on sequence shards hold their whole weights (and gradients and optimizer state) and
+    // keep their inputs on the shards.
+    for model in ["gpt-tiny", "llama-tiny"] {
+        check(
+            model,
+            2,
+            &["--mesh", "tp=2", "--sp", "--attn", "sts", "--mlp", "ss"],
+            "tp=2,mbs=8,sp=true,attn=sts,mlp=ss",
+        );
+        check(
+            model,
+            2,
+            &["--mesh", "tp=2", "--attn", "tts", "--mlp", "st"],
+            "tp=2,mbs=8,attn=tts,mlp=st",
+        );
+    }
+}

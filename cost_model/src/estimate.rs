@@ -22,8 +22,8 @@ use crate::mapping::{GroupInfo, MeshMapping};
 use crate::memory::{
     MemoryBreakdown, MemoryParams, RUNTIME_CROSS_ENTROPY_BYTES_PER_LOGIT,
     RUNTIME_MLP_BACKWARD_TEMPORARIES, activation_bytes_per_layer, layer_params_per_rank,
-    runtime_activation_bytes_per_layer, runtime_attention_bytes_per_layer,
-    tp_replicated_params_per_layer,
+    optimizer_params_per_layer, runtime_activation_bytes_per_layer,
+    runtime_attention_bytes_per_layer, tp_replicated_params_per_layer,
 };
 use crate::model::TransformerConfig;
 use crate::plan::{Plan, Recompute};
@@ -433,7 +433,8 @@ impl CostModel {
     /// forward (what selective recomputation adds), the activation bytes the layer stores
     /// under each recompute policy in both runtimes' accounting, the
     /// attention bytes a recomputed layer holds in autopar's runtime, the layer's parameters
-    /// per rank and those replicated over `tp`. Computed without ZeRO: its gathers and
+    /// per rank, those whose optimizer state it holds and those replicated over `tp`.
+    /// Computed without ZeRO: its gathers and
     /// reductions grow with the parameters and hide under the layer times, so they only grow
     /// with these; full recomputation adds the forward to the backward.
     ///
@@ -469,6 +470,7 @@ impl CostModel {
         }
         out.push(runtime_attention_bytes_per_layer(cfg, &p, e));
         out.push(layer_params_per_rank(cfg, &p));
+        out.push(optimizer_params_per_layer(cfg, &p));
         out.push(tp_replicated_params_per_layer(cfg, &p));
         Ok(out)
     }
@@ -1474,10 +1476,14 @@ impl<'a> Ctx<'a> {
         (0..pp)
             .map(|rank| {
                 let mut params = 0.0;
+                // Parameters held whole whose optimizer state is sharded over `tp`.
+                let mut tp_sharded_state = 0.0;
                 let mut max_chunk_layers = 0;
                 for c in 0..plan.vpp {
                     let vs = c * pp + rank;
                     params += layers[vs] as f64 * self.layer_params_per_rank();
+                    tp_sharded_state += layers[vs] as f64
+                        * (self.layer_params_per_rank() - optimizer_params_per_layer(cfg, plan));
                     max_chunk_layers = max_chunk_layers.max(layers[vs]);
                     if vs == 0 {
                         params += emb;
@@ -1492,6 +1498,7 @@ impl<'a> Ctx<'a> {
                     let head = if last { head_params } else { 0.0 };
                     let held = Held {
                         params,
+                        optimizer_params: params - tp_sharded_state,
                         head_params: head,
                         in_flight,
                         chunk_layers: max_chunk_layers,
@@ -1502,7 +1509,7 @@ impl<'a> Ctx<'a> {
                 let weights = params * self.e / if plan.zero_stage >= 3 { dp } else { 1.0 };
                 let gradients =
                     params * mp.grad_bytes_per_param / if plan.zero_stage >= 2 { dp } else { 1.0 };
-                let optimizer = params * mp.optimizer_bytes_per_param
+                let optimizer = (params - tp_sharded_state) * mp.optimizer_bytes_per_param
                     / if plan.zero_stage >= 1 { dp } else { 1.0 };
                 let activations = in_flight as f64 * max_chunk_layers as f64 * per_layer_act;
                 let mut working = match plan.recompute {
@@ -1558,6 +1565,9 @@ struct Held {
     head_params: f64,
     /// Micro-batch chunks in flight at the peak.
     in_flight: usize,
+    /// Parameters whose optimizer state it holds (the weights replicated over `tp` count at
+    /// their shard).
+    optimizer_params: f64,
     /// Layers of the rank's largest chunk.
     chunk_layers: usize,
     /// Whether the rank runs the last virtual stage (logits and loss).
@@ -1587,7 +1597,7 @@ impl Ctx<'_> {
         } else {
             0.0
         };
-        let optimizer = (held.params - tied_copy) * mp.optimizer_bytes_per_param
+        let optimizer = (held.optimizer_params - tied_copy) * mp.optimizer_bytes_per_param
             / if zero >= 1 { dp } else { 1.0 };
         let grad_share = if zero >= 2 { dp } else { 1.0 };
         let stored = runtime_activation_bytes_per_layer(cfg, plan, plan.recompute, self.e);

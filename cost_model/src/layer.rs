@@ -9,6 +9,11 @@
 //! between them run on the residual stream, sequence-sharded with sequence parallelism and
 //! replicated without.
 //!
+//! An op on sequence shards holds its weights whole but not their optimizer state: the
+//! gradients, partial sums over `tp`, are reduce-scattered, each rank updates its `1/tp` of
+//! the state and the updated weights are all-gathered (ZeRO over `tp`, as DeepSpeed-Ulysses
+//! shards over its sequence-parallel ranks), which moves what one all-reduce moves.
+//!
 //! Every combination is a valid program: where one op leaves an activation in another
 //! layout than the next op reads, a collective converts it ([`tp_collectives`] lists them,
 //! forward and backward). Megatron-LM's placement is all-`Tensor`; with sequence parallelism,

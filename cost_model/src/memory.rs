@@ -131,11 +131,24 @@ pub fn layer_params_per_rank(cfg: &TransformerConfig, plan: &Plan) -> f64 {
 
 /// Of [`layer_params_per_rank`], the parameters replicated over `tp` because their op runs
 /// on sequence shards: their gradients are summed over `tp` once per step.
+///
+/// Their optimizer state (and fp32 master weights) is sharded over `tp` all the same, as
+/// ZeRO shards it over data-parallel ranks: the summed gradient is reduce-scattered, each rank
+/// updates its shard and the updated weights are all-gathered, which moves what an
+/// all-reduce moves ([`optimizer_params_per_layer`]).
 pub fn tp_replicated_params_per_layer(cfg: &TransformerConfig, plan: &Plan) -> f64 {
     if plan.tp <= 1 {
         return 0.0;
     }
     plan.layer.sequence_ops().map(|op| op_params(cfg, op)).sum()
+}
+
+/// Parameters of one layer whose optimizer state one rank holds, before any ZeRO division:
+/// [`layer_params_per_rank`] with the weights replicated over `tp` counted at their `1/tp`
+/// shard, which makes it the same for every layer placement.
+pub fn optimizer_params_per_layer(cfg: &TransformerConfig, plan: &Plan) -> f64 {
+    let t = plan.tp.max(1) as f64;
+    layer_params_per_rank(cfg, plan) - tp_replicated_params_per_layer(cfg, plan) * (1.0 - 1.0 / t)
 }
 
 /// Activation bytes stored per layer per micro-batch, following Korthikanti et al. 2022

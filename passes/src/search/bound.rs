@@ -3,7 +3,9 @@
 //! policies in time. Neither can remove a plan that would rank; the proofs are in the docs.
 
 use autopar_cost_model::estimate::stage_layers;
-use autopar_cost_model::memory::{activation_bytes_per_layer, layer_params_per_rank};
+use autopar_cost_model::memory::{
+    activation_bytes_per_layer, layer_params_per_rank, optimizer_params_per_layer,
+};
 use autopar_cost_model::{CostModel, Plan, TransformerConfig};
 
 const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
@@ -21,9 +23,10 @@ const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
 /// memory, communication buffers and the device's reserved memory. For every rank `r`:
 ///
 /// - it holds at least the layers of its virtual stages, `L_r` (the cost model's division,
-///   [`stage_layers`]), each with [`layer_params_per_rank`] parameters, at
-///   `e / z3 + g / z2 + o / z1` bytes each (compute dtype, gradient and optimizer bytes, each
-///   divided by `dp` from the ZeRO stage that shards it); embedding and head are left out;
+///   [`stage_layers`]), each with [`layer_params_per_rank`] parameters at `e / z3 + g / z2`
+///   bytes each (compute dtype and gradient bytes, each divided by `dp` from the ZeRO stage
+///   that shards it) and the optimizer state of [`optimizer_params_per_layer`] at `o / z1`;
+///   embedding and head are left out;
 /// - it stores `in_flight[r] * c_r * a` activation bytes, where `c_r` is its largest chunk's
 ///   layer count, at least the smallest chunk of all, and `a` is
 ///   [`activation_bytes_per_layer`] under the plan's recompute policy;
@@ -47,10 +50,9 @@ pub fn memory_lower_bound(
     let dp = plan.dp.max(1) as f64;
     let share = |from: u8| if plan.zero_stage >= from { dp } else { 1.0 };
     let mp = &model.memory;
-    let per_param = plan.dtype.size_bytes() as f64 / share(3)
-        + mp.grad_bytes_per_param / share(2)
-        + mp.optimizer_bytes_per_param / share(1);
-    let per_layer = layer_params_per_rank(cfg, plan) * per_param;
+    let per_param = plan.dtype.size_bytes() as f64 / share(3) + mp.grad_bytes_per_param / share(2);
+    let per_layer = layer_params_per_rank(cfg, plan) * per_param
+        + optimizer_params_per_layer(cfg, plan) * mp.optimizer_bytes_per_param / share(1);
     let act = match in_flight {
         Some(_) => activation_bytes_per_layer(cfg, plan, plan.recompute, model.compute.attention),
         None => 0.0,
