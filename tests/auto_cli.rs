@@ -150,6 +150,21 @@ fn a_plan_the_cpu_runtime_cannot_execute_is_refused_by_name() {
     );
     let err = autopar_err(&["run", "gpt-tiny", "--plan-file", "/nonexistent/plan.json"]);
     assert!(err.contains("cannot read"), "{err}");
+    // A misspelt (or retired) key is an error, not a silently different plan.
+    std::fs::write(
+        &file,
+        r#"{"dp":1,"tp":2,"pp":1,"vpp":1,"cp":1,"ep":1,"micro_batch_size":8,"global_batch":8,
+            "zero_stage":0,"recompute":"none","sequence_parallel":true,"schedule":"1f1b",
+            "dtype":"f32","axis_order":["pp","dp","ep","cp","tp"],"mlp_sequence":true}"#,
+    )
+    .expect("write");
+    let err = autopar_err(&[
+        "run",
+        "gpt-tiny",
+        "--plan-file",
+        file.to_str().expect("UTF-8 path"),
+    ]);
+    assert!(err.contains("unknown field `mlp_sequence`"), "{err}");
 }
 
 #[test]

@@ -106,6 +106,7 @@ impl OpPlacement {
 /// projection, the core and the output projection, `mlp=` for the MLP's input and output
 /// GEMMs. `attn=tp` and `mlp=tp` are all-`t`, `attn=seq` and `mlp=seq` all-`s`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct LayerPlacement {
     /// The QKV projection.
     pub qkv: OpPlacement,

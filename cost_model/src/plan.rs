@@ -38,7 +38,11 @@ impl Recompute {
 
 /// A plan. `dp * tp * pp * cp` devices are used; `ep` divides `dp` (experts are sharded over
 /// data-parallel ranks, as in Megatron-LM).
+///
+/// In JSON an unknown field is an error, so that a misspelt key in a hand-written plan file
+/// is not silently dropped.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Plan {
     /// Data-parallel degree.
     pub dp: usize,
