@@ -227,7 +227,7 @@ pub fn load_train_step_cp(
     options: &TrainOptions,
     cp: usize,
 ) -> Result<TrainStep, Error> {
-    let layout = (cp > 1).then(|| SequenceLayout {
+    let layout = (cp > 1).then_some(SequenceLayout {
         axis: autopar_passes::context_parallel::CONTEXT_AXIS,
         ways: cp,
     });

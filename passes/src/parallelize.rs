@@ -12,7 +12,9 @@
 //!   ([`place_layers`]), and the activations each op reads and writes are fixed so that
 //!   propagation converts between the ops' layouts with the collectives the cost model prices
 //!   (an all-to-all between sequence shards and heads, a gather back into a replicated
-//!   residual stream without sequence parallelism).
+//!   residual stream without sequence parallelism). The attention core on the sequence shards
+//!   runs on a graph laid out by [`crate::context_parallel::load_balance`] over the tensor
+//!   axis: each rank attends its queries to the gathered keys and values.
 //! - **Expert parallelism** (a mesh axis `ep` above 1): the experts' weights are annotated
 //!   in model code, and [`crate::expert_parallel`] splits the batch over `ep` too.
 //! - **Context parallelism** on `cp`: a graph laid out by
@@ -294,7 +296,7 @@ pub fn layer_op_of_weight(path: &str) -> Option<LayerOp> {
 /// The attention core on the sequence shards has no weights: it needs the global positions
 /// of its queries for the causal mask, so every attention must have its positions operands,
 /// as [`crate::context_parallel::load_balance`] gives them (the sequence then also sits in the
-/// load-balanced order the cost model prices); [`layer_constraints`] places it.
+/// load-balanced order the cost model prices); [`parallelize`] pins it onto the query rows.
 ///
 /// Only what the partitioned program then computes exactly as planned is accepted; the
 /// errors name the op and the reason: the attention core on the sequence in a graph whose
@@ -460,7 +462,7 @@ fn layer_constraints(
                     }
                     // The local queries, their output and its gradient on the shards, every
                     // key and value whole; dk and dv come out as partial sums over the local
-                    // queries, reduced where the projection's backward reads them.
+                    // queries, reduce-scattered at once into the layout of the QKV GEMMs.
                     OpPlacement::Sequence => {
                         let rows = layout(OpPlacement::Sequence);
                         let i = &node.inputs;
@@ -924,8 +926,20 @@ mod tests {
         assert_eq!(tp_split(&g, "h.0.mlp.w1"), Some(Placement::Shard(1)));
         assert_eq!(tp_split(&g, "wte"), Some(Placement::Shard(0)));
 
+        // The core on the shards needs attention's positions, which the load-balanced
+        // layout gives; it has no weights of its own to place.
         let err = place_layers(&mut g, &placement("sss", "tt")).unwrap_err();
-        assert!(err.to_string().contains("attention core"), "{err}");
+        assert!(
+            err.to_string().contains("attention core") && err.to_string().contains("positions"),
+            "{err}"
+        );
+        let fresh = autopar_frontends::zoo::build("gpt-tiny", 4).unwrap();
+        let mut laid_out = crate::context_parallel::load_balance(&fresh, TENSOR_AXIS, 2).unwrap();
+        place_layers(&mut laid_out, &placement("tst", "tt")).unwrap();
+        assert_eq!(
+            tp_split(&laid_out, "h.0.attn.wq"),
+            Some(Placement::Shard(1))
+        );
         let mut moe = autopar_frontends::zoo::build("moe-tiny", 4).unwrap();
         let err = place_layers(&mut moe, &placement("ttt", "st")).unwrap_err();
         assert!(err.to_string().contains("mixture of experts"), "{err}");

@@ -9,7 +9,8 @@
 //!   A split that does not divide is an error naming the tensor, the dim and the mesh axis.
 //! - **Constraints** ([`Constraints`]) come from a parallelisation policy
 //!   ([`crate::parallelize`]): data inputs split on their batch dim over the data axis, ZeRO
-//!   placements of weights, gradients and optimizer state.
+//!   placements of weights, gradients and optimizer state, and, for a few nodes, the operand
+//!   placements their strategy must take ([`Constraints::operands`]).
 //! - **Outputs**: an output named like a parameter (the next value of training state) takes
 //!   that parameter's sharding, so the next step can feed it back; every other output is
 //!   replicated.
