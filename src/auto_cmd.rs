@@ -15,7 +15,9 @@ use anyhow::{Context, Result, bail};
 use autopar::cost_model::{CostModel, Plan};
 use autopar::ir::DType;
 use autopar::passes::search::{Constraints, SearchOptions, cpu_unsupported, search_with_progress};
-use autopar::{LossScaling, TrainOptions, load_train_step, load_train_step_cp};
+use autopar::{
+    LossScaling, TrainOptions, load_train_step, load_train_step_laid_out, sequence_layout,
+};
 
 use super::{RunArgs, print_stdout, spmd_cmd};
 
@@ -117,17 +119,6 @@ fn execute(args: &RunArgs, plan: &Plan) -> Result<()> {
         );
     }
     let options = train_options(args, plan);
-    let step = load_train_step_cp(&args.model, Some(plan.global_batch), &options, plan.cp)?;
-    // With context parallelism the step is laid out in another sequence order; --verify
-    // runs the original one.
-    let reference = if plan.cp > 1 && args.verify {
-        Some(load_train_step(&args.model, Some(plan.global_batch), &options)?.graph)
-    } else {
-        None
-    };
-    if plan.pp > 1 && plan.dp == 1 && plan.tp == 1 {
-        return run_pipeline(args, plan, &step);
-    }
     let axes: Vec<String> = plan
         .axis_order
         .iter()
@@ -145,6 +136,18 @@ fn execute(args: &RunArgs, plan: &Plan) -> Result<()> {
     } else {
         axes.join(",")
     };
+    // With context parallelism or the attention core on the sequence shards, the step is
+    // laid out in the load-balanced sequence order; --verify runs the original one.
+    let layout = sequence_layout(&autopar::ir::DeviceMesh::parse(&mesh)?, &plan.layer)?;
+    let step = load_train_step_laid_out(&args.model, Some(plan.global_batch), &options, layout)?;
+    let reference = if layout.is_some() && args.verify {
+        Some(load_train_step(&args.model, Some(plan.global_batch), &options)?.graph)
+    } else {
+        None
+    };
+    if plan.pp > 1 && plan.dp == 1 && plan.tp == 1 {
+        return run_pipeline(args, plan, &step);
+    }
     let spmd = spmd_cmd::SpmdArgs {
         zero: plan.zero_stage,
         annotate: None,

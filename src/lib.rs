@@ -227,6 +227,22 @@ pub fn load_train_step_cp(
     options: &TrainOptions,
     cp: usize,
 ) -> Result<TrainStep, Error> {
+    let layout = (cp > 1).then_some(SequenceLayout {
+        axis: autopar_passes::context_parallel::CONTEXT_AXIS,
+        ways: cp,
+    });
+    load_train_step_laid_out(arg, batch, options, layout)
+}
+
+/// Like [`load_train_step`], with the forward laid out in `layout` (see [`sequence_layout`])
+/// before the step is built, so that the backward follows the load-balanced sequence order
+/// too. With `None` it is [`load_train_step`].
+pub fn load_train_step_laid_out(
+    arg: &str,
+    batch: Option<usize>,
+    options: &TrainOptions,
+    layout: Option<SequenceLayout>,
+) -> Result<TrainStep, Error> {
     let m = options.micro_batches;
     let forward = match ModelSource::classify(arg) {
         ModelSource::Zoo(name) => {
@@ -240,14 +256,67 @@ pub fn load_train_step_cp(
         }
         ModelSource::AirFile(_) | ModelSource::JsonFile(_) => load_model(arg, batch)?,
     };
-    let forward = autopar_passes::context_parallel::load_balance(&forward, cp)?;
+    let forward = match layout {
+        Some(l) => l.apply(&forward)?,
+        None => forward,
+    };
     Ok(build_train_step(&forward, options)?)
 }
 
-/// The size of the context-parallel axis of `mesh` (1 without one).
-pub fn context_parallel_ways(mesh: &autopar_ir::DeviceMesh) -> usize {
-    mesh.axis_size(autopar_passes::context_parallel::CONTEXT_AXIS)
-        .unwrap_or(1)
+/// The load-balanced sequence layout a mesh needs (see
+/// [`autopar_passes::context_parallel`]): the mesh axis whose ranks split the sequence, and
+/// its size.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SequenceLayout {
+    /// `cp` for context parallelism, `tp` for the attention core on the sequence shards.
+    pub axis: &'static str,
+    /// The number of sequence shards (above 1).
+    pub ways: usize,
+}
+
+impl SequenceLayout {
+    /// The forward graph `g` rewritten into this layout.
+    pub fn apply(&self, g: &Graph) -> Result<Graph, Error> {
+        Ok(autopar_passes::context_parallel::load_balance(
+            g, self.axis, self.ways,
+        )?)
+    }
+}
+
+/// The sequence layout a step on `mesh` with the layer placement `layer` must be built in,
+/// `None` when the order of the sequence does not matter to it:
+///
+/// - context parallelism (a `cp` axis above 1) runs ring attention over `cp`;
+/// - the attention core on the sequence shards ([`autopar_cost_model::OpPlacement::Sequence`])
+///   on a `tp` axis above 1 attends each rank's queries to every key, and is priced by the
+///   cost model as balanced over `tp`, with one chunk from each end of the sequence per rank.
+///
+/// Both at once would need the two layouts nested, which neither the cost model nor the
+/// passes describe: an error.
+pub fn sequence_layout(
+    mesh: &autopar_ir::DeviceMesh,
+    layer: &autopar_cost_model::LayerPlacement,
+) -> Result<Option<SequenceLayout>, Error> {
+    use autopar_passes::context_parallel::CONTEXT_AXIS;
+    use autopar_passes::parallelize::TENSOR_AXIS;
+    let size = |axis: &str| mesh.axis_size(axis).unwrap_or(1);
+    let core_on_shards = layer.attention == autopar_cost_model::OpPlacement::Sequence;
+    match (size(CONTEXT_AXIS), size(TENSOR_AXIS)) {
+        (cp, tp) if cp > 1 && core_on_shards && tp > 1 => Err(Error::Usage(format!(
+            "--attn: the layer placement `{layer}` runs the attention core on the sequence \
+             shards of `{TENSOR_AXIS}`, which does not compose with context parallelism \
+             ({CONTEXT_AXIS}={cp}); keep the core split by heads (e.g. attn=sts) or drop `{CONTEXT_AXIS}`"
+        ))),
+        (cp, _) if cp > 1 => Ok(Some(SequenceLayout {
+            axis: CONTEXT_AXIS,
+            ways: cp,
+        })),
+        (_, tp) if tp > 1 && core_on_shards => Ok(Some(SequenceLayout {
+            axis: TENSOR_AXIS,
+            ways: tp,
+        })),
+        _ => Ok(None),
+    }
 }
 
 /// What a training run reports at its end.

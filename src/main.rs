@@ -323,7 +323,16 @@ fn execute(cli: Cli) -> Result<()> {
                     let mesh = pipeline.mesh.as_deref();
                     let step = match mesh {
                         Some(m) => {
-                            spmd_cmd::load_for_mesh(&model, batch, &train.options(), false, m)?.0
+                            let layer = spmd.layer()?;
+                            spmd_cmd::load_for_mesh(
+                                &model,
+                                batch,
+                                &train.options(),
+                                false,
+                                m,
+                                &layer,
+                            )?
+                            .0
                         }
                         None => load_train_step(&model, batch, &train.options())?.graph,
                     };
@@ -652,6 +661,7 @@ fn run(args: RunArgs) -> Result<()> {
             &args.train.options(),
             args.forward,
             mesh,
+            &args.spmd.layer()?,
         )?;
         let steps = if args.forward { 1 } else { args.steps };
         let tolerance = autopar::spmd::verify_tolerance(args.train.options().compute_dtype);
@@ -673,14 +683,15 @@ fn run(args: RunArgs) -> Result<()> {
     }
     let options = args.train.options();
     if let Some(mesh) = &args.pipeline.mesh {
-        // A pipeline: with context parallelism, the step is laid out for it and verifies
-        // against the original.
-        let cp = autopar::context_parallel_ways(&autopar::ir::DeviceMesh::parse(mesh)?);
-        let step = autopar::load_train_step_cp(&args.model, args.batch, &options, cp)?;
-        let reference = if cp > 1 {
-            Some(load_train_step(&args.model, args.batch, &options)?.graph)
-        } else {
-            None
+        // A pipeline: with context parallelism or the attention core on the sequence shards,
+        // the step is laid out in the load-balanced sequence order and verifies against the
+        // original.
+        let layout =
+            autopar::sequence_layout(&autopar::ir::DeviceMesh::parse(mesh)?, &args.spmd.layer()?)?;
+        let step = autopar::load_train_step_laid_out(&args.model, args.batch, &options, layout)?;
+        let reference = match layout {
+            Some(_) => Some(load_train_step(&args.model, args.batch, &options)?.graph),
+            None => None,
         };
         return run_pipelined(&args, &step, reference.as_ref(), mesh);
     }
@@ -807,8 +818,8 @@ fn dump_pipeline(
         if let Stage::Schedule = stage {
             return Ok(pc::describe_mesh_schedule(&schedule, &parsed));
         }
-        let cp = autopar::context_parallel_ways(&parsed);
-        let step = autopar::load_train_step_cp(model, batch, &train.options(), cp)?;
+        let layout = autopar::sequence_layout(&parsed, &spmd.layer()?)?;
+        let step = autopar::load_train_step_laid_out(model, batch, &train.options(), layout)?;
         let options = autopar::passes::pipeline::PipelineOptions {
             pp,
             vpp: p.vpp,

@@ -29,7 +29,8 @@ pub struct SpmdArgs {
     /// Placement of each attention op over `tp`, one letter per op for the QKV projection,
     /// the core and the output projection: `t` Megatron's split (by columns, heads, rows), `s`
     /// on each rank's sequence shard with the weights replicated over `tp`. Aliases: `tp`
-    /// (ttt), `seq` (sss), `ulysses` (sts). The CPU runtime keeps the core split by heads.
+    /// (ttt), `seq` (sss), `ulysses` (sts). With the core on the sequence shards the step is
+    /// laid out in the load-balanced sequence order over `tp` (not with `cp`).
     #[arg(long, default_value = "tp", value_parser = parse_attn, requires = "mesh")]
     pub attn: String,
     /// Placement of the MLP's input and output GEMMs over `tp`, one letter each, as for
@@ -214,31 +215,32 @@ pub fn dump_graph(
 }
 
 /// The graph `run --mesh` and `dump --mesh` parallelise (the training step, or the forward
-/// with `forward`), and, when the mesh has a `cp` axis longer than 1, the original graph the
-/// single-device reference runs: the parallelised one is built from the forward laid out for
-/// context parallelism ([`autopar::passes::context_parallel::load_balance`]).
+/// with `forward`), and, when the mesh and the layer placement `layer` need the load-balanced
+/// sequence layout ([`autopar::sequence_layout`]: context parallelism, or the attention core
+/// on the sequence shards of `tp`), the original graph the single-device reference runs: the
+/// parallelised one is built from the forward laid out by
+/// [`autopar::passes::context_parallel::load_balance`].
 pub fn load_for_mesh(
     model: &str,
     batch: Option<usize>,
     options: &autopar::TrainOptions,
     forward: bool,
     mesh: &str,
+    layer: &LayerPlacement,
 ) -> Result<(Graph, Option<Graph>)> {
     let parsed = DeviceMesh::parse(mesh).with_context(|| format!("--mesh `{mesh}`"))?;
-    let cp = autopar::context_parallel_ways(&parsed);
+    let layout = autopar::sequence_layout(&parsed, layer)?;
     if forward {
         let g = autopar::load_model(model, batch)?;
-        if cp <= 1 {
-            return Ok((g, None));
-        }
-        let laid_out = autopar::passes::context_parallel::load_balance(&g, cp)?;
-        return Ok((laid_out, Some(g)));
+        return Ok(match layout {
+            Some(l) => (l.apply(&g)?, Some(g)),
+            None => (g, None),
+        });
     }
-    let step = autopar::load_train_step_cp(model, batch, options, cp)?.graph;
-    let reference = if cp > 1 {
-        Some(autopar::load_train_step(model, batch, options)?.graph)
-    } else {
-        None
+    let step = autopar::load_train_step_laid_out(model, batch, options, layout)?.graph;
+    let reference = match layout {
+        Some(_) => Some(autopar::load_train_step(model, batch, options)?.graph),
+        None => None,
     };
     Ok((step, reference))
 }

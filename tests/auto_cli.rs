@@ -254,6 +254,22 @@ fn a_plan_with_the_mlp_on_sequence_shards_runs_as_planned() {
     assert!(out.trim_end().ends_with(" OK"), "{out}");
 }
 
+#[test]
+fn a_plan_with_the_attention_core_on_sequence_shards_runs_as_planned() {
+    let dir = scratch("auto_attn_seq_plan");
+    let file = dir.join("plans.json");
+    let doc = plan_f32_on_two_ranks("gpt-tiny", "8", "tp=2,attn=seq,runtime=cpu");
+    let v: serde_json::Value = serde_json::from_str(&doc).expect("JSON");
+    assert_eq!(
+        v["plans"][0]["config"]["layer"]["attention"], "sequence",
+        "{doc}"
+    );
+    std::fs::write(&file, &doc).expect("write");
+    let file = file.to_str().expect("UTF-8 path");
+    let out = autopar_ok(&["run", "gpt-tiny", "--plan-file", file, "--verify"]);
+    assert!(out.trim_end().ends_with(" OK"), "{out}");
+}
+
 /// `autopar plan MODEL --cluster cpu:ranks=2 --batch B --dtype f32 --pin PINS --json`.
 fn plan_f32_on_two_ranks(model: &str, batch: &str, pins: &str) -> String {
     autopar_ok(&[

@@ -35,7 +35,7 @@ fn the_load_balanced_layout_keeps_the_loss() {
         let g = load_model(model, None).unwrap();
         let want = forward_loss(&g, 7).unwrap();
         for cp in [2, 4] {
-            let laid_out = load_balance(&g, cp).unwrap();
+            let laid_out = load_balance(&g, "cp", cp).unwrap();
             let attention: Vec<usize> = ops(&laid_out, |op| matches!(op, Op::Attention { .. }));
             assert!(!attention.is_empty());
             assert!(attention.iter().all(|&n| n == 5), "{model}: {attention:?}");

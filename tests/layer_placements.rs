@@ -1,8 +1,10 @@
 //! Layer placements on the CPU runtime: every placement the plan search may pick for a CPU
 //! cluster (`cpu_unsupported` accepts it) runs and matches the single-device step, for GPT and
-//! Llama on `tp=2` with and without sequence parallelism; the partitioned forward of a layer
-//! carries the kinds of collectives the cost model prices for it; and the placements the
-//! runtime cannot run are refused by name.
+//! Llama on `tp=2` with and without sequence parallelism, the attention core on the sequence
+//! shards included (on a step laid out in the load-balanced order over `tp`), also with data
+//! parallelism and inside a pipeline; the partitioned forward of a layer carries the kinds of
+//! collectives the cost model prices for it; and the placements the runtime cannot run are
+//! refused by name.
 
 mod common;
 
@@ -32,8 +34,8 @@ fn runnable(sp: bool) -> Vec<LayerPlacement> {
 /// Runs one step of every runnable placement of `model` with --verify.
 fn every_runnable_placement_verifies(model: &str, sp: bool) {
     let placements = runnable(sp);
-    // Every placement with the attention core split by heads: 4 attention codes x 4 MLP codes.
-    assert_eq!(placements.len(), 16, "{placements:?}");
+    // Every placement: 8 attention codes x 4 MLP codes.
+    assert_eq!(placements.len(), 32, "{placements:?}");
     for l in placements {
         let (attn, mlp) = (l.attention_code(), l.mlp_code());
         let mut args = vec![
@@ -82,14 +84,17 @@ fn layer_collectives(
     sp: bool,
     layer: &str,
 ) -> Vec<(String, Collective)> {
-    let step = autopar::load_train_step(model, None, &autopar::TrainOptions::default())
-        .expect("a training step");
+    let mesh = DeviceMesh::parse("tp=2").expect("a mesh");
+    // The attention core on the sequence shards needs the load-balanced layout over `tp`.
+    let layout = autopar::sequence_layout(&mesh, l).expect("a layout");
+    let step =
+        autopar::load_train_step_laid_out(model, None, &autopar::TrainOptions::default(), layout)
+            .expect("a training step");
     let options = ParallelOptions {
         sequence_parallel: sp,
         layer: *l,
         ..ParallelOptions::default()
     };
-    let mesh = DeviceMesh::parse("tp=2").expect("a mesh");
     let p = parallelize(&step.graph, &mesh, &options).expect("parallelized");
     let local = partition(&p.graph, &p.plan, 0).expect("partitioned");
     local
@@ -164,14 +169,87 @@ fn ulysses_moves_q_k_v_by_all_to_all_and_the_mlp_on_shards_moves_nothing() {
 }
 
 #[test]
+fn the_core_on_shards_gathers_k_and_v_and_reduce_scatters_their_gradients() {
+    let mut l = LayerPlacement::MEGATRON;
+    l.set_attention("sss").expect("a code");
+    for model in ["gpt-tiny", "llama-tiny"] {
+        // Q, K and V come out on the sequence shards, the output projection reads them: only
+        // the keys and values move, gathered for the local queries.
+        let colls = forward_collectives(model, &l, true);
+        let attn: Vec<Collective> = colls
+            .iter()
+            .filter(|(s, _)| s == "mb0/h.0.attn")
+            .map(|(_, k)| *k)
+            .collect();
+        assert_eq!(attn, [Collective::AllGather; 2], "{model}: {colls:?}");
+        // Their gradients, partial sums over the local queries, are reduce-scattered back.
+        let back: Vec<Collective> = layer_collectives(model, &l, true, "mb0/grad/h.0.attn")
+            .into_iter()
+            .map(|(_, k)| k)
+            .collect();
+        assert_eq!(back, [Collective::ReduceScatter; 2], "{model}: {back:?}");
+    }
+}
+
+/// Runs one step of `model` with `args` added and --verify, asserting it matches.
+fn verifies(model: &str, args: &[&str]) {
+    let mut all = vec!["run", model, "--steps", "1", "--verify"];
+    all.extend_from_slice(args);
+    let out = autopar_ok(&all);
+    assert!(out.trim_end().ends_with(" OK"), "{args:?}: {out}");
+}
+
+#[test]
+fn the_core_on_shards_runs_with_data_parallelism_and_in_a_pipeline() {
+    verifies(
+        "llama-tiny",
+        &["--mesh", "dp=2,tp=2", "--attn", "sss", "--sp"],
+    );
+    verifies(
+        "gpt-tiny",
+        &[
+            "--mesh",
+            "pp=2,tp=2",
+            "--micro-batches",
+            "2",
+            "--attn",
+            "sss",
+        ],
+    );
+}
+
+#[test]
 fn placements_the_runtime_cannot_run_are_refused_by_name() {
+    // The core on tp's sequence shards has its own load-balanced layout, which context
+    // parallelism's would have to nest.
     let err = autopar_err(&[
-        "run", "gpt-tiny", "--mesh", "tp=2", "--sp", "--attn", "seq", "--steps", "1",
+        "run",
+        "gpt-tiny",
+        "--mesh",
+        "tp=2,cp=2",
+        "--attn",
+        "seq",
+        "--steps",
+        "1",
     ]);
     assert!(
-        err.contains("--attn") && err.contains("the attention core") && err.contains("positions"),
+        err.contains("--attn") && err.contains("attention core") && err.contains("cp=2"),
         "{err}"
     );
+    // A step not laid out has no positions for the core on the shards.
+    let mut l = LayerPlacement::MEGATRON;
+    l.set_attention("sss").expect("a code");
+    let step = autopar::load_train_step("gpt-tiny", None, &autopar::TrainOptions::default())
+        .expect("a training step");
+    let options = ParallelOptions {
+        layer: l,
+        ..ParallelOptions::default()
+    };
+    let mesh = DeviceMesh::parse("tp=2").expect("a mesh");
+    let err = parallelize(&step.graph, &mesh, &options)
+        .expect_err("refused")
+        .to_string();
+    assert!(err.contains("--attn") && err.contains("positions"), "{err}");
     let err = autopar_err(&[
         "run", "moe-tiny", "--mesh", "tp=2", "--sp", "--mlp", "seq", "--steps", "1",
     ]);

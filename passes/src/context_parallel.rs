@@ -79,19 +79,22 @@ pub fn load_balanced_positions(seq: usize, ways: usize) -> Vec<usize> {
         .collect()
 }
 
-/// Rewrites the forward graph `g` into the load-balanced sequence layout for `ways` devices
-/// on [`CONTEXT_AXIS`] (see the module docs). With `ways <= 1` the graph is returned as it is.
+/// Rewrites the forward graph `g` into the load-balanced sequence layout for the `ways`
+/// devices of the mesh axis `axis` that will split the sequence (see the module docs):
+/// [`CONTEXT_AXIS`] for context parallelism, or the tensor axis when a layer placement runs
+/// the attention core on the sequence shards. The axis only names the layout in errors; the
+/// rewrite itself depends on `ways` alone. With `ways <= 1` the graph is returned as it is.
 ///
 /// Errors name the axis, its size and the tensor at fault: a graph without attention,
 /// attention whose queries and keys differ in length, a sequence that does not split into
 /// `2 * ways` equal chunks, a data input without the sequence on dim 1, and ops whose result
 /// depends on the order of the rows.
-pub fn load_balance(g: &Graph, ways: usize) -> Result<Graph, PassError> {
+pub fn load_balance(g: &Graph, axis: &str, ways: usize) -> Result<Graph, PassError> {
     if ways <= 1 {
         return Ok(g.clone());
     }
     let err = |detail: String| PassError::ContextParallel {
-        axis: CONTEXT_AXIS.to_string(),
+        axis: axis.to_string(),
         ways,
         detail,
     };

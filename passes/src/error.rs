@@ -117,8 +117,10 @@ pub enum PassError {
         /// Where it is read.
         to: String,
     },
-    /// A graph cannot be laid out for context parallelism on a mesh axis.
-    #[error("context parallelism on mesh axis `{axis}` ({ways} ways): {detail}")]
+    /// A graph cannot be laid out in the load-balanced sequence order for a mesh axis that
+    /// splits the sequence (`cp`, or `tp` under the attention core on the sequence shards),
+    /// or was not laid out for it.
+    #[error("load-balanced sequence layout on mesh axis `{axis}` ({ways} ways): {detail}")]
     ContextParallel {
         /// The mesh axis.
         axis: String,

@@ -12,7 +12,9 @@
 //!   ([`place_layers`]), and the activations each op reads and writes are fixed so that
 //!   propagation converts between the ops' layouts with the collectives the cost model prices
 //!   (an all-to-all between sequence shards and heads, a gather back into a replicated
-//!   residual stream without sequence parallelism).
+//!   residual stream without sequence parallelism). The attention core on the sequence shards
+//!   runs on a graph laid out by [`crate::context_parallel::load_balance`] over the tensor
+//!   axis: each rank attends its queries to the gathered keys and values.
 //! - **Expert parallelism** (a mesh axis `ep` above 1): the experts' weights are annotated
 //!   in model code, and [`crate::expert_parallel`] splits the batch over `ep` too.
 //! - **Context parallelism** on `cp`: a graph laid out by
@@ -197,6 +199,22 @@ pub fn parallelize(
                 ),
             });
         }
+        if options.layer.attention == OpPlacement::Sequence
+            && let Some(cp) = mesh
+                .axis_size(crate::context_parallel::CONTEXT_AXIS)
+                .filter(|&n| n > 1)
+        {
+            return Err(PassError::BadOption {
+                option: "--attn",
+                detail: format!(
+                    "the layer placement `{}` runs the attention core on the sequence shards \
+                     of `{TENSOR_AXIS}`, which does not compose with context parallelism \
+                     ({}={cp}); keep the core split by heads (e.g. attn=sts)",
+                    options.layer,
+                    crate::context_parallel::CONTEXT_AXIS
+                ),
+            });
+        }
         place_layers(&mut graph, &options.layer)?;
         // An annotation that splits a weight over `tp` contradicts running its op on the
         // sequence shards with the weight replicated.
@@ -275,22 +293,36 @@ pub fn layer_op_of_weight(path: &str) -> Option<LayerOp> {
 /// the weight's next value (the output of the same name) follows. Propagation then places the
 /// activations around it.
 ///
+/// The attention core on the sequence shards has no weights: it needs the global positions
+/// of its queries for the causal mask, so every attention must have its positions operands,
+/// as [`crate::context_parallel::load_balance`] gives them (the sequence then also sits in the
+/// load-balanced order the cost model prices); [`parallelize`] pins it onto the query rows.
+///
 /// Only what the partitioned program then computes exactly as planned is accepted; the
-/// errors name the op and the reason: the attention core on the sequence needs its queries'
-/// positions for the causal mask, which the step graph does not carry, the MLP of a mixture
-/// of experts keeps its experts' split, and a model whose layers have none of the zoo's
-/// weights cannot be placed at all.
+/// errors name the op and the reason: the attention core on the sequence in a graph whose
+/// attention has no positions (not laid out), the MLP of a mixture of experts keeps its
+/// experts' split, and a model whose layers have none of the zoo's weights cannot be placed
+/// at all.
 pub fn place_layers(g: &mut Graph, layer: &LayerPlacement) -> Result<(), PassError> {
     let refuse = |op: LayerOp, why: &str| PassError::BadOption {
         option: if op.in_attention() { "--attn" } else { "--mlp" },
         detail: format!("{} on the sequence shards (`{layer}`) {why}", op.name()),
     };
-    if layer.attention == OpPlacement::Sequence {
+    if layer.attention == OpPlacement::Sequence
+        && let Some(n) = g.nodes_in_order().into_iter().find(|&n| {
+            let node = g.node(n);
+            matches!(node.op, Op::Attention { .. }) && node.inputs.len() != 5
+        })
+    {
         return Err(refuse(
             LayerOp::Attention,
-            "needs the global positions of its queries for the causal mask, which the \
-             training step does not hand to attention; keep the core split by heads \
-             (`t`), e.g. attn=sts",
+            &format!(
+                "needs the global positions of its queries for the causal mask, but {n} \
+                 (scope `{}`) has none: the forward must be laid out by \
+                 `context_parallel::load_balance` over `{TENSOR_AXIS}` before the training step \
+                 is built",
+                g.node(n).scope.as_deref().unwrap_or("")
+            ),
         ));
     }
     let params: Vec<(ValueId, String)> = g
@@ -309,7 +341,8 @@ pub fn place_layers(g: &mut Graph, layer: &LayerPlacement) -> Result<(), PassErr
              (mlp=tt)",
         ));
     }
-    for op in layer.sequence_ops() {
+    // The core has no weights to place.
+    for op in layer.sequence_ops().filter(|&op| op != LayerOp::Attention) {
         let weights: Vec<(ValueId, String, Sharding)> = params
             .iter()
             .filter(|(_, name)| layer_op_of_weight(name) == Some(op))
@@ -353,9 +386,12 @@ pub fn place_layers(g: &mut Graph, layer: &LayerPlacement) -> Result<(), PassErr
 /// [`autopar_cost_model::layer::tp_collectives`] between them:
 ///
 /// - the Q/K/V and MLP-input GEMMs write their layout;
-/// - the attention core (by heads) reads q, k and v by heads, and writes by heads for a
+/// - the attention core by heads reads q, k and v by heads; on the sequence shards it reads
+///   its queries' rows and every key and value (gathered over the tensor axis), with the
+///   keys' positions whole and the queries' on the shards (one value serving as both stays
+///   whole, each rank slicing its rows); either way it writes by heads for a
 ///   tensor-parallel output projection or on the sequence for one on the sequence shards (an
-///   all-to-all after the core);
+///   all-to-all after the core when the two differ);
 /// - the output GEMMs (projection, MLP out) read their layout, and those on the sequence
 ///   shards write it too;
 /// - the Q/K/V and MLP-input GEMMs on the sequence shards also read their rows of the norm's
@@ -364,8 +400,10 @@ pub fn place_layers(g: &mut Graph, layer: &LayerPlacement) -> Result<(), PassErr
 /// - without sequence parallelism, the residual stream (every layer norm's input) stays
 ///   replicated, so a sequence op's output is gathered back into it.
 ///
-/// In the backward, the attention core's backward reads and writes by heads like its forward,
-/// and a GEMM reading the weight of an op on the sequence shards (its input gradient) reads
+/// In the backward, the attention core's backward reads and writes like its forward: by
+/// heads, or on the query rows with every key and value whole (the key and value gradients
+/// then come out as partial sums over the local queries, reduce-scattered where they are
+/// read); a GEMM reading the weight of an op on the sequence shards (its input gradient) reads
 /// and writes the sequence shards, so that the gradients move by the conjugates the cost
 /// model prices (all-to-alls back to the sequence shards, not gathers onto every rank). Values
 /// already fixed (the residual stream of sequence parallelism) keep their placement.
@@ -386,6 +424,16 @@ fn layer_constraints(
             fixed.push((TENSOR_AXIS.to_string(), p));
         }
     };
+    // The positions of attention's queries and keys (`[q_pos, k_pos]`, absent without the
+    // load-balanced layout): the keys' whole, the queries' on the shards. When one value
+    // serves as both (the layout hands attention the same positions twice), it stays whole
+    // and each rank slices its queries' rows locally, with no collective.
+    let pin_positions = |pin: &mut dyn FnMut(ValueId, Placement), positions: &[ValueId]| {
+        if let [q_pos, k_pos] = *positions {
+            pin(k_pos, Placement::Replicate);
+            pin(q_pos, Placement::Shard(0));
+        }
+    };
     let layout = |p: OpPlacement| match p {
         OpPlacement::Sequence => Placement::Shard(1),
         OpPlacement::Tensor => Placement::Shard(2),
@@ -399,15 +447,41 @@ fn layer_constraints(
             _ => return None,
         }
     };
+    // The attention cores on the query rows and the operand placements of that strategy:
+    // never ring attention or a split by heads over `tp`.
+    let mut query_rows = Vec::new();
     for n in g.nodes_in_order() {
         let node = g.node(n);
         if !forward(n) {
             match &node.op {
-                Op::AttentionBackward { .. } if layer.attention == OpPlacement::Tensor => {
-                    for &v in node.inputs.iter().take(5).chain(&node.outputs) {
-                        pin(v, layout(OpPlacement::Tensor));
+                Op::AttentionBackward { .. } => match layer.attention {
+                    OpPlacement::Tensor => {
+                        for &v in node.inputs.iter().take(5).chain(&node.outputs) {
+                            pin(v, layout(OpPlacement::Tensor));
+                        }
                     }
-                }
+                    // The local queries, their output and its gradient on the shards, every
+                    // key and value whole; dk and dv come out as partial sums over the local
+                    // queries, reduce-scattered at once into the layout of the QKV GEMMs.
+                    OpPlacement::Sequence => {
+                        let rows = layout(OpPlacement::Sequence);
+                        let i = &node.inputs;
+                        let at = [rows, Placement::Replicate, Placement::Replicate, rows, rows];
+                        for (&v, p) in i.iter().zip(at) {
+                            pin(v, p);
+                        }
+                        pin_positions(&mut pin, &i[5..]);
+                        pin(node.outputs[0], rows);
+                        for &v in &node.outputs[1..] {
+                            pin(v, layout(layer.qkv));
+                        }
+                        if i.len() == 7 {
+                            let mut want = at.to_vec();
+                            want.extend([Placement::Shard(0), Placement::Replicate]);
+                            query_rows.push((n, want));
+                        }
+                    }
+                },
                 Op::Einsum { .. } if node.inputs.len() == 2 => {
                     let reads = |i: usize| weight_op(node.inputs[i]);
                     let (grad, op) = match (reads(0), reads(1)) {
@@ -429,10 +503,34 @@ fn layer_constraints(
                 pin(node.inputs[0], Placement::Replicate);
             }
             Op::Attention { .. } => {
-                for &v in &node.inputs[..3] {
-                    pin(v, layout(layer.attention));
+                match layer.attention {
+                    OpPlacement::Tensor => {
+                        for &v in &node.inputs[..3] {
+                            pin(v, layout(OpPlacement::Tensor));
+                        }
+                    }
+                    // Query rows: the local queries attend to every key and value, which are
+                    // gathered over the tensor axis.
+                    OpPlacement::Sequence => {
+                        pin(node.inputs[0], layout(OpPlacement::Sequence));
+                        pin(node.inputs[1], Placement::Replicate);
+                        pin(node.inputs[2], Placement::Replicate);
+                        pin_positions(&mut pin, &node.inputs[3..]);
+                        if node.inputs.len() == 5 {
+                            let r = Placement::Replicate;
+                            let want = vec![Placement::Shard(1), r, r, Placement::Shard(0), r];
+                            query_rows.push((n, want));
+                        }
+                    }
                 }
-                pin(node.outputs[0], layout(layer.proj));
+                // The core's output in the layout the projection reads; on the query rows it
+                // stays there, as its backward reads it, and the projection converts its own
+                // input (a copy the projection's weight gradient reuses).
+                let out = match layer.attention {
+                    OpPlacement::Tensor => layout(layer.proj),
+                    OpPlacement::Sequence => layout(OpPlacement::Sequence),
+                };
+                pin(node.outputs[0], out);
             }
             Op::Einsum { .. } if node.inputs.len() == 2 => {
                 let Some(op) = weight_op(node.inputs[1]) else {
@@ -459,6 +557,9 @@ fn layer_constraints(
             }
             _ => {}
         }
+    }
+    for (n, want) in query_rows {
+        c.operands.insert((n, TENSOR_AXIS.to_string()), want);
     }
 }
 
@@ -825,8 +926,20 @@ mod tests {
         assert_eq!(tp_split(&g, "h.0.mlp.w1"), Some(Placement::Shard(1)));
         assert_eq!(tp_split(&g, "wte"), Some(Placement::Shard(0)));
 
+        // The core on the shards needs attention's positions, which the load-balanced
+        // layout gives; it has no weights of its own to place.
         let err = place_layers(&mut g, &placement("sss", "tt")).unwrap_err();
-        assert!(err.to_string().contains("attention core"), "{err}");
+        assert!(
+            err.to_string().contains("attention core") && err.to_string().contains("positions"),
+            "{err}"
+        );
+        let fresh = autopar_frontends::zoo::build("gpt-tiny", 4).unwrap();
+        let mut laid_out = crate::context_parallel::load_balance(&fresh, TENSOR_AXIS, 2).unwrap();
+        place_layers(&mut laid_out, &placement("tst", "tt")).unwrap();
+        assert_eq!(
+            tp_split(&laid_out, "h.0.attn.wq"),
+            Some(Placement::Shard(1))
+        );
         let mut moe = autopar_frontends::zoo::build("moe-tiny", 4).unwrap();
         let err = place_layers(&mut moe, &placement("ttt", "st")).unwrap_err();
         assert!(err.to_string().contains("mixture of experts"), "{err}");

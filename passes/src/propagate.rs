@@ -9,7 +9,8 @@
 //!   A split that does not divide is an error naming the tensor, the dim and the mesh axis.
 //! - **Constraints** ([`Constraints`]) come from a parallelisation policy
 //!   ([`crate::parallelize`]): data inputs split on their batch dim over the data axis, ZeRO
-//!   placements of weights, gradients and optimizer state.
+//!   placements of weights, gradients and optimizer state, and, for a few nodes, the operand
+//!   placements their strategy must take ([`Constraints::operands`]).
 //! - **Outputs**: an output named like a parameter (the next value of training state) takes
 //!   that parameter's sharding, so the next step can feed it back; every other output is
 //!   replicated.
@@ -87,6 +88,11 @@ pub struct Constraints {
     pub gather_on_use: BTreeSet<(ValueId, String)>,
     /// Data inputs are split on dim 0 over this axis, when the mesh has it.
     pub data_axis: Option<String>,
+    /// `(node, axis)`: the placements the node's strategy along that axis takes its operands
+    /// in, which picks one strategy of the per-op table where costs alone would pick another
+    /// (the attention core on the query rows of `tp` with keys and values gathered, as the
+    /// cost model prices it, rather than ring attention or a split by heads).
+    pub operands: BTreeMap<(NodeId, String), Vec<Placement>>,
 }
 
 /// What a device runs for one node along one mesh axis.
@@ -324,6 +330,7 @@ pub fn propagate_sharding(g: &mut Graph, c: &Constraints) -> Result<ShardingPlan
             stage_ops: &stage_ops,
             stage_res: &stage_res,
             stage_op: &stage_op,
+            operands: &c.operands,
         };
         // Fixed placements: user annotations, then policy constraints, then outputs.
         for v in g.value_ids() {
@@ -542,6 +549,8 @@ struct AxisPass<'a> {
     stage_ops: &'a HashMap<NodeId, Vec<TensorType>>,
     stage_res: &'a HashMap<NodeId, Vec<TensorType>>,
     stage_op: &'a HashMap<NodeId, Op>,
+    /// [`Constraints::operands`].
+    operands: &'a BTreeMap<(NodeId, String), Vec<Placement>>,
 }
 
 impl AxisPass<'_> {
@@ -582,6 +591,11 @@ impl AxisPass<'_> {
         let refs: Vec<&TensorType> = tys.iter().collect();
         let mut out: Vec<AxisStrategy> = strategies(op, &refs, self.size)?
             .into_iter()
+            .filter(|s| {
+                self.operands
+                    .get(&(n, self.axis.to_string()))
+                    .is_none_or(|want| *want == s.operands)
+            })
             .map(|s| AxisStrategy {
                 operands: s.operands,
                 results: s.results,

@@ -242,9 +242,9 @@ pub fn cpu_unsupported(plan: &Plan) -> Vec<String> {
     let l = &plan.layer;
     if !cpu_runs_layer(plan.sequence_parallel, l) {
         out.push(format!(
-            "the layer placement {l} (the CPU runtime runs every placement whose attention \
-             core is split by heads, attn=?t?, but not the core on sequence shards, which \
-             needs its queries' positions for the causal mask)"
+            "the layer placement {l} (the CPU runtime runs the ops of a layer split over tp \
+             or on sequence shards, the attention core on sequence shards on a step laid out \
+             in the load-balanced sequence order over tp)"
         ));
     }
     if plan.zero_stage > 0 && plan.ep > 1 && plan.dp == plan.ep {
@@ -257,11 +257,12 @@ pub fn cpu_unsupported(plan: &Plan) -> Vec<String> {
 }
 
 /// Whether the CPU runtime executes the layer placement `l` with (`sp`) or without sequence
-/// parallelism: every placement with the attention core split by heads, either way (see
-/// [`crate::parallelize::place_layers`]); the core on the sequence shards would need its queries'
-/// positions, which the training step does not hand to attention.
-pub(crate) fn cpu_runs_layer(_sp: bool, l: &LayerPlacement) -> bool {
-    l.attention == OpPlacement::Tensor
+/// parallelism: every placement, either way (see [`crate::parallelize::place_layers`]). The
+/// attention core on the sequence shards runs on a step laid out in the load-balanced
+/// sequence order over `tp` ([`crate::context_parallel::load_balance`]), which gives attention
+/// its queries' positions for the causal mask.
+pub(crate) fn cpu_runs_layer(_sp: bool, _l: &LayerPlacement) -> bool {
+    true
 }
 
 /// A mesh shape: `dp * tp * pp * cp` devices, `ep` dividing `dp`.
