@@ -17,6 +17,7 @@ use crate::cost::Cost;
 use crate::error::CostError;
 use crate::layer::{
     LayerOp, LayerPlacement, OpPlacement, Overlap, Pass, TpCollective, Width, tp_collectives,
+    tp_collectives_unexplained,
 };
 use crate::mapping::{GroupInfo, MeshMapping};
 use crate::memory::{
@@ -591,15 +592,13 @@ pub fn balanced_layers_per_virtual_stage(
             .fold(0.0, f64::max)
     };
     // The smallest feasible bound is `k * layer + extra(i)` for some stage `i` and count `k`:
-    // a stage under bound `t` holds at most `floor((t - extra) / layer)` layers.
-    let caps = |t: f64| -> Vec<usize> {
-        (0..v)
-            .map(|i| ((t - extra(i)) / layer + 1e-9).floor().max(0.0) as usize)
-            .collect()
-    };
+    // a stage under bound `t` holds at most `floor((t - extra) / layer)` layers. Every stage
+    // but the last has the same cap, so the caps are two numbers.
+    let cap = |t: f64, extra: f64| ((t - extra) / layer + 1e-9).floor().max(0.0) as usize;
+    let caps = |t: f64| -> Vec<usize> { (0..v).map(|i| cap(t, extra(i))).collect() };
     let feasible = |t: f64| {
-        let c = caps(t);
-        c.iter().all(|&k| k >= 1) && c.iter().sum::<usize>() >= cfg.layers
+        let (first, last) = (cap(t, 0.0), cap(t, head));
+        first >= 1 && last >= 1 && first * (v - 1) + last >= cfg.layers
     };
     let mut best = cost(&even);
     for i in [0, v - 1] {
@@ -756,8 +755,18 @@ impl<'a> Ctx<'a> {
         if self.plan.tp <= 1 {
             return Vec::new();
         }
-        let mut l = tp_collectives(&self.plan.layer, self.sp);
+        let mut l = tp_collectives_unexplained(&self.plan.layer, self.sp);
         l.retain(|c| c.pass == pass);
+        l
+    }
+
+    /// The layer's tensor-parallel collectives with the reason of each, the forward's first.
+    fn explained_tp_collectives(&self) -> Vec<TpCollective> {
+        if self.plan.tp <= 1 {
+            return Vec::new();
+        }
+        let mut l = tp_collectives(&self.plan.layer, self.sp);
+        l.sort_by_key(|c| c.pass == Pass::Backward);
         l
     }
 
@@ -1403,9 +1412,9 @@ impl<'a> Ctx<'a> {
             memory: worst,
             memory_per_pipeline_rank: memory,
             stage_layers: layers.clone(),
-            layer_tp_collectives: [Pass::Forward, Pass::Backward]
+            layer_tp_collectives: self
+                .explained_tp_collectives()
                 .into_iter()
-                .flat_map(|pass| self.layer_tp_collectives(pass))
                 .map(|c| TimedCollective {
                     bytes: self.tp_collective_bytes(&c),
                     time_s: self.tp_collective(&c),

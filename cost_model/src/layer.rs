@@ -319,6 +319,15 @@ pub struct TpCollective {
 ///
 /// With `tp = 1` nothing is communicated; the caller skips the list.
 pub fn tp_collectives(p: &LayerPlacement, sp: bool) -> Vec<TpCollective> {
+    collectives(p, sp, true)
+}
+
+/// [`tp_collectives`] without their reasons (`why` left empty), for pricing in hot loops.
+pub(crate) fn tp_collectives_unexplained(p: &LayerPlacement, sp: bool) -> Vec<TpCollective> {
+    collectives(p, sp, false)
+}
+
+fn collectives(p: &LayerPlacement, sp: bool, reasons: bool) -> Vec<TpCollective> {
     let residual = if sp {
         Layout::Sequence
     } else {
@@ -327,6 +336,7 @@ pub fn tp_collectives(p: &LayerPlacement, sp: bool) -> Vec<TpCollective> {
     let mut b = Collectives {
         out: Vec::new(),
         residual,
+        reasons,
     };
     // Attention block.
     let qkv_out = b.read_residual(LayerOp::Qkv, p.qkv);
@@ -344,10 +354,21 @@ pub fn tp_collectives(p: &LayerPlacement, sp: bool) -> Vec<TpCollective> {
 struct Collectives {
     out: Vec<TpCollective>,
     residual: Layout,
+    /// Whether to write each collective's reason.
+    reasons: bool,
 }
 
 impl Collectives {
-    fn push(&mut self, pass: Pass, kind: Collective, width: Width, overlap: Overlap, why: String) {
+    /// Adds a collective; its reason is written only when the list is for people.
+    fn push(
+        &mut self,
+        pass: Pass,
+        kind: Collective,
+        width: Width,
+        overlap: Overlap,
+        why: impl FnOnce() -> String,
+    ) {
+        let why = if self.reasons { why() } else { String::new() };
         self.out.push(TpCollective {
             pass,
             kind,
@@ -367,28 +388,32 @@ impl Collectives {
                 // Megatron-SP: gather the sequence shards and keep only the shard for the
                 // backward, which re-gathers it for the weight gradient and reduce-scatters
                 // the input's gradient.
-                let why = format!("{name} (split by features) reads every token");
+                let why = || format!("{name} (split by features) reads every token");
                 self.push(fwd, AllGather, Width::Hidden, Overlap::None, why);
-                let why = format!("{name} re-gathers its input for the weight gradient");
+                let why = || format!("{name} re-gathers its input for the weight gradient");
                 self.push(bwd, AllGather, Width::Hidden, Overlap::Dgrad(op), why);
-                let why = format!(
-                    "{name}'s input gradient is a partial sum, reduced onto the sequence shards"
-                );
+                let why = || {
+                    format!(
+                        "{name}'s input gradient is a partial sum, reduced onto the sequence shards"
+                    )
+                };
                 self.push(bwd, ReduceScatter, Width::Hidden, Overlap::Wgrad(op), why);
             }
             // Megatron's `f`: identity forward, all-reduce of the input's gradient.
             (_, OpPlacement::Tensor) => {
-                let why = format!("{name}'s input gradient is a partial sum over tp");
+                let why = || format!("{name}'s input gradient is a partial sum over tp");
                 self.push(bwd, AllReduce, Width::Hidden, Overlap::Wgrad(op), why)
             }
             (Layout::Sequence, OpPlacement::Sequence) => {}
             // Slicing the replicated stream is free; the slices' gradients are gathered back
             // into the replicated stream's.
             (_, OpPlacement::Sequence) => {
-                let why = format!(
-                    "{name} ran on a slice of the replicated stream; its input gradient is \
+                let why = || {
+                    format!(
+                        "{name} ran on a slice of the replicated stream; its input gradient is \
                      gathered back"
-                );
+                    )
+                };
                 self.push(bwd, AllGather, Width::Hidden, Overlap::None, why)
             }
         }
@@ -408,23 +433,23 @@ impl Collectives {
             (_, OpPlacement::Tensor) => {
                 // Ulysses: sequence shards to heads.
                 let why = "the core splits by heads: q, k, v move from sequence shards to heads";
-                self.push(fwd, AllToAll, Width::Qkv, none, why.into());
+                self.push(fwd, AllToAll, Width::Qkv, none, || why.into());
                 let why = "the q, k, v gradients move back from heads to sequence shards";
-                self.push(bwd, AllToAll, Width::Qkv, none, why.into());
+                self.push(bwd, AllToAll, Width::Qkv, none, || why.into());
             }
             (from, OpPlacement::Sequence) => {
                 if from == Layout::Feature {
                     let why = "the core splits by queries: q moves from heads to sequence shards";
-                    self.push(fwd, AllToAll, Width::Query, none, why.into());
+                    self.push(fwd, AllToAll, Width::Query, none, || why.into());
                     let why = "the q gradient moves back from sequence shards to heads";
-                    self.push(bwd, AllToAll, Width::Query, none, why.into());
+                    self.push(bwd, AllToAll, Width::Query, none, || why.into());
                 }
                 // Keys and values gathered; their gradients are partial sums over the local
                 // queries, reduce-scattered back.
                 let why = "the local queries attend to every key and value";
-                self.push(fwd, AllGather, Width::KeyValue, none, why.into());
+                self.push(fwd, AllGather, Width::KeyValue, none, || why.into());
                 let why = "the key and value gradients are partial sums over the local queries";
-                self.push(bwd, ReduceScatter, Width::KeyValue, none, why.into());
+                self.push(bwd, ReduceScatter, Width::KeyValue, none, || why.into());
             }
         }
         match placement {
@@ -451,7 +476,7 @@ impl Collectives {
                 OpPlacement::Tensor => ("feature shards", "sequence shards"),
                 OpPlacement::Sequence => ("sequence shards", "feature shards"),
             };
-            let why = format!("{} reads {there}: its input moves from {back}", op.name());
+            let why = || format!("{} reads {there}: its input moves from {back}", op.name());
             self.push(
                 Pass::Forward,
                 Collective::AllToAll,
@@ -459,7 +484,7 @@ impl Collectives {
                 Overlap::None,
                 why,
             );
-            let why = format!("{}'s input gradient moves back to {back}", op.name());
+            let why = || format!("{}'s input gradient moves back to {back}", op.name());
             self.push(
                 Pass::Backward,
                 Collective::AllToAll,
@@ -480,26 +505,32 @@ impl Collectives {
         let name = op.name();
         match (from, self.residual) {
             (Layout::Partial, Layout::Sequence) => {
-                let why = format!(
-                    "{name} (split by features) leaves partial sums, reduced onto the residual \
+                let why = || {
+                    format!(
+                        "{name} (split by features) leaves partial sums, reduced onto the residual \
                      stream's sequence shards"
-                );
+                    )
+                };
                 self.push(fwd, Collective::ReduceScatter, Width::Hidden, none, why);
                 // Gradients entering a row-parallel GEMM are gathered first.
-                let why = format!("{name} needs the whole output gradient");
+                let why = || format!("{name} needs the whole output gradient");
                 self.push(bwd, Collective::AllGather, Width::Hidden, none, why);
             }
             (Layout::Partial, _) => {
-                let why = format!(
-                    "{name} (split by features) leaves partial sums, all-reduced into the \
+                let why = || {
+                    format!(
+                        "{name} (split by features) leaves partial sums, all-reduced into the \
                      replicated residual stream"
-                );
+                    )
+                };
                 self.push(fwd, Collective::AllReduce, Width::Hidden, none, why)
             }
             (Layout::Sequence, Layout::Replicated) => {
-                let why = format!(
-                    "{name} ran on sequence shards; the replicated residual stream gathers them"
-                );
+                let why = || {
+                    format!(
+                        "{name} ran on sequence shards; the replicated residual stream gathers them"
+                    )
+                };
                 self.push(fwd, Collective::AllGather, Width::Hidden, none, why)
             }
             _ => {}
