@@ -539,6 +539,26 @@ impl Worker {
                                 axis_order: order.clone(),
                                 ..base.clone()
                             };
+                            // No placement fits even with the most recomputation: the
+                            // whole family goes before any mapping or profile is built.
+                            let heaviest = Plan {
+                                recompute: *recomputes.last().expect("a recompute policy"),
+                                ..base.clone()
+                            };
+                            if opts.prune
+                                && runnable.iter().all(|&layer| {
+                                    let p = Plan {
+                                        layer,
+                                        ..heaviest.clone()
+                                    };
+                                    memory_lower_bound(model, cfg, &p, Some(&built.in_flight))
+                                        > capacity
+                                })
+                            {
+                                self.stats.pruned_by_memory +=
+                                    (runnable.len() * recomputes.len()) as u64;
+                                continue;
+                            }
                             let mapping = &mut mappings[oi];
                             let layers = if opts.prune && runnable.len() > 1 {
                                 let key = (mbs, sp, oi);
