@@ -5,6 +5,16 @@ mod common;
 
 use common::{autopar, autopar_err, autopar_ok};
 
+/// A small search: GPT-3 13B on two DGX A100 nodes.
+const GPT3_13B_ON_16: [&str; 6] = [
+    "plan",
+    "gpt3-13b",
+    "--cluster",
+    "dgx-a100:nodes=2",
+    "--batch",
+    "64",
+];
+
 fn json(args: &[&str]) -> serde_json::Value {
     serde_json::from_str(&autopar_ok(args)).expect("plan --json prints JSON")
 }
@@ -124,14 +134,7 @@ fn exports_name_the_frameworks_options() {
 
 #[test]
 fn pins_time_limits_and_piped_output() {
-    let base = [
-        "plan",
-        "gpt3-13b",
-        "--cluster",
-        "dgx-a100:nodes=2",
-        "--batch",
-        "64",
-    ];
+    let base = GPT3_13B_ON_16;
     let out = autopar(&[&base[..], &["--pin", "tp=2,recompute=full", "--top", "5"]].concat());
     assert!(out.status.success());
     let text = String::from_utf8(out.stdout).expect("UTF-8");
@@ -154,16 +157,7 @@ fn pins_time_limits_and_piped_output() {
 
 #[test]
 fn layer_placements_are_searched_pinned_and_explained() {
-    let base = [
-        "plan",
-        "gpt3-13b",
-        "--cluster",
-        "dgx-a100:nodes=2",
-        "--batch",
-        "64",
-        "--top",
-        "5",
-    ];
+    let base = [&GPT3_13B_ON_16[..], &["--top", "5"]].concat();
     // Ulysses-style attention pinned: every plan has it (so tp > 1), and the best is compared
     // with the same plan with every op split over tp.
     let pinned = [&base[..], &["--pin", "attn=ulysses"]].concat();
