@@ -145,8 +145,24 @@ fn execute(args: &RunArgs, plan: &Plan) -> Result<()> {
     } else {
         None
     };
-    if plan.pp > 1 && plan.dp == 1 && plan.tp == 1 {
-        return run_pipeline(args, plan, &step);
+    // A plan that fixes its layers per virtual stage starts every stage after the first at
+    // its first block; otherwise the splitter balances the step's FLOPs.
+    let boundaries: Vec<String> = plan
+        .stage_layers
+        .iter()
+        .flat_map(|layers| {
+            layers[..layers.len().saturating_sub(1)]
+                .iter()
+                .scan(0, |start, n| {
+                    *start += n;
+                    Some(format!("h.{start}"))
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    // Pipeline ranks alone: the pipeline runtime on its own.
+    if plan.pp > 1 && plan.world_size() == plan.pp && plan.ep == 1 {
+        return run_pipeline(args, plan, &step, &boundaries);
     }
     let spmd = spmd_cmd::SpmdArgs {
         zero: plan.zero_stage,
@@ -163,21 +179,7 @@ fn execute(args: &RunArgs, plan: &Plan) -> Result<()> {
             pp: plan.pp,
             vpp: plan.vpp,
             schedule: plan.schedule,
-            // A plan that fixes its layers per virtual stage starts every stage after the
-            // first at its first block; otherwise the splitter balances the step's FLOPs.
-            boundaries: plan
-                .stage_layers
-                .iter()
-                .flat_map(|layers| {
-                    layers[..layers.len().saturating_sub(1)]
-                        .iter()
-                        .scan(0, |start, n| {
-                            *start += n;
-                            Some(format!("h.{start}"))
-                        })
-                        .collect::<Vec<_>>()
-                })
-                .collect(),
+            boundaries,
         };
         return spmd_cmd::run_pipelined(
             &step,
@@ -203,9 +205,14 @@ fn execute(args: &RunArgs, plan: &Plan) -> Result<()> {
 }
 
 /// A pipeline-only plan: its schedule, virtual stages and micro-batches on `pp` ranks.
-fn run_pipeline(args: &RunArgs, plan: &Plan, step: &autopar::TrainStep) -> Result<()> {
+fn run_pipeline(
+    args: &RunArgs,
+    plan: &Plan,
+    step: &autopar::TrainStep,
+    boundaries: &[String],
+) -> Result<()> {
     use autopar::pipeline_cmd as pc;
-    let split = pc::split(step, plan.pp, plan.schedule, plan.vpp, &[])?;
+    let split = pc::split(step, plan.pp, plan.schedule, plan.vpp, boundaries)?;
     let summary = pc::run_steps(step, &split, args.seed, args.steps)?;
     for (i, loss) in summary.losses.iter().enumerate() {
         print_stdout(&format!("step {} loss: {loss:.6}\n", i + 1))?;

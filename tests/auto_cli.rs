@@ -286,3 +286,26 @@ fn plan_f32_on_two_ranks(model: &str, batch: &str, pins: &str) -> String {
         "--json",
     ])
 }
+
+#[test]
+fn a_plan_pipelined_over_context_parallel_ranks_keeps_its_cp_axis() {
+    // Only pp and cp: every rank of the plan's mesh runs, not a pipeline alone.
+    let dir = scratch("auto_pp_cp_plan");
+    let file = dir.join("plan.json");
+    std::fs::write(
+        &file,
+        r#"{"dp":1,"tp":1,"pp":2,"vpp":1,"cp":2,"ep":1,"micro_batch_size":4,"global_batch":8,
+            "zero_stage":0,"recompute":"none","sequence_parallel":false,"schedule":"1f1b",
+            "dtype":"f32","axis_order":["pp","dp","ep","cp","tp"]}"#,
+    )
+    .expect("write");
+    let out = autopar_ok(&[
+        "run",
+        "llama-tiny",
+        "--plan-file",
+        file.to_str().expect("UTF-8 path"),
+        "--verify",
+    ]);
+    assert!(out.contains("ranks: 4 (pp=2, cp=2)"), "{out}");
+    assert!(out.trim_end().ends_with(" OK"), "{out}");
+}
