@@ -165,22 +165,27 @@ impl MeshMapping {
             strides[i] = strides[i + 1] * mesh_axes[i + 1].size;
         }
         let size: usize = idx.iter().map(|&i| mesh_axes[i].size).product();
-        // (group key, node, nic) of every coordinate; the key is the linear index with the
-        // group's axes zeroed.
-        let mut rows: Vec<(usize, usize, usize)> = (0..self.mesh.num_devices())
-            .map(|linear| {
-                let key = idx.iter().fold(linear, |k, &i| {
-                    k - (linear / strides[i]) % mesh_axes[i].size * strides[i]
-                });
-                let d = self.device(linear);
-                (
-                    key,
-                    d / self.gpus_per_node,
-                    self.nic_of_local[d % self.gpus_per_node],
-                )
-            })
-            .collect();
-        rows.sort_unstable();
+        // (node, nic) of every coordinate, laid out group by group: a coordinate's group is
+        // its position along the other axes, its rank in the group its position along the
+        // group's axes, so no sort over all devices is needed.
+        let n = self.mesh.num_devices();
+        let mut rows = vec![(0usize, 0usize); n];
+        for linear in 0..n {
+            let (mut group, mut member) = (0usize, 0usize);
+            for (i, axis) in mesh_axes.iter().enumerate() {
+                let c = (linear / strides[i]) % axis.size;
+                if idx.contains(&i) {
+                    member = member * axis.size + c;
+                } else {
+                    group = group * axis.size + c;
+                }
+            }
+            let d = self.device(linear);
+            rows[group * size + member] = (
+                d / self.gpus_per_node,
+                self.nic_of_local[d % self.gpus_per_node],
+            );
+        }
         let mut info = GroupInfo {
             size,
             nodes_spanned: 1,
@@ -188,19 +193,22 @@ impl MeshMapping {
             nics_per_group: 0,
             groups_per_nic: 0,
         };
-        let mut spanning_nics: Vec<(usize, usize)> = Vec::new();
+        // How many spanning groups use each (node, NIC).
+        let nics = self.nic_of_local.iter().max().map_or(1, |&m| m + 1);
+        let mut per_nic = vec![0usize; self.nodes.max(1) * nics];
         let mut min_nics = usize::MAX;
-        for group in rows.chunk_by(|a, b| a.0 == b.0) {
-            let nodes: Vec<&[(usize, usize, usize)]> = group.chunk_by(|a, b| a.1 == b.1).collect();
+        for group in rows.chunks_mut(size.max(1)) {
+            group.sort_unstable();
+            let nodes: Vec<&[(usize, usize)]> = group.chunk_by(|a, b| a.0 == b.0).collect();
             info.nodes_spanned = info.nodes_spanned.max(nodes.len());
             for on_node in &nodes {
                 info.members_per_node = info.members_per_node.max(on_node.len());
                 if nodes.len() > 1 {
                     let mut distinct = 0;
                     for (k, r) in on_node.iter().enumerate() {
-                        if k == 0 || on_node[k - 1].2 != r.2 {
+                        if k == 0 || on_node[k - 1].1 != r.1 {
                             distinct += 1;
-                            spanning_nics.push((r.1, r.2));
+                            per_nic[r.0 * nics + r.1] += 1;
                         }
                     }
                     min_nics = min_nics.min(distinct);
@@ -208,13 +216,8 @@ impl MeshMapping {
             }
         }
         if info.nodes_spanned > 1 {
-            spanning_nics.sort_unstable();
             info.nics_per_group = min_nics;
-            info.groups_per_nic = spanning_nics
-                .chunk_by(|a, b| a == b)
-                .map(<[_]>::len)
-                .max()
-                .unwrap_or(1);
+            info.groups_per_nic = per_nic.iter().copied().max().unwrap_or(1).max(1);
         }
         debug_assert!(
             self.nodes >= info.nodes_spanned && self.nics_per_node >= info.nics_per_group
@@ -232,6 +235,98 @@ impl MeshMapping {
 mod tests {
     use super::*;
     use crate::cluster;
+
+    /// The groups of `axes` by sorting every device by (group, node, NIC): slow, plain.
+    fn group_by_sorting(m: &MeshMapping, axes: &[&str]) -> GroupInfo {
+        let mesh_axes = m.mesh.axes();
+        let idx: Vec<usize> = axes.iter().map(|a| m.mesh.axis_index(a).unwrap()).collect();
+        let mut strides = vec![1usize; mesh_axes.len()];
+        for i in (0..mesh_axes.len().saturating_sub(1)).rev() {
+            strides[i] = strides[i + 1] * mesh_axes[i + 1].size;
+        }
+        let mut rows: Vec<(usize, usize, usize)> = (0..m.mesh.num_devices())
+            .map(|linear| {
+                let key = idx.iter().fold(linear, |k, &i| {
+                    k - (linear / strides[i]) % mesh_axes[i].size * strides[i]
+                });
+                let d = m.device(linear);
+                (
+                    key,
+                    d / m.gpus_per_node,
+                    m.nic_of_local[d % m.gpus_per_node],
+                )
+            })
+            .collect();
+        rows.sort_unstable();
+        let mut info = GroupInfo {
+            size: idx.iter().map(|&i| mesh_axes[i].size).product(),
+            nodes_spanned: 1,
+            members_per_node: 0,
+            nics_per_group: 0,
+            groups_per_nic: 0,
+        };
+        let (mut spanning, mut min_nics) = (Vec::new(), usize::MAX);
+        for group in rows.chunk_by(|a, b| a.0 == b.0) {
+            let nodes: Vec<_> = group.chunk_by(|a, b| a.1 == b.1).collect();
+            info.nodes_spanned = info.nodes_spanned.max(nodes.len());
+            for on_node in &nodes {
+                info.members_per_node = info.members_per_node.max(on_node.len());
+                if nodes.len() > 1 {
+                    let mut nics: Vec<_> = on_node.iter().map(|r| (r.1, r.2)).collect();
+                    nics.dedup();
+                    min_nics = min_nics.min(nics.len());
+                    spanning.extend(nics);
+                }
+            }
+        }
+        if info.nodes_spanned > 1 {
+            spanning.sort_unstable();
+            info.nics_per_group = min_nics;
+            info.groups_per_nic = spanning
+                .chunk_by(|a, b| a == b)
+                .map(<[_]>::len)
+                .max()
+                .unwrap();
+        }
+        info
+    }
+
+    #[test]
+    fn groups_match_a_plain_sort_over_every_device() {
+        let mut compared = 0;
+        for c in [cluster::dgx_a100(16), cluster::dgx_h100(16)] {
+            for axes in [
+                vec![("pp", 2), ("dp", 8), ("tp", 8)],
+                vec![("tp", 4), ("dp", 4), ("pp", 8)],
+                vec![("dp", 16), ("cp", 2), ("tp", 4)],
+                vec![("pp", 4), ("ep", 4), ("dp", 2), ("tp", 2), ("cp", 2)],
+                vec![("dp", 128)],
+                vec![("dp", 3), ("tp", 5)],
+            ] {
+                let Ok(m) = MeshMapping::new(&axes, &c) else {
+                    continue;
+                };
+                let names: Vec<&str> = axes.iter().map(|a| a.0).collect();
+                for i in 0..names.len() {
+                    for j in i..names.len() {
+                        let set: Vec<&str> = if i == j {
+                            vec![names[i]]
+                        } else {
+                            vec![names[i], names[j]]
+                        };
+                        let owned: Vec<String> = set.iter().map(|a| a.to_string()).collect();
+                        assert_eq!(
+                            m.compute_group(&owned).unwrap(),
+                            group_by_sorting(&m, &set),
+                            "{axes:?} {set:?}"
+                        );
+                        compared += 1;
+                    }
+                }
+            }
+        }
+        assert_eq!(compared, 74);
+    }
 
     #[test]
     fn innermost_axis_on_consecutive_devices() {
