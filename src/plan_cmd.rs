@@ -43,7 +43,7 @@ pub struct PlanArgs {
     /// Stop searching after this many seconds and rank what was found.
     #[arg(long, value_name = "S")]
     max_seconds: Option<f64>,
-    /// Pin values, e.g. "tp=8,recompute=full" (keys of --plan in `estimate`, and
+    /// Pin values, e.g. "tp=8,recompute=full,attn=ulysses" (keys of --plan in `estimate`, and
     /// stages=L0-L1-... for the layers of each virtual stage, runtime=cpu for only the plans
     /// `autopar run --plan-file` executes on CPU ranks).
     #[arg(long, default_value = "")]
@@ -55,7 +55,8 @@ pub struct PlanArgs {
     /// An annotation file whose pins every ranked plan respects: a line `mesh: tp=2,zero=1`
     /// pins plan keys (as --pin, with which it must agree), and a tensor line
     /// `h.0.mlp.w1: tp=S(1)` (the format of `run --annotate`) requires each axis it shards
-    /// over to be longer than 1.
+    /// over to be longer than 1 and, for a layer weight split over tp, keeps its op split
+    /// over tp (attn=/mlp= letter `t`).
     #[arg(long, value_name = "FILE")]
     annotate: Option<String>,
     /// Write the best plan as JSON to this file (run it with `autopar run MODEL --plan-file FILE`).
