@@ -203,3 +203,14 @@ fn layer_placements() {
         );
     }
 }
+
+#[test]
+fn zero_with_experts() {
+    // ZeRO shards over the mesh's `dp` axis: dense weights and the experts of each rank alike.
+    check(
+        "moe-tiny",
+        4,
+        &["--mesh", "dp=2,ep=2", "--zero", "1"],
+        "dp=4,ep=2,mbs=2,zero=1",
+    );
+}

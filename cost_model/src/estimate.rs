@@ -22,9 +22,10 @@ use crate::layer::{
 use crate::mapping::{GroupInfo, MeshMapping};
 use crate::memory::{
     MemoryBreakdown, MemoryParams, RUNTIME_CROSS_ENTROPY_BYTES_PER_LOGIT,
-    RUNTIME_MLP_BACKWARD_TEMPORARIES, activation_bytes_per_layer, layer_params_per_rank,
-    optimizer_params_per_layer, runtime_activation_bytes_per_layer,
-    runtime_attention_bytes_per_layer, tp_replicated_params_per_layer,
+    RUNTIME_MLP_BACKWARD_TEMPORARIES, ZeroShards, activation_bytes_per_layer,
+    expert_params_per_layer, layer_params_per_rank, optimizer_params_per_layer,
+    runtime_activation_bytes_per_layer, runtime_attention_bytes_per_layer,
+    tp_replicated_params_per_layer,
 };
 use crate::model::TransformerConfig;
 use crate::plan::{Plan, Recompute};
@@ -245,6 +246,13 @@ impl CostModel {
             comm: CommParams::default(),
             memory,
         }
+    }
+
+    /// Over how many ranks ZeRO shards dense and expert state under `plan` on this cluster's
+    /// software: every data-parallel rank for dense state on the GPU stack (Megatron-LM's
+    /// distributed optimizer), the mesh's `dp` axis on autopar's CPU runtime.
+    pub fn zero_shards(&self, plan: &Plan) -> ZeroShards {
+        ZeroShards::new(plan, self.cluster.runtime != Runtime::AutoparCpu)
     }
 
     /// Checks that `plan` divides `cfg` and fits on the cluster.
@@ -649,6 +657,10 @@ struct Ctx<'a> {
     cp: GroupInfo,
     ep: GroupInfo,
     dp: GroupInfo,
+    /// The ranks that hold the same experts (the mesh's `dp` axis).
+    dp_expert: GroupInfo,
+    /// Over how many ranks ZeRO shards dense and expert state.
+    shards: ZeroShards,
     e: f64,
     /// Tokens per micro-batch on one rank (`b * s / cp`).
     n: u64,
@@ -671,6 +683,8 @@ impl<'a> Ctx<'a> {
             cp: mapping.axis_group("cp")?.clone(),
             ep: mapping.axis_group("ep")?.clone(),
             dp: mapping.group(&["dp".to_string(), "ep".to_string()])?,
+            dp_expert: mapping.axis_group("dp")?.clone(),
+            shards: m.zero_shards(plan),
             e: plan.dtype.size_bytes() as f64,
             n: (plan.micro_batch_size * cfg.seq / plan.cp) as u64,
             sp: plan.sequence_parallel && plan.tp > 1,
@@ -949,16 +963,36 @@ impl<'a> Ctx<'a> {
         layer_params_per_rank(self.cfg, self.plan)
     }
 
+    /// One collective per kind of parameter of one layer, `bytes` per parameter: the dense
+    /// ones over every data-parallel rank sharing their ZeRO state, the experts' over the
+    /// ranks that hold the same experts.
+    fn layer_zero_collective(&self, c: Collective, bytes: f64) -> f64 {
+        let expert = expert_params_per_layer(self.cfg, self.plan);
+        let dense = self.layer_params_per_rank() - expert;
+        self.zero_collective(c, dense * bytes, expert * bytes)
+    }
+
+    /// `c` over the dense parameters' ZeRO group for `dense` bytes and over the experts' for
+    /// `expert` bytes.
+    fn zero_collective(&self, c: Collective, dense: f64, expert: f64) -> f64 {
+        let dense_group = if self.shards.dense == self.shards.expert {
+            &self.dp_expert
+        } else {
+            &self.dp
+        };
+        let mut t = self.coll(c, dense, dense_group);
+        if expert > 0.0 {
+            t += self.coll(c, expert, &self.dp_expert);
+        }
+        t
+    }
+
     /// ZeRO-3 all-gather of one layer's weights (prefetched under the previous layer).
     fn zero3_gather(&self) -> f64 {
         if self.plan.zero_stage < 3 {
             return 0.0;
         }
-        self.coll(
-            Collective::AllGather,
-            self.layer_params_per_rank() * self.e,
-            &self.dp,
-        )
+        self.layer_zero_collective(Collective::AllGather, self.e)
     }
 
     /// What the MLP's element-wise kernels touch per layer: the local MLP width times the
@@ -1059,11 +1093,7 @@ impl<'a> Ctx<'a> {
         // reduce-scattered as its backward produces them.
         let z3 = self.zero3_gather();
         let rs = if self.plan.zero_stage >= 2 {
-            self.coll(
-                Collective::ReduceScatter,
-                self.layer_params_per_rank() * self.e,
-                &self.dp,
-            )
+            self.layer_zero_collective(Collective::ReduceScatter, self.e)
         } else {
             0.0
         };
@@ -1240,15 +1270,13 @@ impl<'a> Ctx<'a> {
 
         // Per rank: end of the last backward and when each chunk's last backward ran.
         let grad_bytes = self.m.memory.grad_bytes_per_param;
-        let reduce = |bytes: f64| {
-            if plan.zero_stage == 0 {
-                self.coll(Collective::AllReduce, bytes, &self.dp)
-            } else {
-                self.coll(Collective::ReduceScatter, bytes, &self.dp)
-            }
+        let kind = if plan.zero_stage == 0 {
+            Collective::AllReduce
+        } else {
+            Collective::ReduceScatter
         };
-        let layer_params = self.layer_params_per_rank();
-        let mut layer_reduce = reduce(layer_params * grad_bytes);
+        let reduce = |bytes: f64| self.zero_collective(kind, bytes, 0.0);
+        let mut layer_reduce = self.layer_zero_collective(kind, grad_bytes);
         let replicated = tp_replicated_params_per_layer(cfg, plan);
         if replicated > 0.0 {
             // The weights of ops on sequence shards: their gradients are also summed over `tp`.
@@ -1256,7 +1284,7 @@ impl<'a> Ctx<'a> {
                 Collective::AllReduce,
                 replicated * grad_bytes
                     / if plan.zero_stage >= 2 {
-                        plan.dp as f64
+                        self.shards.dense
                     } else {
                         1.0
                     },
@@ -1334,20 +1362,22 @@ impl<'a> Ctx<'a> {
             .max_by(|a, b| a.total.total_cmp(&b.total))
             .cloned()
             .unwrap_or_default();
-        let max_params = memory.iter().map(|m| m.num_params).fold(0.0, f64::max);
-        let opt_share = if plan.zero_stage >= 1 {
-            plan.dp as f64
-        } else {
-            1.0
-        };
         // fp32 gradient read, master weight read and write, two moments read and written,
         // 16-bit weight written, gradient read again for the norm and zeroed: 38 bytes.
-        let optimizer = self.mem(max_params / opt_share * 38.0);
-        let param_gather = if (1..=2).contains(&plan.zero_stage) {
-            self.coll(Collective::AllGather, max_params * self.e, &self.dp)
-        } else {
-            0.0
-        };
+        let (mut optimizer, mut param_gather) = (0.0f64, 0.0f64);
+        for m in &memory {
+            let dense = m.num_params - m.num_expert_params;
+            let updated = self.shards.bytes(plan, 1, dense, m.num_expert_params, 38.0);
+            optimizer = optimizer.max(self.mem(updated));
+            if (1..=2).contains(&plan.zero_stage) {
+                let gather = self.zero_collective(
+                    Collective::AllGather,
+                    dense * self.e,
+                    m.num_expert_params * self.e,
+                );
+                param_gather = param_gather.max(gather);
+            }
+        }
         let iter = iter_end + embedding_sync + optimizer + param_gather;
 
         // FLOPs: model FLOPs count each layer's forward three times (forward, and twice that
@@ -1469,7 +1499,6 @@ impl<'a> Ctx<'a> {
         let mp = &self.m.memory;
         let pp = plan.pp;
         let v = pp * plan.vpp;
-        let dp = plan.dp as f64;
         let t = plan.tp as f64;
         let per_layer_act =
             activation_bytes_per_layer(cfg, plan, plan.recompute, self.m.compute.attention);
@@ -1487,10 +1516,12 @@ impl<'a> Ctx<'a> {
                 let mut params = 0.0;
                 // Parameters held whole whose optimizer state is sharded over `tp`.
                 let mut tp_sharded_state = 0.0;
+                let mut expert = 0.0;
                 let mut max_chunk_layers = 0;
                 for c in 0..plan.vpp {
                     let vs = c * pp + rank;
                     params += layers[vs] as f64 * self.layer_params_per_rank();
+                    expert += layers[vs] as f64 * expert_params_per_layer(cfg, plan);
                     tp_sharded_state += layers[vs] as f64
                         * (self.layer_params_per_rank() - optimizer_params_per_layer(cfg, plan));
                     max_chunk_layers = max_chunk_layers.max(layers[vs]);
@@ -1507,6 +1538,7 @@ impl<'a> Ctx<'a> {
                     let head = if last { head_params } else { 0.0 };
                     let held = Held {
                         params,
+                        expert_params: expert,
                         optimizer_params: params - tp_sharded_state,
                         head_params: head,
                         in_flight,
@@ -1515,11 +1547,17 @@ impl<'a> Ctx<'a> {
                     };
                     return self.cpu_runtime_memory(rank, &held);
                 }
-                let weights = params * self.e / if plan.zero_stage >= 3 { dp } else { 1.0 };
-                let gradients =
-                    params * mp.grad_bytes_per_param / if plan.zero_stage >= 2 { dp } else { 1.0 };
-                let optimizer = (params - tp_sharded_state) * mp.optimizer_bytes_per_param
-                    / if plan.zero_stage >= 1 { dp } else { 1.0 };
+                let z = &self.shards;
+                let dense = params - expert;
+                let weights = z.bytes(plan, 3, dense, expert, self.e);
+                let gradients = z.bytes(plan, 2, dense, expert, mp.grad_bytes_per_param);
+                let optimizer = z.bytes(
+                    plan,
+                    1,
+                    dense - tp_sharded_state,
+                    expert,
+                    mp.optimizer_bytes_per_param,
+                );
                 let activations = in_flight as f64 * max_chunk_layers as f64 * per_layer_act;
                 let mut working = match plan.recompute {
                     Recompute::Full => full_layer_act,
@@ -1550,6 +1588,7 @@ impl<'a> Ctx<'a> {
                 MemoryBreakdown {
                     pipeline_rank: rank,
                     num_params: params,
+                    num_expert_params: expert,
                     weights,
                     gradients,
                     optimizer,
@@ -1577,6 +1616,8 @@ struct Held {
     /// Parameters whose optimizer state it holds (the weights replicated over `tp` count at
     /// their shard).
     optimizer_params: f64,
+    /// Of `params`, the experts'.
+    expert_params: f64,
     /// Layers of the rank's largest chunk.
     chunk_layers: usize,
     /// Whether the rank runs the last virtual stage (logits and loss).
@@ -1593,12 +1634,13 @@ impl Ctx<'_> {
     /// it until its last use in the backward). At the optimizer: every gradient.
     fn cpu_runtime_memory(&self, rank: usize, held: &Held) -> MemoryBreakdown {
         let (plan, cfg, mp) = (self.plan, self.cfg, &self.m.memory);
-        let dp = plan.dp as f64;
         let t = plan.tp as f64;
         let n = self.n as f64;
         let zero = plan.zero_stage;
         let wb = mp.weight_bytes_per_param.unwrap_or(self.e);
-        let weights = held.params * wb / if zero >= 3 { dp } else { 1.0 };
+        let z = &self.shards;
+        let dense = held.params - held.expert_params;
+        let weights = z.bytes(plan, 3, dense, held.expert_params, wb);
         // A tied output embedding on the last stage is a copy: the first stage, which owns
         // the embedding, updates it and sends it back, so the copy has no optimizer state.
         let tied_copy = if self.cfg.tied_embeddings && plan.pp > 1 {
@@ -1606,9 +1648,13 @@ impl Ctx<'_> {
         } else {
             0.0
         };
-        let optimizer = (held.optimizer_params - tied_copy) * mp.optimizer_bytes_per_param
-            / if zero >= 1 { dp } else { 1.0 };
-        let grad_share = if zero >= 2 { dp } else { 1.0 };
+        let optimizer = z.bytes(
+            plan,
+            1,
+            held.optimizer_params - held.expert_params - tied_copy,
+            held.expert_params,
+            mp.optimizer_bytes_per_param,
+        );
         let stored = runtime_activation_bytes_per_layer(cfg, plan, plan.recompute, self.e);
         let unrecomputed = runtime_activation_bytes_per_layer(cfg, plan, Recompute::None, self.e);
         let activations = (held.in_flight * held.chunk_layers) as f64 * stored;
@@ -1634,15 +1680,20 @@ impl Ctx<'_> {
         };
         let mut working = layer.max(loss);
         if zero >= 3 {
-            working += held.params * wb * (1.0 - 1.0 / dp);
+            // The gathered weights, beyond the rank's own shards.
+            working += (held.params - held.expert_params) * wb * (1.0 - 1.0 / z.dense)
+                + held.expert_params * wb * (1.0 - 1.0 / z.expert);
         }
-        let all_grads = held.params * mp.grad_bytes_per_param / grad_share;
+        let grad_bytes = mp.grad_bytes_per_param;
+        let all_grads = z.bytes(plan, 2, dense, held.expert_params, grad_bytes);
         // With several micro-batches, every gradient accumulator exists from the first
         // micro-batch's backward on.
         let grads_so_far = if plan.micro_batches() > 1 {
             all_grads
         } else {
-            (held.head_params + self.layer_params_per_rank()) * mp.grad_bytes_per_param / grad_share
+            let expert = expert_params_per_layer(cfg, plan);
+            let dense = held.head_params + self.layer_params_per_rank() - expert;
+            z.bytes(plan, 2, dense, expert, grad_bytes)
         };
         let pipeline_messages = if plan.pp > 1 {
             2.0 * self.act() * self.e / t
@@ -1659,6 +1710,7 @@ impl Ctx<'_> {
         MemoryBreakdown {
             pipeline_rank: rank,
             num_params: held.params,
+            num_expert_params: held.expert_params,
             weights,
             gradients,
             optimizer,

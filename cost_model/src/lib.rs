@@ -31,6 +31,6 @@ pub use estimate::{
 };
 pub use layer::{LayerOp, LayerPlacement, OpPlacement};
 pub use mapping::{GroupInfo, MeshMapping};
-pub use memory::{MemoryBreakdown, MemoryParams};
+pub use memory::{MemoryBreakdown, MemoryParams, ZeroShards};
 pub use model::TransformerConfig;
 pub use plan::{Plan, Recompute};

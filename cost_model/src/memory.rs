@@ -67,6 +67,10 @@ pub struct MemoryBreakdown {
     pub pipeline_rank: usize,
     /// Parameters held on this rank (after tensor/pipeline/expert division, before ZeRO).
     pub num_params: f64,
+    /// Of `num_params`, the experts' (sharded by ZeRO over the ranks that hold the same
+    /// experts, [`ZeroShards::expert`]).
+    #[serde(default)]
+    pub num_expert_params: f64,
     /// Weights in the compute dtype.
     pub weights: f64,
     /// Gradient buffers.
@@ -141,6 +145,56 @@ pub fn tp_replicated_params_per_layer(cfg: &TransformerConfig, plan: &Plan) -> f
         return 0.0;
     }
     plan.layer.sequence_ops().map(|op| op_params(cfg, op)).sum()
+}
+
+/// Of [`layer_params_per_rank`], the experts' parameters (a MoE MLP without its router): one
+/// rank holds `1/ep` of the experts (and `1/tp` of each), replicated over the `dp / ep` ranks
+/// that hold the same experts.
+pub fn expert_params_per_layer(cfg: &TransformerConfig, plan: &Plan) -> f64 {
+    if cfg.experts <= 1 {
+        return 0.0;
+    }
+    let router = (cfg.hidden * cfg.experts) as f64;
+    (cfg.mlp_params() as f64 - router) / plan.ep as f64 / plan.tp as f64
+}
+
+/// Over how many ranks ZeRO shards a parameter's state, by kind. Expert parallelism carves
+/// the expert ranks out of the data-parallel ones: a dense weight is replicated over all `dp`
+/// of them, an expert's over the `dp / ep` that hold the same experts, and ZeRO shards each
+/// over the ranks that replicate it (Megatron-LM's data-parallel and expert-data-parallel
+/// groups). autopar's CPU runtime shards both over its mesh's `dp` axis, `dp / ep` ranks.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ZeroShards {
+    /// Ranks sharing a dense parameter's state.
+    pub dense: f64,
+    /// Ranks sharing an expert parameter's state.
+    pub expert: f64,
+}
+
+impl ZeroShards {
+    /// The shards of `plan` on a stack that shards dense state over every data-parallel
+    /// rank (`all_dp`), or over the mesh's `dp` axis only.
+    pub fn new(plan: &Plan, all_dp: bool) -> Self {
+        let expert = (plan.dp / plan.ep.max(1)).max(1) as f64;
+        ZeroShards {
+            dense: if all_dp {
+                plan.dp.max(1) as f64
+            } else {
+                expert
+            },
+            expert,
+        }
+    }
+
+    /// Bytes of `dense` and `expert` parameters at `bytes` each, divided by their shards when
+    /// the plan's ZeRO stage reaches `from` (1 optimizer state, 2 gradients, 3 weights).
+    pub fn bytes(&self, plan: &Plan, from: u8, dense: f64, expert: f64, bytes: f64) -> f64 {
+        if plan.zero_stage >= from {
+            (dense / self.dense + expert / self.expert) * bytes
+        } else {
+            (dense + expert) * bytes
+        }
+    }
 }
 
 /// Parameters of one layer whose optimizer state one rank holds, before any ZeRO division:

@@ -4,7 +4,8 @@
 
 use autopar_cost_model::estimate::stage_layers;
 use autopar_cost_model::memory::{
-    activation_bytes_per_layer, layer_params_per_rank, optimizer_params_per_layer,
+    activation_bytes_per_layer, expert_params_per_layer, layer_params_per_rank,
+    optimizer_params_per_layer,
 };
 use autopar_cost_model::{CostModel, Plan, TransformerConfig};
 
@@ -24,9 +25,10 @@ const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
 ///
 /// - it holds at least the layers of its virtual stages, `L_r` (the cost model's division,
 ///   [`stage_layers`]), each with [`layer_params_per_rank`] parameters at `e / z3 + g / z2`
-///   bytes each (compute dtype and gradient bytes, each divided by `dp` from the ZeRO stage
-///   that shards it) and the optimizer state of [`optimizer_params_per_layer`] at `o / z1`;
-///   embedding and head are left out;
+///   bytes each (compute dtype and gradient bytes, each divided from the ZeRO stage that
+///   shards it by the ranks sharing it, [`CostModel::zero_shards`]: all data-parallel ranks
+///   for dense parameters, those holding the same experts for experts) and the optimizer
+///   state of [`optimizer_params_per_layer`] at `o / z1`; embedding and head are left out;
 /// - it stores `in_flight[r] * c_r * a` activation bytes, where `c_r` is its largest chunk's
 ///   layer count, at least the smallest chunk of all, and `a` is
 ///   [`activation_bytes_per_layer`] under the plan's recompute policy;
@@ -47,12 +49,19 @@ pub fn memory_lower_bound(
     let pp = plan.pp.max(1);
     let layers = stage_layers(cfg, plan);
     let min_chunk = layers.iter().copied().min().unwrap_or(0) as f64;
-    let dp = plan.dp.max(1) as f64;
-    let share = |from: u8| if plan.zero_stage >= from { dp } else { 1.0 };
     let mp = &model.memory;
-    let per_param = plan.dtype.size_bytes() as f64 / share(3) + mp.grad_bytes_per_param / share(2);
-    let per_layer = layer_params_per_rank(cfg, plan) * per_param
-        + optimizer_params_per_layer(cfg, plan) * mp.optimizer_bytes_per_param / share(1);
+    let z = model.zero_shards(plan);
+    let expert = expert_params_per_layer(cfg, plan);
+    let dense = layer_params_per_rank(cfg, plan) - expert;
+    let per_layer = z.bytes(plan, 3, dense, expert, plan.dtype.size_bytes() as f64)
+        + z.bytes(plan, 2, dense, expert, mp.grad_bytes_per_param)
+        + z.bytes(
+            plan,
+            1,
+            optimizer_params_per_layer(cfg, plan) - expert,
+            expert,
+            mp.optimizer_bytes_per_param,
+        );
     let act = match in_flight {
         Some(_) => activation_bytes_per_layer(cfg, plan, plan.recompute, model.compute.attention),
         None => 0.0,
