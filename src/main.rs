@@ -754,7 +754,7 @@ fn run_pipelined(
     }
     if args.spmd.zero > 0 {
         anyhow::bail!(
-            "--zero {} shards over the data axis `dp`, which the mesh `{mesh}` does not have",
+            "--zero {} shards over the data axes `dp` and `ep`, which the mesh `{mesh}` does not have",
             args.spmd.zero
         );
     }

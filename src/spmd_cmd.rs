@@ -13,8 +13,9 @@ use autopar::spmd;
 /// Options that parallelise a graph on a device mesh.
 #[derive(clap::Args)]
 pub struct SpmdArgs {
-    /// ZeRO stage on the `dp` axis: 0, 1 (optimizer state sharded), 2 (and gradients), 3
-    /// (and weights, gathered before each use).
+    /// ZeRO stage over the data ranks (`dp`, and `ep` for weights that are not experts): 0,
+    /// 1 (optimizer state sharded), 2 (and gradients), 3 (and weights, gathered before each
+    /// use).
     #[arg(long, default_value_t = 0, requires = "mesh")]
     pub zero: u8,
     /// Shardings by tensor name that replace the model's, one per line:

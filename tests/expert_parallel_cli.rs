@@ -34,9 +34,81 @@ fn verifies(mesh: &str, extra: &[&str]) {
 fn expert_parallel_steps_match_the_reference() {
     verifies("ep=2", &[]);
     verifies("dp=2,ep=2", &["--zero", "1"]);
+    verifies("dp=2,ep=2", &["--zero", "3"]);
     verifies("dp=2,ep=2,tp=2", &[]);
     // Pipelined over `pp`, each stage expert-parallel.
     verifies("pp=2,ep=2", &[]);
+}
+
+/// ZeRO with every data rank an expert rank (no `dp` axis): the dense weights' state is
+/// sharded over `ep`, the ranks that replicate them.
+#[test]
+fn zero_without_a_dp_axis_shards_dense_state_over_ep() {
+    verifies("ep=2", &["--zero", "1"]);
+    verifies("ep=2", &["--zero", "3"]);
+}
+
+/// ZeRO shards a dense weight's optimizer state over every rank that replicates the weight,
+/// `dp` and `ep` together on one dim, and an expert's over `dp` only (it is split over `ep`
+/// already, on its expert dim).
+#[test]
+fn dense_optimizer_state_is_sharded_over_dp_and_ep() {
+    use autopar::ir::{DeviceMesh, Placement};
+    use autopar::passes::parallelize::{ParallelOptions, parallelize};
+
+    let step = autopar::load_train_step("moe-tiny", None, &autopar::TrainOptions::default())
+        .expect("step");
+    for (mesh, zero) in [
+        ("dp=2,ep=2", 1),
+        ("ep=2,dp=2", 2),
+        ("ep=2", 1),
+        ("dp=2,ep=2", 3),
+    ] {
+        let p = parallelize(
+            &step.graph,
+            &DeviceMesh::parse(mesh).expect("mesh"),
+            &ParallelOptions {
+                zero,
+                ..ParallelOptions::default()
+            },
+        )
+        .expect("parallelizes");
+        let g = &p.graph;
+        let on = |name: &str, axis: &str| {
+            let (v, _, _) = g
+                .parameters()
+                .into_iter()
+                .find(|(_, n, _)| *n == name)
+                .unwrap_or_else(|| panic!("no parameter {name}"));
+            g.value(v).sharding.as_ref().and_then(|s| s.get(axis))
+        };
+        let has_dp = mesh.contains("dp");
+        for name in ["h.0.attn.wq:adam_m", "h.1.mlp.router:adam_v", "wte:adam_m"] {
+            let ep = on(name, "ep");
+            assert!(
+                matches!(ep, Some(Placement::Shard(_))),
+                "{mesh} {name}: {ep:?}"
+            );
+            if has_dp {
+                assert_eq!(on(name, "dp"), ep, "{mesh} {name}: one dim over both");
+            }
+        }
+        // The experts' moments stay on their expert shards over `ep`.
+        let name = "h.0.mlp.w1:adam_m";
+        assert_eq!(on(name, "ep"), Some(Placement::Shard(0)), "{mesh} {name}");
+        let dp = on(name, "dp");
+        if has_dp {
+            assert!(
+                matches!(dp, Some(Placement::Shard(d)) if d != 0),
+                "{mesh} {name}: {dp:?}"
+            );
+        }
+        // ZeRO-3 shards the dense weights themselves the same way.
+        if zero == 3 {
+            assert_eq!(on("h.0.attn.wq", "ep"), on("h.0.attn.wq:adam_m", "ep"));
+            assert_eq!(on("h.0.attn.wq", "dp"), on("h.0.attn.wq:adam_m", "dp"));
+        }
+    }
 }
 
 #[test]

@@ -206,11 +206,19 @@ fn layer_placements() {
 
 #[test]
 fn zero_with_experts() {
-    // ZeRO shards over the mesh's `dp` axis: dense weights and the experts of each rank alike.
+    // ZeRO shards dense state over every data-parallel rank (`dp` and `ep`), the experts'
+    // over the mesh's `dp` axis, the ranks holding the same experts.
     check(
         "moe-tiny",
         4,
         &["--mesh", "dp=2,ep=2", "--zero", "1"],
         "dp=4,ep=2,mbs=2,zero=1",
+    );
+    // Every data rank an expert rank: the dense state over `ep` alone, the experts' unsharded.
+    check(
+        "moe-tiny",
+        2,
+        &["--mesh", "ep=2", "--zero", "1"],
+        "dp=2,ep=2,mbs=4,zero=1",
     );
 }

@@ -248,11 +248,12 @@ impl CostModel {
         }
     }
 
-    /// Over how many ranks ZeRO shards dense and expert state under `plan` on this cluster's
-    /// software: every data-parallel rank for dense state on the GPU stack (Megatron-LM's
-    /// distributed optimizer), the mesh's `dp` axis on autopar's CPU runtime.
+    /// Over how many ranks ZeRO shards dense and expert state under `plan`: every
+    /// data-parallel rank for dense state, the ranks holding the same experts for expert
+    /// state, on the GPU stack (Megatron-LM's distributed optimizer) and on autopar's CPU
+    /// runtime alike ([`ZeroShards::new`]).
     pub fn zero_shards(&self, plan: &Plan) -> ZeroShards {
-        ZeroShards::new(plan, self.cluster.runtime != Runtime::AutoparCpu)
+        ZeroShards::new(plan)
     }
 
     /// Checks that `plan` divides `cfg` and fits on the cluster.

@@ -162,7 +162,8 @@ pub fn expert_params_per_layer(cfg: &TransformerConfig, plan: &Plan) -> f64 {
 /// the expert ranks out of the data-parallel ones: a dense weight is replicated over all `dp`
 /// of them, an expert's over the `dp / ep` that hold the same experts, and ZeRO shards each
 /// over the ranks that replicate it (Megatron-LM's data-parallel and expert-data-parallel
-/// groups). autopar's CPU runtime shards both over its mesh's `dp` axis, `dp / ep` ranks.
+/// groups; autopar's CPU runtime shards dense state over its mesh's `dp` and `ep` axes and
+/// expert state over `dp`, the same groups).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct ZeroShards {
     /// Ranks sharing a dense parameter's state.
@@ -172,17 +173,12 @@ pub struct ZeroShards {
 }
 
 impl ZeroShards {
-    /// The shards of `plan` on a stack that shards dense state over every data-parallel
-    /// rank (`all_dp`), or over the mesh's `dp` axis only.
-    pub fn new(plan: &Plan, all_dp: bool) -> Self {
-        let expert = (plan.dp / plan.ep.max(1)).max(1) as f64;
+    /// The shards of `plan`: dense state over every data-parallel rank, expert state over
+    /// the ranks holding the same experts.
+    pub fn new(plan: &Plan) -> Self {
         ZeroShards {
-            dense: if all_dp {
-                plan.dp.max(1) as f64
-            } else {
-                expert
-            },
-            expert,
+            dense: plan.dp.max(1) as f64,
+            expert: (plan.dp / plan.ep.max(1)).max(1) as f64,
         }
     }
 

@@ -2,7 +2,8 @@
 //!
 //! `ep` is a data-like axis carved out of data parallelism: the data inputs are split on
 //! their batch dim over `ep` as well as over `dp` (nested in mesh order), every weight is
-//! replicated on `ep` with its gradient all-reduced over `ep`, except the experts' weights,
+//! replicated on `ep` with its gradient all-reduced over `ep` (ZeRO shards its state over
+//! `ep` as over `dp`, [`crate::parallelize::zero_constraints`]), except the experts' weights,
 //! which model code annotates `S(0)` on `ep` (their leading expert dim, `.shard(0, "ep")`)
 //! and whose gradients stay `S(0)` (each rank's experts see only the tokens routed to them).
 //!

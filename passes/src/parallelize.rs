@@ -21,9 +21,12 @@
 //!   [`crate::context_parallel::load_balance`] has its data inputs split on the sequence
 //!   ([`crate::context_parallel::context_parallel_constraints`]); attention becomes ring
 //!   attention.
-//! - **ZeRO on the data axis**, for a training-step graph (one with optimizer updates). With
-//!   `z` the first dim of a weight that splits evenly over `dp` (preferring dims no other axis
-//!   shards):
+//! - **ZeRO on the data axes**, for a training-step graph (one with optimizer updates). A
+//!   weight's state is sharded over the ranks that replicate it: `dp` and, with expert
+//!   parallelism, `ep` too (both on one dim, in mesh order), except for the experts' weights,
+//!   which `ep` splits already and which are sharded over `dp` alone. Below, "on `dp`" means
+//!   on those axes, and `z` is the first dim of a weight that splits evenly over them
+//!   (preferring dims no other axis shards):
 //!   - stage 0: gradients and optimizer state replicated on `dp` (gradients all-reduced);
 //!   - stage 1: optimizer state `S(z)` on `dp`, and the gradient `S(z)` where the optimizer
 //!     reads it: gradients are reduce-scattered, each rank updates its shard, and the updated
@@ -607,22 +610,53 @@ pub fn zero_constraints(g: &Graph, mesh: &DeviceMesh, zero: u8) -> Result<Constr
         data_axis: Some(DATA_AXIS.to_string()),
         ..Constraints::default()
     };
-    let Some(dp) = mesh.axis_size(DATA_AXIS).filter(|&n| n > 1) else {
+    let above_one = |axis: &str| mesh.axis_size(axis).is_some_and(|n| n > 1);
+    if !above_one(DATA_AXIS) && (zero == 0 || !above_one(EXPERT_AXIS)) {
         if zero > 0 {
             return Err(PassError::BadOption {
                 option: "--zero",
                 detail: format!(
-                    "ZeRO-{zero} shards over the data axis `{DATA_AXIS}`, which the mesh {} \
-                     does not have (above 1)",
-                    mesh
+                    "ZeRO-{zero} shards over the data axes `{DATA_AXIS}` and `{EXPERT_AXIS}`, \
+                     neither of which the mesh {mesh} has (above 1)"
                 ),
             });
         }
         return Ok(c);
+    }
+    // The axes that shard a parameter's ZeRO state, in mesh order: every data-parallel rank
+    // holds a replica of a dense weight (`dp` and `ep`), but an expert's weight only on the
+    // ranks of `dp` (it is split over `ep` already).
+    let zero_axes = |v: ValueId| -> Vec<String> {
+        let expert = g
+            .value(v)
+            .sharding
+            .as_ref()
+            .is_some_and(|s| matches!(s.get(EXPERT_AXIS), Some(Placement::Shard(_))));
+        let mut axes: Vec<&str> = [DATA_AXIS, EXPERT_AXIS]
+            .into_iter()
+            .filter(|&a| above_one(a) && !(expert && a == EXPERT_AXIS))
+            .collect();
+        axes.sort_by_key(|a| mesh.axis_index(a));
+        axes.into_iter().map(str::to_string).collect()
     };
-    let fix = |c: &mut Constraints, v: ValueId, p: Placement| {
-        c.fixed.insert(v, vec![(DATA_AXIS.to_string(), p)]);
+    let fix = |c: &mut Constraints, v: ValueId, axes: &[String], p: Placement| {
+        let fixed = c.fixed.entry(v).or_default();
+        for a in axes {
+            fixed.push((a.clone(), p));
+        }
     };
+    let gather = |c: &mut Constraints, v: ValueId, axes: &[String]| {
+        for a in axes {
+            c.gather_on_use.insert((v, a.clone()));
+        }
+    };
+    // Without ZeRO, gradients and optimizer state are replicated over `dp` (the expert
+    // parallelism policy places them over `ep`).
+    let data_only: Vec<String> = [DATA_AXIS]
+        .into_iter()
+        .filter(|&a| above_one(a))
+        .map(str::to_string)
+        .collect();
     let updates: Vec<&autopar_ir::Node> = g
         .nodes_in_order()
         .into_iter()
@@ -632,9 +666,10 @@ pub fn zero_constraints(g: &Graph, mesh: &DeviceMesh, zero: u8) -> Result<Constr
     if updates.is_empty() {
         if zero == 3 {
             for (v, _, _) in g.parameters() {
-                if let Some(z) = zero_dim(g, v, mesh, dp) {
-                    fix(&mut c, v, Placement::Shard(z));
-                    c.gather_on_use.insert((v, DATA_AXIS.to_string()));
+                let axes = zero_axes(v);
+                if let Some(z) = zero_dim(g, v, mesh, &axes) {
+                    fix(&mut c, v, &axes, Placement::Shard(z));
+                    gather(&mut c, v, &axes);
                 }
             }
         }
@@ -642,7 +677,8 @@ pub fn zero_constraints(g: &Graph, mesh: &DeviceMesh, zero: u8) -> Result<Constr
     }
     for node in updates {
         let weight = node.inputs[0];
-        let z = zero_dim(g, weight, mesh, dp);
+        let axes = zero_axes(weight);
+        let z = zero_dim(g, weight, mesh, &axes);
         let grad = gradient_source(g, node.inputs[1]);
         // AdamW's last operand is the step count, shared by every weight.
         let adamw = matches!(node.op, Op::AdamWUpdate { .. });
@@ -650,27 +686,27 @@ pub fn zero_constraints(g: &Graph, mesh: &DeviceMesh, zero: u8) -> Result<Constr
         let buffers: Vec<ValueId> = node.inputs[2..end].to_vec();
         match (zero, z) {
             (0, _) | (_, None) => {
-                fix(&mut c, grad, Placement::Replicate);
+                fix(&mut c, grad, &data_only, Placement::Replicate);
                 for &b in &buffers {
-                    fix(&mut c, b, Placement::Replicate);
+                    fix(&mut c, b, &data_only, Placement::Replicate);
                 }
             }
             (_, Some(z)) => {
-                fix(&mut c, grad, Placement::Shard(z));
+                fix(&mut c, grad, &axes, Placement::Shard(z));
                 for &b in &buffers {
-                    fix(&mut c, b, Placement::Shard(z));
+                    fix(&mut c, b, &axes, Placement::Shard(z));
                 }
                 if zero >= 2 {
                     // ZeRO-2: the accumulated gradient is kept sharded across micro-batches,
                     // so each micro-batch's gradient is reduce-scattered as it is added
                     // (ZeRO-1 accumulates the full partial gradient and reduce-scatters once).
                     for v in accumulation_chain(g, grad) {
-                        fix(&mut c, v, Placement::Shard(z));
+                        fix(&mut c, v, &axes, Placement::Shard(z));
                     }
                 }
                 if zero == 3 {
-                    fix(&mut c, weight, Placement::Shard(z));
-                    c.gather_on_use.insert((weight, DATA_AXIS.to_string()));
+                    fix(&mut c, weight, &axes, Placement::Shard(z));
+                    gather(&mut c, weight, &axes);
                 }
             }
         }
@@ -793,21 +829,26 @@ pub fn sequence_parallel_constraints(
     }
 }
 
-/// The dim ZeRO shards weight `v` on: the first whose size, divided by the axes its own
-/// sharding already puts on it, splits evenly over the data axis, preferring dims no axis
-/// shards.
-fn zero_dim(g: &Graph, v: ValueId, mesh: &DeviceMesh, dp: usize) -> Option<usize> {
+/// The dim ZeRO shards weight `v` on over the mesh axes `axes` (together): the first whose
+/// size, divided by the other axes its own sharding already puts on it, splits evenly over
+/// all of `axes`, preferring dims no axis shards; `None` when `axes` shard nothing (none
+/// above 1) or no dim splits.
+fn zero_dim(g: &Graph, v: ValueId, mesh: &DeviceMesh, axes: &[String]) -> Option<usize> {
+    let ways: usize = axes.iter().map(|a| axis_size_or_one(mesh, a)).product();
+    if ways <= 1 {
+        return None;
+    }
     let ty = g.ty(v);
     let s = g.value(v).sharding.clone().unwrap_or(Sharding::user([]));
     let local = |d: usize| {
-        let ways: usize = s
+        let other: usize = s
             .axes_sharding_dim(d)
-            .filter(|a| *a != DATA_AXIS)
+            .filter(|a| !axes.iter().any(|z| z == a))
             .map(|a| axis_size_or_one(mesh, a))
             .product();
-        ty.dims()[d] / ways.max(1)
+        ty.dims()[d] / other.max(1)
     };
-    let fits = |d: usize| local(d).is_multiple_of(dp) && local(d) >= dp;
+    let fits = |d: usize| local(d).is_multiple_of(ways) && local(d) >= ways;
     let free = |d: usize| {
         s.axes_sharding_dim(d)
             .all(|a| axis_size_or_one(mesh, a) == 1)
