@@ -111,7 +111,8 @@ fn train_options(args: &RunArgs, plan: &Plan) -> TrainOptions {
 
 /// Partitions and runs `plan` on CPU ranks.
 fn execute(args: &RunArgs, plan: &Plan) -> Result<()> {
-    let unsupported = cpu_unsupported(plan);
+    let cfg = autopar::model_config(&args.model)?;
+    let unsupported = cpu_unsupported(&cfg, plan);
     if !unsupported.is_empty() {
         bail!(
             "plan `{plan}` cannot run on the CPU runtime: {} not supported",

@@ -167,6 +167,25 @@ fn a_plan_file_runs_or_is_refused_by_name() {
         file.to_str().expect("UTF-8 path"),
     ]);
     assert!(err.contains("unknown field `mlp_sequence`"), "{err}");
+    // What the CPU runtime cannot run is refused by name.
+    std::fs::write(
+        &file,
+        r#"{"dp":2,"tp":1,"pp":1,"vpp":1,"cp":2,"ep":2,"micro_batch_size":1,"global_batch":8,
+            "zero_stage":0,"recompute":"none","sequence_parallel":false,"schedule":"1f1b",
+            "dtype":"f32","axis_order":["pp","dp","ep","cp","tp"]}"#,
+    )
+    .expect("write");
+    let err = autopar_err(&[
+        "run",
+        "moe-tiny",
+        "--plan-file",
+        file.to_str().expect("UTF-8 path"),
+    ]);
+    assert!(err.contains("cannot run on the CPU runtime"), "{err}");
+    assert!(
+        err.contains("context parallelism (cp=2) in a mixture of experts"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -526,14 +526,6 @@ impl Worker {
                     let built = self.schedule(kind, s.pp, vpp, m)?;
                     for &sp in &sps {
                         for (oi, order) in orders.iter().enumerate() {
-                            let runnable: Vec<LayerPlacement> = placements
-                                .iter()
-                                .copied()
-                                .filter(|l| !c.cpu_executable || space::cpu_runs_layer(sp, l))
-                                .collect();
-                            // Placements the CPU runtime cannot run are not in this space.
-                            self.stats.candidates -=
-                                ((placements.len() - runnable.len()) * recomputes.len()) as u64;
                             let base = Plan {
                                 sequence_parallel: sp,
                                 axis_order: order.clone(),
@@ -546,7 +538,7 @@ impl Worker {
                                 ..base.clone()
                             };
                             if opts.prune
-                                && runnable.iter().all(|&layer| {
+                                && placements.iter().all(|&layer| {
                                     let p = Plan {
                                         layer,
                                         ..heaviest.clone()
@@ -556,24 +548,27 @@ impl Worker {
                                 })
                             {
                                 self.stats.pruned_by_memory +=
-                                    (runnable.len() * recomputes.len()) as u64;
+                                    (placements.len() * recomputes.len()) as u64;
                                 continue;
                             }
                             let mapping = &mut mappings[oi];
-                            let layers = if opts.prune && runnable.len() > 1 {
+                            let layers = if opts.prune && placements.len() > 1 {
                                 let key = (mbs, sp, oi);
                                 if let Some(l) = dominance.get(&key) {
                                     Rc::clone(l)
                                 } else {
                                     let mapping = mapping_of(mapping, &base, model)?;
-                                    let l = Rc::new(
-                                        model.layer_dominance(cfg, &base, mapping, &runnable)?,
-                                    );
+                                    let l = Rc::new(model.layer_dominance(
+                                        cfg,
+                                        &base,
+                                        mapping,
+                                        &placements,
+                                    )?);
                                     dominance.insert(key, Rc::clone(&l));
                                     l
                                 }
                             } else {
-                                Rc::new(runnable.into_iter().map(|l| (l, Vec::new())).collect())
+                                Rc::new(placements.iter().map(|&l| (l, Vec::new())).collect())
                             };
                             let family = Family {
                                 base: &base,

@@ -187,7 +187,7 @@ impl Constraints {
                 .stage_layers
                 .as_ref()
                 .is_none_or(|s| *s == stage_layers(cfg, plan))
-            && (!self.cpu_executable || cpu_unsupported(plan).is_empty())
+            && (!self.cpu_executable || cpu_unsupported(cfg, plan).is_empty())
             && [
                 ("dp", plan.dp),
                 ("tp", plan.tp),
@@ -219,42 +219,36 @@ impl Constraints {
     }
 }
 
-/// What in `plan` the CPU runtime cannot execute, one phrase each (empty: it executes it).
-/// The runtime runs data, tensor, expert and context parallelism with ZeRO 0-3, alone or
-/// inside a pipeline (any schedule, micro-batches and virtual stages); ZeRO shards a dense
-/// weight's state over every data-parallel rank (the mesh's `dp` and `ep` axes) and an
-/// expert's over `dp`, so it runs whether or not some data ranks are outside `ep`.
+/// What in `plan` for `cfg` the CPU runtime cannot execute, one phrase each (empty: it
+/// executes it). The runtime runs data, tensor, expert and context parallelism with ZeRO 0-3,
+/// alone or inside a pipeline (any schedule, micro-batches and virtual stages), and every
+/// layer placement (an attention core on sequence shards on a step laid out in the
+/// load-balanced sequence order over `tp`). ZeRO shards a dense weight's state over every
+/// data-parallel rank (the mesh's `dp` and `ep` axes) and an expert's over `dp`. What it
+/// refuses is context parallelism in a mixture of experts: routing with capacity depends on
+/// the order of the tokens, which the context-parallel layout changes.
 ///
 /// ```
-/// # use autopar_cost_model::Plan;
+/// # use autopar_cost_model::{Plan, TransformerConfig};
 /// # use autopar_passes::search::cpu_unsupported;
-/// assert!(cpu_unsupported(&Plan::parse("dp=2,tp=2,zero=3").unwrap()).is_empty());
-/// assert!(cpu_unsupported(&Plan::parse("dp=2,tp=2,pp=2,zero=3").unwrap()).is_empty());
-/// assert!(cpu_unsupported(&Plan::parse("tp=2,cp=2").unwrap()).is_empty());
-/// assert!(cpu_unsupported(&Plan::parse("dp=2,tp=2,cp=2,pp=2,sp=true").unwrap()).is_empty());
-/// assert!(cpu_unsupported(&Plan::parse("dp=2,ep=2,zero=1").unwrap()).is_empty());
-/// assert!(cpu_unsupported(&Plan::parse("dp=4,ep=2,zero=3").unwrap()).is_empty());
+/// let dense = TransformerConfig::gpt("small", 4, 256, 8, 1024, 1000);
+/// assert!(cpu_unsupported(&dense, &Plan::parse("dp=2,tp=2,cp=2,pp=2,sp=true").unwrap()).is_empty());
+/// let moe = TransformerConfig { experts: 8, top_k: 2, ..dense };
+/// assert!(cpu_unsupported(&moe, &Plan::parse("dp=4,ep=2,zero=3").unwrap()).is_empty());
+/// assert_eq!(
+///     cpu_unsupported(&moe, &Plan::parse("dp=2,ep=2,cp=2").unwrap()),
+///     ["context parallelism (cp=2) in a mixture of experts (8 experts)"]
+/// );
 /// ```
-pub fn cpu_unsupported(plan: &Plan) -> Vec<String> {
+pub fn cpu_unsupported(cfg: &TransformerConfig, plan: &Plan) -> Vec<String> {
     let mut out = Vec::new();
-    let l = &plan.layer;
-    if !cpu_runs_layer(plan.sequence_parallel, l) {
+    if plan.cp > 1 && cfg.experts > 1 {
         out.push(format!(
-            "the layer placement {l} (the CPU runtime runs the ops of a layer split over tp \
-             or on sequence shards, the attention core on sequence shards on a step laid out \
-             in the load-balanced sequence order over tp)"
+            "context parallelism (cp={}) in a mixture of experts ({} experts)",
+            plan.cp, cfg.experts
         ));
     }
     out
-}
-
-/// Whether the CPU runtime executes the layer placement `l` with (`sp`) or without sequence
-/// parallelism: every placement, either way (see [`crate::parallelize::place_layers`]). The
-/// attention core on the sequence shards runs on a step laid out in the load-balanced
-/// sequence order over `tp` ([`crate::context_parallel::load_balance`]), which gives attention
-/// its queries' positions for the causal mask.
-pub(crate) fn cpu_runs_layer(_sp: bool, _l: &LayerPlacement) -> bool {
-    true
 }
 
 /// A mesh shape: `dp * tp * pp * cp` devices, `ep` dividing `dp`.
@@ -544,8 +538,6 @@ pub(crate) fn zero_stages(s: &Shape, c: &Constraints) -> Vec<u8> {
     match c.zero {
         Some(z) => vec![z],
         None if s.dp == 1 => vec![0],
-        // The CPU runtime shards ZeRO over the data ranks outside the expert axis only.
-        None if c.cpu_executable && s.dp == s.ep => vec![0],
         None => vec![0, 1, 2, 3],
     }
 }
