@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{autopar_err, autopar_ok, scratch};
+use common::{autopar_err, autopar_ok, plan_file, scratch};
 
 #[test]
 fn auto_on_eight_cpu_ranks_searches_runs_and_verifies() {
@@ -168,19 +168,11 @@ fn a_plan_file_runs_or_is_refused_by_name() {
     ]);
     assert!(err.contains("unknown field `mlp_sequence`"), "{err}");
     // What the CPU runtime cannot run is refused by name.
-    std::fs::write(
-        &file,
-        r#"{"dp":2,"tp":1,"pp":1,"vpp":1,"cp":2,"ep":2,"micro_batch_size":1,"global_batch":8,
-            "zero_stage":0,"recompute":"none","sequence_parallel":false,"schedule":"1f1b",
-            "dtype":"f32","axis_order":["pp","dp","ep","cp","tp"]}"#,
-    )
-    .expect("write");
-    let err = autopar_err(&[
-        "run",
-        "moe-tiny",
-        "--plan-file",
-        file.to_str().expect("UTF-8 path"),
-    ]);
+    let file = plan_file(
+        "auto_refused_cp_moe",
+        "dp=2,ep=2,cp=2,mbs=1,gbs=8,dtype=f32",
+    );
+    let err = autopar_err(&["run", "moe-tiny", "--plan-file", &file]);
     assert!(err.contains("cannot run on the CPU runtime"), "{err}");
     assert!(
         err.contains("context parallelism (cp=2) in a mixture of experts"),
@@ -191,20 +183,15 @@ fn a_plan_file_runs_or_is_refused_by_name() {
 #[test]
 fn a_plan_pipelined_over_data_and_tensor_parallel_ranks_runs_and_verifies() {
     // ZeRO-3 inside the pipeline: every sub-program gathers the weights it uses.
-    let dir = scratch("auto_3d_plan");
-    let file = dir.join("plan.json");
-    std::fs::write(
-        &file,
-        r#"{"dp":2,"tp":2,"pp":2,"vpp":1,"cp":1,"ep":1,"micro_batch_size":1,"global_batch":8,
-            "zero_stage":3,"recompute":"none","sequence_parallel":false,"schedule":"1f1b",
-            "dtype":"f32","axis_order":["pp","dp","ep","cp","tp"]}"#,
-    )
-    .expect("write");
+    let file = plan_file(
+        "auto_3d_plan",
+        "dp=2,tp=2,pp=2,mbs=1,gbs=8,zero=3,dtype=f32",
+    );
     let out = autopar_ok(&[
         "run",
         "gpt-tiny",
         "--plan-file",
-        file.to_str().expect("UTF-8 path"),
+        &file,
         "--steps",
         "2",
         "--verify",
@@ -311,22 +298,8 @@ fn plan_f32_on_two_ranks(model: &str, batch: &str, pins: &str) -> String {
 #[test]
 fn a_plan_pipelined_over_context_parallel_ranks_keeps_its_cp_axis() {
     // Only pp and cp: every rank of the plan's mesh runs, not a pipeline alone.
-    let dir = scratch("auto_pp_cp_plan");
-    let file = dir.join("plan.json");
-    std::fs::write(
-        &file,
-        r#"{"dp":1,"tp":1,"pp":2,"vpp":1,"cp":2,"ep":1,"micro_batch_size":4,"global_batch":8,
-            "zero_stage":0,"recompute":"none","sequence_parallel":false,"schedule":"1f1b",
-            "dtype":"f32","axis_order":["pp","dp","ep","cp","tp"]}"#,
-    )
-    .expect("write");
-    let out = autopar_ok(&[
-        "run",
-        "llama-tiny",
-        "--plan-file",
-        file.to_str().expect("UTF-8 path"),
-        "--verify",
-    ]);
+    let file = plan_file("auto_pp_cp_plan", "pp=2,cp=2,mbs=4,gbs=8,dtype=f32");
+    let out = autopar_ok(&["run", "llama-tiny", "--plan-file", &file, "--verify"]);
     assert!(out.contains("ranks: 4 (pp=2, cp=2)"), "{out}");
     assert!(out.trim_end().ends_with(" OK"), "{out}");
 }

@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{autopar_err, autopar_ok, check_golden, collectives, scratch};
+use common::{autopar_err, autopar_ok, check_golden, collectives, plan_file};
 
 /// Runs `moe-tiny` for two steps on `mesh` (plus `extra` options) with `--verify`, and
 /// asserts it prints `OK` with small errors.
@@ -254,22 +254,8 @@ fn plans_with_expert_parallelism_are_searched_and_run() {
     let plans = doc["plans"].as_array().expect("plans");
     assert!(plans.iter().any(|p| p["config"]["ep"] == 2), "{out}");
     // A plan's `dp` counts the `ep` ranks: dp=4, ep=2 is the mesh dp=2, ep=2.
-    let dir = scratch("ep_plan");
-    let file = dir.join("plan.json");
-    std::fs::write(
-        &file,
-        r#"{"dp":4,"tp":1,"pp":1,"vpp":1,"cp":1,"ep":2,"micro_batch_size":2,"global_batch":8,
-            "zero_stage":1,"recompute":"none","sequence_parallel":false,"schedule":"1f1b",
-            "dtype":"f32","axis_order":["pp","dp","ep","cp","tp"]}"#,
-    )
-    .expect("write");
-    let out = autopar_ok(&[
-        "run",
-        "moe-tiny",
-        "--plan-file",
-        file.to_str().expect("UTF-8 path"),
-        "--verify",
-    ]);
+    let file = plan_file("ep_plan", "dp=4,ep=2,mbs=2,gbs=8,zero=1,dtype=f32");
+    let out = autopar_ok(&["run", "moe-tiny", "--plan-file", &file, "--verify"]);
     assert!(out.contains("ranks: 4 (dp=2, ep=2)"), "{out}");
     assert!(out.trim_end().ends_with(" OK"), "{out}");
 }
