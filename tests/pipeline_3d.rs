@@ -88,26 +88,27 @@ fn dp_tp_pp_zero3_interleaved_verifies() {
     verifies("dp=2,tp=2,pp=2", "interleaved", "3", &["--vpp", "2"]);
 }
 
-/// FSDP in a pipeline: every forward and backward sub-program that reads a ZeRO-3 weight
-/// gathers it over `dp` itself, and no gathered weight is carried between sub-programs.
-#[test]
-fn zero3_gathers_in_every_sub_program_that_uses_a_weight() {
-    use autopar::ir::pipeline::value_name;
-    use autopar::ir::{DeviceMesh, Op, Placement, schedule::ScheduleKind};
+/// gpt-tiny's training step with `micro_batches` micro-batches, compiled for `mesh` (with
+/// `pp=2`) under ZeRO stage `zero` and a 1F1B schedule.
+fn compile_1f1b(
+    mesh: &str,
+    micro_batches: usize,
+    zero: u8,
+) -> (autopar::TrainStep, autopar::spmd::PipelinedSpmd) {
+    use autopar::ir::{DeviceMesh, schedule::ScheduleKind};
     use autopar::passes::parallelize::ParallelOptions;
     use autopar::passes::pipeline::PipelineOptions;
-
     let options = autopar::TrainOptions {
-        micro_batches: 4,
+        micro_batches,
         ..autopar::TrainOptions::default()
     };
     let step = autopar::load_train_step("gpt-tiny", None, &options).expect("step");
-    let mesh = DeviceMesh::parse("dp=2,pp=2").expect("mesh");
+    let mesh = DeviceMesh::parse(mesh).expect("mesh");
     let program = autopar::spmd::compile_pipelined(
         &step,
         &mesh,
         &ParallelOptions {
-            zero: 3,
+            zero,
             ..ParallelOptions::default()
         },
         &PipelineOptions {
@@ -118,6 +119,17 @@ fn zero3_gathers_in_every_sub_program_that_uses_a_weight() {
         },
     )
     .expect("compiles");
+    (step, program)
+}
+
+/// FSDP in a pipeline: every forward and backward sub-program that reads a ZeRO-3 weight
+/// gathers it over `dp` itself, and no gathered weight is carried between sub-programs.
+#[test]
+fn zero3_gathers_in_every_sub_program_that_uses_a_weight() {
+    use autopar::ir::pipeline::value_name;
+    use autopar::ir::{Op, Placement};
+
+    let (step, program) = compile_1f1b("dp=2,pp=2", 4, 3);
     let global = &program.spmd.global.graph;
     let sharded: std::collections::HashSet<String> = global
         .parameters()
@@ -183,38 +195,15 @@ fn zero3_gathers_in_every_sub_program_that_uses_a_weight() {
 /// and their optimizer state, not those of the other stages.
 #[test]
 fn pipeline_ranks_hold_only_their_stages_state() {
-    use autopar::ir::{DeviceMesh, schedule::ScheduleKind};
-    use autopar::passes::parallelize::ParallelOptions;
-    use autopar::passes::pipeline::PipelineOptions;
-
-    let options = autopar::TrainOptions {
-        micro_batches: 2,
-        ..autopar::TrainOptions::default()
-    };
-    let step = autopar::load_train_step("gpt-tiny", None, &options).expect("step");
-    let mesh = DeviceMesh::parse("dp=2,tp=2,pp=2").expect("mesh");
-    let program = autopar::spmd::compile_pipelined(
-        &step,
-        &mesh,
-        &ParallelOptions {
-            zero: 1,
-            ..ParallelOptions::default()
-        },
-        &PipelineOptions {
-            pp: 2,
-            vpp: 1,
-            schedule: ScheduleKind::OneFOneB,
-            boundaries: Vec::new(),
-        },
-    )
-    .expect("compiles");
+    let (_, program) = compile_1f1b("dp=2,tp=2,pp=2", 2, 1);
+    let mesh = &program.mesh;
     let sub = program.spmd.mesh().expect("mesh");
     let g = &program.spmd.global.graph;
     let bytes =
         |m: &autopar::runtime::TensorMap| -> u64 { m.values().map(|t| t.size_bytes()).sum() };
     let mut held = Vec::new();
     for rank in 0..mesh.num_devices() {
-        let (pp_rank, which) = autopar::runtime::split_pipeline_rank(&mesh, rank);
+        let (pp_rank, which) = autopar::runtime::split_pipeline_rank(mesh, rank);
         let state = autopar::spmd::init_pipeline_rank_state(&program, rank, 7).expect("state");
         let whole = autopar::spmd::init_rank_state(g, sub, which, 7).expect("whole state");
         assert!(
