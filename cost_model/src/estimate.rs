@@ -296,30 +296,8 @@ impl CostModel {
                 plan.pp * plan.vpp
             ));
         }
-        let layer = &plan.layer;
-        if cfg.experts > 1 && layer.mlp_code() != "tt" {
-            return mis(format!(
-                "mlp={} runs MLP GEMMs on sequence shards with replicated weights; `{}` has {} \
-                 experts, which expert parallelism places",
-                layer.mlp_code(),
-                cfg.name,
-                cfg.experts
-            ));
-        }
-        if plan.cp > 1 && layer.attention == OpPlacement::Sequence {
-            return mis(format!(
-                "attn={} splits the attention core's queries over tp, which context \
-                 parallelism's ring attention does not combine with (cp={})",
-                layer.attention_code(),
-                plan.cp
-            ));
-        }
-        if layer.sequence_ops().next().is_some() && !(cfg.seq / plan.cp).is_multiple_of(plan.tp) {
-            return mis(format!(
-                "{layer} runs ops on sequence shards: tp={} must divide the sequence {} (over \
-                 cp={})",
-                plan.tp, cfg.seq, plan.cp
-            ));
+        if let Some(why) = plan.layer.unsupported(cfg, plan.tp, plan.cp) {
+            return mis(why);
         }
         if let Some(l) = &plan.stage_layers
             && l.iter().sum::<usize>() != cfg.layers
@@ -1512,19 +1490,20 @@ impl<'a> Ctx<'a> {
             .iter()
             .filter(|&&g| g > 1)
             .count() as f64;
+        // Per layer: parameters, the experts' among them, and those held whole whose
+        // optimizer state is sharded over `tp`.
+        let layer_params = self.layer_params_per_rank();
+        let layer_experts = expert_params_per_layer(cfg, plan);
+        let layer_tp_sharded_state = layer_params - optimizer_params_per_layer(cfg, plan);
         (0..pp)
             .map(|rank| {
-                let mut params = 0.0;
-                // Parameters held whole whose optimizer state is sharded over `tp`.
-                let mut tp_sharded_state = 0.0;
-                let mut expert = 0.0;
+                let held_layers: usize = (0..plan.vpp).map(|c| layers[c * pp + rank]).sum();
+                let mut params = held_layers as f64 * layer_params;
+                let expert = held_layers as f64 * layer_experts;
+                let tp_sharded_state = held_layers as f64 * layer_tp_sharded_state;
                 let mut max_chunk_layers = 0;
                 for c in 0..plan.vpp {
                     let vs = c * pp + rank;
-                    params += layers[vs] as f64 * self.layer_params_per_rank();
-                    expert += layers[vs] as f64 * expert_params_per_layer(cfg, plan);
-                    tp_sharded_state += layers[vs] as f64
-                        * (self.layer_params_per_rank() - optimizer_params_per_layer(cfg, plan));
                     max_chunk_layers = max_chunk_layers.max(layers[vs]);
                     if vs == 0 {
                         params += emb;

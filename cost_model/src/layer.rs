@@ -27,6 +27,7 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 use crate::comm::Collective;
+use crate::model::TransformerConfig;
 
 /// The five placed ops of a layer, in execution order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -199,6 +200,38 @@ impl LayerPlacement {
             .iter()
             .map(|p| p.letter())
             .collect()
+    }
+
+    /// Why this placement cannot lay out the layers of `cfg` over `tp` tensor-parallel and
+    /// `cp` context-parallel ranks, or `None` when it can: a mixture of experts keeps its MLP
+    /// split over `tp` (expert parallelism places the experts); the attention core on query
+    /// shards does not combine with context parallelism's ring; ops on sequence shards need
+    /// `tp` to divide a context rank's sequence.
+    pub fn unsupported(&self, cfg: &TransformerConfig, tp: usize, cp: usize) -> Option<String> {
+        if cfg.experts > 1 && self.mlp_code() != "tt" {
+            return Some(format!(
+                "mlp={} runs MLP GEMMs on sequence shards with replicated weights; `{}` has {} \
+                 experts, which expert parallelism places",
+                self.mlp_code(),
+                cfg.name,
+                cfg.experts
+            ));
+        }
+        if cp > 1 && self.attention == OpPlacement::Sequence {
+            return Some(format!(
+                "attn={} splits the attention core's queries over tp, which context \
+                 parallelism's ring attention does not combine with (cp={cp})",
+                self.attention_code(),
+            ));
+        }
+        if self.sequence_ops().next().is_some() && !(cfg.seq / cp).is_multiple_of(tp) {
+            return Some(format!(
+                "{self} runs ops on sequence shards: tp={tp} must divide the sequence {} (over \
+                 cp={cp})",
+                cfg.seq
+            ));
+        }
+        None
     }
 
     /// Sets the attention ops from `tp`, `seq`, `ulysses` or a three-letter code.

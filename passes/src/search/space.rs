@@ -554,22 +554,18 @@ pub(crate) fn sequence_parallel(cfg: &TransformerConfig, s: &Shape, c: &Constrai
 }
 
 /// The layer placements ([`Plan::layer`]) to weigh for a mesh shape: Megatron-LM's alone
-/// without `tp`; otherwise every placement the model admits (MLP ops on sequence shards only
-/// in a dense model, the attention core on its queries only without context parallelism, ops
-/// on sequence shards only where `tp` divides a context rank's sequence) and the pins allow,
-/// Megatron-LM's first.
+/// without `tp`; otherwise every placement the model admits
+/// ([`LayerPlacement::unsupported`], the rule the cost model checks plans with) and the pins
+/// allow, Megatron-LM's first.
 pub(crate) fn layer_placements(
     cfg: &TransformerConfig,
     s: &Shape,
     c: &Constraints,
 ) -> Vec<LayerPlacement> {
     let mut out = vec![LayerPlacement::MEGATRON];
-    if s.tp > 1 && (cfg.seq / s.cp).is_multiple_of(s.tp) {
+    if s.tp > 1 {
         out = LayerPlacement::all();
-        out.retain(|l| {
-            (cfg.experts <= 1 || l.mlp_code() == "tt")
-                && (s.cp == 1 || l.attention == OpPlacement::Tensor)
-        });
+        out.retain(|l| l.unsupported(cfg, s.tp, s.cp).is_none());
     }
     out.retain(|l| c.admits_layer(l));
     out
