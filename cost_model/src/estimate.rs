@@ -7,7 +7,7 @@
 use serde::{Deserialize, Serialize};
 
 use autopar_ir::schedule::{Action, Schedule, Timeline};
-use autopar_ir::{Op, TensorType};
+use autopar_ir::{Op, TensorType, axis};
 
 use crate::cluster::Cluster;
 use crate::cluster::Runtime;
@@ -658,11 +658,11 @@ impl<'a> Ctx<'a> {
             cfg,
             plan,
             mapping,
-            tp: mapping.axis_group("tp")?.clone(),
-            cp: mapping.axis_group("cp")?.clone(),
-            ep: mapping.axis_group("ep")?.clone(),
-            dp: mapping.group(&["dp".to_string(), "ep".to_string()])?,
-            dp_expert: mapping.axis_group("dp")?.clone(),
+            tp: mapping.axis_group(axis::TP)?.clone(),
+            cp: mapping.axis_group(axis::CP)?.clone(),
+            ep: mapping.axis_group(axis::EP)?.clone(),
+            dp: mapping.group(&[axis::DP.to_string(), axis::EP.to_string()])?,
+            dp_expert: mapping.axis_group(axis::DP)?.clone(),
             shards: m.zero_shards(plan),
             e: plan.dtype.size_bytes() as f64,
             n: (plan.micro_batch_size * cfg.seq / plan.cp) as u64,
@@ -1144,7 +1144,7 @@ impl<'a> Ctx<'a> {
             return 0.0;
         }
         let bytes = self.act() * self.e / self.plan.tp as f64;
-        let pp_index = self.mapping.mesh().axis_index("pp").unwrap_or(0);
+        let pp_index = self.mapping.mesh().axis_index(axis::PP).unwrap_or(0);
         let linear = |r: usize| {
             let mut c = vec![0; self.mapping.axes().len()];
             c[pp_index] = r % self.plan.pp;
@@ -1159,13 +1159,17 @@ impl<'a> Ctx<'a> {
                 groups_per_nic: 0,
             }
         } else {
-            let pp = self.mapping.axis_group("pp").cloned().unwrap_or(GroupInfo {
-                size: 2,
-                nodes_spanned: 2,
-                members_per_node: 1,
-                nics_per_group: 1,
-                groups_per_nic: 1,
-            });
+            let pp = self
+                .mapping
+                .axis_group(axis::PP)
+                .cloned()
+                .unwrap_or(GroupInfo {
+                    size: 2,
+                    nodes_spanned: 2,
+                    members_per_node: 1,
+                    nics_per_group: 1,
+                    groups_per_nic: 1,
+                });
             GroupInfo { size: 2, ..pp }
         };
         let mut t = self.coll(Collective::SendRecv, bytes, &group);
@@ -1325,7 +1329,7 @@ impl<'a> Ctx<'a> {
         let embedding_sync = if pp > 1 && cfg.tied_embeddings {
             let pair = self
                 .mapping
-                .axis_group("pp")
+                .axis_group(axis::PP)
                 .cloned()
                 .map(|g| GroupInfo { size: 2, ..g });
             pair.map_or(0.0, |g| {

@@ -7,8 +7,8 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
-use autopar_ir::DType;
 use autopar_ir::schedule::ScheduleKind;
+use autopar_ir::{DType, axis};
 
 use crate::error::CostError;
 use crate::layer::LayerPlacement;
@@ -107,7 +107,7 @@ impl Default for Plan {
 
 impl Plan {
     /// Megatron-LM's placement: `tp` fastest, then `cp`, `ep`, `dp`, and `pp` slowest.
-    pub const DEFAULT_ORDER: [&'static str; 5] = ["pp", "dp", "ep", "cp", "tp"];
+    pub const DEFAULT_ORDER: [&'static str; 5] = [axis::PP, axis::DP, axis::EP, axis::CP, axis::TP];
 
     /// Parses `key=value` pairs separated by commas. Keys: `dp tp pp vpp cp ep mbs`
     /// (`micro_batch`), `gbs` (`batch`), `zero` (0-3), `recompute` (none|selective|full),
@@ -148,12 +148,12 @@ impl Plan {
                 }
             };
             match k {
-                "dp" => p.dp = num()?,
-                "tp" => p.tp = num()?,
-                "pp" => p.pp = num()?,
+                axis::DP => p.dp = num()?,
+                axis::TP => p.tp = num()?,
+                axis::PP => p.pp = num()?,
                 "vpp" => p.vpp = num()?,
-                "cp" => p.cp = num()?,
-                "ep" => p.ep = num()?,
+                axis::CP => p.cp = num()?,
+                axis::EP => p.ep = num()?,
                 "mbs" | "micro_batch" => p.micro_batch_size = num()?,
                 "gbs" | "batch" | "global_batch" => gbs = Some(num()?),
                 "zero" => {
@@ -299,11 +299,11 @@ impl Plan {
             .iter()
             .map(|a| {
                 let size = match a.as_str() {
-                    "pp" => self.pp,
-                    "dp" => self.dp / self.ep,
-                    "ep" => self.ep,
-                    "cp" => self.cp,
-                    "tp" => self.tp,
+                    axis::PP => self.pp,
+                    axis::DP => self.dp / self.ep,
+                    axis::EP => self.ep,
+                    axis::CP => self.cp,
+                    axis::TP => self.tp,
                     _ => 1,
                 };
                 (a.clone(), size)

@@ -4,6 +4,7 @@
 //!
 //! This crate does no I/O: dumps are produced as strings and parsed from strings.
 
+pub mod axis;
 pub mod dot;
 pub mod error;
 pub mod graph;
@@ -21,6 +22,7 @@ pub mod trace;
 pub mod types;
 pub mod verify;
 
+pub use axis::Axis;
 pub use error::IrError;
 pub use graph::{Graph, Node, NodeId, Value, ValueId};
 pub use mesh::{DeviceMesh, MeshAxis};

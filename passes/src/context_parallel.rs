@@ -38,7 +38,7 @@ use crate::error::PassError;
 use crate::propagate::Constraints;
 
 /// The context-parallel mesh axis.
-pub const CONTEXT_AXIS: &str = "cp";
+pub const CONTEXT_AXIS: &str = autopar_ir::axis::CP;
 
 /// Scope path of the nodes that permute the data inputs into the load-balanced order.
 pub const LAYOUT_DATA: &str = "cp_layout.data";

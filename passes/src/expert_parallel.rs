@@ -21,7 +21,7 @@ use crate::parallelize::{DATA_AXIS, gradient_source};
 use crate::propagate::{Constraints, tensor_name};
 
 /// The expert-parallel mesh axis.
-pub const EXPERT_AXIS: &str = "ep";
+pub const EXPERT_AXIS: &str = autopar_ir::axis::EP;
 
 /// Adds the expert-parallel constraints of `g` on `mesh` to `c` (see the module docs). An
 /// error when the mesh has no `ep` axis above 1, when `g` has no MoE layer or no weight

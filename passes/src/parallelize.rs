@@ -72,10 +72,10 @@ use crate::expert_parallel::{EXPERT_AXIS, expert_parallel_constraints};
 use crate::propagate::{Constraints, ShardingPlan, propagate_sharding};
 
 /// The data-parallel mesh axis.
-pub const DATA_AXIS: &str = "dp";
+pub const DATA_AXIS: &str = autopar_ir::axis::DP;
 
 /// The tensor-parallel mesh axis (sequence parallelism shards over it too).
-pub const TENSOR_AXIS: &str = "tp";
+pub const TENSOR_AXIS: &str = autopar_ir::axis::TP;
 
 /// How to parallelise a graph on a mesh.
 #[derive(Clone, Debug, Default, PartialEq)]

@@ -32,7 +32,7 @@ use crate::interp::{RunOptions, run_with_communicator};
 use crate::tensor::Tensor;
 
 /// The mesh axis pipeline messages travel on.
-pub const PP_AXIS: &str = "pp";
+pub const PP_AXIS: &str = autopar_ir::axis::PP;
 
 /// What one rank did during a step.
 #[derive(Clone, Debug, PartialEq)]
