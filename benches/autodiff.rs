@@ -2,9 +2,9 @@
 
 use std::hint::black_box;
 
-use autopar::frontends::zoo;
-use autopar::passes::autodiff::differentiate;
-use autopar::passes::train::{TrainOptions, build_train_step};
+use autopar_driver::frontends::zoo;
+use autopar_driver::passes::autodiff::differentiate;
+use autopar_driver::passes::train::{TrainOptions, build_train_step};
 use criterion::{Criterion, criterion_group, criterion_main};
 
 fn autodiff(c: &mut Criterion) {

@@ -4,8 +4,8 @@
 use criterion::{Criterion, criterion_group, criterion_main};
 use std::hint::black_box;
 
-use autopar::frontends::zoo;
-use autopar::ir::text;
+use autopar_driver::frontends::zoo;
+use autopar_driver::ir::text;
 
 fn build_and_print(c: &mut Criterion) {
     let mut group = c.benchmark_group("foundation");

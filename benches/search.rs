@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 
-use autopar::cost_model::CostModel;
-use autopar::passes::search::{SearchOptions, search};
+use autopar_driver::cost_model::CostModel;
+use autopar_driver::passes::search::{SearchOptions, search};
 
 fn search_bench(c: &mut Criterion) {
     let mut group = c.benchmark_group("search");
@@ -18,8 +18,8 @@ fn search_bench(c: &mut Criterion) {
         ("gpt3-175b", "dgx-a100:nodes=128", 1536),
         ("llama3-405b", "dgx-h100:nodes=2048", 2048),
     ] {
-        let cm = CostModel::new(autopar::load_cluster(cluster).expect("preset"));
-        let cfg = autopar::model_config(model).expect("zoo model");
+        let cm = CostModel::new(autopar_driver::load_cluster(cluster).expect("preset"));
+        let cfg = autopar_driver::model_config(model).expect("zoo model");
         let opts = SearchOptions::new(batch);
         group.bench_function(format!("{model} on {cluster}"), |b| {
             b.iter(|| search(black_box(&cm), black_box(&cfg), &opts).expect("search"))

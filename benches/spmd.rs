@@ -6,15 +6,16 @@
 
 use std::hint::black_box;
 
-use autopar::TrainOptions;
-use autopar::ir::DeviceMesh;
-use autopar::passes::parallelize::{ParallelOptions, parallelize};
-use autopar::passes::partition::partition;
+use autopar_driver::TrainOptions;
+use autopar_driver::ir::DeviceMesh;
+use autopar_driver::passes::parallelize::{ParallelOptions, parallelize};
+use autopar_driver::passes::partition::partition;
 use criterion::{Criterion, criterion_group, criterion_main};
 
 fn spmd(c: &mut Criterion) {
-    let step = autopar::load_train_step("gpt3-175b:vocab=51200", Some(8), &TrainOptions::default())
-        .expect("the step graph builds");
+    let step =
+        autopar_driver::load_train_step("gpt3-175b:vocab=51200", Some(8), &TrainOptions::default())
+            .expect("the step graph builds");
     let mesh = DeviceMesh::parse("dp=8,tp=8").expect("a mesh");
     let mut group = c.benchmark_group("gpt3-175b dp=8,tp=8");
     group.sample_size(10);

@@ -3,20 +3,17 @@
 use std::io::Write;
 use std::process::ExitCode;
 
-mod spmd_cmd;
-
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
 
-use autopar::frontends::zoo::{self, EntryKind};
-use autopar::ir::DType;
-use autopar::passes::train::GRADS_FINITE;
-use autopar::{
-    DumpFormat, LossScaling, Optimizer, Recompute, TrainOptions, dump, load_model, load_train_step,
-};
+use autopar_driver::frontends::zoo::{self, EntryKind};
+use autopar_driver::ir::DType;
+use autopar_driver::{self as driver, DumpFormat, LossScaling, Optimizer, Recompute, TrainOptions};
 
 mod auto_cmd;
 mod plan_cmd;
+mod run_cmd;
+mod spmd_cmd;
 
 /// autopar: an auto-parallel compiler for deep-learning training.
 #[derive(Parser)]
@@ -157,6 +154,8 @@ struct RunArgs {
     /// document, whose best plan is taken).
     #[arg(long, value_name = "FILE")]
     plan_file: Option<String>,
+    #[command(flatten)]
+    diag: run_cmd::CompileDiagArgs,
 }
 
 /// Options of a pipeline-parallel run or dump.
@@ -316,44 +315,17 @@ fn execute(cli: Cli) -> Result<()> {
             spmd,
             rank,
         } => {
-            let g = match stage {
-                Stage::Forward => load_model(&model, batch)?,
-                Stage::Train => load_train_step(&model, batch, &train.options())?.graph,
-                Stage::Sharded | Stage::Partitioned => {
-                    let mesh = pipeline.mesh.as_deref();
-                    let step = match mesh {
-                        Some(m) => {
-                            let layer = spmd.layer()?;
-                            spmd_cmd::load_for_mesh(
-                                &model,
-                                batch,
-                                &train.options(),
-                                false,
-                                m,
-                                &layer,
-                            )?
-                            .0
-                        }
-                        None => load_train_step(&model, batch, &train.options())?.graph,
-                    };
-                    let partitioned = matches!(stage, Stage::Partitioned);
-                    spmd_cmd::dump_graph(&step, mesh, &spmd, partitioned, rank)?
-                }
-                Stage::Pipeline | Stage::Schedule => {
-                    let text = dump_pipeline(&model, batch, &train, &pipeline, &spmd, stage)?;
-                    return match output {
-                        Some(path) => std::fs::write(&path, text)
-                            .with_context(|| format!("cannot write `{path}`")),
-                        None => print_stdout(&text),
-                    };
-                }
+            let text = match run_cmd::dump(&model, batch, stage, &train, &pipeline, &spmd, rank)? {
+                run_cmd::Dumped::Text(text) => text,
+                run_cmd::Dumped::Graph(g) => driver::dump(
+                    &g,
+                    match format {
+                        Format::Text => DumpFormat::Text,
+                        Format::Dot => DumpFormat::Dot,
+                        Format::Json => DumpFormat::Json,
+                    },
+                ),
             };
-            let format = match format {
-                Format::Text => DumpFormat::Text,
-                Format::Dot => DumpFormat::Dot,
-                Format::Json => DumpFormat::Json,
-            };
-            let text = dump(&g, format);
             match output {
                 Some(path) => {
                     std::fs::write(&path, text).with_context(|| format!("cannot write `{path}`"))
@@ -361,7 +333,10 @@ fn execute(cli: Cli) -> Result<()> {
                 None => print_stdout(&text),
             }
         }
-        Command::Run(args) => run(args),
+        Command::Run(args) => match args.auto || args.plan_file.is_some() {
+            true => auto_cmd::run(&args),
+            false => run_cmd::run(&args),
+        },
         Command::Estimate(args) => estimate(args),
         Command::Plan(args) => plan_cmd::plan(args),
         Command::Topo { cluster, toml } => topo(&cluster, toml),
@@ -369,9 +344,9 @@ fn execute(cli: Cli) -> Result<()> {
 }
 
 fn estimate(args: EstimateArgs) -> Result<()> {
-    use autopar::cost_model::Plan;
-    use autopar::ir::DType;
-    let cluster = autopar::load_cluster(&args.cluster)?;
+    use driver::cost_model::Plan;
+    use driver::ir::DType;
+    let cluster = driver::load_cluster(&args.cluster)?;
     let cluster_desc = format!("{} ({} devices)", args.cluster, cluster.num_devices());
     let mut plan = if args.plan.trim().is_empty() {
         Plan::default()
@@ -386,21 +361,21 @@ fn estimate(args: EstimateArgs) -> Result<()> {
             ComputeDtype::Fp32 => DType::F32,
         };
     }
-    let est = autopar::estimate(&args.model, cluster, &plan)?;
+    let est = driver::estimate(&args.model, cluster, &plan)?;
     if let Some(path) = &args.trace {
         let timeline = est
             .timeline
             .as_ref()
             .context("the plan is infeasible, so there is no schedule to trace")?;
-        let schedule = autopar::ir::schedule::Schedule::new(
+        let schedule = driver::ir::schedule::Schedule::new(
             plan.schedule,
             plan.pp,
             plan.vpp,
             plan.micro_batches(),
         )?;
-        let slices = autopar::ir::trace::schedule_slices(&schedule, timeline, 1.0);
+        let slices = driver::ir::trace::schedule_slices(&schedule, timeline, 1.0);
         let names: Vec<String> = (0..plan.pp).map(|r| format!("pipeline rank {r}")).collect();
-        std::fs::write(path, autopar::ir::trace::chrome_trace(&names, &slices))
+        std::fs::write(path, driver::ir::trace::chrome_trace(&names, &slices))
             .with_context(|| format!("cannot write `{path}`"))?;
     }
     if args.json {
@@ -501,8 +476,8 @@ fn estimate(args: EstimateArgs) -> Result<()> {
                 out += &format!(
                     "  {:<8} {:<14} {:>9.1} MB {:>8.3} ms  {}\n",
                     match t.pass {
-                        autopar::cost_model::layer::Pass::Forward => "forward",
-                        autopar::cost_model::layer::Pass::Backward => "backward",
+                        driver::cost_model::layer::Pass::Forward => "forward",
+                        driver::cost_model::layer::Pass::Backward => "backward",
                     },
                     t.kind.name(),
                     c.bytes / 1e6,
@@ -548,7 +523,7 @@ fn estimate(args: EstimateArgs) -> Result<()> {
 }
 
 fn topo(arg: &str, toml: bool) -> Result<()> {
-    let c = autopar::load_cluster(arg)?;
+    let c = driver::load_cluster(arg)?;
     if toml {
         return print_stdout(&c.to_toml());
     }
@@ -643,199 +618,6 @@ fn models(json: bool) -> Result<()> {
         out += &format!("  {}\n      {}\n", e.name, e.description);
     }
     print_stdout(&out)
-}
-
-fn run(args: RunArgs) -> Result<()> {
-    if args.auto || args.plan_file.is_some() {
-        return auto_cmd::run(&args);
-    }
-    if let Some(mesh) = &args.pipeline.mesh
-        && !spmd_cmd::is_pipeline(mesh)?
-    {
-        if args.trace.is_some() {
-            anyhow::bail!("--trace applies to pipelines (--mesh pp=N)");
-        }
-        let (g, reference) = spmd_cmd::load_for_mesh(
-            &args.model,
-            args.batch,
-            &args.train.options(),
-            args.forward,
-            mesh,
-            &args.spmd.layer()?,
-        )?;
-        let steps = if args.forward { 1 } else { args.steps };
-        let tolerance = autopar::spmd::verify_tolerance(args.train.options().compute_dtype);
-        let verify = args.verify.then_some(tolerance);
-        return spmd_cmd::run(
-            &g,
-            reference.as_ref(),
-            mesh,
-            &args.spmd,
-            args.seed,
-            steps,
-            verify,
-        );
-    }
-    if args.forward {
-        let g = load_model(&args.model, args.batch)?;
-        let loss = autopar::forward_loss(&g, args.seed)?;
-        return print_stdout(&format!("loss: {loss:.6}\n"));
-    }
-    let options = args.train.options();
-    if let Some(mesh) = &args.pipeline.mesh {
-        // A pipeline: with context parallelism or the attention core on the sequence shards,
-        // the step is laid out in the load-balanced sequence order and verifies against the
-        // original.
-        let layout =
-            autopar::sequence_layout(&autopar::ir::DeviceMesh::parse(mesh)?, &args.spmd.layer()?)?;
-        let step = autopar::load_train_step_laid_out(&args.model, args.batch, &options, layout)?;
-        let reference = match layout {
-            Some(_) => Some(load_train_step(&args.model, args.batch, &options)?.graph),
-            None => None,
-        };
-        return run_pipelined(&args, &step, reference.as_ref(), mesh);
-    }
-    let step = load_train_step(&args.model, args.batch, &options)?;
-    if args.verify || args.trace.is_some() {
-        anyhow::bail!("--verify and --trace need --mesh");
-    }
-    let summary = autopar::train::<anyhow::Error>(&step, args.seed, args.steps, |report| {
-        print_stdout(&format!(
-            "step {} loss: {:.6}\n",
-            report.step + 1,
-            report.loss
-        ))?;
-        if let Some(finite) = report.metrics.get(GRADS_FINITE)
-            && finite.scalar_value() == Some(0.0)
-        {
-            eprintln!(
-                "step {}: gradients are not finite; update skipped, loss scale reduced",
-                report.step + 1
-            );
-        }
-        Ok(())
-    })?;
-    print_stdout(&format!("peak memory: {}\n", summary.peak_bytes))
-}
-
-/// `run --mesh pp=N`: the pipelined step, checked with --verify, traced with --trace.
-fn run_pipelined(
-    args: &RunArgs,
-    step: &autopar::TrainStep,
-    reference: Option<&autopar::ir::Graph>,
-    mesh: &str,
-) -> Result<()> {
-    use autopar::pipeline_cmd as pc;
-    let p = &args.pipeline;
-    let kind: autopar::ir::schedule::ScheduleKind = p.schedule.parse()?;
-    if spmd_cmd::has_spmd_axes(mesh)? {
-        let pp = autopar::ir::DeviceMesh::parse(mesh)?
-            .axis_size("pp")
-            .unwrap_or(1);
-        let options = autopar::passes::pipeline::PipelineOptions {
-            pp,
-            vpp: p.vpp,
-            schedule: kind,
-            boundaries: p.stage_boundaries.clone(),
-        };
-        let tolerance = autopar::spmd::verify_tolerance(args.train.options().compute_dtype);
-        let verify = args.verify.then_some(tolerance);
-        return spmd_cmd::run_pipelined(
-            step,
-            reference,
-            mesh,
-            &args.spmd,
-            &options,
-            args.seed,
-            args.steps,
-            verify,
-            args.trace.as_deref(),
-        );
-    }
-    if args.spmd.zero > 0 {
-        anyhow::bail!(
-            "--zero {} shards over the data axes `dp` and `ep`, which the mesh `{mesh}` does not have",
-            args.spmd.zero
-        );
-    }
-    let (_, pp) = pc::pipeline_degree(mesh)?;
-    let split = pc::split(step, pp, kind, p.vpp, &p.stage_boundaries)?;
-    let summary = pc::run_steps(step, &split, args.seed, args.steps)?;
-    for (i, loss) in summary.losses.iter().enumerate() {
-        print_stdout(&format!("step {} loss: {loss:.6}\n", i + 1))?;
-    }
-    let mut out = String::new();
-    for (r, rank) in summary.last.ranks.iter().enumerate() {
-        out += &format!(
-            "rank {r}: peak memory {} bytes, peak activations {} bytes, {} micro-batch chunks in flight\n",
-            rank.peak_bytes, rank.peak_activation_bytes, rank.max_in_flight
-        );
-    }
-    print_stdout(&out)?;
-    if let Some(path) = &args.trace {
-        std::fs::write(path, pc::trace_json(&split.program.schedule, &summary.last))
-            .with_context(|| format!("cannot write `{path}`"))?;
-    }
-    if args.verify {
-        let (abs, rel) =
-            pc::compare_with_reference(step, args.seed, args.steps.max(1), &summary.last.outputs)?;
-        let ok = abs < pc::VERIFY_TOLERANCE;
-        print_stdout(&format!(
-            "verify: max_abs_err={abs:.3e} max_rel_err={rel:.3e} {}\n",
-            if ok { "OK" } else { "FAILED" }
-        ))?;
-        if !ok {
-            std::process::exit(1);
-        }
-    }
-    Ok(())
-}
-
-/// `dump --stage pipeline|schedule`.
-fn dump_pipeline(
-    model: &str,
-    batch: Option<usize>,
-    train: &TrainArgs,
-    p: &PipelineArgs,
-    spmd: &spmd_cmd::SpmdArgs,
-    stage: Stage,
-) -> Result<String> {
-    use autopar::pipeline_cmd as pc;
-    let mesh = p
-        .mesh
-        .as_deref()
-        .context("--stage pipeline and --stage schedule need --mesh with a pp axis")?;
-    let kind: autopar::ir::schedule::ScheduleKind = p.schedule.parse()?;
-    if spmd_cmd::has_spmd_axes(mesh)? {
-        if !spmd_cmd::is_pipeline(mesh)? {
-            anyhow::bail!(
-                "--stage pipeline and --stage schedule need a `pp` axis above 1 in --mesh `{mesh}`"
-            );
-        }
-        let parsed = autopar::ir::DeviceMesh::parse(mesh)?;
-        let pp = parsed.axis_size("pp").unwrap_or(1);
-        let schedule = autopar::ir::schedule::Schedule::new(kind, pp, p.vpp, train.micro_batches)?;
-        if let Stage::Schedule = stage {
-            return Ok(pc::describe_mesh_schedule(&schedule, &parsed));
-        }
-        let layout = autopar::sequence_layout(&parsed, &spmd.layer()?)?;
-        let step = autopar::load_train_step_laid_out(model, batch, &train.options(), layout)?;
-        let options = autopar::passes::pipeline::PipelineOptions {
-            pp,
-            vpp: p.vpp,
-            schedule: kind,
-            boundaries: p.stage_boundaries.clone(),
-        };
-        return spmd_cmd::describe_pipeline(&step, mesh, spmd, &options);
-    }
-    let (_, pp) = pc::pipeline_degree(mesh)?;
-    let schedule = autopar::ir::schedule::Schedule::new(kind, pp, p.vpp, train.micro_batches)?;
-    if let Stage::Schedule = stage {
-        return Ok(pc::describe_schedule(&schedule));
-    }
-    let step = load_train_step(model, batch, &train.options())?;
-    let split = pc::stages(&step, schedule.num_virtual_stages(), &p.stage_boundaries)?;
-    Ok(pc::describe_stages(&split, pp))
 }
 
 /// Writes to stdout, treating a closed pipe (`autopar dump ... | head`) as success.

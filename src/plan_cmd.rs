@@ -10,12 +10,12 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use clap::ValueEnum;
 
-use autopar::cost_model::{CostModel, LayerPlacement, Plan, TransformerConfig};
-use autopar::ir::DType;
-use autopar::passes::search::explain::{Comparison, megatron_reference, placed_axes};
-use autopar::passes::search::export::{megatron_args, torchtitan_toml};
-use autopar::passes::search::{
-    Constraints, Progress, RankedPlan, SearchOptions, SearchResult, search_with_progress,
+use autopar_cost_model::{CostModel, LayerPlacement, Plan, TransformerConfig};
+use autopar_driver as driver;
+use autopar_driver::ir::DType;
+use autopar_driver::search::{
+    Comparison, Constraints, Progress, RankedPlan, SearchOptions, SearchResult, megatron_args,
+    megatron_reference, placed_axes, search_with_progress, torchtitan_toml,
 };
 
 #[derive(clap::Args)]
@@ -85,11 +85,11 @@ enum ExportTarget {
 }
 
 pub fn plan(args: PlanArgs) -> Result<()> {
-    let cluster = autopar::load_cluster(&args.cluster)?;
+    let cluster = driver::load_cluster(&args.cluster)?;
     let devices = cluster.num_devices();
     let gpu = cluster.gpu.model.clone();
     let model = CostModel::new(cluster);
-    let cfg = autopar::model_config(&args.model)?;
+    let cfg = driver::model_config(&args.model)?;
     let mut opts = SearchOptions::new(args.batch);
     opts.dtype = match args.dtype {
         PlanDtype::Bf16 => DType::BF16,
@@ -254,72 +254,11 @@ pub fn plan(args: PlanArgs) -> Result<()> {
     super::print_stdout(&out)
 }
 
-/// The constraints of `--annotate FILE` combined with `--pin`: `mesh:` lines pin plan keys,
-/// tensor lines require the axes they shard over to be longer than 1.
+/// The constraints of `--annotate FILE` combined with `--pin` (see
+/// [`driver::search::annotation_constraints`]).
 pub fn annotation_constraints(path: &str, pin: &str) -> Result<Constraints> {
     let text = std::fs::read_to_string(path).with_context(|| format!("cannot read `{path}`"))?;
-    let mut pins = Vec::new();
-    // Tensor lines go to the annotation parser with their line numbers kept.
-    let mut tensors = String::new();
-    for line in text.lines() {
-        let content = line.split('#').next().unwrap_or("").trim();
-        match content.split_once(':') {
-            Some((name, rest)) if name.trim() == "mesh" => {
-                pins.push(rest.trim().to_string());
-                tensors.push('\n');
-            }
-            _ => {
-                tensors.push_str(line);
-                tensors.push('\n');
-            }
-        }
-    }
-    let file_pins = pins.join(",");
-    let from_file = Constraints::parse(&file_pins).with_context(|| format!("{path}: `mesh:`"))?;
-    let from_flag = Constraints::parse(pin)?;
-    let (a, b) = (
-        serde_json::to_value(&from_file)?,
-        serde_json::to_value(&from_flag)?,
-    );
-    if let (Some(a), Some(b)) = (a.as_object(), b.as_object()) {
-        for (key, va) in a {
-            if let Some(vb) = b.get(key)
-                && !va.is_null()
-                && !vb.is_null()
-                && va != vb
-            {
-                bail!("{path} pins {key} to {va}, --pin to {vb}");
-            }
-        }
-    }
-    let mut c = Constraints::parse(&format!("{pin},{file_pins}"))?;
-    let annotations = autopar::passes::parallelize::parse_annotations(&tensors)
-        .map_err(|e| anyhow::anyhow!("{path}: {e}"))?;
-    for a in &annotations {
-        for (axis, placement) in &a.axes {
-            if !matches!(placement, autopar::ir::Placement::Shard(_)) {
-                continue;
-            }
-            if !["dp", "tp", "pp", "cp", "ep"].contains(&axis.as_str()) {
-                bail!(
-                    "{path}:{}: `{}` is sharded over `{axis}`, which is not a plan axis (dp, tp, pp, cp, ep)",
-                    a.line,
-                    a.tensor
-                );
-            }
-            if !c.sharded_axes.contains(axis) {
-                c.sharded_axes.push(axis.clone());
-            }
-            // A weight split over tp keeps its op split over tp in every plan.
-            if axis == "tp"
-                && let Some(op) = autopar::passes::parallelize::layer_op_of_weight(&a.tensor)
-                && !c.tensor_ops.contains(&op)
-            {
-                c.tensor_ops.push(op);
-            }
-        }
-    }
-    Ok(c)
+    Ok(driver::search::annotation_constraints(path, &text, pin)?)
 }
 
 fn header(

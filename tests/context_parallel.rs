@@ -6,10 +6,13 @@
 
 mod common;
 
-use autopar::ir::{DeviceMesh, Graph, Op};
-use autopar::passes::context_parallel::{load_balance, load_balanced_positions};
-use autopar::passes::parallelize::ParallelOptions;
-use autopar::{TrainOptions, forward_loss, load_model, load_train_step, load_train_step_cp, spmd};
+use autopar_driver::ir::{DeviceMesh, Graph, Op};
+use autopar_driver::passes::context_parallel::{load_balance, load_balanced_positions};
+use autopar_driver::passes::parallelize::{ParallelOptions, parallelize};
+use autopar_driver::runtime as rt;
+use autopar_driver::{
+    CompileOptions, RunOptions, TrainOptions, compile, load_model, load_train_step,
+};
 use common::{autopar_err, autopar_ok, check_golden};
 
 /// The `verify:` line of a run's output, asserted OK, and its two errors.
@@ -29,11 +32,19 @@ fn verified(out: &str) -> (f64, f64) {
     (err("max_abs_err"), err("max_rel_err"))
 }
 
+/// The loss of one forward pass of `g` on the reference interpreter, from `seed`.
+fn forward_loss(g: &Graph, seed: u64) -> f64 {
+    let params = rt::init_parameters(g, seed).unwrap();
+    let batch = rt::synthetic_batch(g, seed, 0).unwrap();
+    let out = rt::run(g, &params, &batch, rt::RunOptions::default()).unwrap();
+    out.scalar("loss").unwrap()
+}
+
 #[test]
 fn the_load_balanced_layout_keeps_the_loss() {
     for model in ["llama-tiny", "gpt-tiny"] {
         let g = load_model(model, None).unwrap();
-        let want = forward_loss(&g, 7).unwrap();
+        let want = forward_loss(&g, 7);
         for cp in [2, 4] {
             let laid_out = load_balance(&g, "cp", cp).unwrap();
             let attention: Vec<usize> = ops(&laid_out, |op| matches!(op, Op::Attention { .. }));
@@ -41,7 +52,7 @@ fn the_load_balanced_layout_keeps_the_loss() {
             assert!(attention.iter().all(|&n| n == 5), "{model}: {attention:?}");
             let rotary = ops(&laid_out, |op| matches!(op, Op::Rotary { .. }));
             assert!(rotary.iter().all(|&n| n == 2), "{model}: {rotary:?}");
-            let got = forward_loss(&laid_out, 7).unwrap();
+            let got = forward_loss(&laid_out, 7);
             assert!(
                 (got - want).abs() < 1e-5,
                 "{model} cp={cp}: loss {got} instead of {want}"
@@ -185,8 +196,8 @@ fn cp_partitioned_dump_matches_golden() {
     ]);
     assert!(!ring_messages(&dump).is_empty());
     // The local program, sends and receives included, reads back as it prints.
-    let parsed = autopar::ir::text::parse(&dump).unwrap();
-    assert_eq!(autopar::ir::text::print(&parsed), dump);
+    let parsed = autopar_driver::ir::text::parse(&dump).unwrap();
+    assert_eq!(autopar_driver::ir::text::print(&parsed), dump);
     check_golden("llama-small.cp2.rank1.partitioned.air", &dump);
 }
 
@@ -194,15 +205,20 @@ fn cp_partitioned_dump_matches_golden() {
 /// bytes of the state the rank holds (its parameters: weights and optimizer state, which
 /// stay live through the step).
 fn activation_peak(model: &str, batch: usize, cp: usize) -> u64 {
-    let opts = TrainOptions::default();
-    let mesh = DeviceMesh::parse(&format!("cp={cp}")).unwrap();
-    let step = load_train_step_cp(model, Some(batch), &opts, cp).unwrap();
-    let mut program = spmd::compile(&step.graph, &mesh, &ParallelOptions::default()).unwrap();
-    program.reference = Some(load_train_step(model, Some(batch), &opts).unwrap().graph);
-    let summary = spmd::run(&program, 3, 1, Some(1e-4), |_, _| {}).unwrap();
-    assert!(summary.verify.as_ref().is_some_and(spmd::VerifyReport::ok));
-    let state: u64 = program
-        .ranks
+    let mut options = CompileOptions::new(model)
+        .on_mesh(&format!("cp={cp}"))
+        .unwrap();
+    options.batch = Some(batch);
+    let step = compile(&options).unwrap();
+    let verify = RunOptions {
+        seed: 3,
+        steps: 1,
+        verify: true,
+    };
+    let summary = run_step(&step, &verify);
+    assert!(summary.verify.as_ref().is_some_and(|v| v.ok()));
+    let state: u64 = step
+        .locals
         .iter()
         .map(|g| {
             g.parameters()
@@ -213,6 +229,10 @@ fn activation_peak(model: &str, batch: usize, cp: usize) -> u64 {
         .max()
         .unwrap();
     summary.peak_bytes - state
+}
+
+fn run_step(step: &autopar_driver::CompiledStep, o: &RunOptions) -> autopar_driver::RunReport {
+    autopar_driver::run(step, o, |_| {}).unwrap()
 }
 
 #[test]
@@ -246,7 +266,7 @@ fn impossible_layouts_are_clear_errors() {
     // A step built without the layout cannot be placed on a cp mesh.
     let step = load_train_step("llama-tiny", None, &TrainOptions::default()).unwrap();
     let mesh = DeviceMesh::parse("cp=2").unwrap();
-    let err = spmd::compile(&step.graph, &mesh, &ParallelOptions::default()).unwrap_err();
+    let err = parallelize(&step.graph, &mesh, &ParallelOptions::default()).unwrap_err();
     assert!(err.to_string().contains("not laid out"), "{err}");
 }
 

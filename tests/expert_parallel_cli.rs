@@ -53,11 +53,12 @@ fn zero_without_a_dp_axis_shards_dense_state_over_ep() {
 /// already, on its expert dim).
 #[test]
 fn dense_optimizer_state_is_sharded_over_dp_and_ep() {
-    use autopar::ir::{DeviceMesh, Placement};
-    use autopar::passes::parallelize::{ParallelOptions, parallelize};
+    use autopar_driver::ir::{DeviceMesh, Placement};
+    use autopar_driver::passes::parallelize::{ParallelOptions, parallelize};
 
-    let step = autopar::load_train_step("moe-tiny", None, &autopar::TrainOptions::default())
-        .expect("step");
+    let step =
+        autopar_driver::load_train_step("moe-tiny", None, &autopar_driver::TrainOptions::default())
+            .expect("step");
     for (mesh, zero) in [
         ("dp=2,ep=2", 1),
         ("ep=2,dp=2", 2),

@@ -3,7 +3,7 @@
 
 mod common;
 
-use autopar::{DumpFormat, dump, load_model};
+use autopar_driver::{DumpFormat, dump, load_model};
 
 #[test]
 fn tiny_model_text_dumps_match_golden_files() {

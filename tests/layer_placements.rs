@@ -10,11 +10,10 @@ mod common;
 
 use std::collections::HashSet;
 
-use autopar::cost_model::layer::{Pass, tp_collectives};
-use autopar::cost_model::{Collective, LayerPlacement};
-use autopar::ir::{DeviceMesh, Op};
-use autopar::passes::parallelize::{ParallelOptions, parallelize};
-use autopar::passes::partition::partition;
+use autopar_driver::cost_model::layer::{Pass, tp_collectives};
+use autopar_driver::cost_model::{Collective, LayerPlacement};
+use autopar_driver::ir::{DeviceMesh, Op};
+use autopar_driver::passes::parallelize::{ParallelOptions, parallelize};
 use common::{autopar_err, autopar_ok};
 
 /// Runs one step of every runnable placement of `model` with --verify.
@@ -70,19 +69,22 @@ fn layer_collectives(
     sp: bool,
     layer: &str,
 ) -> Vec<(String, Collective)> {
-    let mesh = DeviceMesh::parse("tp=2").expect("a mesh");
-    // The attention core on the sequence shards needs the load-balanced layout over `tp`.
-    let layout = autopar::sequence_layout(&mesh, l).expect("a layout");
-    let step =
-        autopar::load_train_step_laid_out(model, None, &autopar::TrainOptions::default(), layout)
-            .expect("a training step");
-    let options = ParallelOptions {
+    // The driver lays the step out in the load-balanced order over `tp` when the attention
+    // core runs on the sequence shards.
+    let mut options = autopar_driver::CompileOptions::new(model)
+        .on_mesh("tp=2")
+        .expect("a mesh");
+    options.parallel = ParallelOptions {
         sequence_parallel: sp,
         layer: *l,
         ..ParallelOptions::default()
     };
-    let p = parallelize(&step.graph, &mesh, &options).expect("parallelized");
-    let local = partition(&p.graph, &p.plan, 0).expect("partitioned");
+    options.reference = false;
+    options.stop_after = Some(autopar_driver::Pass::Partition);
+    let local = autopar_driver::compile(&options)
+        .expect("compiled")
+        .locals
+        .swap_remove(0);
     local
         .nodes_in_order()
         .into_iter()
@@ -225,8 +227,9 @@ fn placements_the_runtime_cannot_run_are_refused_by_name() {
     // A step not laid out has no positions for the core on the shards.
     let mut l = LayerPlacement::MEGATRON;
     l.set_attention("sss").expect("a code");
-    let step = autopar::load_train_step("gpt-tiny", None, &autopar::TrainOptions::default())
-        .expect("a training step");
+    let step =
+        autopar_driver::load_train_step("gpt-tiny", None, &autopar_driver::TrainOptions::default())
+            .expect("a training step");
     let options = ParallelOptions {
         layer: l,
         ..ParallelOptions::default()

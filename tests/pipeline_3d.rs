@@ -90,47 +90,25 @@ fn dp_tp_pp_zero3_interleaved_verifies() {
 
 /// gpt-tiny's training step with `micro_batches` micro-batches, compiled for `mesh` (with
 /// `pp=2`) under ZeRO stage `zero` and a 1F1B schedule.
-fn compile_1f1b(
-    mesh: &str,
-    micro_batches: usize,
-    zero: u8,
-) -> (autopar::TrainStep, autopar::spmd::PipelinedSpmd) {
-    use autopar::ir::{DeviceMesh, schedule::ScheduleKind};
-    use autopar::passes::parallelize::ParallelOptions;
-    use autopar::passes::pipeline::PipelineOptions;
-    let options = autopar::TrainOptions {
-        micro_batches,
-        ..autopar::TrainOptions::default()
-    };
-    let step = autopar::load_train_step("gpt-tiny", None, &options).expect("step");
-    let mesh = DeviceMesh::parse(mesh).expect("mesh");
-    let program = autopar::spmd::compile_pipelined(
-        &step,
-        &mesh,
-        &ParallelOptions {
-            zero,
-            ..ParallelOptions::default()
-        },
-        &PipelineOptions {
-            pp: 2,
-            vpp: 1,
-            schedule: ScheduleKind::OneFOneB,
-            boundaries: Vec::new(),
-        },
-    )
-    .expect("compiles");
-    (step, program)
+fn compile_1f1b(mesh: &str, micro_batches: usize, zero: u8) -> autopar_driver::CompiledStep {
+    let mut options = autopar_driver::CompileOptions::new("gpt-tiny")
+        .on_mesh(mesh)
+        .expect("mesh");
+    options.train.micro_batches = micro_batches;
+    options.parallel.zero = zero;
+    autopar_driver::compile(&options).expect("compiles")
 }
 
 /// FSDP in a pipeline: every forward and backward sub-program that reads a ZeRO-3 weight
 /// gathers it over `dp` itself, and no gathered weight is carried between sub-programs.
 #[test]
 fn zero3_gathers_in_every_sub_program_that_uses_a_weight() {
-    use autopar::ir::pipeline::value_name;
-    use autopar::ir::{Op, Placement};
+    use autopar_driver::ir::pipeline::value_name;
+    use autopar_driver::ir::{Op, Placement};
 
-    let (step, program) = compile_1f1b("dp=2,pp=2", 4, 3);
-    let global = &program.spmd.global.graph;
+    let program = compile_1f1b("dp=2,pp=2", 4, 3);
+    let global = &program.global;
+    let step = program.train.as_ref().expect("a training step");
     let sharded: std::collections::HashSet<String> = global
         .parameters()
         .into_iter()
@@ -144,8 +122,9 @@ fn zero3_gathers_in_every_sub_program_that_uses_a_weight() {
         .map(|(_, name, _)| name.to_string())
         .collect();
     assert!(sharded.len() > 4, "ZeRO-3 shards the weights: {sharded:?}");
-    for (which, pipeline) in program.pipelines.iter().enumerate() {
-        let local = &program.spmd.ranks[which];
+    let pipelines = &program.pipeline.as_ref().expect("a pipeline").pipelines;
+    for (which, pipeline) in pipelines.iter().enumerate() {
+        let local = &program.locals[which];
         let param_of = |v| match &local.node(local.value(v).producer).op {
             Op::Parameter { name, .. } => Some(name.clone()),
             _ => None,
@@ -195,19 +174,23 @@ fn zero3_gathers_in_every_sub_program_that_uses_a_weight() {
 /// and their optimizer state, not those of the other stages.
 #[test]
 fn pipeline_ranks_hold_only_their_stages_state() {
-    let (_, program) = compile_1f1b("dp=2,tp=2,pp=2", 2, 1);
+    let program = compile_1f1b("dp=2,tp=2,pp=2", 2, 1);
     let mesh = &program.mesh;
-    let sub = program.spmd.mesh().expect("mesh");
-    let g = &program.spmd.global.graph;
-    let bytes =
-        |m: &autopar::runtime::TensorMap| -> u64 { m.values().map(|t| t.size_bytes()).sum() };
+    let g = &program.global;
+    let bytes = |m: &autopar_driver::runtime::TensorMap| -> u64 {
+        m.values().map(|t| t.size_bytes()).sum()
+    };
     let mut held = Vec::new();
     for rank in 0..mesh.num_devices() {
-        let (pp_rank, which) = autopar::runtime::split_pipeline_rank(mesh, rank);
-        let state = autopar::spmd::init_pipeline_rank_state(&program, rank, 7).expect("state");
-        let whole = autopar::spmd::init_rank_state(g, sub, which, 7).expect("whole state");
+        let (pp_rank, which) = autopar_driver::runtime::split_pipeline_rank(mesh, rank);
+        let state = program.state.init_rank(rank, 7).expect("state");
+        let whole: u64 = program.locals[which]
+            .parameters()
+            .iter()
+            .map(|(_, _, ty)| ty.size_bytes())
+            .sum();
         assert!(
-            bytes(&state) < bytes(&whole),
+            bytes(&state) < whole,
             "rank {rank} holds every stage's state"
         );
         // The first stage holds no weight of the last layer, the last none of the first.
@@ -221,7 +204,7 @@ fn pipeline_ranks_hold_only_their_stages_state() {
         held.push((which, state));
     }
     // Together, the pipeline ranks of a coordinate hold all of its state.
-    for which in 0..program.pipelines.len() {
+    for which in 0..program.locals.len() {
         for (_, name, _) in g.parameters() {
             assert!(
                 held.iter()
@@ -230,12 +213,16 @@ fn pipeline_ranks_hold_only_their_stages_state() {
             );
         }
     }
-    let summary =
-        autopar::spmd::run_pipelined(&program, 7, 2, Some(1e-4), |_, _| {}).expect("runs");
+    let two_steps = autopar_driver::RunOptions {
+        seed: 7,
+        steps: 2,
+        verify: true,
+    };
+    let summary = autopar_driver::run(&program, &two_steps, |_| {}).expect("runs");
     assert!(summary.verify.expect("verified").ok());
-    for (rank, &b) in summary.state_bytes.iter().enumerate() {
+    for (rank, r) in summary.ranks.iter().enumerate() {
         assert_eq!(
-            b,
+            r.state_bytes,
             bytes(&held[rank].1),
             "rank {rank} keeps the size of its state"
         );
@@ -246,7 +233,7 @@ fn pipeline_ranks_hold_only_their_stages_state() {
 /// by its coordinates, and one slice per action of its pipeline rank, in schedule order.
 #[test]
 fn dp_tp_pp_trace_has_one_track_per_rank_in_schedule_order() {
-    use autopar::ir::schedule::{Action, Schedule, ScheduleKind};
+    use autopar_driver::ir::schedule::{Action, Schedule, ScheduleKind};
 
     let path = std::env::temp_dir().join(format!("autopar-3d-trace-{}.json", std::process::id()));
     let path_s = path.to_string_lossy().into_owned();
@@ -288,7 +275,7 @@ fn dp_tp_pp_trace_has_one_track_per_rank_in_schedule_order() {
         let expected: Vec<String> = list
             .iter()
             .filter(|a| matches!(a, Action::Forward { .. } | Action::Backward { .. }))
-            .map(|a| autopar::ir::trace::describe(a).0)
+            .map(|a| autopar_driver::ir::trace::describe(a).0)
             .collect();
         assert_eq!(computed, expected, "rank {rank}");
     }
@@ -382,22 +369,18 @@ fn dp_tp_pp_dumps_show_stages_and_action_lists() {
 /// micro-batches cast the weights) runs in exactly one sub-program, as the step placed it.
 #[test]
 fn a_pipeline_without_collectives_recomputes_nothing() {
-    use autopar::ir::DType;
+    use autopar_driver::ir::DType;
 
-    let options = autopar::TrainOptions {
+    let options = autopar_driver::TrainOptions {
         micro_batches: 4,
-        ..autopar::TrainOptions::for_dtype(DType::BF16)
+        ..autopar_driver::TrainOptions::for_dtype(DType::BF16)
     };
-    let step = autopar::load_train_step("gpt-tiny", None, &options).expect("step");
-    let split = autopar::pipeline_cmd::split(
-        &step,
-        2,
-        autopar::ir::schedule::ScheduleKind::OneFOneB,
-        1,
-        &[],
-    )
-    .expect("splits");
-    let p = &split.program;
+    let mut compile = autopar_driver::CompileOptions::new("gpt-tiny")
+        .on_mesh("pp=2")
+        .expect("mesh");
+    compile.train = options;
+    let step = autopar_driver::compile(&compile).expect("compiles");
+    let p = &step.pipeline.as_ref().expect("a pipeline").pipelines[0];
     let mut seen = std::collections::HashMap::new();
     let subs = p
         .forward

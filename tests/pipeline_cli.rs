@@ -2,7 +2,7 @@
 
 use std::process::Command;
 
-use autopar::ir::schedule::{Action, Schedule, ScheduleKind};
+use autopar_driver::ir::schedule::{Action, Schedule, ScheduleKind};
 
 const SMALL: &str = "gpt:layers=4,hidden=32,heads=2,seq=8,vocab=64";
 
@@ -93,7 +93,7 @@ fn interleaved_verifies_and_its_trace_follows_the_schedule() {
         let expected: Vec<String> = list
             .iter()
             .filter(|a| matches!(a, Action::Forward { .. } | Action::Backward { .. }))
-            .map(|a| autopar::ir::trace::describe(a).0)
+            .map(|a| autopar_driver::ir::trace::describe(a).0)
             .collect();
         assert_eq!(computed, expected, "rank {rank}");
     }

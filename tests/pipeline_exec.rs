@@ -1,10 +1,12 @@
 //! Pipelined training steps against the single-device step, executor memory and in-flight
 //! counts, and FLOP-balanced stage boundaries.
 
-use autopar::ir::schedule::ScheduleKind;
-use autopar::passes::pipeline::equal_split;
-use autopar::pipeline_cmd::{compare_with_reference, run_steps, split, stages};
-use autopar::{TrainOptions, TrainStep, load_train_step};
+use autopar_driver::ir::schedule::ScheduleKind;
+use autopar_driver::passes::pipeline::{StageSplit, equal_split, plan_stages};
+use autopar_driver::{
+    CompileOptions, CompiledStep, PipelineSpec, RunOptions, RunReport, TrainOptions, TrainStep,
+    compile, load_train_step, run,
+};
 
 const SMALL: &str = "gpt:layers=4,hidden=32,heads=2,seq=8,vocab=64";
 
@@ -16,44 +18,76 @@ fn step(model: &str, batch: usize, micro_batches: usize) -> TrainStep {
     load_train_step(model, Some(batch), &options).expect("step builds")
 }
 
+/// `model` compiled for a pipeline of `pp` ranks under `schedule` with `vpp` chunks each.
+fn pipeline(
+    model: &str,
+    batch: usize,
+    micro_batches: usize,
+    (schedule, pp, vpp): (ScheduleKind, usize, usize),
+) -> CompiledStep {
+    let mut o = CompileOptions::new(model)
+        .on_mesh(&format!("pp={pp}"))
+        .expect("a mesh");
+    o.batch = Some(batch);
+    o.train.micro_batches = micro_batches;
+    o.pipeline = PipelineSpec {
+        schedule,
+        vpp,
+        boundaries: Vec::new(),
+    };
+    compile(&o).expect("compiles")
+}
+
+fn run_steps(step: &CompiledStep, seed: u64, steps: u64, verify: bool) -> RunReport {
+    let o = RunOptions {
+        seed,
+        steps,
+        verify,
+    };
+    run(step, &o, |_| {}).expect("runs")
+}
+
+fn stages(s: &TrainStep, n: usize, pins: &[String]) -> Result<StageSplit, autopar_driver::Error> {
+    Ok(plan_stages(&s.graph, n, pins)?)
+}
+
 #[test]
 fn every_schedule_matches_the_single_device_step() {
-    let s = step(SMALL, 4, 4);
     for (kind, pp, vpp) in [
         (ScheduleKind::GPipe, 2, 1),
         (ScheduleKind::OneFOneB, 2, 1),
         (ScheduleKind::OneFOneB, 4, 1),
         (ScheduleKind::Interleaved, 2, 2),
     ] {
-        let sp = split(&s, pp, kind, vpp, &[]).expect("splits");
-        let run = run_steps(&s, &sp, 3, 1).expect("runs");
-        let (abs, _) = compare_with_reference(&s, 3, 1, &run.last.outputs).expect("compares");
-        assert!(abs < 1e-4, "{kind} pp={pp} vpp={vpp}: max abs error {abs}");
-        // Several steps: each rank carries its weights and optimizer state to the next step.
-        let run = run_steps(&s, &sp, 3, 3).expect("runs three steps");
-        let (abs, _) = compare_with_reference(&s, 3, 3, &run.last.outputs).expect("compares");
-        assert!(
-            abs < 1e-4,
-            "{kind} pp={pp} vpp={vpp}, 3 steps: max abs error {abs}"
-        );
+        let compiled = pipeline(SMALL, 4, 4, (kind, pp, vpp));
+        // One step, then several: each rank carries its weights and optimizer state on.
+        for steps in [1, 3] {
+            let report = run_steps(&compiled, 3, steps, true);
+            let v = report.verify.expect("verified");
+            assert!(
+                v.ok(),
+                "{kind} pp={pp} vpp={vpp}, {steps} steps: {}",
+                v.line()
+            );
+        }
     }
 }
 
 #[test]
 fn one_f_one_b_holds_about_half_of_gpipes_activations_on_stage_0() {
-    let s = step(SMALL, 8, 8);
     let mut peaks = Vec::new();
     for kind in [ScheduleKind::GPipe, ScheduleKind::OneFOneB] {
-        let sp = split(&s, 4, kind, 1, &[]).expect("splits");
-        let run = run_steps(&s, &sp, 0, 1).expect("runs");
-        for (r, rank) in run.last.ranks.iter().enumerate() {
+        let compiled = pipeline(SMALL, 8, 8, (kind, 4, 1));
+        let run = run_steps(&compiled, 0, 1, false);
+        let last = &run.pipeline_reports[0];
+        for (r, rank) in last.ranks.iter().enumerate() {
             let expected = match kind {
                 ScheduleKind::GPipe => 8,
                 _ => 4 - r,
             };
             assert_eq!(rank.max_in_flight, expected, "{kind} rank {r}");
         }
-        peaks.push(run.last.ranks[0].peak_activation_bytes);
+        peaks.push(last.ranks[0].peak_activation_bytes);
     }
     let (gpipe, one_f_one_b) = (peaks[0] as f64, peaks[1] as f64);
     assert!(
@@ -70,7 +104,7 @@ fn a_heavy_vocabulary_moves_the_boundary_and_pins_are_kept() {
     assert_ne!(balanced.starts, equal);
     // The head stage is the costliest, and the balanced cut makes it no worse than equal.
     let max = |starts: &[usize]| {
-        let sp = autopar::passes::pipeline::StageSplit {
+        let sp = autopar_driver::passes::pipeline::StageSplit {
             layers: balanced.layers.clone(),
             starts: starts.to_vec(),
         };

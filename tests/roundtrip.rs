@@ -1,8 +1,8 @@
 //! Round-trip properties over the whole zoo: text and JSON dumps parse back to equal graphs
 //! that print identically, and every model verifies.
 
-use autopar::frontends::zoo::{self, EntryKind};
-use autopar::ir::{json, text, verify};
+use autopar_driver::frontends::zoo::{self, EntryKind};
+use autopar_driver::ir::{json, text, verify};
 
 #[test]
 fn every_zoo_model_round_trips_through_text_and_json() {

@@ -1,20 +1,18 @@
 //! Differential tests of parallelised forward passes: every partitioned program, run on CPU
 //! ranks, against the single-device reference.
 
-use autopar::ir::DeviceMesh;
-use autopar::passes::parallelize::ParallelOptions;
-use autopar::spmd;
+use autopar_driver::{CompileOptions, RunOptions, compile, run};
 
 fn check(model: &str, mesh: &str, zero: u8) {
-    let g = autopar::load_model(model, None).expect("ok");
-    let mesh = DeviceMesh::parse(mesh).expect("ok");
-    let options = ParallelOptions {
-        zero,
-        ..ParallelOptions::default()
+    let mut options = CompileOptions::new(model).on_mesh(mesh).expect("ok");
+    options.forward_only = true;
+    options.parallel.zero = zero;
+    let step = compile(&options).expect("ok");
+    let verify = RunOptions {
+        verify: true,
+        ..RunOptions::default()
     };
-    let program = spmd::compile(&g, &mesh, &options).expect("ok");
-    let summary = spmd::run(&program, 0, 1, Some(spmd::VERIFY_TOLERANCE), |_, _| {}).expect("ok");
-    let report = summary.verify.expect("ok");
+    let report = run(&step, &verify, |_| {}).expect("ok").verify.expect("ok");
     assert!(report.ok(), "{model} on {mesh}: {}", report.line());
 }
 

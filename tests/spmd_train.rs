@@ -2,21 +2,18 @@
 //! CPU ranks against the single-device reference: the loss of every step and every updated
 //! weight and optimizer state, gathered to its global shape.
 
-use autopar::TrainOptions;
-use autopar::ir::DeviceMesh;
-use autopar::passes::parallelize::ParallelOptions;
-use autopar::spmd;
+use autopar_driver::{CompileOptions, RunOptions, compile, run};
 
 fn check(model: &str, mesh: &str, zero: u8) {
-    let step = autopar::load_train_step(model, None, &TrainOptions::default()).expect("ok");
-    let mesh = DeviceMesh::parse(mesh).expect("ok");
-    let options = ParallelOptions {
-        zero,
-        ..ParallelOptions::default()
+    let mut options = CompileOptions::new(model).on_mesh(mesh).expect("ok");
+    options.parallel.zero = zero;
+    let step = compile(&options).expect("ok");
+    let three = RunOptions {
+        steps: 3,
+        verify: true,
+        ..RunOptions::default()
     };
-    let program = spmd::compile(&step.graph, &mesh, &options).expect("ok");
-    let summary = spmd::run(&program, 0, 3, Some(spmd::VERIFY_TOLERANCE), |_, _| {}).expect("ok");
-    let report = summary.verify.expect("ok");
+    let report = run(&step, &three, |_| {}).expect("ok").verify.expect("ok");
     eprintln!(
         "{model} {mesh} zero={zero}: {} worst {}",
         report.line(),

@@ -140,7 +140,7 @@ fn dump_train_stage_reads_back() {
         "--micro-batches",
         "2",
     ]));
-    let g = autopar::ir::text::parse(&text).unwrap();
+    let g = autopar_driver::ir::text::parse(&text).unwrap();
     assert!(g.output("loss").is_some() && g.output("wte").is_some());
     assert!(text.contains("scope=\"mb1/grad/h.0.attn\""));
     assert!(text.contains("adamw_update"));

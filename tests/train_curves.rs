@@ -7,11 +7,16 @@
 
 #![allow(clippy::unwrap_used)]
 
-use autopar::{Error, TrainOptions, load_train_step, train};
+use autopar_driver::{CompileOptions, RunOptions, compile, run};
 
+/// The losses of `steps` steps on one device, through the driver.
 fn curve(model: &str, steps: u64) -> Vec<f64> {
-    let step = load_train_step(model, None, &TrainOptions::default()).unwrap();
-    train::<Error>(&step, 0, steps, |_| Ok(())).unwrap().losses
+    let step = compile(&CompileOptions::new(model)).unwrap();
+    let options = RunOptions {
+        steps,
+        ..RunOptions::default()
+    };
+    run(&step, &options, |_| {}).unwrap().losses
 }
 
 fn check(model: &str, threshold: f64) {

@@ -3,14 +3,14 @@
 
 #![allow(clippy::unwrap_used)]
 
-use autopar::ir::{DType, Op, text, verify};
-use autopar::passes::recompute::Recompute;
-use autopar::passes::train::{
+use autopar_driver::ir::{DType, Op, text, verify};
+use autopar_driver::load_train_step;
+use autopar_driver::passes::recompute::Recompute;
+use autopar_driver::passes::train::{
     GOOD_STEPS, GRAD_NORM, GRADS_FINITE, LOSS_SCALE, LossScaling, Optimizer, STEP_COUNT,
     TrainOptions, TrainStep, adam_m_name, has_tag,
 };
-use autopar::runtime::{RunOptions, StepReport, Tensor, TensorMap, Trainer};
-use autopar::{Error, load_train_step, train};
+use autopar_driver::runtime::{RunOptions, StepReport, Tensor, TensorMap, Trainer};
 
 fn step_graph(model: &str, options: &TrainOptions) -> TrainStep {
     load_train_step(model, None, options).unwrap()
@@ -25,7 +25,7 @@ fn run_steps(step: &TrainStep, steps: u64) -> (Vec<StepReport>, TensorMap) {
 
 fn losses(model: &str, options: &TrainOptions, steps: u64) -> Vec<f64> {
     let step = step_graph(model, options);
-    train::<Error>(&step, 0, steps, |_| Ok(())).unwrap().losses
+    run_steps(&step, steps).0.iter().map(|r| r.loss).collect()
 }
 
 fn scalar(t: &Tensor) -> f64 {

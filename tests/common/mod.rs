@@ -47,7 +47,7 @@ pub fn scratch(name: &str) -> PathBuf {
 /// Writes `plan` (plan text, as `estimate --plan` takes it) as the JSON plan file
 /// `<scratch name>/plan.json` that `run --plan-file` reads, and returns its path.
 pub fn plan_file(name: &str, plan: &str) -> String {
-    let plan = autopar::cost_model::Plan::parse(plan).expect("a plan");
+    let plan = autopar_driver::cost_model::Plan::parse(plan).expect("a plan");
     let file = scratch(name).join("plan.json");
     std::fs::write(&file, serde_json::to_string(&plan).expect("JSON")).expect("write");
     file.to_str().expect("UTF-8 path").to_string()

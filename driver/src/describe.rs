@@ -1,169 +1,17 @@
-//! Pipeline-parallel runs and dumps for the command line: cut a training step into stages,
-//! run it under a schedule on CPU ranks, check it against the single-device step
-//! (`--verify`), export the executed timeline (`--trace`), and describe the stages and the
-//! action lists (`dump --stage pipeline|schedule`).
+//! Descriptions of what the compiler did, for dumps and traces: the pipeline's stages and
+//! their costs, the schedule's action lists, rank labels, and the executed timeline of a
+//! pipelined run as a Chrome trace.
 
 use std::fmt::Write as _;
 
 use autopar_ir::DeviceMesh;
-use autopar_ir::schedule::{Schedule, ScheduleKind, Timeline};
+use autopar_ir::schedule::{Schedule, Timeline};
 use autopar_ir::trace::{chrome_trace, schedule_slices};
-use autopar_passes::pipeline::{
-    PipelineOptions, PipelineSplit, StageSplit, equal_split, plan_stages, split_pipeline,
-};
-use autopar_runtime::{self as rt, CommOptions, RunOptions, TensorMap};
+use autopar_passes::pipeline::{StageSplit, equal_split};
+use autopar_runtime::{self as rt, PipelineStepReport};
 
-use crate::{Error, TrainStep};
-
-/// Errors below this bound (absolute, on every loss and state element) pass `--verify`.
-pub const VERIFY_TOLERANCE: f64 = 1e-4;
-
-/// A device mesh for a pipeline-only run: `pp=N` (other axes must have size 1).
-pub fn pipeline_degree(mesh: &str) -> Result<(DeviceMesh, usize), Error> {
-    let parsed =
-        DeviceMesh::parse(mesh).map_err(|e| Error::Usage(format!("--mesh `{mesh}`: {e}")))?;
-    let pp = parsed.axis_size("pp").unwrap_or(1);
-    for axis in parsed.axes() {
-        if axis.name != "pp" && axis.size > 1 {
-            return Err(Error::Usage(format!(
-                "--mesh `{mesh}`: axis `{}` needs the SPMD partitioner, which this pipeline \
-                 runner does not compose with yet; use a pp-only mesh",
-                axis.name
-            )));
-        }
-    }
-    let pp_mesh = DeviceMesh::parse(&format!("pp={pp}"))
-        .map_err(|e| Error::Usage(format!("--mesh `{mesh}`: {e}")))?;
-    Ok((pp_mesh, pp))
-}
-
-/// Cuts `step` for `pp` ranks.
-pub fn split(
-    step: &TrainStep,
-    pp: usize,
-    schedule: ScheduleKind,
-    vpp: usize,
-    boundaries: &[String],
-) -> Result<PipelineSplit, Error> {
-    Ok(split_pipeline(
-        step,
-        &PipelineOptions {
-            pp,
-            vpp,
-            schedule,
-            boundaries: boundaries.to_vec(),
-        },
-    )?)
-}
-
-/// What a pipelined training run reports.
-#[derive(Clone, Debug)]
-pub struct PipelineRunSummary {
-    /// Loss of each step.
-    pub losses: Vec<f64>,
-    /// The last step's report (outputs, per-rank memory, spans).
-    pub last: rt::PipelineStepReport,
-}
-
-/// Runs `steps` steps of the pipelined `split` on CPU ranks, from the state and data of
-/// `seed` (the same as the single-device [`crate::train`]).
-pub fn run_steps(
-    step: &TrainStep,
-    split: &PipelineSplit,
-    seed: u64,
-    steps: u64,
-) -> Result<PipelineRunSummary, Error> {
-    let program = &split.program;
-    let pp = program.pp();
-    let mesh = DeviceMesh::parse(&format!("pp={pp}"))
-        .map_err(|e| Error::Usage(format!("pp={pp}: {e}")))?;
-    let init = rt::init_parameters(&step.graph, seed)?;
-    let mut states: Vec<TensorMap> = program
-        .sources
-        .iter()
-        .map(|srcs| {
-            srcs.iter()
-                .filter(|s| s.is_state)
-                .filter_map(|s| init.get(&s.name).map(|t| (s.name.clone(), t.clone())))
-                .collect()
-        })
-        .collect();
-    let mut losses = Vec::new();
-    let mut last = None;
-    for i in 0..steps.max(1) {
-        let batch = rt::synthetic_batch(&step.graph, seed, i)?;
-        let report = rt::run_pipeline_step(
-            program,
-            &mesh,
-            &states,
-            &batch,
-            RunOptions::default(),
-            CommOptions::default(),
-        )?;
-        losses.push(
-            report
-                .outputs
-                .get("loss")
-                .and_then(|t| t.scalar_value())
-                .unwrap_or(f64::NAN),
-        );
-        states = report.ranks.iter().map(|r| r.state.clone()).collect();
-        last = Some(report);
-    }
-    let last = last.ok_or_else(|| Error::Usage("no step ran".into()))?;
-    Ok(PipelineRunSummary { losses, last })
-}
-
-/// The largest absolute and relative (to the reference tensor's largest magnitude)
-/// differences between the outputs of the pipelined run's last step and those of the same
-/// number of single-device steps.
-pub fn compare_with_reference(
-    step: &TrainStep,
-    seed: u64,
-    steps: u64,
-    outputs: &TensorMap,
-) -> Result<(f64, f64), Error> {
-    let mut trainer = rt::Trainer::new(&step.graph, seed, RunOptions::default())?;
-    let mut report = trainer.step()?;
-    for _ in 1..steps {
-        report = trainer.step()?;
-    }
-    let mut reference = report.metrics.clone();
-    reference.extend(trainer.state().clone());
-    let (mut max_abs, mut max_rel) = (0.0f64, 0.0f64);
-    for (name, want) in &reference {
-        let got = outputs
-            .get(name)
-            .ok_or_else(|| Error::Usage(format!("the pipelined step has no output `{name}`")))?;
-        let (w, g) = (want.to_f64_vec(), got.to_f64_vec());
-        if w.len() != g.len() {
-            return Err(Error::Usage(format!("output `{name}` has the wrong size")));
-        }
-        let scale = w.iter().fold(0.0f64, |m, x| m.max(x.abs()));
-        let err = w
-            .iter()
-            .zip(&g)
-            .fold(0.0f64, |m, (a, b)| m.max((a - b).abs()));
-        let err = if err.is_nan() { f64::INFINITY } else { err };
-        max_abs = max_abs.max(err);
-        if scale > 0.0 {
-            max_rel = max_rel.max(err / scale);
-        }
-    }
-    Ok((max_abs, max_rel))
-}
-
-/// The Chrome trace of an executed step: one track per pipeline rank, one slice per action.
-pub fn trace_json(program_schedule: &Schedule, report: &rt::PipelineStepReport) -> String {
-    let spans: Vec<Vec<(u64, u64)>> = report.ranks.iter().map(|r| r.spans.clone()).collect();
-    let makespan = spans.iter().flatten().map(|s| s.1).max().unwrap_or(0);
-    let timeline = Timeline { spans, makespan };
-    let slices = schedule_slices(program_schedule, &timeline, 1.0);
-    let names: Vec<String> = (0..program_schedule.pp)
-        .map(|r| format!("pipeline rank {r}"))
-        .collect();
-    chrome_trace(&names, &slices)
-}
+use crate::Error;
+use crate::compile::CompiledStep;
 
 /// `rank 3 (dp=0,tp=1,pp=1)`: a rank of `mesh` named by its coordinates.
 pub fn rank_label(mesh: &DeviceMesh, rank: usize) -> String {
@@ -176,15 +24,21 @@ pub fn rank_label(mesh: &DeviceMesh, rank: usize) -> String {
     format!("rank {rank} ({})", coords.join(","))
 }
 
-/// The Chrome trace of an executed step of pipelines that also span other mesh axes: one
-/// track per rank of the whole `mesh` (named by its coordinates, [`rank_label`]), one slice
-/// per action of its pipeline rank's list. `reports[i]` is the step report of the `i`-th
-/// pipeline ([`rt::split_pipeline_rank`]); every pipeline runs `schedule`.
-pub fn mesh_trace_json(
-    mesh: &DeviceMesh,
-    schedule: &Schedule,
-    reports: &[rt::PipelineStepReport],
+/// The Chrome trace of the last step of a pipelined run: one track per rank of the whole
+/// mesh (named by its coordinates, [`rank_label`]), one slice per action of its pipeline
+/// rank's list. `reports[i]` is the step report of the `i`-th pipeline
+/// ([`rt::split_pipeline_rank`]); every pipeline runs the same schedule.
+pub fn pipeline_trace(
+    step: &CompiledStep,
+    reports: &[PipelineStepReport],
 ) -> Result<String, Error> {
+    let mesh = &step.mesh;
+    let schedule = &step
+        .pipeline
+        .as_ref()
+        .and_then(|p| p.pipelines.first())
+        .ok_or_else(|| Error::Usage("a trace needs a pipeline (--mesh with pp=N)".into()))?
+        .schedule;
     let n = mesh.num_devices();
     let mut rank_of = std::collections::HashMap::new();
     for rank in 0..n {
@@ -269,21 +123,20 @@ fn ranks_of_pipeline_rank(mesh: &DeviceMesh, pp_rank: usize) -> String {
 /// as [`describe_stages`] gives them (FLOPs of the global step: every rank of a stage
 /// together), then each pipeline's share, the FLOPs of one rank's local step per stage
 /// (every pipeline is cut at the same layers), and the ranks that run each pipeline rank.
-pub fn describe_mesh_stages(program: &crate::spmd::PipelinedSpmd) -> Result<String, Error> {
-    let mesh = &program.mesh;
-    let pp = mesh.axis_size(rt::pipeline::PP_AXIS).unwrap_or(1);
-    let split = &program.split;
+pub fn describe_mesh_stages(step: &CompiledStep, split: &StageSplit) -> Result<String, Error> {
+    let mesh = &step.mesh;
+    let pp = step.pp();
     let n = split.num_stages();
     let others: Vec<String> = mesh
         .axes()
         .iter()
-        .filter(|a| a.name != rt::pipeline::PP_AXIS)
+        .filter(|a| a.name != autopar_ir::axis::PP)
         .map(|a| a.name.clone())
         .collect();
     let mut out = format!(
         "mesh {mesh}: {} pipelines (one per coordinate on {}), all cut at the same layers; \
          costs below are of the global step (all ranks of a stage together)\n",
-        program.pipelines.len(),
+        step.locals.len(),
         others.join(", ")
     );
     out += &describe_stages(split, pp);
@@ -291,8 +144,8 @@ pub fn describe_mesh_stages(program: &crate::spmd::PipelinedSpmd) -> Result<Stri
         out,
         "local step FLOPs per stage (one rank's part of the forward + backward of one micro-batch):"
     );
-    let sub = program.spmd.mesh()?;
-    for (which, local) in program.spmd.ranks.iter().enumerate() {
+    let sub = &step.spmd_mesh;
+    for (which, local) in step.locals.iter().enumerate() {
         let layers = autopar_passes::pipeline::layer_sequence(local)?;
         let same = layers.len() == split.layers.len()
             && layers
@@ -356,15 +209,6 @@ pub fn describe_mesh_schedule(s: &Schedule, mesh: &DeviceMesh) -> String {
     out
 }
 
-/// The stage split alone (for `dump --stage pipeline`).
-pub fn stages(
-    step: &TrainStep,
-    n_stages: usize,
-    boundaries: &[String],
-) -> Result<StageSplit, Error> {
-    Ok(plan_stages(&step.graph, n_stages, boundaries)?)
-}
-
 /// `dump --stage schedule`: every rank's action list.
 pub fn describe_schedule(s: &Schedule) -> String {
     let mut out = format!(
@@ -379,4 +223,31 @@ pub fn describe_schedule(s: &Schedule) -> String {
         }
     }
     out
+}
+
+/// `dump --stage pipeline`: the stages of the step `options` compiles to (the mesh must
+/// have a `pp` axis), with their layers and FLOPs; with other axes too, each pipeline's
+/// share. The stages are planned but the step is not cut.
+pub fn pipeline_stages(options: &crate::CompileOptions) -> Result<String, Error> {
+    let options = crate::CompileOptions {
+        stop_after: Some(crate::Pass::Partition),
+        reference: false,
+        ..options.clone()
+    };
+    let step = crate::compile(&options)?;
+    let train = step
+        .train
+        .as_ref()
+        .ok_or_else(|| Error::Usage("a pipeline needs a training step".into()))?;
+    let n_stages = step.pp() * options.pipeline.vpp;
+    let split = autopar_passes::pipeline::plan_stages(
+        &train.graph,
+        n_stages,
+        &options.pipeline.boundaries,
+    )?;
+    if step.strategies.is_some() {
+        describe_mesh_stages(&step, &split)
+    } else {
+        Ok(describe_stages(&split, step.pp()))
+    }
 }

@@ -1,0 +1,461 @@
+//! The compiler's pass pipeline: [`compile`] lists the passes in order, runs the IR
+//! verifier on every graph a pass hands on, times each pass, and keeps the text of those
+//! asked for in [`CompileOptions::dump_after`] (Cranelift's `Context::optimize` and XLA's
+//! pass pipeline are the models). Its result, [`CompiledStep`], is the contract between the
+//! compiler and every backend: the per-rank programs, the layout of the training state over
+//! the ranks, and the graph `--verify` runs on one device.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::{Duration, Instant};
+
+use autopar_ir::pipeline::PipelineProgram;
+use autopar_ir::{DType, DeviceMesh, Graph, axis};
+use autopar_passes::pipeline::{PipelineOptions, StageSplit, plan_stages, split_pipeline};
+use autopar_passes::propagate::ShardingPlan;
+use autopar_passes::train::{TrainStep, build_train_step};
+
+use crate::options::{CompileOptions, sequence_layout, without_pp};
+use crate::state::StateLayout;
+use crate::{Error, load_micro_batch_forward, load_model};
+
+/// The passes of [`compile`], in the order they run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Pass {
+    /// Build the forward graph of one micro-batch (zoo, spec or file).
+    Model,
+    /// Lay the sequence out in the load-balanced order context parallelism (or the
+    /// attention core on `tp`'s sequence shards) needs. Runs only for such meshes.
+    SequenceLayout,
+    /// Build the training step: autodiff, casts, loss scaling, clipping, the optimizer and
+    /// activation recompute. Skipped for a forward-only compile.
+    TrainStep,
+    /// Give every value a sharding over the mesh's axes other than `pp` (data, tensor,
+    /// context and expert parallelism, ZeRO, annotations, layer placement). Runs when the
+    /// mesh has such an axis.
+    Parallelize,
+    /// Turn the sharded global graph into the local program of every rank, with its
+    /// collectives. Runs when [`Pass::Parallelize`] does.
+    Partition,
+    /// Cut every rank's local program into pipeline stages, micro-batch by micro-batch.
+    /// Runs for a `pp` axis above 1.
+    PipelineSplit,
+}
+
+impl Pass {
+    /// Every pass, in pipeline order.
+    pub const ALL: [Pass; 6] = [
+        Pass::Model,
+        Pass::SequenceLayout,
+        Pass::TrainStep,
+        Pass::Parallelize,
+        Pass::Partition,
+        Pass::PipelineSplit,
+    ];
+
+    /// The pass's name in `--dump-after` and `--timings`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Pass::Model => "model",
+            Pass::SequenceLayout => "sequence-layout",
+            Pass::TrainStep => "train-step",
+            Pass::Parallelize => "parallelize",
+            Pass::Partition => "partition",
+            Pass::PipelineSplit => "pipeline-split",
+        }
+    }
+}
+
+impl fmt::Display for Pass {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Pass {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Pass::ALL
+            .into_iter()
+            .find(|p| p.name() == s)
+            .ok_or_else(|| {
+                let names: Vec<&str> = Pass::ALL.iter().map(|p| p.name()).collect();
+                format!("unknown pass `{s}` (passes: {})", names.join(", "))
+            })
+    }
+}
+
+/// How long one pass took, and what it produced.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PassTiming {
+    /// The pass.
+    pub pass: Pass,
+    /// Wall time of the pass itself.
+    pub wall: Duration,
+    /// Wall time of the verifier over the pass's output.
+    pub verify: Duration,
+    /// Graphs the pass produced (one per rank after partitioning, one per sub-program after
+    /// the pipeline split).
+    pub graphs: usize,
+    /// Nodes over all of them.
+    pub nodes: usize,
+}
+
+/// The output of a pass as text: one `.air` file per graph it produced.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PassDump {
+    /// The pass.
+    pub pass: Pass,
+    /// `(file name, text IR)`, e.g. `partition.rank3.air`.
+    pub files: Vec<(String, String)>,
+}
+
+/// A training step (or a forward pass) compiled for a mesh: what the compiler hands to a
+/// backend.
+#[derive(Clone, Debug)]
+pub struct CompiledStep {
+    /// The whole mesh, `pp` included (a single device is the mesh `dp=1`).
+    pub mesh: DeviceMesh,
+    /// The mesh the state is sharded over: `mesh` without `pp` (`dp=1` when nothing else).
+    pub spmd_mesh: DeviceMesh,
+    /// The global step: sharded over `spmd_mesh` when the mesh has axes besides `pp`.
+    pub global: Graph,
+    /// The strategy propagation chose for every node, when the step was parallelised.
+    pub strategies: Option<ShardingPlan>,
+    /// The training step's bookkeeping (weights, optimizer state, micro-batches); `None`
+    /// for a forward-only compile.
+    pub train: Option<TrainStep>,
+    /// The local program of every coordinate of `spmd_mesh`, in its rank order: the
+    /// programs that run as they are without a pipeline, and that are cut into stages with
+    /// one. Empty when compilation stopped before partitioning.
+    pub locals: Vec<Graph>,
+    /// The pipeline, for a `pp` axis above 1.
+    pub pipeline: Option<CompiledPipeline>,
+    /// Where every state tensor lives: its global type, sharding and the ranks holding
+    /// each region.
+    pub state: StateLayout,
+    /// What `--verify` runs on one device: the uncompiled step (the original one, before the
+    /// sequence was laid out, when the mesh needed a layout).
+    pub reference: Graph,
+    /// The compute dtype, which sets `--verify`'s tolerance.
+    pub compute_dtype: DType,
+    /// Every pass that ran, in order, with its time.
+    pub timings: Vec<PassTiming>,
+    /// The outputs of the passes named in [`CompileOptions::dump_after`].
+    pub dumps: Vec<PassDump>,
+}
+
+/// A step cut into a pipeline on the `pp` axis: one pipeline per coordinate of the other
+/// axes, all cut at the same layers.
+#[derive(Clone, Debug)]
+pub struct CompiledPipeline {
+    /// The stage split of the global step, which every pipeline follows.
+    pub split: StageSplit,
+    /// `pipelines[i]`: the pipeline of coordinate `i` of [`CompiledStep::spmd_mesh`].
+    pub pipelines: Vec<PipelineProgram>,
+}
+
+impl CompiledStep {
+    /// True when the step runs as a pipeline.
+    pub fn is_pipeline(&self) -> bool {
+        self.pipeline.is_some()
+    }
+
+    /// True for a training step (false for a forward pass).
+    pub fn is_training(&self) -> bool {
+        self.train.is_some()
+    }
+
+    /// Pipeline ranks (1 without a pipeline).
+    pub fn pp(&self) -> usize {
+        self.mesh.axis_size(axis::PP).unwrap_or(1)
+    }
+}
+
+/// Compiles `options` (see the module docs for the passes and [`CompiledStep`] for the
+/// result).
+pub fn compile(options: &CompileOptions) -> Result<CompiledStep, Error> {
+    let o = options;
+    let mut log = PassLog::new(o);
+    let mesh = match &o.mesh {
+        Some(m) => m.clone(),
+        None => DeviceMesh::new([(axis::DP, 1)])?,
+    };
+    let pp = mesh.axis_size(axis::PP).unwrap_or(1);
+    let partitioned_mesh = without_pp(&mesh)?;
+    check_spmd_options(o, &mesh, partitioned_mesh.is_some())?;
+    let layout = sequence_layout(&mesh, &o.parallel.layer)?;
+
+    let forward = log.run(Pass::Model, || match o.forward_only {
+        true => load_model(&o.model, o.batch),
+        false => load_micro_batch_forward(&o.model, o.batch, o.train.micro_batches),
+    })?;
+    let laid_out = match layout {
+        Some(l) => Some(log.run(Pass::SequenceLayout, || l.apply(&forward))?),
+        None => None,
+    };
+    let (step, train) = if o.forward_only {
+        if pp > 1 {
+            return Err(Error::Usage(format!(
+                "--forward runs one forward pass; the mesh `{mesh}` is a pipeline, which trains"
+            )));
+        }
+        (laid_out.clone().unwrap_or_else(|| forward.clone()), None)
+    } else {
+        let step = log.run(Pass::TrainStep, || {
+            Ok(build_train_step(
+                laid_out.as_ref().unwrap_or(&forward),
+                &o.train,
+            )?)
+        })?;
+        (step.graph.clone(), Some(step))
+    };
+    // The reference runs the original order of the sequence; without a layout it is the
+    // step itself.
+    let reference = match (&laid_out, o.reference, o.forward_only) {
+        (Some(_), true, true) => forward,
+        (Some(_), true, false) => build_train_step(&forward, &o.train)?.graph,
+        _ => step.clone(),
+    };
+    let mut compiled = CompiledStep {
+        spmd_mesh: partitioned_mesh
+            .clone()
+            .unwrap_or(DeviceMesh::new([(axis::DP, 1)])?),
+        mesh,
+        global: step,
+        strategies: None,
+        train,
+        locals: Vec::new(),
+        pipeline: None,
+        state: StateLayout::default(),
+        reference,
+        compute_dtype: o.train.compute_dtype,
+        timings: Vec::new(),
+        dumps: Vec::new(),
+    };
+    if stops_before(o, Pass::Parallelize) {
+        return log.finish(compiled);
+    }
+    if let Some(sub) = &partitioned_mesh {
+        let p = log.run(Pass::Parallelize, || {
+            Ok(autopar_passes::parallelize::parallelize(
+                &compiled.global,
+                sub,
+                &o.parallel,
+            )?)
+        })?;
+        compiled.global = p.graph;
+        compiled.strategies = Some(p.plan);
+    }
+    if stops_before(o, Pass::Partition) {
+        compiled.state = StateLayout::new(&compiled)?;
+        return log.finish(compiled);
+    }
+    compiled.locals = match &compiled.strategies {
+        Some(plan) => log.run(Pass::Partition, || {
+            Ok(autopar_passes::partition::partition_all(
+                &compiled.global,
+                plan,
+            )?)
+        })?,
+        None => vec![compiled.global.clone()],
+    };
+    if pp > 1 && !stops_before(o, Pass::PipelineSplit) {
+        let train = compiled.train.as_ref().ok_or_else(|| {
+            Error::Usage("a pipeline needs a training step, not a forward pass".into())
+        })?;
+        let pipeline = log.run(Pass::PipelineSplit, || {
+            split_every_rank(train, &compiled.locals, pp, o)
+        })?;
+        compiled.pipeline = Some(pipeline);
+    }
+    compiled.state = StateLayout::new(&compiled)?;
+    log.finish(compiled)
+}
+
+fn stops_before(o: &CompileOptions, pass: Pass) -> bool {
+    o.stop_after.is_some_and(|last| last < pass)
+}
+
+/// Refuses SPMD options on a mesh without an axis to apply them to.
+fn check_spmd_options(o: &CompileOptions, mesh: &DeviceMesh, has_spmd: bool) -> Result<(), Error> {
+    if has_spmd {
+        return Ok(());
+    }
+    let p = &o.parallel;
+    if p.zero > 0 {
+        return Err(Error::Usage(format!(
+            "--zero {} shards over the data axes `{}` and `{}`, which the mesh `{mesh}` does not have",
+            p.zero,
+            axis::DP,
+            axis::EP
+        )));
+    }
+    let refused = [
+        (!p.annotations.is_empty(), "--annotate"),
+        (p.sequence_parallel, "--sp"),
+        (
+            p.layer != autopar_cost_model::LayerPlacement::MEGATRON,
+            "--attn/--mlp",
+        ),
+    ];
+    if let Some((_, flag)) = refused.iter().find(|(on, _)| *on) {
+        return Err(Error::Usage(format!(
+            "{flag} places tensors over the mesh's axes besides `{}`; the mesh `{mesh}` has none",
+            axis::PP
+        )));
+    }
+    Ok(())
+}
+
+/// Cuts every rank's local step into the pipeline `o.pipeline` describes, at the stage
+/// boundaries of the global step, so that all pipelines agree.
+fn split_every_rank(
+    train: &TrainStep,
+    locals: &[Graph],
+    pp: usize,
+    o: &CompileOptions,
+) -> Result<CompiledPipeline, Error> {
+    let spec = &o.pipeline;
+    let split = plan_stages(&train.graph, pp * spec.vpp, &spec.boundaries)?;
+    let options = PipelineOptions {
+        pp,
+        vpp: spec.vpp,
+        schedule: spec.schedule,
+        boundaries: split.starts.iter().skip(1).map(|s| s.to_string()).collect(),
+    };
+    let pipelines = locals
+        .iter()
+        .map(|local| {
+            let local_step = TrainStep {
+                graph: local.clone(),
+                ..train.clone()
+            };
+            split_pipeline(&local_step, &options).map(|p| p.program)
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(CompiledPipeline { split, pipelines })
+}
+
+/// The graphs a pass's output consists of, labelled for the verifier's errors and the dump
+/// files.
+trait PassOutput {
+    fn graphs(&self) -> Vec<(String, &Graph)>;
+}
+
+impl PassOutput for Graph {
+    fn graphs(&self) -> Vec<(String, &Graph)> {
+        vec![(String::new(), self)]
+    }
+}
+
+impl PassOutput for TrainStep {
+    fn graphs(&self) -> Vec<(String, &Graph)> {
+        self.graph.graphs()
+    }
+}
+
+impl PassOutput for autopar_passes::parallelize::Parallelized {
+    fn graphs(&self) -> Vec<(String, &Graph)> {
+        self.graph.graphs()
+    }
+}
+
+impl PassOutput for Vec<Graph> {
+    fn graphs(&self) -> Vec<(String, &Graph)> {
+        self.iter()
+            .enumerate()
+            .map(|(rank, g)| (format!("rank{rank}"), g))
+            .collect()
+    }
+}
+
+impl PassOutput for CompiledPipeline {
+    fn graphs(&self) -> Vec<(String, &Graph)> {
+        let mut out = Vec::new();
+        for (which, p) in self.pipelines.iter().enumerate() {
+            for (dir, programs) in [("forward", &p.forward), ("backward", &p.backward)] {
+                for (vs, per_mb) in programs.iter().enumerate() {
+                    for (mb, sub) in per_mb.iter().enumerate() {
+                        out.push((format!("pipeline{which}.{dir}.vs{vs}.mb{mb}"), &sub.graph));
+                    }
+                }
+            }
+            for (i, seg) in p.optimizer.iter().enumerate() {
+                out.push((
+                    format!("pipeline{which}.optimizer{i}.rank{}", seg.rank),
+                    &seg.program.graph,
+                ));
+            }
+        }
+        out
+    }
+}
+
+/// Runs passes with the verifier after each, and records their times and dumps.
+struct PassLog<'o> {
+    options: &'o CompileOptions,
+    timings: Vec<PassTiming>,
+    dumps: Vec<PassDump>,
+}
+
+impl<'o> PassLog<'o> {
+    fn new(options: &'o CompileOptions) -> Self {
+        PassLog {
+            options,
+            timings: Vec::new(),
+            dumps: Vec::new(),
+        }
+    }
+
+    fn run<T: PassOutput>(
+        &mut self,
+        pass: Pass,
+        body: impl FnOnce() -> Result<T, Error>,
+    ) -> Result<T, Error> {
+        let start = Instant::now();
+        let out = body()?;
+        let wall = start.elapsed();
+        let start = Instant::now();
+        let graphs = out.graphs();
+        for (label, g) in &graphs {
+            autopar_ir::verify(g).map_err(|error| Error::Verifier {
+                pass: pass.name(),
+                graph: if label.is_empty() {
+                    g.name().to_string()
+                } else {
+                    format!("{} {label}", g.name())
+                },
+                error,
+            })?;
+        }
+        self.timings.push(PassTiming {
+            pass,
+            wall,
+            verify: start.elapsed(),
+            graphs: graphs.len(),
+            nodes: graphs.iter().map(|(_, g)| g.num_nodes()).sum(),
+        });
+        if self.options.dump_after.contains(&pass) {
+            let files = graphs
+                .iter()
+                .map(|(label, g)| {
+                    let name = match label.is_empty() {
+                        true => format!("{pass}.air"),
+                        false => format!("{pass}.{label}.air"),
+                    };
+                    (name, autopar_ir::text::print(g))
+                })
+                .collect();
+            self.dumps.push(PassDump { pass, files });
+        }
+        Ok(out)
+    }
+
+    fn finish(self, mut compiled: CompiledStep) -> Result<CompiledStep, Error> {
+        compiled.timings = self.timings;
+        compiled.dumps = self.dumps;
+        Ok(compiled)
+    }
+}

@@ -1,0 +1,56 @@
+//! autopar's compiler driver: the entry points that an embedding program, the `autopar`
+//! command line and every backend share.
+//!
+//! - [`compile`] takes [`CompileOptions`] (model, training options, mesh, parallel and
+//!   pipeline options; [`CompileOptions::from_plan`] maps a searched plan onto them) through
+//!   the pass pipeline ([`Pass`]: model, sequence layout, training step, parallelize,
+//!   partition, pipeline split, the verifier after each) and returns a [`CompiledStep`]:
+//!   the per-rank programs, the [`StateLayout`] of the training state over the ranks, and
+//!   the reference graph for `--verify`.
+//! - [`run`] executes a compiled step for some steps and reports losses, memory and, with
+//!   `verify`, the comparison with the single-device reference ([`VerifyReport`], one
+//!   tolerance policy: [`tolerance`]).
+//!
+//! ```
+//! use autopar_driver::{CompileOptions, RunOptions, compile, run};
+//!
+//! let options = CompileOptions::new("gpt-tiny").on_mesh("dp=2")?;
+//! let step = compile(&options)?;
+//! let report = run(&step, &RunOptions { verify: true, ..RunOptions::default() }, |_| {})?;
+//! assert!(report.verify.is_some_and(|v| v.ok()));
+//! # Ok::<(), autopar_driver::Error>(())
+//! ```
+//!
+//! The workspace's libraries are re-exported, so that one dependency gives the whole
+//! compiler.
+
+pub mod compile;
+pub mod describe;
+mod error;
+pub mod model;
+pub mod options;
+pub mod run;
+pub mod search;
+pub mod state;
+
+pub use autopar_cost_model as cost_model;
+pub use autopar_frontends as frontends;
+pub use autopar_ir as ir;
+pub use autopar_passes as passes;
+pub use autopar_runtime as runtime;
+
+pub use compile::{CompiledPipeline, CompiledStep, Pass, PassDump, PassTiming, compile};
+pub use error::Error;
+pub use model::{
+    DumpFormat, ModelSource, dump, estimate, load_annotations, load_cluster,
+    load_micro_batch_forward, load_model, load_train_step, model_config,
+};
+pub use options::{CompileOptions, PipelineSpec, SequenceLayout, sequence_layout, without_pp};
+pub use run::{
+    PipelineRankStats, RankStats, RunOptions, RunReport, StepEvent, VerifyReport, run, tolerance,
+};
+pub use state::{Shard, StateLayout, StateTensor};
+
+pub use autopar_passes::parallelize::{Annotation, ParallelOptions};
+pub use autopar_passes::recompute::Recompute;
+pub use autopar_passes::train::{GRADS_FINITE, LossScaling, Optimizer, TrainOptions, TrainStep};

@@ -1,0 +1,85 @@
+//! The strategy search as the driver offers it: the search itself and its result types
+//! (from [`autopar_passes::search`]), and the constraints a user's annotation file and
+//! `--pin` impose on it.
+
+pub use autopar_passes::search::explain::{Comparison, megatron_reference, placed_axes};
+pub use autopar_passes::search::export::{megatron_args, torchtitan_toml};
+pub use autopar_passes::search::{
+    Constraints, Progress, RankedPlan, SearchOptions, SearchResult, cpu_unsupported,
+    search_with_progress,
+};
+
+use autopar_ir::{Axis, Placement, axis};
+
+use crate::Error;
+
+/// The constraints of an annotation file (`path`, its text `text`) combined with `--pin`:
+/// `mesh:` lines pin plan keys, tensor lines require the axes they shard over to be longer
+/// than 1, and a layer weight split over `tp` keeps its op split over `tp` in every plan.
+pub fn annotation_constraints(path: &str, text: &str, pin: &str) -> Result<Constraints, Error> {
+    let usage = |e: String| Error::Usage(e);
+    let mut pins = Vec::new();
+    // Tensor lines go to the annotation parser with their line numbers kept.
+    let mut tensors = String::new();
+    for line in text.lines() {
+        let content = line.split('#').next().unwrap_or("").trim();
+        match content.split_once(':') {
+            Some((name, rest)) if name.trim() == "mesh" => {
+                pins.push(rest.trim().to_string());
+                tensors.push('\n');
+            }
+            _ => {
+                tensors.push_str(line);
+                tensors.push('\n');
+            }
+        }
+    }
+    let file_pins = pins.join(",");
+    let from_file =
+        Constraints::parse(&file_pins).map_err(|e| usage(format!("{path}: `mesh:`: {e}")))?;
+    let from_flag = Constraints::parse(pin).map_err(|e| usage(e.to_string()))?;
+    let json = |c: &Constraints| serde_json::to_value(c).map_err(|e| usage(e.to_string()));
+    let (a, b) = (json(&from_file)?, json(&from_flag)?);
+    if let (Some(a), Some(b)) = (a.as_object(), b.as_object()) {
+        for (key, va) in a {
+            if let Some(vb) = b.get(key)
+                && !va.is_null()
+                && !vb.is_null()
+                && va != vb
+            {
+                return Err(usage(format!("{path} pins {key} to {va}, --pin to {vb}")));
+            }
+        }
+    }
+    let mut c =
+        Constraints::parse(&format!("{pin},{file_pins}")).map_err(|e| usage(e.to_string()))?;
+    let annotations = autopar_passes::parallelize::parse_annotations(&tensors)
+        .map_err(|e| usage(format!("{path}: {e}")))?;
+    for a in &annotations {
+        for (name, placement) in &a.axes {
+            if !matches!(placement, Placement::Shard(_)) {
+                continue;
+            }
+            if Axis::from_name(name).is_none() {
+                let names: Vec<&str> = Axis::ALL.iter().map(|a| a.name()).collect();
+                return Err(usage(format!(
+                    "{path}:{}: `{}` is sharded over `{name}`, which is not a plan axis ({})",
+                    a.line,
+                    a.tensor,
+                    names.join(", ")
+                )));
+            }
+            if !c.sharded_axes.contains(name) {
+                c.sharded_axes.push(name.clone());
+            }
+            // A weight split over tp keeps its op split over tp in every plan.
+            if name == axis::TP
+                && let Some(op) = autopar_passes::parallelize::layer_op_of_weight(&a.tensor)
+                && !c.tensor_ops.contains(&op)
+            {
+                c.tensor_ops.push(op);
+            }
+        }
+    }
+    Ok(c)
+}

@@ -1,0 +1,220 @@
+//! Where the training state lives: [`StateLayout`] records, for every state tensor of a
+//! compiled step (its parameters: weights, optimizer state, step counters, loss-scaling
+//! state), its global type and sharding and which ranks hold which region. Initialising a
+//! rank, gathering a tensor back for `--verify`, and (later) saving and resharding
+//! checkpoints all read it.
+
+use std::ops::Range;
+
+use autopar_ir::sharding_algebra::local_region;
+use autopar_ir::{DeviceMesh, Graph, Init, Op, Sharding, TensorType};
+use autopar_runtime::{self as rt, Data, Tensor, TensorMap, element_init};
+
+use crate::Error;
+use crate::compile::CompiledStep;
+
+/// The state of a compiled step over the ranks of its mesh.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct StateLayout {
+    /// Every state tensor, in the global step's node order.
+    pub tensors: Vec<StateTensor>,
+    /// Ranks of the whole mesh.
+    pub num_ranks: usize,
+}
+
+/// One state tensor and its shards.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StateTensor {
+    /// Its name (a parameter of the global step).
+    pub name: String,
+    /// Its global type.
+    pub ty: TensorType,
+    /// How it is initialised.
+    pub init: Init,
+    /// Its sharding over the SPMD mesh (`None`: not parallelised, held whole).
+    pub sharding: Option<Sharding>,
+    /// The distinct regions ranks hold, each with the ranks holding it (replicas share one
+    /// entry); together they cover the tensor.
+    pub shards: Vec<Shard>,
+}
+
+/// A region of a state tensor and the ranks that hold it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Shard {
+    /// Per dim, the global index range.
+    pub region: Vec<Range<usize>>,
+    /// Ranks of the whole mesh holding exactly this region, ascending.
+    pub ranks: Vec<usize>,
+}
+
+impl StateLayout {
+    /// The layout of `step`'s state: each rank holds its region (on the SPMD mesh) of every
+    /// parameter of the global step; in a pipeline, only of those its own stages read.
+    pub fn new(step: &CompiledStep) -> Result<Self, Error> {
+        let g = &step.global;
+        let n = step.mesh.num_devices();
+        let mut tensors = Vec::new();
+        for node in g.nodes_in_order() {
+            let node = g.node(node);
+            let Op::Parameter { name, ty, init } = &node.op else {
+                continue;
+            };
+            let sharding = g.value(node.outputs[0]).sharding.clone();
+            let mut shards: Vec<Shard> = Vec::new();
+            for rank in 0..n {
+                let (pp_rank, which) = rt::split_pipeline_rank(&step.mesh, rank);
+                if let Some(p) = &step.pipeline {
+                    let held = p
+                        .pipelines
+                        .get(which)
+                        .and_then(|p| p.sources.get(pp_rank))
+                        .is_some_and(|s| s.iter().any(|s| s.is_state && s.name == *name));
+                    if !held {
+                        continue;
+                    }
+                }
+                let region = region_of(ty, sharding.as_ref(), &step.spmd_mesh, which)?;
+                match shards.iter_mut().find(|s| s.region == region) {
+                    Some(s) => s.ranks.push(rank),
+                    None => shards.push(Shard {
+                        region,
+                        ranks: vec![rank],
+                    }),
+                }
+            }
+            tensors.push(StateTensor {
+                name: name.clone(),
+                ty: ty.clone(),
+                init: *init,
+                sharding,
+                shards,
+            });
+        }
+        Ok(StateLayout {
+            tensors,
+            num_ranks: n,
+        })
+    }
+
+    /// The state rank `rank` holds, drawn from `seed`: its region of every tensor it holds,
+    /// element by element by global index, so that no rank ever materialises a whole
+    /// sharded tensor and every rank draws exactly what the single device draws there.
+    pub fn init_rank(&self, rank: usize, seed: u64) -> Result<TensorMap, Error> {
+        let mut state = TensorMap::new();
+        for t in &self.tensors {
+            let Some(shard) = t.shards.iter().find(|s| s.ranks.contains(&rank)) else {
+                continue;
+            };
+            let local = TensorType::new(t.ty.dtype, region_dims(&shard.region));
+            let value = if t.ty.dtype.is_float() {
+                let draw = element_init(&t.name, t.init, seed);
+                let values = region_indices(t.ty.dims(), &shard.region)
+                    .into_iter()
+                    .map(|i| draw(i as u64))
+                    .collect();
+                Tensor::new(local, Data::Float(values))?.rounded()
+            } else {
+                rt::init_parameter(&t.name, &local, t.init, seed)?
+            };
+            state.insert(t.name.clone(), value);
+        }
+        Ok(state)
+    }
+
+    /// Bytes rank `rank` holds.
+    pub fn rank_bytes(&self, rank: usize) -> u64 {
+        self.tensors
+            .iter()
+            .filter_map(|t| {
+                let shard = t.shards.iter().find(|s| s.ranks.contains(&rank))?;
+                let elements: usize = region_dims(&shard.region).iter().product();
+                Some(elements as u64 * t.ty.dtype.size_bytes() as u64)
+            })
+            .sum()
+    }
+
+    /// Tensor `name` gathered to its global type from the ranks' `states` (each region from
+    /// the first rank that holds it).
+    pub fn gather(&self, name: &str, states: &[TensorMap]) -> Result<Tensor, Error> {
+        let t = self
+            .tensors
+            .iter()
+            .find(|t| t.name == name)
+            .ok_or_else(|| Error::Usage(format!("`{name}` is not a state tensor")))?;
+        let mut values = vec![f64::NAN; t.ty.num_elements() as usize];
+        for shard in &t.shards {
+            let rank = shard.ranks[0];
+            let local = states
+                .get(rank)
+                .and_then(|s| s.get(name))
+                .ok_or_else(|| Error::Usage(format!("rank {rank} lost the state `{name}`")))?
+                .to_f64_vec();
+            for (i, global) in region_indices(t.ty.dims(), &shard.region)
+                .into_iter()
+                .enumerate()
+            {
+                values[global] = local.get(i).copied().unwrap_or(f64::NAN);
+            }
+        }
+        Ok(Tensor::from_f64(t.ty.clone(), values)?)
+    }
+}
+
+/// The region of a tensor of type `ty` sharded by `sharding` that coordinate `which` of
+/// `mesh` holds (all of it without a sharding).
+fn region_of(
+    ty: &TensorType,
+    sharding: Option<&Sharding>,
+    mesh: &DeviceMesh,
+    which: usize,
+) -> Result<Vec<Range<usize>>, Error> {
+    Ok(match sharding {
+        Some(s) => local_region(ty.dims(), s, mesh, &mesh.coords(which))?,
+        None => ty.dims().iter().map(|&d| 0..d).collect(),
+    })
+}
+
+fn region_dims(region: &[Range<usize>]) -> Vec<usize> {
+    region.iter().map(|r| r.len()).collect()
+}
+
+/// Global row-major indices of the elements of `region` of a tensor of shape `dims`, in the
+/// region's row-major order.
+fn region_indices(dims: &[usize], region: &[Range<usize>]) -> Vec<usize> {
+    let mut out = vec![0usize];
+    for (d, r) in region.iter().enumerate() {
+        let mut next = Vec::with_capacity(out.len() * r.len());
+        for &base in &out {
+            for i in r.clone() {
+                next.push(base * dims[d] + i);
+            }
+        }
+        out = next;
+    }
+    out
+}
+
+/// The part of the global `batch` that coordinate `which` of `mesh` is fed: each input of
+/// `g` sliced to its region (the whole input when `g` is not sharded).
+pub fn rank_inputs(
+    g: &Graph,
+    batch: &TensorMap,
+    mesh: &DeviceMesh,
+    which: usize,
+) -> Result<TensorMap, Error> {
+    let mut out = TensorMap::new();
+    for (v, name, _) in g.inputs() {
+        let Some(t) = batch.get(name) else { continue };
+        let sharding = g.value(v).sharding.as_ref();
+        let region = region_of(t.ty(), sharding, mesh, which)?;
+        let idx = region_indices(t.dims(), &region);
+        let local = TensorType::new(t.dtype(), region_dims(&region));
+        let data = match t.data() {
+            Data::Float(x) => Data::Float(idx.iter().map(|&i| x[i]).collect()),
+            Data::Int(x) => Data::Int(idx.iter().map(|&i| x[i]).collect()),
+            Data::Bool(x) => Data::Bool(idx.iter().map(|&i| x[i]).collect()),
+        };
+        out.insert(name.to_string(), Tensor::new(local, data)?);
+    }
+    Ok(out)
+}

@@ -1,0 +1,316 @@
+//! `autopar run` and the graph stages of `autopar dump`: the command line's options become
+//! [`driver::CompileOptions`], the driver compiles and runs, and this module prints what it
+//! reports (losses, memory per rank, `--verify`, `--timings`, `--dump-after` files, traces).
+
+use std::fmt::Write as _;
+
+use anyhow::{Context, Result, bail};
+
+use autopar_driver::{self as driver, CompileOptions, CompiledStep, Pass, RunReport};
+use driver::ir::DeviceMesh;
+use driver::ir::schedule::{Schedule, ScheduleKind};
+
+use crate::{PipelineArgs, RunArgs, Stage, TrainArgs, print_stdout, spmd_cmd};
+
+/// Compiler diagnostics of `autopar run`.
+#[derive(clap::Args)]
+pub struct CompileDiagArgs {
+    /// Print the wall time of every compiler pass (and of the verifier after it).
+    #[arg(long)]
+    pub timings: bool,
+    /// Write the output of these passes as text IR, one file per graph, into --dump-dir:
+    /// model, sequence-layout, train-step, parallelize, partition, pipeline-split.
+    #[arg(long, value_name = "PASS", value_delimiter = ',', value_parser = parse_pass)]
+    pub dump_after: Vec<Pass>,
+    /// Directory of the --dump-after files.
+    #[arg(long, value_name = "DIR", default_value = "autopar-dump")]
+    pub dump_dir: String,
+}
+
+fn parse_pass(v: &str) -> Result<Pass, String> {
+    v.parse()
+}
+
+/// The compile options of a model, its training options, its mesh and the SPMD and
+/// pipeline flags.
+pub fn compile_options(
+    model: &str,
+    batch: Option<usize>,
+    train: &TrainArgs,
+    pipeline: &PipelineArgs,
+    spmd: &spmd_cmd::SpmdArgs,
+    forward: bool,
+) -> Result<CompileOptions> {
+    let mut o = CompileOptions::new(model);
+    o.batch = batch;
+    o.train = train.options();
+    o.forward_only = forward;
+    if let Some(mesh) = &pipeline.mesh {
+        o = o.on_mesh(mesh)?;
+        o.parallel = spmd.options()?;
+    }
+    o.pipeline = driver::PipelineSpec {
+        schedule: pipeline.schedule.parse::<ScheduleKind>()?,
+        vpp: pipeline.vpp,
+        boundaries: pipeline.stage_boundaries.clone(),
+    };
+    Ok(o)
+}
+
+/// `autopar run` without `--auto` or `--plan-file`.
+pub fn run(args: &RunArgs) -> Result<()> {
+    let mut options = compile_options(
+        &args.model,
+        args.batch,
+        &args.train,
+        &args.pipeline,
+        &args.spmd,
+        args.forward,
+    )?;
+    options.reference = args.verify;
+    run_options(args, options)
+}
+
+/// Compiles `options`, runs it as `args` asks and prints the report.
+pub fn run_options(args: &RunArgs, mut options: CompileOptions) -> Result<()> {
+    if options.mesh.is_none() && (args.verify || args.trace.is_some()) {
+        bail!("--verify and --trace need --mesh");
+    }
+    options.dump_after = args.diag.dump_after.clone();
+    let step = driver::compile(&options)?;
+    if args.trace.is_some() && !step.is_pipeline() {
+        bail!("--trace applies to pipelines (--mesh pp=N)");
+    }
+    write_dumps(&step, &args.diag.dump_dir)?;
+    if args.diag.timings {
+        print_stdout(&timings(&step))?;
+    }
+    let run_options = driver::RunOptions {
+        seed: args.seed,
+        steps: if args.forward { 1 } else { args.steps },
+        verify: args.verify,
+    };
+    let single_forward = args.forward && options.mesh.is_none();
+    let mut printed = Ok(());
+    let report = driver::run(&step, &run_options, |e| {
+        let line = match single_forward {
+            true => format!("loss: {:.6}\n", e.loss),
+            false => format!("step {} loss: {:.6}\n", e.step + 1, e.loss),
+        };
+        if printed.is_ok() {
+            printed = print_stdout(&line);
+        }
+        if e.grads_finite == Some(false) {
+            eprintln!(
+                "step {}: gradients are not finite; update skipped, loss scale reduced",
+                e.step + 1
+            );
+        }
+    })?;
+    printed?;
+    if options.mesh.is_some() {
+        print_stdout(&ranks_summary(&step, &report))?;
+    } else if !single_forward {
+        print_stdout(&format!("peak memory: {}\n", report.peak_bytes))?;
+    }
+    if let Some(path) = &args.trace {
+        let text = driver::describe::pipeline_trace(&step, &report.pipeline_reports)?;
+        std::fs::write(path, text).with_context(|| format!("cannot write `{path}`"))?;
+    }
+    if let Some(v) = &report.verify {
+        print_stdout(&format!("{}\n", v.line()))?;
+        if !v.ok() {
+            bail!(
+                "the parallel run differs from the single-device reference (worst: `{}`)",
+                v.worst
+            );
+        }
+    }
+    Ok(())
+}
+
+/// What the ranks of a run held: one line for an SPMD mesh, a line per rank and a summary
+/// for a pipeline.
+fn ranks_summary(step: &CompiledStep, report: &RunReport) -> String {
+    let mesh = &step.mesh;
+    let n = mesh.num_devices();
+    let mut out = String::new();
+    let Some(pipeline) = &step.pipeline else {
+        let _ = writeln!(
+            out,
+            "ranks: {n} ({mesh}), peak memory per rank: {}",
+            report.peak_bytes
+        );
+        return out;
+    };
+    let pipeline_only = step.strategies.is_none();
+    for (rank, r) in report.ranks.iter().enumerate() {
+        let p = r.pipeline.clone().unwrap_or(driver::PipelineRankStats {
+            peak_activation_bytes: 0,
+            max_in_flight: 0,
+        });
+        if pipeline_only {
+            let _ = writeln!(
+                out,
+                "rank {rank}: peak memory {} bytes, peak activations {} bytes, {} micro-batch chunks in flight",
+                r.peak_bytes, p.peak_activation_bytes, p.max_in_flight
+            );
+        } else {
+            let _ = writeln!(
+                out,
+                "{}: peak memory {} bytes, peak activations {} bytes, state {} bytes, {} micro-batch chunks in flight",
+                driver::describe::rank_label(mesh, rank),
+                r.peak_bytes,
+                p.peak_activation_bytes,
+                r.state_bytes,
+                p.max_in_flight
+            );
+        }
+    }
+    if pipeline_only {
+        let _ = writeln!(out, "ranks: {n} ({mesh})");
+        return out;
+    }
+    let peak = report.ranks.iter().map(|r| r.peak_bytes).max().unwrap_or(0);
+    let state = report
+        .ranks
+        .iter()
+        .map(|r| r.state_bytes)
+        .max()
+        .unwrap_or(0);
+    let stages = pipeline.split.num_stages();
+    let _ = writeln!(
+        out,
+        "ranks: {n} ({mesh}), {} pipelines of {stages} stages, peak memory per rank: {peak}, \
+         state per rank: {state}",
+        pipeline.pipelines.len(),
+    );
+    out
+}
+
+/// The `--timings` table.
+fn timings(step: &CompiledStep) -> String {
+    let mut out = format!(
+        "{:<16} {:>10} {:>10} {:>7} {:>9}\n",
+        "pass", "time ms", "verify ms", "graphs", "nodes"
+    );
+    let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+    let (mut wall, mut verify) = (0.0, 0.0);
+    for t in &step.timings {
+        wall += ms(t.wall);
+        verify += ms(t.verify);
+        let _ = writeln!(
+            out,
+            "{:<16} {:>10.3} {:>10.3} {:>7} {:>9}",
+            t.pass.name(),
+            ms(t.wall),
+            ms(t.verify),
+            t.graphs,
+            t.nodes
+        );
+    }
+    let _ = writeln!(out, "{:<16} {wall:>10.3} {verify:>10.3}", "total");
+    out
+}
+
+/// Writes the `--dump-after` files into `dir`.
+fn write_dumps(step: &CompiledStep, dir: &str) -> Result<()> {
+    for dump in &step.dumps {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create `{dir}`"))?;
+        for (name, text) in &dump.files {
+            let path = std::path::Path::new(dir).join(name);
+            std::fs::write(&path, text)
+                .with_context(|| format!("cannot write `{}`", path.display()))?;
+        }
+        eprintln!(
+            "dumped the output of `{}` to {dir}/ ({} files)",
+            dump.pass,
+            dump.files.len()
+        );
+    }
+    Ok(())
+}
+
+/// The graph `autopar dump --stage forward|train|sharded|partitioned` prints, or the text
+/// of `--stage pipeline|schedule`.
+pub enum Dumped {
+    /// A graph, to print in the chosen format.
+    Graph(driver::ir::Graph),
+    /// A description.
+    Text(String),
+}
+
+/// `autopar dump`.
+pub fn dump(
+    model: &str,
+    batch: Option<usize>,
+    stage: Stage,
+    train: &TrainArgs,
+    pipeline: &PipelineArgs,
+    spmd: &spmd_cmd::SpmdArgs,
+    rank: usize,
+) -> Result<Dumped> {
+    if let Stage::Forward = stage {
+        return Ok(Dumped::Graph(driver::load_model(model, batch)?));
+    }
+    let mut options = compile_options(model, batch, train, pipeline, spmd, false)?;
+    options.reference = false;
+    let mesh_text = pipeline.mesh.as_deref().unwrap_or("");
+    match stage {
+        Stage::Forward | Stage::Train => {
+            options.mesh = None;
+            options.parallel = Default::default();
+            options.stop_after = Some(Pass::TrainStep);
+            Ok(Dumped::Graph(driver::compile(&options)?.global))
+        }
+        Stage::Sharded | Stage::Partitioned => {
+            if options.mesh.is_none() {
+                bail!("--stage sharded and --stage partitioned need --mesh");
+            }
+            let partitioned = matches!(stage, Stage::Partitioned);
+            options.stop_after = Some(if partitioned {
+                Pass::Partition
+            } else {
+                Pass::Parallelize
+            });
+            let step = driver::compile(&options)?;
+            if !partitioned {
+                return Ok(Dumped::Graph(step.global));
+            }
+            let n = step.locals.len();
+            step.locals
+                .into_iter()
+                .nth(rank)
+                .map(Dumped::Graph)
+                .with_context(|| {
+                    format!("--rank {rank}: the mesh `{mesh_text}` has {n} ranks besides `pp`")
+                })
+        }
+        Stage::Pipeline | Stage::Schedule => {
+            let mesh: DeviceMesh = options
+                .mesh
+                .clone()
+                .context("--stage pipeline and --stage schedule need --mesh with a pp axis")?;
+            let pp = mesh.axis_size(driver::ir::axis::PP).unwrap_or(1);
+            if pp < 2 {
+                bail!(
+                    "--stage pipeline and --stage schedule need a `pp` axis above 1 in --mesh `{mesh_text}`"
+                );
+            }
+            if let Stage::Pipeline = stage {
+                return Ok(Dumped::Text(driver::describe::pipeline_stages(&options)?));
+            }
+            let p = &options.pipeline;
+            let schedule = Schedule::new(p.schedule, pp, p.vpp, options.train.micro_batches)?;
+            let others = mesh
+                .axes()
+                .iter()
+                .any(|a| a.name != driver::ir::axis::PP && a.size > 1);
+            Ok(Dumped::Text(if others {
+                driver::describe::describe_mesh_schedule(&schedule, &mesh)
+            } else {
+                driver::describe::describe_schedule(&schedule)
+            }))
+        }
+    }
+}
