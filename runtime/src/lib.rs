@@ -35,6 +35,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+pub mod backend;
 pub mod comm;
 pub mod data;
 pub mod error;
@@ -42,7 +43,9 @@ pub mod executor;
 pub mod init;
 pub mod interp;
 pub mod kernels;
+pub mod launch;
 pub mod pipeline;
+pub mod plan;
 pub mod reference;
 pub mod rng;
 pub mod tensor;
@@ -50,16 +53,22 @@ pub mod train;
 
 use std::collections::BTreeMap;
 
-pub use comm::{CommOptions, InProcessCommunicator, in_process_communicators};
+pub use backend::{Backend, CpuBackend, CpuExecutable};
+pub use comm::{
+    Collectives, CommOptions, InProcessCommunicator, SingleDevice, communicate,
+    in_process_communicators,
+};
 pub use data::{bigram_permutation, regression_teacher, synthetic_batch};
 pub use error::{Feed, RuntimeError};
 pub use executor::{RankProgram, SpmdOptions, run_spmd, run_spmd_per_rank};
 pub use init::{element_init, init_parameter, init_parameters};
-pub use interp::{Communicator, RunOptions, RunOutput, SingleDevice, run, run_with_communicator};
+pub use interp::{RunOptions, RunOutput, run, run_planned, run_with_collectives};
 pub use kernels::eval_op;
+pub use launch::{Launcher, RankResults, ThreadLauncher, root_cause};
 pub use pipeline::{
     PipelineStepReport, RankReport, run_pipeline_step, run_pipeline_step_spmd, split_pipeline_rank,
 };
+pub use plan::ExecutionPlan;
 pub use reference::{decomposed_attention, decomposed_attention_at};
 pub use tensor::{Data, Precision, Tensor, round_to_dtype};
 pub use train::{StepReport, Trainer};
