@@ -38,6 +38,7 @@
 pub mod backend;
 pub mod comm;
 pub mod data;
+pub mod dist;
 pub mod error;
 pub mod executor;
 pub mod init;
@@ -50,6 +51,7 @@ pub mod reference;
 pub mod rng;
 pub mod tensor;
 pub mod train;
+pub mod verify;
 
 use std::collections::BTreeMap;
 
