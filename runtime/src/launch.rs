@@ -143,3 +143,66 @@ fn panic_message(payload: &(dyn Any + Send)) -> String {
         .or_else(|| payload.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "a panic without a message".into())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn peer_failed(rank: usize) -> RuntimeError {
+        RuntimeError::OnRank {
+            rank,
+            source: Box::new(RuntimeError::PeerFailed {
+                op: "all_reduce",
+                group: vec![0, 1, 2],
+                rank,
+                failed_rank: 2,
+                reason: "boom".into(),
+            }),
+        }
+    }
+
+    #[test]
+    fn the_root_cause_is_the_first_error_that_is_not_a_consequence() {
+        let root = RuntimeError::OnRank {
+            rank: 2,
+            source: Box::new(RuntimeError::DivisionByZero { op: "div" }),
+        };
+        let results: RankResults<u8> =
+            vec![(0, Err(peer_failed(0))), (1, Ok(1)), (2, Err(root.clone()))];
+        assert_eq!(root_cause(results), Err(root));
+        // Only consequences: the first of them.
+        let results: RankResults<u8> = vec![(0, Err(peer_failed(0))), (1, Err(peer_failed(1)))];
+        assert_eq!(root_cause(results), Err(peer_failed(0)));
+        assert_eq!(root_cause(vec![(3, Ok(7u8))]), Ok(vec![(3, 7)]));
+    }
+
+    #[test]
+    fn a_panicking_rank_is_an_error_and_the_others_learn_of_it() -> Result<(), RuntimeError> {
+        let mesh = DeviceMesh::new([("x", 2)])?;
+        let launcher = ThreadLauncher::default();
+        let results = launcher.launch(&mesh, |comm| {
+            if comm.rank() == 1 {
+                panic!("rank one gives up");
+            }
+            let x = crate::Tensor::full(
+                autopar_ir::TensorType::new(autopar_ir::DType::F32, [2]),
+                1.0,
+            );
+            comm.all_reduce(&x, &["x".to_string()], autopar_ir::ReduceKind::Sum)
+        })?;
+        assert_eq!(results.len(), 2);
+        assert!(matches!(
+            results[1].1.as_ref().map_err(RuntimeError::innermost),
+            Err(RuntimeError::RankPanicked { rank: 1, message }) if message == "rank one gives up"
+        ));
+        assert!(matches!(
+            results[0].1.as_ref().map_err(RuntimeError::innermost),
+            Err(RuntimeError::PeerFailed { failed_rank: 1, .. } | RuntimeError::PeerExited { .. })
+        ));
+        assert!(matches!(
+            root_cause(results),
+            Err(RuntimeError::OnRank { rank: 1, .. })
+        ));
+        Ok(())
+    }
+}
