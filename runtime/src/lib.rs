@@ -1,8 +1,21 @@
 //! autopar's runtime: the single-device reference interpreter that defines the semantics of
 //! every IR op, its kernels, deterministic parameter initialisation, a synthetic data set and
 //! a driver that runs training-step graphs step after step ([`Trainer`]); and the multi-rank
-//! CPU runtime (`comm`, `executor`): one thread per rank, in-process ring collectives over
-//! mesh-axis groups, and [`run_spmd`] to execute per-rank programs.
+//! runtime behind four seams:
+//!
+//! - [`Collectives`] (`comm`): a rank's typed collectives and point-to-point messages over
+//!   mesh-axis groups; [`communicate`] maps the IR's communication ops onto them;
+//!   [`InProcessCommunicator`] (threads) and [`SingleDevice`] implement it.
+//! - [`ExecutionPlan`] (`plan`): a rank program's order, liveness and static arena, computed
+//!   once before it runs.
+//! - [`Backend`] (`backend`): loads a rank program with its plan and executes it;
+//!   [`CpuBackend`] is the reference interpreter.
+//! - [`Launcher`] (`launch`): starts the ranks of a mesh; [`ThreadLauncher`] runs one thread
+//!   per rank.
+//!
+//! On top of them: [`run_spmd`] and the pipeline executor ([`run_pipeline_step_spmd`]),
+//! `dist` (each rank's shards of the state and the batch, and the state gathered back) and
+//! `verify` (the comparison with the single-device reference).
 //!
 //! Typical use: draw parameters with [`init_parameters`], a batch with [`synthetic_batch`],
 //! then [`run`] the graph and read the loss with [`RunOutput::scalar`]:
