@@ -158,6 +158,22 @@ pub fn gather(
     Tensor::from_f64(ty.clone(), values)
 }
 
+/// Every parameter of `g` held in the ranks' `states` (laid out on `mesh`), gathered back to
+/// its global shape: the state a single device would hold, to compare with the reference.
+pub fn gather_state(
+    g: &Graph,
+    mesh: &DeviceMesh,
+    states: &[TensorMap],
+) -> Result<TensorMap, RuntimeError> {
+    g.parameters()
+        .into_iter()
+        .map(|(v, name, ty)| {
+            let t = gather(name, ty, sharding_of(g, v)?, mesh, states)?;
+            Ok((name.to_string(), t))
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use autopar_ir::{Init, InputRole, Placement};
@@ -236,6 +252,7 @@ mod tests {
             let got = gather(name, ty, sharding_of(&g, v)?, &mesh, &states)?;
             assert_eq!(got, whole[name], "{name}");
         }
+        assert_eq!(gather_state(&g, &mesh, &states)?, whole);
         Ok(())
     }
 
