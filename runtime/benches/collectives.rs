@@ -10,7 +10,7 @@ use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
 use autopar_ir::{DType, DeviceMesh, Op, ReduceKind, TensorType};
-use autopar_runtime::{CommOptions, Tensor, in_process_communicators};
+use autopar_runtime::{CommOptions, Tensor, communicate, in_process_communicators};
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 
 const MIB: usize = 1 << 20;
@@ -41,7 +41,7 @@ fn time_all_reduce(n: usize, bytes: usize, iters: u64) -> Duration {
                 s.spawn(move || {
                     start.wait();
                     for _ in 0..iters {
-                        black_box(comm.execute(op, &[x]).expect("all-reduce"));
+                        black_box(communicate(&mut comm, op, &[x]).expect("all-reduce"));
                     }
                 })
             })

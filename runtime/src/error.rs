@@ -237,6 +237,39 @@ pub enum RuntimeError {
         /// What is wrong.
         detail: String,
     },
+    /// A value of a parallelised graph has no sharding, so its shard on a rank is unknown.
+    #[error("{value} has no sharding, so its shards on the ranks are unknown")]
+    NoSharding {
+        /// The value (`%7`).
+        value: String,
+    },
+    /// A rank's state lacks the shard of a parameter that is being gathered.
+    #[error("rank {rank} holds no shard of `{name}`")]
+    MissingShard {
+        /// The rank.
+        rank: usize,
+        /// The parameter.
+        name: String,
+    },
+    /// A rank's shard of a parameter does not have the local type its sharding gives.
+    #[error("rank {rank}'s shard of `{name}` has type {actual}, but its sharding gives {expected}")]
+    ShardMismatch {
+        /// The rank.
+        rank: usize,
+        /// The parameter.
+        name: String,
+        /// The local type the parameter's sharding gives the rank.
+        expected: TensorType,
+        /// The shard's type.
+        actual: TensorType,
+    },
+    /// A comparison with the reference cannot be made: a tensor is missing on one side, the
+    /// two have different types, or the runs took different numbers of steps.
+    #[error("cannot compare with the reference: {detail}")]
+    Verify {
+        /// What does not match.
+        detail: String,
+    },
     /// An error raised on one rank of a multi-rank run.
     #[error("rank {rank}: {source}")]
     OnRank {

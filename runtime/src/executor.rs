@@ -1,22 +1,23 @@
-//! The multi-rank executor: runs one local program per rank of a device mesh, each on its
-//! own thread through the reference interpreter, with the ranks' collectives carried out by
-//! in-process communicators.
+//! The multi-rank executor: runs one local program per rank of a device mesh, each rank
+//! started by a [`Launcher`] (one thread per rank) and its program run by a [`Backend`] (the
+//! reference interpreter), the ranks' collectives going through their [`crate::Collectives`].
 //!
 //! Ranks are linear mesh coordinates. Every rank may run its own graph (pipeline stages) or
 //! all may share one (plain SPMD); whatever they run, the members of a group must reach
 //! their collectives on that group in the same order. A rank that fails makes the others
 //! fail promptly, and the run reports the failure that started it, with its rank.
 
-use std::any::Any;
-use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::time::Duration;
 
 use autopar_ir::{DeviceMesh, Graph};
 
 use crate::TensorMap;
-use crate::comm::{CommOptions, InProcessCommunicator, in_process_communicators};
+use crate::backend::{Backend, CpuBackend};
+use crate::comm::CommOptions;
 use crate::error::RuntimeError;
-use crate::interp::{RunOptions, RunOutput, run_with_communicator};
+use crate::interp::{RunOptions, RunOutput};
+use crate::launch::{Launcher, ThreadLauncher, root_cause};
+use crate::plan::ExecutionPlan;
 
 /// What one rank runs: its local program and the parameters and inputs it is fed.
 #[derive(Clone, Copy, Debug)]
@@ -60,25 +61,19 @@ pub fn run_spmd(
     options: SpmdOptions,
 ) -> Result<Vec<RunOutput>, RuntimeError> {
     let results = run_spmd_per_rank(mesh, ranks, options)?;
-    if results.iter().all(Result::is_ok) {
-        return Ok(results.into_iter().flatten().collect());
-    }
-    let errors: Vec<RuntimeError> = results.into_iter().filter_map(Result::err).collect();
-    let root = errors
-        .iter()
-        .position(|e| !is_consequence(e))
-        .unwrap_or_default();
-    Err(errors
+    let results = results.into_iter().enumerate().collect();
+    Ok(root_cause(results)?
         .into_iter()
-        .nth(root)
-        .unwrap_or(RuntimeError::SpmdSetup {
-            detail: "a rank failed without an error".into(),
-        }))
+        .map(|(_, out)| out)
+        .collect())
 }
 
 /// Like [`run_spmd`], but returns each rank's own result (errors wrapped in
 /// [`RuntimeError::OnRank`]). The outer error is for a run that cannot start: the wrong
 /// number of programs, or a program attached to another mesh.
+///
+/// A thin user of the seam: [`ThreadLauncher`] starts the ranks and [`CpuBackend`] loads and
+/// runs each rank's program.
 pub fn run_spmd_per_rank(
     mesh: &DeviceMesh,
     ranks: &[RankProgram<'_>],
@@ -105,89 +100,24 @@ pub fn run_spmd_per_rank(
             });
         }
     }
-    let comms = in_process_communicators(
-        mesh,
-        CommOptions {
+    let launcher = ThreadLauncher {
+        options: CommOptions {
             timeout: options.timeout,
             precision: options.run.precision,
         },
-    );
-    Ok(std::thread::scope(|scope| {
-        let handles: Vec<_> = comms
-            .into_iter()
-            .zip(ranks)
-            .enumerate()
-            .map(|(rank, (comm, &program))| {
-                std::thread::Builder::new()
-                    .name(format!("rank-{rank}"))
-                    .spawn_scoped(scope, move || run_rank(comm, program, options.run))
-                    .map_err(|e| RuntimeError::SpmdSetup {
-                        detail: format!("cannot start the thread of rank {rank}: {e}"),
-                    })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .enumerate()
-            .map(|(rank, h)| {
-                let result = h?.join().unwrap_or_else(|payload| {
-                    // `run_rank` catches panics of the program; this is one in the
-                    // executor's own bookkeeping.
-                    Err(RuntimeError::RankPanicked {
-                        rank,
-                        message: panic_message(payload.as_ref()),
-                    })
-                });
-                result.map_err(|e| RuntimeError::OnRank {
-                    rank,
-                    source: Box::new(e),
-                })
-            })
-            .collect()
-    }))
-}
-
-/// One rank's thread: runs its program, and on failure tells the other ranks before its
-/// communicator goes away.
-fn run_rank(
-    mut comm: InProcessCommunicator,
-    program: RankProgram<'_>,
-    options: RunOptions,
-) -> Result<RunOutput, RuntimeError> {
-    let rank = comm.rank();
-    let outcome = catch_unwind(AssertUnwindSafe(|| {
-        run_with_communicator(
-            program.graph,
-            program.params,
-            program.inputs,
-            options,
-            &mut comm,
-        )
-    }));
-    let result = outcome.unwrap_or_else(|payload| {
-        Err(RuntimeError::RankPanicked {
-            rank,
-            message: panic_message(payload.as_ref()),
-        })
-    });
-    if let Err(e) = &result {
-        comm.abort(e);
-    }
-    result
-}
-
-/// True for an error that only reports another rank's failure or exit.
-fn is_consequence(e: &RuntimeError) -> bool {
-    matches!(
-        e.innermost(),
-        RuntimeError::PeerFailed { .. } | RuntimeError::PeerExited { .. }
-    )
-}
-
-fn panic_message(payload: &(dyn Any + Send)) -> String {
-    payload
-        .downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| payload.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "a panic without a message".into())
+    };
+    let backend = CpuBackend {
+        options: options.run,
+    };
+    let results = launcher.launch(mesh, |comm| {
+        let program = ranks
+            .get(comm.rank())
+            .ok_or_else(|| RuntimeError::SpmdSetup {
+                detail: format!("no program for rank {}", comm.rank()),
+            })?;
+        let plan = ExecutionPlan::new(program.graph)?;
+        let executable = backend.load(program.graph, plan)?;
+        backend.execute(&executable, program.params, program.inputs, comm)
+    })?;
+    Ok(results.into_iter().map(|(_, r)| r).collect())
 }

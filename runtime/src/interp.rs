@@ -1,14 +1,17 @@
-//! The reference interpreter: runs a whole [`Graph`] on one device in topological order,
-//! freeing every value after its last use and recording the peak bytes of live tensors.
+//! The reference interpreter: runs a whole [`Graph`] on one device in the order of its
+//! [`ExecutionPlan`], freeing every value where the plan says (after its last use) and
+//! recording the peak bytes of live tensors; communication ops go to a [`Collectives`].
 
 use std::borrow::Cow;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use autopar_ir::{Graph, IrError, Node, Op, TensorType, ValueId};
 
 use crate::TensorMap;
+use crate::comm::{Collectives, SingleDevice, communicate};
 use crate::error::{Feed, RuntimeError};
 use crate::kernels::eval_op;
+use crate::plan::ExecutionPlan;
 use crate::tensor::{Precision, Tensor};
 
 /// Options of a run.
@@ -18,18 +21,20 @@ pub struct RunOptions {
     pub precision: Precision,
 }
 
-/// What a run produces: the named graph outputs and the memory it needed.
+/// What a run produces: the named graph outputs and the memory it needed. `B` is the
+/// backend's buffer type; the CPU interpreter's buffers are [`Tensor`]s.
 #[derive(Clone, Debug, PartialEq)]
-pub struct RunOutput {
+pub struct RunOutput<B = Tensor> {
     /// The graph's outputs, by name.
-    pub outputs: TensorMap,
+    pub outputs: BTreeMap<String, B>,
     /// The largest total size of the tensors alive at one time, in bytes at their declared
     /// dtypes. A value is alive from the moment its node runs until its last user has run
     /// (graph outputs until the end); during a node, its operands and results are all alive.
     /// Parameters and inputs are resident: they count from the start of the run (the caller
     /// holds them for the whole step, as a device holds its weights and optimizer state) until
     /// their last use, after which a value that replaces them (an optimizer update's result)
-    /// takes their place, as an in-place update would.
+    /// takes their place, as an in-place update would. [`ExecutionPlan::peak_bytes`] is the
+    /// same number, known before the run.
     pub peak_bytes: u64,
 }
 
@@ -51,35 +56,6 @@ impl RunOutput {
     }
 }
 
-/// Carries out the communication ops (collectives, send and recv) of a rank's program.
-///
-/// The interpreter hands every communication op to its communicator with the operands and the
-/// declared result types; everything else it computes itself.
-pub trait Communicator {
-    /// Executes `op` on this rank's `operands`, returning tensors of `result_types`.
-    fn communicate(
-        &mut self,
-        op: &Op,
-        operands: &[&Tensor],
-        result_types: &[&TensorType],
-    ) -> Result<Vec<Tensor>, RuntimeError>;
-}
-
-/// The communicator of a lone device: every communication op is an error.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct SingleDevice;
-
-impl Communicator for SingleDevice {
-    fn communicate(
-        &mut self,
-        op: &Op,
-        _operands: &[&Tensor],
-        _result_types: &[&TensorType],
-    ) -> Result<Vec<Tensor>, RuntimeError> {
-        Err(RuntimeError::NeedsMultiRank { op: op.name() })
-    }
-}
-
 /// Runs `graph` on one device with the given parameters and inputs (by name; extra entries
 /// are ignored). Communication ops are errors ([`RuntimeError::NeedsMultiRank`]).
 pub fn run(
@@ -88,35 +64,40 @@ pub fn run(
     inputs: &TensorMap,
     options: RunOptions,
 ) -> Result<RunOutput, RuntimeError> {
-    run_with_communicator(graph, params, inputs, options, &mut SingleDevice)
+    run_with_collectives(graph, params, inputs, options, &mut SingleDevice)
 }
 
-/// Like [`run`], handing communication ops to `comm`.
-pub fn run_with_communicator(
+/// Like [`run`], handing communication ops to `comm`. Plans the graph first; to run one
+/// graph many times, build its [`ExecutionPlan`] once and call [`run_planned`].
+pub fn run_with_collectives(
     graph: &Graph,
     params: &TensorMap,
     inputs: &TensorMap,
     options: RunOptions,
-    comm: &mut dyn Communicator,
+    comm: &mut dyn Collectives,
 ) -> Result<RunOutput, RuntimeError> {
-    let order = graph.topo_order()?;
+    let plan = ExecutionPlan::new(graph)?;
+    run_planned(graph, &plan, params, inputs, options, comm)
+}
+
+/// Runs `graph` in the order of `plan` (built from this graph), freeing each value where the
+/// plan says, with communication ops handed to `comm`.
+pub fn run_planned(
+    graph: &Graph,
+    plan: &ExecutionPlan,
+    params: &TensorMap,
+    inputs: &TensorMap,
+    options: RunOptions,
+    comm: &mut dyn Collectives,
+) -> Result<RunOutput, RuntimeError> {
+    let order = plan.order();
     // Check every feed before computing anything, so that a bad one fails fast.
-    for &n in &order {
+    for &n in order {
         match &graph.node(n).op {
             Op::Parameter { name, ty, .. } => fed(Feed::Parameter, params, name, ty).map(drop)?,
             Op::Input { name, ty, .. } => fed(Feed::Input, inputs, name, ty).map(drop)?,
             _ => {}
         }
-    }
-    // Position in `order` of each value's last user; graph outputs live to the end.
-    let mut last_use: HashMap<ValueId, usize> = HashMap::new();
-    for (pos, &n) in order.iter().enumerate() {
-        for &v in &graph.node(n).inputs {
-            last_use.insert(v, pos);
-        }
-    }
-    for &(_, v) in graph.outputs() {
-        last_use.insert(v, usize::MAX);
     }
 
     let mut live: HashMap<ValueId, Cow<'_, Tensor>> = HashMap::new();
@@ -147,8 +128,7 @@ pub fn run_with_communicator(
                 source: Box::new(other),
             },
         };
-        let results = eval_node(node, &result_types, &live, params, inputs, options, comm)
-            .map_err(context)?;
+        let results = eval_node(node, &live, params, inputs, options, comm).map_err(context)?;
         if results.len() != result_types.len() {
             return Err(IrError::Verify(format!(
                 "{n} ({}) has {} results but evaluated to {}",
@@ -172,10 +152,8 @@ pub fn run_with_communicator(
             live.insert(v, t);
         }
         peak_bytes = peak_bytes.max(live_bytes);
-        for v in node.inputs.iter().chain(&node.outputs) {
-            if last_use.get(v).is_none_or(|&last| last == pos)
-                && let Some(t) = live.remove(v)
-            {
+        for v in plan.frees_after(pos) {
+            if let Some(t) = live.remove(v) {
                 live_bytes -= t.size_bytes();
             }
         }
@@ -203,12 +181,11 @@ pub fn run_with_communicator(
 /// goes to `comm`, everything else to its kernel.
 fn eval_node<'a>(
     node: &Node,
-    result_types: &[&TensorType],
     live: &HashMap<ValueId, Cow<'a, Tensor>>,
     params: &'a TensorMap,
     inputs: &'a TensorMap,
     options: RunOptions,
-    comm: &mut dyn Communicator,
+    comm: &mut dyn Collectives,
 ) -> Result<Vec<Cow<'a, Tensor>>, RuntimeError> {
     match &node.op {
         Op::Parameter { name, ty, .. } => {
@@ -227,7 +204,7 @@ fn eval_node<'a>(
         operands.push(t.as_ref());
     }
     let results = if node.op.is_communication() {
-        comm.communicate(&node.op, &operands, result_types)?
+        communicate(comm, &node.op, &operands)?
     } else {
         eval_op(&node.op, &operands, options.precision)?
     };

@@ -1,8 +1,21 @@
 //! autopar's runtime: the single-device reference interpreter that defines the semantics of
 //! every IR op, its kernels, deterministic parameter initialisation, a synthetic data set and
 //! a driver that runs training-step graphs step after step ([`Trainer`]); and the multi-rank
-//! CPU runtime (`comm`, `executor`): one thread per rank, in-process ring collectives over
-//! mesh-axis groups, and [`run_spmd`] to execute per-rank programs.
+//! runtime behind four seams:
+//!
+//! - [`Collectives`] (`comm`): a rank's typed collectives and point-to-point messages over
+//!   mesh-axis groups; [`communicate`] maps the IR's communication ops onto them;
+//!   [`InProcessCommunicator`] (threads) and [`SingleDevice`] implement it.
+//! - [`ExecutionPlan`] (`plan`): a rank program's order, liveness and static arena, computed
+//!   once before it runs.
+//! - [`Backend`] (`backend`): loads a rank program with its plan and executes it;
+//!   [`CpuBackend`] is the reference interpreter.
+//! - [`Launcher`] (`launch`): starts the ranks of a mesh; [`ThreadLauncher`] runs one thread
+//!   per rank.
+//!
+//! On top of them: [`run_spmd`] and the pipeline executor ([`run_pipeline_step_spmd`]),
+//! `dist` (each rank's shards of the state and the batch, and the state gathered back) and
+//! `verify` (the comparison with the single-device reference).
 //!
 //! Typical use: draw parameters with [`init_parameters`], a batch with [`synthetic_batch`],
 //! then [`run`] the graph and read the loss with [`RunOutput::scalar`]:
@@ -35,31 +48,42 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+pub mod backend;
 pub mod comm;
 pub mod data;
+pub mod dist;
 pub mod error;
 pub mod executor;
 pub mod init;
 pub mod interp;
 pub mod kernels;
+pub mod launch;
 pub mod pipeline;
+pub mod plan;
 pub mod reference;
 pub mod rng;
 pub mod tensor;
 pub mod train;
+pub mod verify;
 
 use std::collections::BTreeMap;
 
-pub use comm::{CommOptions, InProcessCommunicator, in_process_communicators};
+pub use backend::{Backend, CpuBackend, CpuExecutable};
+pub use comm::{
+    Collectives, CommOptions, InProcessCommunicator, SingleDevice, communicate,
+    in_process_communicators,
+};
 pub use data::{bigram_permutation, regression_teacher, synthetic_batch};
 pub use error::{Feed, RuntimeError};
 pub use executor::{RankProgram, SpmdOptions, run_spmd, run_spmd_per_rank};
 pub use init::{element_init, init_parameter, init_parameters};
-pub use interp::{Communicator, RunOptions, RunOutput, SingleDevice, run, run_with_communicator};
+pub use interp::{RunOptions, RunOutput, run, run_planned, run_with_collectives};
 pub use kernels::eval_op;
+pub use launch::{Launcher, RankResults, ThreadLauncher, root_cause};
 pub use pipeline::{
     PipelineStepReport, RankReport, run_pipeline_step, run_pipeline_step_spmd, split_pipeline_rank,
 };
+pub use plan::ExecutionPlan;
 pub use reference::{decomposed_attention, decomposed_attention_at};
 pub use tensor::{Data, Precision, Tensor, round_to_dtype};
 pub use train::{StepReport, Trainer};

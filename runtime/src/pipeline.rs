@@ -1,6 +1,7 @@
 //! The pipeline executor: runs a [`PipelineProgram`] under its schedule, one thread per
-//! pipeline rank, with activations and gradients exchanged by `send`/`recv` over mesh axis
-//! `pp` through the in-process communicator.
+//! pipeline rank ([`ThreadLauncher`]), each sub-program on a [`CpuBackend`], with activations
+//! and gradients exchanged by `send`/`recv` over mesh axis `pp` through the rank's
+//! [`Collectives`].
 //!
 //! Each rank keeps a store of tensors keyed by the step graph's value ids. It starts with the
 //! state and inputs the rank reads; every forward, backward and optimizer segment moves its
@@ -23,12 +24,15 @@ use std::time::Instant;
 
 use autopar_ir::pipeline::{Carried, PipelineProgram, StageProgram, value_name};
 use autopar_ir::schedule::Action;
-use autopar_ir::{DeviceMesh, Op, ValueId};
+use autopar_ir::{DeviceMesh, ValueId};
 
 use crate::TensorMap;
-use crate::comm::{CommOptions, InProcessCommunicator, in_process_communicators};
+use crate::backend::{Backend, CpuBackend};
+use crate::comm::{Collectives, CommOptions};
 use crate::error::RuntimeError;
-use crate::interp::{RunOptions, run_with_communicator};
+use crate::interp::RunOptions;
+use crate::launch::{Launcher, ThreadLauncher, root_cause};
+use crate::plan::ExecutionPlan;
 use crate::tensor::Tensor;
 
 /// The mesh axis pipeline messages travel on.
@@ -140,66 +144,24 @@ pub fn run_pipeline_step_spmd(
             ),
         });
     }
-    let comms = in_process_communicators(mesh, comm);
-    let results: Vec<Result<RankReport, RuntimeError>> = std::thread::scope(|scope| {
-        let handles: Vec<_> = comms
-            .into_iter()
-            .enumerate()
-            .map(|(rank, comm)| {
-                let state = &states[rank];
-                let batch = &batches[rank];
-                let (pp_rank, which) = split_pipeline_rank(mesh, rank);
-                let program = &programs[which];
-                scope.spawn(move || {
-                    let mut rank_run = RankRun::new(program, pp_rank, comm);
-                    let result = rank_run.run(state, batch, options);
-                    if let Err(e) = &result {
-                        rank_run.comm.abort(e);
-                    }
-                    result
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .enumerate()
-            .map(|(rank, h)| {
-                h.join().unwrap_or_else(|_| {
-                    Err(RuntimeError::RankPanicked {
-                        rank,
-                        message: "the pipeline rank panicked".into(),
-                    })
-                })
-            })
-            .collect()
-    });
+    let launcher = ThreadLauncher { options: comm };
+    let backend = CpuBackend { options };
+    let results = launcher.launch(mesh, |comm| {
+        let rank = comm.rank();
+        let (pp_rank, which) = split_pipeline_rank(mesh, rank);
+        let (Some(program), Some(state), Some(batch)) =
+            (programs.get(which), states.get(rank), batches.get(rank))
+        else {
+            return Err(RuntimeError::SpmdSetup {
+                detail: format!("rank {rank} has no pipeline, state or batch"),
+            });
+        };
+        RankRun::new(program, pp_rank, comm, backend).run(state, batch)
+    })?;
     let mut per_program: Vec<Vec<Option<RankReport>>> = vec![vec![None; pp]; programs.len()];
-    let mut first_err = None;
-    for (rank, r) in results.into_iter().enumerate() {
-        match r {
-            Ok(report) => {
-                let (pp_rank, which) = split_pipeline_rank(mesh, rank);
-                per_program[which][pp_rank] = Some(report);
-            }
-            Err(e) => {
-                let consequence = matches!(
-                    e.innermost(),
-                    RuntimeError::PeerFailed { .. } | RuntimeError::PeerExited { .. }
-                );
-                if first_err.as_ref().is_none_or(|(c, _)| *c && !consequence) {
-                    first_err = Some((
-                        consequence,
-                        RuntimeError::OnRank {
-                            rank,
-                            source: Box::new(e),
-                        },
-                    ));
-                }
-            }
-        }
-    }
-    if let Some((_, e)) = first_err {
-        return Err(e);
+    for (rank, report) in root_cause(results)? {
+        let (pp_rank, which) = split_pipeline_rank(mesh, rank);
+        per_program[which][pp_rank] = Some(report);
     }
     let mut reports = Vec::with_capacity(programs.len());
     for (program, ranks) in programs.iter().zip(per_program) {
@@ -241,10 +203,11 @@ enum Msg {
     Opt(usize),
 }
 
-struct RankRun<'p> {
+struct RankRun<'p, 'c> {
     program: &'p PipelineProgram,
     rank: usize,
-    comm: InProcessCommunicator,
+    comm: &'c mut dyn Collectives,
+    backend: CpuBackend,
     store: HashMap<ValueId, Tensor>,
     /// Remaining uses of each value on this rank; `usize::MAX` for values kept to the end.
     uses: HashMap<ValueId, usize>,
@@ -258,8 +221,13 @@ struct RankRun<'p> {
     peak_activation_bytes: u64,
 }
 
-impl<'p> RankRun<'p> {
-    fn new(program: &'p PipelineProgram, rank: usize, comm: InProcessCommunicator) -> Self {
+impl<'p, 'c> RankRun<'p, 'c> {
+    fn new(
+        program: &'p PipelineProgram,
+        rank: usize,
+        comm: &'c mut dyn Collectives,
+        backend: CpuBackend,
+    ) -> Self {
         let s = &program.schedule;
         let pp = s.pp;
         let mut uses: HashMap<ValueId, usize> = HashMap::new();
@@ -345,6 +313,7 @@ impl<'p> RankRun<'p> {
             program,
             rank,
             comm,
+            backend,
             store: HashMap::new(),
             uses,
             incoming,
@@ -357,12 +326,7 @@ impl<'p> RankRun<'p> {
         }
     }
 
-    fn run(
-        &mut self,
-        state: &TensorMap,
-        batch: &TensorMap,
-        options: RunOptions,
-    ) -> Result<RankReport, RuntimeError> {
+    fn run(&mut self, state: &TensorMap, batch: &TensorMap) -> Result<RankReport, RuntimeError> {
         let program = self.program;
         let s = &program.schedule;
         for src in &program.sources[self.rank] {
@@ -387,13 +351,13 @@ impl<'p> RankRun<'p> {
             match *a {
                 Action::Forward { micro_batch, chunk } => {
                     let vs = s.virtual_stage(self.rank, chunk);
-                    self.execute(&program.forward[vs][micro_batch], options)?;
+                    self.execute(&program.forward[vs][micro_batch])?;
                     in_flight += 1;
                     max_in_flight = max_in_flight.max(in_flight);
                 }
                 Action::Backward { micro_batch, chunk } => {
                     let vs = s.virtual_stage(self.rank, chunk);
-                    self.execute(&program.backward[vs][micro_batch], options)?;
+                    self.execute(&program.backward[vs][micro_batch])?;
                     in_flight = in_flight.saturating_sub(1);
                 }
                 Action::SendActivation {
@@ -428,7 +392,7 @@ impl<'p> RankRun<'p> {
                     let vs = s.virtual_stage(self.rank, chunk);
                     self.receive(from, Msg::Grad(vs + 1, micro_batch))?;
                 }
-                Action::OptimizerStep => self.optimizer_step(options)?,
+                Action::OptimizerStep => self.optimizer_step()?,
             }
             spans.push((ns(t0), ns(Instant::now())));
         }
@@ -456,11 +420,11 @@ impl<'p> RankRun<'p> {
 
     /// Walks the optimizer segments in their global order: runs ours and sends their
     /// results, receives what others send us.
-    fn optimizer_step(&mut self, options: RunOptions) -> Result<(), RuntimeError> {
+    fn optimizer_step(&mut self) -> Result<(), RuntimeError> {
         let program = self.program;
         for (i, seg) in program.optimizer.iter().enumerate() {
             if seg.rank == self.rank {
-                self.execute(&seg.program, options)?;
+                self.execute(&seg.program)?;
                 for (to, vals) in &seg.sends {
                     self.send(*to, vals)?;
                 }
@@ -516,7 +480,7 @@ impl<'p> RankRun<'p> {
 
     /// Runs a sub-program on values moved out of the store, then puts them and the exports
     /// back.
-    fn execute(&mut self, p: &StageProgram, options: RunOptions) -> Result<(), RuntimeError> {
+    fn execute(&mut self, p: &StageProgram) -> Result<(), RuntimeError> {
         if p.graph.num_nodes() == 0 {
             return Ok(());
         }
@@ -530,8 +494,12 @@ impl<'p> RankRun<'p> {
             moved_bytes += t.size_bytes();
             feed.insert(value_name(v), t);
         }
-        let out =
-            run_with_communicator(&p.graph, &TensorMap::new(), &feed, options, &mut self.comm);
+        let out = ExecutionPlan::new(&p.graph)
+            .and_then(|plan| self.backend.load(&p.graph, plan))
+            .and_then(|exe| {
+                self.backend
+                    .execute(&exe, &TensorMap::new(), &feed, &mut *self.comm)
+            });
         // Put the inputs back before anything else, so that a failure leaves the store whole.
         for &v in &p.inputs {
             if let Some(t) = feed.remove(&value_name(v)) {
@@ -564,16 +532,13 @@ impl<'p> RankRun<'p> {
     }
 
     fn send(&mut self, to: usize, values: &[Carried]) -> Result<(), RuntimeError> {
-        let op = Op::Send {
-            axis: PP_AXIS.into(),
-            shift: self.shift(to),
-        };
+        let shift = self.shift(to);
         for c in values {
             let t = self
                 .store
                 .get(&c.value)
                 .ok_or_else(|| self.missing(c.value, "a send"))?;
-            self.comm.execute(&op, &[t])?;
+            self.comm.send(t, PP_AXIS, shift)?;
         }
         for c in values {
             self.used(c.value);
@@ -593,13 +558,7 @@ impl<'p> RankRun<'p> {
             let carried = self.carried(next);
             let mut got = Vec::with_capacity(carried.len());
             for c in carried {
-                let op = Op::Recv {
-                    axis: PP_AXIS.into(),
-                    shift: self.shift(from),
-                    ty: c.ty.clone(),
-                };
-                let mut t = self.comm.execute(&op, &[])?;
-                let t = t.pop().ok_or_else(|| self.missing(c.value, "a receive"))?;
+                let t = self.comm.recv(&c.ty, PP_AXIS, self.shift(from))?;
                 got.push((c.value, t));
             }
             self.stash.insert(next, got);

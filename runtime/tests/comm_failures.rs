@@ -6,9 +6,10 @@
 use std::time::{Duration, Instant};
 
 use autopar_ir::{BinaryOp, DType, DeviceMesh, Graph, InputRole, Op, ReduceKind, TensorType};
+use autopar_runtime::comm::{Collectives, communicate};
 use autopar_runtime::{
-    CommOptions, InProcessCommunicator, RankProgram, RuntimeError, SpmdOptions, Tensor, TensorMap,
-    in_process_communicators, run_spmd, run_spmd_per_rank,
+    CommOptions, InProcessCommunicator, Launcher, RankProgram, RuntimeError, SpmdOptions, Tensor,
+    TensorMap, ThreadLauncher, in_process_communicators, run_spmd, run_spmd_per_rank,
 };
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
@@ -28,8 +29,32 @@ fn ones(dims: &[usize]) -> Tensor {
     Tensor::full(TensorType::new(DType::F32, dims.to_vec()), 1.0)
 }
 
-/// Runs `body` on every rank's thread; returns each rank's result (`None` when its thread
-/// panicked) and the time the slowest rank took.
+/// The implementation under test: a launcher of ranks whose communicators have the given
+/// options (see `comm_collectives.rs`).
+type Make<'a, L> = &'a dyn Fn(CommOptions) -> L;
+
+/// Runs `body` on the ranks `make(options)` launches; returns each rank's result by rank
+/// (`None` for a rank that did not run in this process), the [`RuntimeError::OnRank`]
+/// context taken off errors, and the time the launch took.
+fn run_ranks<L: Launcher, T: Send>(
+    make: Make<'_, L>,
+    mesh: &DeviceMesh,
+    options: CommOptions,
+    body: impl Fn(&mut dyn Collectives) -> Result<T, RuntimeError> + Sync,
+) -> (Vec<Option<Result<T, RuntimeError>>>, Duration) {
+    let start = Instant::now();
+    let ran = make(options).launch(mesh, body).expect("the launch starts");
+    let elapsed = start.elapsed();
+    let mut results: Vec<Option<Result<T, RuntimeError>>> =
+        (0..mesh.num_devices()).map(|_| None).collect();
+    for (rank, r) in ran {
+        results[rank] = Some(r.map_err(|e| e.innermost().clone()));
+    }
+    (results, elapsed)
+}
+
+/// Runs `body` on every in-process communicator's thread; returns each rank's result (`None`
+/// when its thread panicked) and the time the slowest rank took.
 fn run_threads<T: Send>(
     comms: Vec<InProcessCommunicator>,
     body: impl Fn(&mut InProcessCommunicator) -> Result<T, RuntimeError> + Sync,
@@ -66,8 +91,8 @@ fn a_rank_killed_mid_collective_fails_the_others_quickly() -> TestResult {
     let x = ones(&[1 << 12]);
     let (results, elapsed) = run_threads(comms, |comm| {
         // A first collective succeeds everywhere; the second is where rank 2 dies.
-        let first = comm.execute(&all_reduce(), &[&x])?;
-        comm.execute(&all_reduce(), &[&first[0]])
+        let first = communicate(comm, &all_reduce(), &[&x])?;
+        communicate(comm, &all_reduce(), &[&first[0]])
     });
     assert!(elapsed < Duration::from_secs(5), "took {elapsed:?}");
     assert!(results[2].is_none(), "rank 2 should have panicked");
@@ -103,12 +128,10 @@ fn a_rank_killed_mid_collective_fails_the_others_quickly() -> TestResult {
     Ok(())
 }
 
-#[test]
-fn a_mismatched_collective_is_named() -> TestResult {
+fn a_mismatched_collective_is_named<L: Launcher>(make: Make<'_, L>) -> TestResult {
     let mesh = DeviceMesh::parse("x=4")?;
-    let comms = in_process_communicators(&mesh, options(Duration::from_secs(60)));
     let x = ones(&[8, 2]);
-    let (results, elapsed) = run_threads(comms, |comm| {
+    let (results, elapsed) = run_ranks(make, &mesh, options(Duration::from_secs(60)), |comm| {
         let op = if comm.rank() == 1 {
             Op::AllGather {
                 axes: x_axes(),
@@ -117,7 +140,7 @@ fn a_mismatched_collective_is_named() -> TestResult {
         } else {
             all_reduce()
         };
-        comm.execute(&op, &[&x])
+        communicate(comm, &op, &[&x])
     });
     assert!(elapsed < Duration::from_secs(5), "took {elapsed:?}");
     let errors: Vec<RuntimeError> = results
@@ -166,11 +189,9 @@ fn a_mismatched_collective_is_named() -> TestResult {
     Ok(())
 }
 
-#[test]
-fn a_mismatched_shape_is_named() -> TestResult {
+fn a_mismatched_shape_is_named<L: Launcher>(make: Make<'_, L>) -> TestResult {
     let mesh = DeviceMesh::parse("dp=2,tp=2")?;
-    let comms = in_process_communicators(&mesh, options(Duration::from_secs(60)));
-    let (results, elapsed) = run_threads(comms, |comm| {
+    let (results, elapsed) = run_ranks(make, &mesh, options(Duration::from_secs(60)), |comm| {
         let x = if comm.rank() == 3 {
             ones(&[4, 3])
         } else {
@@ -180,7 +201,7 @@ fn a_mismatched_shape_is_named() -> TestResult {
             axes: vec!["tp".into()],
             reduce: ReduceKind::Sum,
         };
-        comm.execute(&op, &[&x])
+        communicate(comm, &op, &[&x])
     });
     assert!(elapsed < Duration::from_secs(5), "took {elapsed:?}");
     // Ranks 2 and 3 disagree. The dp=0 group is fine, but a failure dooms the whole run:
@@ -213,16 +234,14 @@ fn a_mismatched_shape_is_named() -> TestResult {
     Ok(())
 }
 
-#[test]
-fn a_stuck_rank_times_out_its_peers() -> TestResult {
+fn a_stuck_rank_times_out_its_peers<L: Launcher>(make: Make<'_, L>) -> TestResult {
     let mesh = DeviceMesh::parse("x=4")?;
-    let comms = in_process_communicators(&mesh, options(Duration::from_millis(300)));
     let x = ones(&[16]);
-    let (results, elapsed) = run_threads(comms, |comm| {
+    let (results, elapsed) = run_ranks(make, &mesh, options(Duration::from_millis(300)), |comm| {
         if comm.rank() == 1 {
             std::thread::sleep(Duration::from_secs(2));
         }
-        comm.execute(&all_reduce(), &[&x])
+        communicate(comm, &all_reduce(), &[&x])
     });
     // Rank 1 sleeps 2 s; nobody waits for longer than that.
     assert!(elapsed < Duration::from_secs(4), "took {elapsed:?}");
@@ -257,16 +276,14 @@ fn a_stuck_rank_times_out_its_peers() -> TestResult {
     Ok(())
 }
 
-#[test]
-fn a_timeout_names_the_stuck_peer() -> TestResult {
+fn a_timeout_names_the_stuck_peer<L: Launcher>(make: Make<'_, L>) -> TestResult {
     let mesh = DeviceMesh::parse("x=2")?;
-    let comms = in_process_communicators(&mesh, options(Duration::from_millis(200)));
     let x = ones(&[16]);
-    let (results, elapsed) = run_threads(comms, |comm| {
+    let (results, elapsed) = run_ranks(make, &mesh, options(Duration::from_millis(200)), |comm| {
         if comm.rank() == 1 {
             std::thread::sleep(Duration::from_secs(1));
         }
-        comm.execute(&all_reduce(), &[&x])
+        communicate(comm, &all_reduce(), &[&x])
     });
     assert!(elapsed < Duration::from_secs(3), "took {elapsed:?}");
     let Some(Err(e)) = &results[0] else {
@@ -291,24 +308,22 @@ fn a_timeout_names_the_stuck_peer() -> TestResult {
     Ok(())
 }
 
-#[test]
-fn a_recv_of_the_wrong_type_is_named() -> TestResult {
+fn a_recv_of_the_wrong_type_is_named<L: Launcher>(make: Make<'_, L>) -> TestResult {
     let mesh = DeviceMesh::parse("pp=2")?;
-    let comms = in_process_communicators(&mesh, options(Duration::from_secs(60)));
-    let (results, _) = run_threads(comms, |comm| {
+    let (results, _) = run_ranks(make, &mesh, options(Duration::from_secs(60)), |comm| {
         if comm.rank() == 0 {
             let send = Op::Send {
                 axis: "pp".into(),
                 shift: 1,
             };
-            comm.execute(&send, &[&ones(&[2, 2])])
+            communicate(comm, &send, &[&ones(&[2, 2])])
         } else {
             let recv = Op::Recv {
                 axis: "pp".into(),
                 shift: -1,
                 ty: TensorType::new(DType::F32, [4]),
             };
-            comm.execute(&recv, &[])
+            communicate(comm, &recv, &[])
         }
     });
     assert!(
@@ -326,14 +341,12 @@ fn a_recv_of_the_wrong_type_is_named() -> TestResult {
     Ok(())
 }
 
-#[test]
-fn a_peer_that_finishes_early_is_noticed() -> TestResult {
+fn a_peer_that_finishes_early_is_noticed<L: Launcher>(make: Make<'_, L>) -> TestResult {
     let mesh = DeviceMesh::parse("x=2")?;
-    let comms = in_process_communicators(&mesh, options(Duration::from_secs(60)));
     let x = ones(&[4]);
-    let (results, elapsed) = run_threads(comms, |comm| {
+    let (results, elapsed) = run_ranks(make, &mesh, options(Duration::from_secs(60)), |comm| {
         if comm.rank() == 0 {
-            comm.execute(&all_reduce(), &[&x])
+            communicate(comm, &all_reduce(), &[&x])
         } else {
             Ok(Vec::new())
         }
@@ -490,3 +503,45 @@ fn run_spmd_reports_divergent_programs() -> TestResult {
     );
     Ok(())
 }
+
+/// Instantiates the implementation-independent checks of this suite as tests, for the
+/// implementation that `$make` (a `Fn(CommOptions) -> impl Launcher`) launches.
+macro_rules! conformance {
+    ($name:ident, $make:expr) => {
+        mod $name {
+            use super::*;
+
+            #[test]
+            fn a_mismatched_collective_is_named() -> TestResult {
+                super::a_mismatched_collective_is_named(&$make)
+            }
+
+            #[test]
+            fn a_mismatched_shape_is_named() -> TestResult {
+                super::a_mismatched_shape_is_named(&$make)
+            }
+
+            #[test]
+            fn a_stuck_rank_times_out_its_peers() -> TestResult {
+                super::a_stuck_rank_times_out_its_peers(&$make)
+            }
+
+            #[test]
+            fn a_timeout_names_the_stuck_peer() -> TestResult {
+                super::a_timeout_names_the_stuck_peer(&$make)
+            }
+
+            #[test]
+            fn a_recv_of_the_wrong_type_is_named() -> TestResult {
+                super::a_recv_of_the_wrong_type_is_named(&$make)
+            }
+
+            #[test]
+            fn a_peer_that_finishes_early_is_noticed() -> TestResult {
+                super::a_peer_that_finishes_early_is_noticed(&$make)
+            }
+        }
+    };
+}
+
+conformance!(in_process, |options| ThreadLauncher { options });

@@ -18,11 +18,11 @@ use std::time::Duration;
 use autopar_ir::infer::infer;
 use autopar_ir::{DeviceMesh, IrError, Op, ReduceKind, TensorType};
 
+use super::Collectives;
 use super::blocks::{Element, Layout, check_reducible, chunk_bounds};
 use super::group::{group_members, shifted_rank};
 use super::mailbox::{CallSignature, Channel, Context, Mailbox, describe};
 use crate::error::RuntimeError;
-use crate::interp::Communicator;
 use crate::tensor::map_data;
 use crate::tensor::{Data, Precision, Tensor};
 
@@ -62,8 +62,8 @@ impl Default for CommOptions {
 }
 
 /// One rank's communicator. Create all of them at once with [`in_process_communicators`],
-/// move each to its rank's thread, and hand it to [`crate::run_with_communicator`] (or call
-/// [`Communicator::communicate`] directly).
+/// move each to its rank's thread, and hand it to an executor as its [`Collectives`] (or
+/// call its methods, or [`super::communicate`], directly).
 ///
 /// Members of a group must call the collectives on that group in the same order with the
 /// same op, attributes and operand type. A member that does otherwise fails the run: the
@@ -106,29 +106,6 @@ pub fn in_process_communicators(
 }
 
 impl InProcessCommunicator {
-    /// This rank (its linear mesh coordinate).
-    pub fn rank(&self) -> usize {
-        self.mailbox.rank()
-    }
-
-    /// Number of ranks.
-    pub fn num_ranks(&self) -> usize {
-        self.mailbox.num_ranks()
-    }
-
-    /// The mesh the ranks form.
-    pub fn mesh(&self) -> &DeviceMesh {
-        &self.mesh
-    }
-
-    /// Tells every other rank that this rank has failed with `error`, so that they stop
-    /// waiting for it at once; an error that only reports another rank's failure passes that
-    /// failure on. A failed communication op does this by itself; the executor calls it when
-    /// a rank's program fails elsewhere.
-    pub fn abort(&self, error: &RuntimeError) {
-        self.mailbox.announce_error(error);
-    }
-
     /// Fault injection for tests: this rank panics when it is about to send its `(n + 1)`-th
     /// data message from now on (`0`: at its next send), in the middle of whatever collective
     /// it is running.
@@ -136,83 +113,101 @@ impl InProcessCommunicator {
         self.mailbox.panic_after_sends(n);
     }
 
-    /// Executes a communication op on this rank's operands, returning its results (none for
-    /// `send`). The operands are type-checked against the op first, on the communicator's
-    /// mesh.
-    ///
-    /// A failed op leaves this rank out of step with its groups, so the communicator
-    /// [aborts](Self::abort): the other ranks fail too, at their next wait, rather than
-    /// wait for this one.
-    pub fn execute(&mut self, op: &Op, operands: &[&Tensor]) -> Result<Vec<Tensor>, RuntimeError> {
-        let result = self.run_op(op, operands);
+    /// The declared result type of `op` on this rank's operand `x` (checked against the op's
+    /// typing rule on the mesh, so that a direct call with a bad operand fails cleanly).
+    fn result_type(&self, op: &Op, x: &Tensor) -> Result<TensorType, RuntimeError> {
+        let mut types = infer(op, &[x.ty()], Some(&self.mesh))?;
+        types
+            .pop()
+            .ok_or_else(|| IrError::Verify(format!("`{}` declares no result", op.name())).into())
+    }
+
+    /// `result`, after aborting on its error: a failed op leaves this rank out of step with
+    /// its groups, so the other ranks must fail too, at their next wait, rather than wait for
+    /// this one.
+    fn aborting<T>(&self, result: Result<T, RuntimeError>) -> Result<T, RuntimeError> {
         if let Err(e) = &result {
-            self.abort(e);
+            self.mailbox.announce_error(e);
         }
         result
     }
 
-    fn run_op(&mut self, op: &Op, operands: &[&Tensor]) -> Result<Vec<Tensor>, RuntimeError> {
-        let name = op.name();
-        let types: Vec<&TensorType> = operands.iter().map(|t| t.ty()).collect();
-        let result_types = infer(op, &types, Some(&self.mesh))?;
-        let one = |t: Tensor| Ok(vec![t]);
+    fn all_reduce_as(
+        &mut self,
+        op: &Op,
+        x: &Tensor,
+        axes: &[String],
+        reduce: ReduceKind,
+    ) -> Result<Tensor, RuntimeError> {
+        let ty = self.result_type(op, x)?;
+        check_reducible(op.name(), reduce, x.dtype())?;
         let precision = self.precision;
-        match op {
-            Op::AllReduce { axes, reduce } => {
-                let x = operands[0];
-                check_reducible(name, *reduce, x.dtype())?;
-                let mut round = self.begin(op, axes, x.ty())?;
-                let data = for_each_kind!(x.data(), |v| round.all_reduce(*reduce, v));
-                one(reduced(&result_types[0], data, precision)?)
-            }
-            Op::ReduceScatter { axes, dim, reduce } => {
-                let x = operands[0];
-                check_reducible(name, *reduce, x.dtype())?;
-                let mut round = self.begin(op, axes, x.ty())?;
-                let layout = Layout::split(x.dims(), *dim, round.size());
-                let data = for_each_kind!(x.data(), |v| {
-                    round.reduce_scatter_along(*reduce, v, layout)
-                });
-                one(reduced(&result_types[0], data, precision)?)
-            }
-            Op::AllGather { axes, dim } => {
-                let x = operands[0];
-                let mut round = self.begin(op, axes, x.ty())?;
-                let layout = Layout::join(x.dims(), *dim, round.size());
-                let data = for_each_kind!(x.data(), |v| round.all_gather(v, layout));
-                one(tensor(&result_types[0], data)?)
-            }
-            Op::AllToAll {
-                axes,
-                split_dim,
-                concat_dim,
-            } => {
-                let x = operands[0];
-                let mut round = self.begin(op, axes, x.ty())?;
-                let n = round.size();
-                let split = Layout::split(x.dims(), *split_dim, n);
-                let mut piece_dims = x.dims().to_vec();
-                piece_dims[*split_dim] /= n;
-                let join = Layout::join(&piece_dims, *concat_dim, n);
-                let data = for_each_kind!(x.data(), |v| round.all_to_all(v, split, join));
-                one(tensor(&result_types[0], data)?)
-            }
-            Op::CollectiveBroadcast { axes, root } => {
-                let x = operands[0];
-                let mut round = self.begin(op, axes, x.ty())?;
-                let data = for_each_kind!(x.data(), |v| round.broadcast(*root, v));
-                one(tensor(&result_types[0], data)?)
-            }
-            Op::Send { axis, shift } => {
-                let x = operands[0];
-                self.send(op, axis, *shift, x)?;
-                Ok(Vec::new())
-            }
-            Op::Recv { axis, shift, ty } => one(self.recv(op, axis, *shift, ty)?),
-            other => {
-                Err(IrError::Verify(format!("`{}` is not a communication op", other.name())).into())
-            }
-        }
+        let mut round = self.begin(op, axes, x.ty())?;
+        let data = for_each_kind!(x.data(), |v| round.all_reduce(reduce, v));
+        reduced(&ty, data, precision)
+    }
+
+    fn reduce_scatter_as(
+        &mut self,
+        op: &Op,
+        x: &Tensor,
+        axes: &[String],
+        dim: usize,
+        reduce: ReduceKind,
+    ) -> Result<Tensor, RuntimeError> {
+        let ty = self.result_type(op, x)?;
+        check_reducible(op.name(), reduce, x.dtype())?;
+        let precision = self.precision;
+        let mut round = self.begin(op, axes, x.ty())?;
+        let layout = Layout::split(x.dims(), dim, round.size());
+        let data = for_each_kind!(x.data(), |v| round.reduce_scatter_along(reduce, v, layout));
+        reduced(&ty, data, precision)
+    }
+
+    fn all_gather_as(
+        &mut self,
+        op: &Op,
+        x: &Tensor,
+        axes: &[String],
+        dim: usize,
+    ) -> Result<Tensor, RuntimeError> {
+        let ty = self.result_type(op, x)?;
+        let mut round = self.begin(op, axes, x.ty())?;
+        let layout = Layout::join(x.dims(), dim, round.size());
+        let data = for_each_kind!(x.data(), |v| round.all_gather(v, layout));
+        tensor(&ty, data)
+    }
+
+    fn all_to_all_as(
+        &mut self,
+        op: &Op,
+        x: &Tensor,
+        axes: &[String],
+        split_dim: usize,
+        concat_dim: usize,
+    ) -> Result<Tensor, RuntimeError> {
+        let ty = self.result_type(op, x)?;
+        let mut round = self.begin(op, axes, x.ty())?;
+        let n = round.size();
+        let split = Layout::split(x.dims(), split_dim, n);
+        let mut piece_dims = x.dims().to_vec();
+        piece_dims[split_dim] /= n;
+        let join = Layout::join(&piece_dims, concat_dim, n);
+        let data = for_each_kind!(x.data(), |v| round.all_to_all(v, split, join));
+        tensor(&ty, data)
+    }
+
+    fn broadcast_as(
+        &mut self,
+        op: &Op,
+        x: &Tensor,
+        axes: &[String],
+        root: usize,
+    ) -> Result<Tensor, RuntimeError> {
+        let ty = self.result_type(op, x)?;
+        let mut round = self.begin(op, axes, x.ty())?;
+        let data = for_each_kind!(x.data(), |v| round.broadcast(root, v));
+        tensor(&ty, data)
     }
 
     /// Starts the next collective on the group over `axes`.
@@ -243,7 +238,8 @@ impl InProcessCommunicator {
         })
     }
 
-    fn send(&mut self, op: &Op, axis: &str, shift: i64, x: &Tensor) -> Result<(), RuntimeError> {
+    fn send_as(&mut self, op: &Op, axis: &str, shift: i64, x: &Tensor) -> Result<(), RuntimeError> {
+        infer(op, &[x.ty()], Some(&self.mesh))?;
         let rank = self.rank();
         let to = shifted_rank(&self.mesh, rank, axis, shift)?;
         let seq = self.sent[to];
@@ -266,7 +262,7 @@ impl InProcessCommunicator {
         )
     }
 
-    fn recv(
+    fn recv_as(
         &mut self,
         op: &Op,
         axis: &str,
@@ -300,27 +296,110 @@ impl InProcessCommunicator {
     }
 }
 
-impl Communicator for InProcessCommunicator {
-    fn communicate(
+impl Collectives for InProcessCommunicator {
+    fn rank(&self) -> usize {
+        self.mailbox.rank()
+    }
+
+    fn mesh(&self) -> Option<&DeviceMesh> {
+        Some(&self.mesh)
+    }
+
+    fn all_reduce(
         &mut self,
-        op: &Op,
-        operands: &[&Tensor],
-        result_types: &[&TensorType],
-    ) -> Result<Vec<Tensor>, RuntimeError> {
-        let results = self.execute(op, operands)?;
-        if !results
-            .iter()
-            .map(Tensor::ty)
-            .eq(result_types.iter().copied())
-        {
-            return Err(IrError::Verify(format!(
-                "`{}` was declared to give {result_types:?} but gives {:?}",
-                op.name(),
-                results.iter().map(Tensor::ty).collect::<Vec<_>>()
-            ))
-            .into());
-        }
-        Ok(results)
+        x: &Tensor,
+        axes: &[String],
+        reduce: ReduceKind,
+    ) -> Result<Tensor, RuntimeError> {
+        let op = Op::AllReduce {
+            axes: axes.to_vec(),
+            reduce,
+        };
+        let result = self.all_reduce_as(&op, x, axes, reduce);
+        self.aborting(result)
+    }
+
+    fn all_gather(
+        &mut self,
+        x: &Tensor,
+        axes: &[String],
+        dim: usize,
+    ) -> Result<Tensor, RuntimeError> {
+        let op = Op::AllGather {
+            axes: axes.to_vec(),
+            dim,
+        };
+        let result = self.all_gather_as(&op, x, axes, dim);
+        self.aborting(result)
+    }
+
+    fn reduce_scatter(
+        &mut self,
+        x: &Tensor,
+        axes: &[String],
+        dim: usize,
+        reduce: ReduceKind,
+    ) -> Result<Tensor, RuntimeError> {
+        let op = Op::ReduceScatter {
+            axes: axes.to_vec(),
+            dim,
+            reduce,
+        };
+        let result = self.reduce_scatter_as(&op, x, axes, dim, reduce);
+        self.aborting(result)
+    }
+
+    fn all_to_all(
+        &mut self,
+        x: &Tensor,
+        axes: &[String],
+        split_dim: usize,
+        concat_dim: usize,
+    ) -> Result<Tensor, RuntimeError> {
+        let op = Op::AllToAll {
+            axes: axes.to_vec(),
+            split_dim,
+            concat_dim,
+        };
+        let result = self.all_to_all_as(&op, x, axes, split_dim, concat_dim);
+        self.aborting(result)
+    }
+
+    fn broadcast(
+        &mut self,
+        x: &Tensor,
+        axes: &[String],
+        root: usize,
+    ) -> Result<Tensor, RuntimeError> {
+        let op = Op::CollectiveBroadcast {
+            axes: axes.to_vec(),
+            root,
+        };
+        let result = self.broadcast_as(&op, x, axes, root);
+        self.aborting(result)
+    }
+
+    fn send(&mut self, x: &Tensor, axis: &str, shift: i64) -> Result<(), RuntimeError> {
+        let op = Op::Send {
+            axis: axis.to_string(),
+            shift,
+        };
+        let result = self.send_as(&op, axis, shift, x);
+        self.aborting(result)
+    }
+
+    fn recv(&mut self, ty: &TensorType, axis: &str, shift: i64) -> Result<Tensor, RuntimeError> {
+        let op = Op::Recv {
+            axis: axis.to_string(),
+            shift,
+            ty: ty.clone(),
+        };
+        let result = self.recv_as(&op, axis, shift, ty);
+        self.aborting(result)
+    }
+
+    fn abort(&mut self, error: &RuntimeError) {
+        self.mailbox.announce_error(error);
     }
 }
 

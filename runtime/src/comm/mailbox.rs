@@ -140,10 +140,6 @@ impl Mailbox {
         self.rank
     }
 
-    pub(crate) fn num_ranks(&self) -> usize {
-        self.peers.len()
-    }
-
     /// Makes this rank panic when it is about to send its `(n + 1)`-th data message from now
     /// on, to test how the others cope with a rank that dies mid-collective.
     pub(crate) fn panic_after_sends(&mut self, n: usize) {

@@ -3,7 +3,7 @@
 //!
 //! Kernels compute in `f64` and leave rounding to [`eval_op`], which rounds every float
 //! result to its declared dtype under [`Precision::Declared`]. Communication ops have no
-//! kernel here: an executor hands them to a [`crate::Communicator`].
+//! kernel here: an executor hands them to a [`crate::Collectives`].
 
 mod attention;
 mod einsum;

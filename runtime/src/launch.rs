@@ -1,0 +1,208 @@
+//! The [`Launcher`] seam: what starts the ranks of a mesh and runs a body on each with its
+//! [`Collectives`]. [`ThreadLauncher`] runs every rank as a thread of this process with
+//! in-process communicators; a process launcher (MPI) runs only this process's rank, which is
+//! why a launch returns the results of the ranks that ran here, with their rank numbers.
+
+use std::any::Any;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
+use autopar_ir::DeviceMesh;
+
+use crate::comm::{Collectives, CommOptions, InProcessCommunicator, in_process_communicators};
+use crate::error::RuntimeError;
+
+/// The results of the ranks a launch ran in this process: `(rank, result)` in rank order,
+/// each error wrapped in [`RuntimeError::OnRank`].
+pub type RankResults<T> = Vec<(usize, Result<T, RuntimeError>)>;
+
+/// Starts the ranks of a mesh and runs a body on each.
+pub trait Launcher {
+    /// Runs `body` on the ranks of `mesh` this launcher starts, each with its own
+    /// [`Collectives`] (whose [`rank`](Collectives::rank) says which rank it is).
+    ///
+    /// A rank whose body fails or panics [aborts](Collectives::abort) before its
+    /// communicator goes away, so that the others fail promptly instead of waiting for it.
+    /// The outer error is for a launch that cannot start at all.
+    fn launch<T, F>(&self, mesh: &DeviceMesh, body: F) -> Result<RankResults<T>, RuntimeError>
+    where
+        T: Send,
+        F: Fn(&mut dyn Collectives) -> Result<T, RuntimeError> + Sync;
+}
+
+/// One thread per rank of the mesh, communicating through [`InProcessCommunicator`]s.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ThreadLauncher {
+    /// Timeout and reduction precision of the communicators.
+    pub options: CommOptions,
+}
+
+impl Launcher for ThreadLauncher {
+    fn launch<T, F>(&self, mesh: &DeviceMesh, body: F) -> Result<RankResults<T>, RuntimeError>
+    where
+        T: Send,
+        F: Fn(&mut dyn Collectives) -> Result<T, RuntimeError> + Sync,
+    {
+        let comms = in_process_communicators(mesh, self.options);
+        let body = &body;
+        Ok(std::thread::scope(|scope| {
+            let handles: Vec<_> = comms
+                .into_iter()
+                .enumerate()
+                .map(|(rank, comm)| {
+                    std::thread::Builder::new()
+                        .name(format!("rank-{rank}"))
+                        .spawn_scoped(scope, move || run_rank(comm, body))
+                        .map_err(|e| RuntimeError::SpmdSetup {
+                            detail: format!("cannot start the thread of rank {rank}: {e}"),
+                        })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .enumerate()
+                .map(|(rank, h)| {
+                    let result = h.and_then(|h| {
+                        h.join().unwrap_or_else(|payload| {
+                            // `run_rank` catches panics of the body; this is one in the
+                            // launcher's own bookkeeping.
+                            Err(RuntimeError::RankPanicked {
+                                rank,
+                                message: panic_message(payload.as_ref()),
+                            })
+                        })
+                    });
+                    let result = result.map_err(|e| RuntimeError::OnRank {
+                        rank,
+                        source: Box::new(e),
+                    });
+                    (rank, result)
+                })
+                .collect()
+        }))
+    }
+}
+
+/// One rank's thread: runs the body, and on failure tells the other ranks before its
+/// communicator goes away.
+fn run_rank<T>(
+    mut comm: InProcessCommunicator,
+    body: &(impl Fn(&mut dyn Collectives) -> Result<T, RuntimeError> + Sync),
+) -> Result<T, RuntimeError> {
+    let rank = comm.rank();
+    let outcome = catch_unwind(AssertUnwindSafe(|| body(&mut comm)));
+    let result = outcome.unwrap_or_else(|payload| {
+        Err(RuntimeError::RankPanicked {
+            rank,
+            message: panic_message(payload.as_ref()),
+        })
+    });
+    if let Err(e) = &result {
+        comm.abort(e);
+    }
+    result
+}
+
+/// Every rank's value when all succeeded; otherwise the error that started the failure: the
+/// first (lowest rank) that is not merely the consequence of another rank's failure or exit
+/// ([`RuntimeError::PeerFailed`], [`RuntimeError::PeerExited`]), or the first of all when
+/// every one is.
+pub fn root_cause<T>(results: RankResults<T>) -> Result<Vec<(usize, T)>, RuntimeError> {
+    let mut values = Vec::with_capacity(results.len());
+    let mut first: Option<RuntimeError> = None;
+    for (rank, result) in results {
+        match result {
+            Ok(v) => values.push((rank, v)),
+            Err(e) => {
+                let better = first
+                    .as_ref()
+                    .is_none_or(|f| is_consequence(f) && !is_consequence(&e));
+                if better {
+                    first = Some(e);
+                }
+            }
+        }
+    }
+    match first {
+        Some(e) => Err(e),
+        None => Ok(values),
+    }
+}
+
+/// True for an error that only reports another rank's failure or exit.
+fn is_consequence(e: &RuntimeError) -> bool {
+    matches!(
+        e.innermost(),
+        RuntimeError::PeerFailed { .. } | RuntimeError::PeerExited { .. }
+    )
+}
+
+fn panic_message(payload: &(dyn Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn peer_failed(rank: usize) -> RuntimeError {
+        RuntimeError::OnRank {
+            rank,
+            source: Box::new(RuntimeError::PeerFailed {
+                op: "all_reduce",
+                group: vec![0, 1, 2],
+                rank,
+                failed_rank: 2,
+                reason: "boom".into(),
+            }),
+        }
+    }
+
+    #[test]
+    fn the_root_cause_is_the_first_error_that_is_not_a_consequence() {
+        let root = RuntimeError::OnRank {
+            rank: 2,
+            source: Box::new(RuntimeError::DivisionByZero { op: "div" }),
+        };
+        let results: RankResults<u8> =
+            vec![(0, Err(peer_failed(0))), (1, Ok(1)), (2, Err(root.clone()))];
+        assert_eq!(root_cause(results), Err(root));
+        // Only consequences: the first of them.
+        let results: RankResults<u8> = vec![(0, Err(peer_failed(0))), (1, Err(peer_failed(1)))];
+        assert_eq!(root_cause(results), Err(peer_failed(0)));
+        assert_eq!(root_cause(vec![(3, Ok(7u8))]), Ok(vec![(3, 7)]));
+    }
+
+    #[test]
+    fn a_panicking_rank_is_an_error_and_the_others_learn_of_it() -> Result<(), RuntimeError> {
+        let mesh = DeviceMesh::new([("x", 2)])?;
+        let launcher = ThreadLauncher::default();
+        let results = launcher.launch(&mesh, |comm| {
+            if comm.rank() == 1 {
+                panic!("rank one gives up");
+            }
+            let x = crate::Tensor::full(
+                autopar_ir::TensorType::new(autopar_ir::DType::F32, [2]),
+                1.0,
+            );
+            comm.all_reduce(&x, &["x".to_string()], autopar_ir::ReduceKind::Sum)
+        })?;
+        assert_eq!(results.len(), 2);
+        assert!(matches!(
+            results[1].1.as_ref().map_err(RuntimeError::innermost),
+            Err(RuntimeError::RankPanicked { rank: 1, message }) if message == "rank one gives up"
+        ));
+        assert!(matches!(
+            results[0].1.as_ref().map_err(RuntimeError::innermost),
+            Err(RuntimeError::PeerFailed { failed_rank: 1, .. } | RuntimeError::PeerExited { .. })
+        ));
+        assert!(matches!(
+            root_cause(results),
+            Err(RuntimeError::OnRank { rank: 1, .. })
+        ));
+        Ok(())
+    }
+}
