@@ -19,7 +19,8 @@ pub struct CompileDiagArgs {
     #[arg(long)]
     pub timings: bool,
     /// Write the output of these passes as text IR, one file per graph, into --dump-dir:
-    /// model, sequence-layout, train-step, parallelize, partition, pipeline-split.
+    /// model, sequence-layout, train-step, parallelize, partition, pipeline-split (the last
+    /// pass, memory-plan, produces no graph).
     #[arg(long, value_name = "PASS", value_delimiter = ',', value_parser = parse_pass)]
     pub dump_after: Vec<Pass>,
     /// Directory of the --dump-after files.
@@ -28,7 +29,12 @@ pub struct CompileDiagArgs {
 }
 
 fn parse_pass(v: &str) -> Result<Pass, String> {
-    v.parse()
+    match v.parse()? {
+        Pass::MemoryPlan => Err(format!(
+            "`{v}` produces execution plans, not graphs (--timings reports it)"
+        )),
+        pass => Ok(pass),
+    }
 }
 
 /// The compile options of a model, its training options, its mesh and the SPMD and

@@ -18,7 +18,13 @@ fn timings_list_every_pass_in_order() {
         .collect();
     assert_eq!(
         passes,
-        ["model", "train-step", "parallelize", "partition"],
+        [
+            "model",
+            "train-step",
+            "parallelize",
+            "partition",
+            "memory-plan"
+        ],
         "{out}"
     );
     // A pipeline with context parallelism runs every pass.
@@ -106,7 +112,7 @@ fn verify_fails_when_the_loss_is_nan() {
         .find(|l| l.starts_with("verify: "))
         .expect("a verify line");
     assert!(
-        line.contains("FAILED") && line.contains("not finite"),
+        line.contains("FAILED") && line.contains("non-finite"),
         "{line}"
     );
     assert!(!line.contains("max_abs_err=0.000e0"), "{line}");
@@ -115,5 +121,5 @@ fn verify_fails_when_the_loss_is_nan() {
         "run", "gpt-tiny", "--mesh", "dp=2", "--lr", "1e30", "--steps", "2", "--verify",
     ]);
     assert_eq!(out.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&out.stdout).contains("FAILED (not finite: "));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("FAILED (non-finite"));
 }

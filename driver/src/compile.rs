@@ -14,6 +14,7 @@ use autopar_ir::{DType, DeviceMesh, Graph, axis};
 use autopar_passes::pipeline::{PipelineOptions, StageSplit, plan_stages, split_pipeline};
 use autopar_passes::propagate::ShardingPlan;
 use autopar_passes::train::{TrainStep, build_train_step};
+use autopar_runtime::ExecutionPlan;
 
 use crate::options::{CompileOptions, sequence_layout, without_pp};
 use crate::state::StateLayout;
@@ -40,17 +41,22 @@ pub enum Pass {
     /// Cut every rank's local program into pipeline stages, micro-batch by micro-batch.
     /// Runs for a `pp` axis above 1.
     PipelineSplit,
+    /// Plan the execution of every rank program: its order, the values freed after each
+    /// node, and a static arena with the peak bytes known before anything runs. Runs for
+    /// SPMD programs (pipeline sub-programs are planned by the pipeline executor).
+    MemoryPlan,
 }
 
 impl Pass {
     /// Every pass, in pipeline order.
-    pub const ALL: [Pass; 6] = [
+    pub const ALL: [Pass; 7] = [
         Pass::Model,
         Pass::SequenceLayout,
         Pass::TrainStep,
         Pass::Parallelize,
         Pass::Partition,
         Pass::PipelineSplit,
+        Pass::MemoryPlan,
     ];
 
     /// The pass's name in `--dump-after` and `--timings`.
@@ -62,6 +68,7 @@ impl Pass {
             Pass::Parallelize => "parallelize",
             Pass::Partition => "partition",
             Pass::PipelineSplit => "pipeline-split",
+            Pass::MemoryPlan => "memory-plan",
         }
     }
 }
@@ -130,6 +137,9 @@ pub struct CompiledStep {
     /// programs that run as they are without a pipeline, and that are cut into stages with
     /// one. Empty when compilation stopped before partitioning.
     pub locals: Vec<Graph>,
+    /// The execution plan of every program of `locals` (empty for a pipeline, or when
+    /// compilation stopped before [`Pass::MemoryPlan`]).
+    pub plans: Vec<ExecutionPlan>,
     /// The pipeline, for a `pp` axis above 1.
     pub pipeline: Option<CompiledPipeline>,
     /// Where every state tensor lives: its global type, sharding and the ranks holding
@@ -227,6 +237,7 @@ pub fn compile(options: &CompileOptions) -> Result<CompiledStep, Error> {
         strategies: None,
         train,
         locals: Vec::new(),
+        plans: Vec::new(),
         pipeline: None,
         state: StateLayout::default(),
         reference,
@@ -269,6 +280,17 @@ pub fn compile(options: &CompileOptions) -> Result<CompiledStep, Error> {
             split_every_rank(train, &compiled.locals, pp, o)
         })?;
         compiled.pipeline = Some(pipeline);
+    }
+    if pp == 1 && !stops_before(o, Pass::MemoryPlan) {
+        let plans = log.run(Pass::MemoryPlan, || {
+            compiled
+                .locals
+                .iter()
+                .map(|g| Ok(ExecutionPlan::new(g)?))
+                .collect::<Result<Vec<_>, Error>>()
+                .map(Plans)
+        })?;
+        compiled.plans = plans.0;
     }
     compiled.state = StateLayout::new(&compiled)?;
     log.finish(compiled)
@@ -390,6 +412,16 @@ impl PassOutput for CompiledPipeline {
             }
         }
         out
+    }
+}
+
+/// The execution plans of the rank programs: nothing to verify or dump as IR (the arena is
+/// reported by `--timings` through the plans' count).
+struct Plans(Vec<ExecutionPlan>);
+
+impl PassOutput for Plans {
+    fn graphs(&self) -> Vec<(String, &Graph)> {
+        Vec::new()
     }
 }
 

@@ -9,7 +9,8 @@
 //!   the reference graph for `--verify`.
 //! - [`run`] executes a compiled step for some steps and reports losses, memory and, with
 //!   `verify`, the comparison with the single-device reference ([`VerifyReport`], one
-//!   tolerance policy: [`tolerance`]).
+//!   tolerance policy: [`Tolerance::for_compute`]). [`run_on`] takes any launcher and
+//!   backend; [`run`] is the CPU one.
 //!
 //! ```
 //! use autopar_driver::{CompileOptions, RunOptions, compile, run};
@@ -39,6 +40,7 @@ pub use autopar_ir as ir;
 pub use autopar_passes as passes;
 pub use autopar_runtime as runtime;
 
+pub use autopar_runtime::verify::{Tolerance, VerifyReport};
 pub use compile::{CompiledPipeline, CompiledStep, Pass, PassDump, PassTiming, compile};
 pub use error::Error;
 pub use model::{
@@ -46,9 +48,7 @@ pub use model::{
     load_micro_batch_forward, load_model, load_train_step, model_config,
 };
 pub use options::{CompileOptions, PipelineSpec, SequenceLayout, sequence_layout, without_pp};
-pub use run::{
-    PipelineRankStats, RankStats, RunOptions, RunReport, StepEvent, VerifyReport, run, tolerance,
-};
+pub use run::{PipelineRankStats, RankStats, RunOptions, RunReport, StepEvent, run, run_on};
 pub use state::{Shard, StateLayout, StateTensor};
 
 pub use autopar_passes::parallelize::{Annotation, ParallelOptions};

@@ -3,13 +3,21 @@
 //! carries each rank's next state to the next step; with [`RunOptions::verify`] the
 //! single-device reference runs beside it and [`VerifyReport`] compares the two.
 //!
-//! The one tolerance policy of `--verify` lives here ([`tolerance`]): it depends only on the
-//! compute dtype, and a NaN or an infinity in either run is a failure.
+//! SPMD programs run on any [`Backend`] started by any [`Launcher`] ([`run_on`]): each rank's
+//! program is loaded once with its [`ExecutionPlan`] and executed step after step on state
+//! held in the backend's buffers. Pipelines run on the CPU pipeline executor.
+//!
+//! The one tolerance policy of `--verify` is [`Tolerance::for_compute`]: it depends only on
+//! the compute dtype, and a NaN or an infinity in either run is a failure.
 
-use autopar_ir::DType;
+use std::any::Any;
+use std::collections::BTreeMap;
+
 use autopar_passes::train::GRADS_FINITE;
+use autopar_runtime::verify::{Comparison, Tolerance, VerifyReport};
 use autopar_runtime::{
-    self as rt, CommOptions, PipelineStepReport, RankProgram, SpmdOptions, TensorMap,
+    self as rt, Backend, CpuBackend, ExecutionPlan, Launcher, PipelineStepReport, TensorMap,
+    ThreadLauncher, root_cause,
 };
 
 use crate::Error;
@@ -84,13 +92,37 @@ pub struct PipelineRankStats {
     pub max_in_flight: usize,
 }
 
-/// Runs `options.steps` steps of `step` on CPU ranks, one thread per rank of its mesh;
-/// `on_step` sees every step as it ends.
+/// Runs `options.steps` steps of `step` on CPU ranks, one thread per rank of its mesh
+/// ([`ThreadLauncher`], [`CpuBackend`]); `on_step` sees every step as it ends.
 pub fn run(
     step: &CompiledStep,
     options: &RunOptions,
-    mut on_step: impl FnMut(&StepEvent),
+    on_step: impl FnMut(&StepEvent),
 ) -> Result<RunReport, Error> {
+    run_on(
+        step,
+        &ThreadLauncher::default(),
+        &CpuBackend::default(),
+        options,
+        on_step,
+    )
+}
+
+/// Like [`run`], with the ranks started by `launcher` and their programs run by `backend`.
+/// Pipelines run only on the CPU backend, whose interpreter the pipeline executor drives.
+pub fn run_on<L, B>(
+    step: &CompiledStep,
+    launcher: &L,
+    backend: &B,
+    options: &RunOptions,
+    mut on_step: impl FnMut(&StepEvent),
+) -> Result<RunReport, Error>
+where
+    L: Launcher + 'static,
+    B: Backend + Sync + 'static,
+    B::Buffer: Send + Sync,
+    for<'g> B::Executable<'g>: Sync,
+{
     if step.locals.is_empty() {
         return Err(Error::Usage(
             "the step was compiled without its rank programs (stop_after)".into(),
@@ -98,9 +130,21 @@ pub fn run(
     }
     let n = step.mesh.num_devices();
     let g = &step.global;
-    let mut states: Vec<TensorMap> = (0..n)
-        .map(|rank| step.state.init_rank(rank, options.seed))
-        .collect::<Result<_, _>>()?;
+    let mut ranks = match &step.pipeline {
+        None => Ranks::Spmd(SpmdRanks::load(step, backend, options.seed)?),
+        Some(_) => {
+            let cpu = (backend as &dyn Any)
+                .downcast_ref::<CpuBackend>()
+                .ok_or_else(|| Error::Usage("pipelines run on the CPU backend only".into()))?;
+            let states = (0..n)
+                .map(|rank| step.state.init_rank(rank, options.seed))
+                .collect::<Result<_, _>>()?;
+            Ranks::Pipelined {
+                states,
+                backend: *cpu,
+            }
+        }
+    };
     let mut reference = match options.verify {
         true => Some(Reference::new(step, options.seed)?),
         false => None,
@@ -114,60 +158,43 @@ pub fn run(
     };
     let mut peaks = vec![0u64; n];
     let mut pipeline_stats = vec![None; n];
+    let sharded = step.strategies.is_some();
     for i in 0..options.steps.max(1) {
         let batch = rt::synthetic_batch(g, options.seed, i)?;
         let inputs: Vec<TensorMap> = (0..step.locals.len())
-            .map(|which| rank_inputs(g, &batch, &step.spmd_mesh, which))
+            .map(|which| rank_inputs(g, sharded, &batch, &step.spmd_mesh, which))
             .collect::<Result<_, _>>()?;
-        let outputs = match &step.pipeline {
-            None => run_spmd_step(step, &states, &inputs, &mut peaks)?,
-            Some(p) => {
+        // The outputs of rank 0 that the run reports (the loss is replicated).
+        let outputs = match &mut ranks {
+            Ranks::Spmd(s) => s.step(step, launcher, backend, &inputs, &mut peaks)?,
+            Ranks::Pipelined { states, backend } => {
+                let batches: Vec<TensorMap> = (0..n)
+                    .map(|rank| inputs[rt::split_pipeline_rank(&step.mesh, rank).1].clone())
+                    .collect();
+                let pipelines = step.pipeline.as_ref().map_or(&[][..], |p| &p.pipelines);
                 let reports = rt::run_pipeline_step_spmd(
-                    &p.pipelines,
+                    pipelines,
                     &step.mesh,
-                    &states,
-                    &(0..n)
-                        .map(|rank| inputs[rt::split_pipeline_rank(&step.mesh, rank).1].clone())
-                        .collect::<Vec<_>>(),
-                    rt::RunOptions::default(),
-                    CommOptions::default(),
+                    states,
+                    &batches,
+                    backend.options,
+                    launcher_options(launcher),
                 )?;
-                let outputs = pipeline_outputs(step, &reports, &mut peaks, &mut pipeline_stats)?;
+                let outputs =
+                    pipeline_step(step, &reports, states, &mut peaks, &mut pipeline_stats)?;
                 report.pipeline_reports = reports;
                 outputs
             }
         };
-        let loss = outputs
-            .first()
-            .and_then(|o| o.get("loss"))
-            .and_then(|t| t.scalar_value())
+        let scalar = |name: &str| outputs.get(name).and_then(|t| t.scalar_value());
+        let loss = scalar("loss")
             .ok_or_else(|| Error::Usage("the step has no scalar output `loss`".into()))?;
-        let grads_finite = outputs
-            .first()
-            .and_then(|o| o.get(GRADS_FINITE))
-            .and_then(|t| t.scalar_value())
-            .map(|v| v != 0.0);
         on_step(&StepEvent {
             step: i,
             loss,
-            grads_finite,
+            grads_finite: scalar(GRADS_FINITE).map(|v| v != 0.0),
         });
         report.losses.push(loss);
-        // Every rank takes its own next state: each tensor it holds, updated (a tensor the
-        // step does not update stays as it is).
-        for (rank, (state, next)) in states.iter_mut().zip(outputs).enumerate() {
-            for (name, slot) in state.iter_mut() {
-                match next.get(name) {
-                    Some(t) => *slot = t.clone(),
-                    None if g.output(name).is_none() => {}
-                    None => {
-                        return Err(Error::Usage(format!(
-                            "rank {rank} did not end the step with the next value of `{name}`"
-                        )));
-                    }
-                }
-            }
-        }
         if let Some(r) = reference.as_mut() {
             r.step(&batch, loss)?;
         }
@@ -175,6 +202,10 @@ pub fn run(
             .peak_bytes
             .max(peaks.iter().copied().max().unwrap_or(0));
     }
+    let states = match ranks {
+        Ranks::Spmd(s) => s.download(backend)?,
+        Ranks::Pipelined { states, .. } => states,
+    };
     report.ranks = (0..n)
         .map(|rank| RankStats {
             peak_bytes: peaks[rank],
@@ -188,124 +219,178 @@ pub fn run(
     Ok(report)
 }
 
-/// One SPMD step: every rank's outputs, in rank order; `peaks` gets each rank's peak.
-fn run_spmd_step(
-    step: &CompiledStep,
-    states: &[TensorMap],
-    inputs: &[TensorMap],
-    peaks: &mut [u64],
-) -> Result<Vec<TensorMap>, Error> {
-    let ranks: Vec<RankProgram<'_>> = step
-        .locals
-        .iter()
-        .zip(states)
-        .zip(inputs)
-        .map(|((graph, params), inputs)| RankProgram {
-            graph,
-            params,
-            inputs,
-        })
-        .collect();
-    let outs = rt::run_spmd(&step.spmd_mesh, &ranks, SpmdOptions::default())?;
-    Ok(outs
-        .into_iter()
-        .zip(peaks.iter_mut())
-        .map(|(out, peak)| {
-            *peak = out.peak_bytes;
-            out.outputs
-        })
-        .collect())
+/// The communicator options the pipeline executor starts its threads with: those of a
+/// [`ThreadLauncher`], or the defaults.
+fn launcher_options<L: Launcher + 'static>(launcher: &L) -> rt::CommOptions {
+    (launcher as &dyn Any)
+        .downcast_ref::<ThreadLauncher>()
+        .map_or_else(rt::CommOptions::default, |t| t.options)
 }
 
-/// Every rank's outputs of a pipelined step, in rank order: its next state, and the step's
-/// outputs (loss and metrics) on rank 0.
-fn pipeline_outputs(
+/// The ranks' state between steps.
+enum Ranks<'s, B: Backend> {
+    /// SPMD: every rank's program loaded on the backend, its state in the backend's buffers.
+    Spmd(SpmdRanks<'s, B>),
+    /// A pipeline: every rank's state as host tensors, for the CPU pipeline executor.
+    Pipelined {
+        /// Per rank of the whole mesh.
+        states: Vec<TensorMap>,
+        /// The backend, whose options the executor runs with.
+        backend: CpuBackend,
+    },
+}
+
+/// The SPMD ranks of a run: their loaded programs and their state.
+struct SpmdRanks<'s, B: Backend> {
+    executables: Vec<B::Executable<'s>>,
+    states: Vec<BTreeMap<String, B::Buffer>>,
+}
+
+impl<'s, B> SpmdRanks<'s, B>
+where
+    B: Backend + Sync,
+    B::Buffer: Send + Sync,
+    for<'g> B::Executable<'g>: Sync,
+{
+    /// Loads every rank's program with its execution plan and uploads its state.
+    fn load(step: &'s CompiledStep, backend: &B, seed: u64) -> Result<Self, Error> {
+        let executables = step
+            .locals
+            .iter()
+            .enumerate()
+            .map(|(rank, g)| {
+                let plan = match step.plans.get(rank) {
+                    Some(p) => p.clone(),
+                    None => ExecutionPlan::new(g)?,
+                };
+                backend.load(g, plan)
+            })
+            .collect::<Result<_, _>>()?;
+        let states = (0..step.locals.len())
+            .map(|rank| upload(backend, &step.state.init_rank(rank, seed)?))
+            .collect::<Result<_, _>>()?;
+        Ok(SpmdRanks {
+            executables,
+            states,
+        })
+    }
+
+    /// Runs one step on `inputs` (per rank), carries every rank's next state, records the
+    /// ranks' peaks, and returns rank 0's reported outputs (loss and metrics).
+    fn step<L: Launcher>(
+        &mut self,
+        step: &CompiledStep,
+        launcher: &L,
+        backend: &B,
+        inputs: &[TensorMap],
+        peaks: &mut [u64],
+    ) -> Result<TensorMap, Error> {
+        let inputs: Vec<BTreeMap<String, B::Buffer>> = inputs
+            .iter()
+            .map(|i| upload(backend, i))
+            .collect::<Result<_, _>>()?;
+        let (executables, states) = (&self.executables, &self.states);
+        let results = launcher.launch(&step.spmd_mesh, |comm| {
+            let rank = comm.rank();
+            match (executables.get(rank), states.get(rank), inputs.get(rank)) {
+                (Some(exe), Some(state), Some(inputs)) => backend.execute(exe, state, inputs, comm),
+                _ => Err(rt::RuntimeError::SpmdSetup {
+                    detail: format!("rank {rank} has no program"),
+                }),
+            }
+        })?;
+        let mut reported = TensorMap::new();
+        for (rank, out) in root_cause(results)? {
+            if let Some(peak) = peaks.get_mut(rank) {
+                *peak = out.peak_bytes;
+            }
+            let mut outputs = out.outputs;
+            let state = self.states.get_mut(rank).ok_or_else(|| {
+                Error::Usage(format!("rank {rank} is not a rank of `{}`", step.spmd_mesh))
+            })?;
+            // The next value of each tensor the rank holds (a tensor the step does not update
+            // stays as it is).
+            for (name, slot) in state.iter_mut() {
+                match outputs.remove(name) {
+                    Some(next) => *slot = next,
+                    None if step.global.output(name).is_none() => {}
+                    None => {
+                        return Err(Error::Usage(format!(
+                            "rank {rank} did not end the step with the next value of `{name}`"
+                        )));
+                    }
+                }
+            }
+            if rank == 0 {
+                for name in ["loss", GRADS_FINITE] {
+                    if let Some(b) = outputs.get(name) {
+                        reported.insert(name.to_string(), backend.download(b)?);
+                    }
+                }
+            }
+        }
+        Ok(reported)
+    }
+
+    /// Every rank's state, read back from the backend.
+    fn download(self, backend: &B) -> Result<Vec<TensorMap>, Error> {
+        self.states
+            .iter()
+            .map(|s| {
+                s.iter()
+                    .map(|(name, b)| Ok((name.clone(), backend.download(b)?)))
+                    .collect()
+            })
+            .collect()
+    }
+}
+
+fn upload<B: Backend>(
+    backend: &B,
+    tensors: &TensorMap,
+) -> Result<BTreeMap<String, B::Buffer>, Error> {
+    tensors
+        .iter()
+        .map(|(name, t)| Ok((name.clone(), backend.upload(t)?)))
+        .collect()
+}
+
+/// Takes the result of a pipelined step: every rank's next state into `states`, its peaks
+/// and pipeline figures, and returns the step's outputs (loss and metrics).
+fn pipeline_step(
     step: &CompiledStep,
     reports: &[PipelineStepReport],
+    states: &mut [TensorMap],
     peaks: &mut [u64],
     stats: &mut [Option<PipelineRankStats>],
-) -> Result<Vec<TensorMap>, Error> {
-    let mut out = Vec::with_capacity(peaks.len());
-    for rank in 0..peaks.len() {
+) -> Result<TensorMap, Error> {
+    for (rank, state) in states.iter_mut().enumerate() {
         let (pp_rank, which) = rt::split_pipeline_rank(&step.mesh, rank);
-        let pipeline = reports
+        let r = reports
             .get(which)
+            .and_then(|p| p.ranks.get(pp_rank))
             .ok_or_else(|| Error::Usage(format!("rank {rank} has no pipeline report")))?;
-        let r = pipeline
-            .ranks
-            .get(pp_rank)
-            .ok_or_else(|| Error::Usage(format!("rank {rank} has no pipeline rank report")))?;
         peaks[rank] = r.peak_bytes;
         stats[rank] = Some(PipelineRankStats {
             peak_activation_bytes: r.peak_activation_bytes,
             max_in_flight: r.max_in_flight,
         });
-        let mut outputs = r.state.clone();
-        if rank == 0 {
-            for (name, t) in &pipeline.outputs {
-                outputs.entry(name.clone()).or_insert_with(|| t.clone());
+        for (name, slot) in state.iter_mut() {
+            match r.state.get(name) {
+                Some(t) => *slot = t.clone(),
+                None if step.global.output(name).is_none() => {}
+                None => {
+                    return Err(Error::Usage(format!(
+                        "rank {rank} did not end the step with the next value of `{name}`"
+                    )));
+                }
             }
         }
-        out.push(outputs);
     }
-    Ok(out)
-}
-
-/// The tolerance `--verify` holds both errors to, by compute dtype: 1e-4 for f32; 5e-2 for
-/// bf16 and f16, whose partial sums are rounded to 8 (or 11) bits in a different order on
-/// every mesh, so that gradients differ by about 1%, which Adam's normalised update turns
-/// into up to the learning rate per step on elements with tiny gradients.
-pub fn tolerance(compute: DType) -> f64 {
-    if compute == DType::F32 { 1e-4 } else { 5e-2 }
-}
-
-/// The smallest scale relative errors are taken against, so that tensors of magnitude below
-/// 1 are held to the absolute tolerance (the usual mixed criterion `|a - b| <= tol * max(|b|,
-/// 1)`). A weight whose gradient vanishes in exact arithmetic (a key bias: softmax ignores a
-/// shift common to all keys) moves only on rounding noise, which differs with the order of
-/// the sums; relative to its own near-zero size that noise would look like a disagreement.
-pub const REL_FLOOR: f64 = 1.0;
-
-/// The outcome of `--verify`.
-#[derive(Clone, Debug, PartialEq)]
-pub struct VerifyReport {
-    /// The tensor (or `loss`) with the largest relative difference, or the first one found
-    /// not finite.
-    pub worst: String,
-    /// Largest absolute difference over the losses and every state tensor (infinite when a
-    /// value is not finite).
-    pub max_abs_err: f64,
-    /// Largest relative difference: per tensor, the largest absolute difference over the
-    /// largest magnitude of the reference, or [`REL_FLOOR`] when that is smaller.
-    pub max_rel_err: f64,
-    /// The tolerance both errors are held to ([`tolerance`]).
-    pub tolerance: f64,
-    /// The first value found NaN or infinite, in either run (`loss of step 3`, a tensor).
-    pub non_finite: Option<String>,
-}
-
-impl VerifyReport {
-    /// True when both errors are within the tolerance and every value is finite.
-    pub fn ok(&self) -> bool {
-        self.non_finite.is_none()
-            && self.max_abs_err <= self.tolerance
-            && self.max_rel_err <= self.tolerance
-    }
-
-    /// `verify: max_abs_err=<x> max_rel_err=<y> OK` (or `FAILED`, with the non-finite value
-    /// named).
-    pub fn line(&self) -> String {
-        let mut line = format!(
-            "verify: max_abs_err={:.3e} max_rel_err={:.3e} {}",
-            self.max_abs_err,
-            self.max_rel_err,
-            if self.ok() { "OK" } else { "FAILED" }
-        );
-        if let Some(what) = &self.non_finite {
-            line += &format!(" (not finite: {what})");
-        }
-        line
-    }
+    Ok(reports
+        .first()
+        .map(|r| r.outputs.clone())
+        .unwrap_or_default())
 }
 
 /// The single-device reference, advanced step by step beside the ranks, and the running
@@ -313,8 +398,7 @@ impl VerifyReport {
 struct Reference<'a> {
     graph: &'a autopar_ir::Graph,
     state: TensorMap,
-    report: VerifyReport,
-    steps: u64,
+    comparison: Comparison,
 }
 
 impl<'a> Reference<'a> {
@@ -322,14 +406,7 @@ impl<'a> Reference<'a> {
         Ok(Reference {
             graph: &step.reference,
             state: rt::init_parameters(&step.reference, seed)?,
-            report: VerifyReport {
-                worst: "loss".into(),
-                max_abs_err: 0.0,
-                max_rel_err: 0.0,
-                tolerance: tolerance(step.compute_dtype),
-                non_finite: None,
-            },
-            steps: 0,
+            comparison: Comparison::new(Tolerance::for_compute(step.compute_dtype)),
         })
     }
 
@@ -337,52 +414,13 @@ impl<'a> Reference<'a> {
     /// the ranks' `loss`.
     fn step(&mut self, batch: &TensorMap, loss: f64) -> Result<(), Error> {
         let out = rt::run(self.graph, &self.state, batch, rt::RunOptions::default())?;
-        let want = out.scalar("loss")?;
-        self.steps += 1;
-        let what = format!("loss of step {}", self.steps);
-        self.record(&what, &[loss], &[want]);
+        self.comparison.loss(loss, out.scalar("loss")?);
         for (name, t) in out.outputs {
             if let Some(slot) = self.state.get_mut(&name) {
                 *slot = t;
             }
         }
         Ok(())
-    }
-
-    /// Folds the comparison of `got` with `want` (the reference) into the report.
-    fn record(&mut self, what: &str, got: &[f64], want: &[f64]) {
-        let r = &mut self.report;
-        let mut abs = 0.0f64;
-        let mut scale = 0.0f64;
-        for (x, y) in got.iter().zip(want) {
-            if !x.is_finite() || !y.is_finite() {
-                if r.non_finite.is_none() {
-                    let side = if x.is_finite() {
-                        "reference"
-                    } else {
-                        "parallel run"
-                    };
-                    r.non_finite = Some(format!("{what} in the {side}"));
-                    r.worst = what.to_string();
-                }
-                r.max_abs_err = f64::INFINITY;
-                r.max_rel_err = f64::INFINITY;
-                return;
-            }
-            abs = abs.max((x - y).abs());
-            scale = scale.max(y.abs());
-        }
-        if got.len() != want.len() {
-            abs = f64::INFINITY;
-        }
-        r.max_abs_err = r.max_abs_err.max(abs);
-        let rel = abs / scale.max(REL_FLOOR);
-        if rel > r.max_rel_err {
-            r.max_rel_err = rel;
-            if r.non_finite.is_none() {
-                r.worst = what.to_string();
-            }
-        }
     }
 
     /// Compares every state tensor, gathered from the ranks' `states`, with the reference's.
@@ -392,74 +430,8 @@ impl<'a> Reference<'a> {
                 continue;
             };
             let got = step.state.gather(&t.name, states)?;
-            let (got, want) = (got.to_f64_vec(), want.to_f64_vec());
-            self.record(&t.name, &got, &want);
+            self.comparison.tensor(&t.name, &got, want)?;
         }
-        Ok(self.report)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn fresh() -> VerifyReport {
-        VerifyReport {
-            worst: "loss".into(),
-            max_abs_err: 0.0,
-            max_rel_err: 0.0,
-            tolerance: 1e-4,
-            non_finite: None,
-        }
-    }
-
-    fn folded(pairs: &[(&str, &[f64], &[f64])]) -> VerifyReport {
-        let g = autopar_ir::Graph::new("empty");
-        let mut r = Reference {
-            graph: &g,
-            state: TensorMap::new(),
-            report: fresh(),
-            steps: 0,
-        };
-        for (what, got, want) in pairs {
-            r.record(what, got, want);
-        }
-        r.report
-    }
-
-    #[test]
-    fn nan_in_either_run_fails() {
-        let r = folded(&[("w", &[f64::NAN, 1.0], &[f64::NAN, 1.0])]);
-        assert!(!r.ok());
-        assert_eq!(r.non_finite.as_deref(), Some("w in the parallel run"));
-        assert!(
-            r.line()
-                .ends_with("FAILED (not finite: w in the parallel run)"),
-            "{}",
-            r.line()
-        );
-        let r = folded(&[
-            ("a", &[1.0], &[1.0]),
-            ("loss of step 2", &[0.5], &[f64::INFINITY]),
-        ]);
-        assert!(!r.ok());
-        assert_eq!(
-            r.non_finite.as_deref(),
-            Some("loss of step 2 in the reference")
-        );
-        assert_eq!(r.worst, "loss of step 2");
-    }
-
-    #[test]
-    fn mixed_criterion() {
-        // Relative to max(|reference|, 1): a small tensor is held to the absolute tolerance.
-        let r = folded(&[("small", &[1e-6 + 5e-5], &[1e-6])]);
-        assert!(r.ok(), "{r:?}");
-        // Both errors are held to the tolerance: a large tensor is not excused by its size.
-        let r = folded(&[("big", &[1000.0 + 0.05], &[1000.0])]);
-        assert!(!r.ok() && r.max_rel_err < 1e-4, "{r:?}");
-        let r = folded(&[("off", &[1.0 + 2e-4], &[1.0])]);
-        assert!(!r.ok());
-        assert_eq!(r.worst, "off");
+        Ok(self.comparison.finish())
     }
 }

@@ -8,7 +8,8 @@ use std::ops::Range;
 
 use autopar_ir::sharding_algebra::local_region;
 use autopar_ir::{DeviceMesh, Graph, Init, Op, Sharding, TensorType};
-use autopar_runtime::{self as rt, Data, Tensor, TensorMap, element_init};
+use autopar_runtime::dist::{self, region_indices};
+use autopar_runtime::{self as rt, Tensor, TensorMap};
 
 use crate::Error;
 use crate::compile::CompiledStep;
@@ -105,17 +106,7 @@ impl StateLayout {
             let Some(shard) = t.shards.iter().find(|s| s.ranks.contains(&rank)) else {
                 continue;
             };
-            let local = TensorType::new(t.ty.dtype, region_dims(&shard.region));
-            let value = if t.ty.dtype.is_float() {
-                let draw = element_init(&t.name, t.init, seed);
-                let values = region_indices(t.ty.dims(), &shard.region)
-                    .into_iter()
-                    .map(|i| draw(i as u64))
-                    .collect();
-                Tensor::new(local, Data::Float(values))?.rounded()
-            } else {
-                rt::init_parameter(&t.name, &local, t.init, seed)?
-            };
+            let value = dist::init_region(&t.name, &t.ty, t.init, &shard.region, seed)?;
             state.insert(t.name.clone(), value);
         }
         Ok(state)
@@ -178,43 +169,18 @@ fn region_dims(region: &[Range<usize>]) -> Vec<usize> {
     region.iter().map(|r| r.len()).collect()
 }
 
-/// Global row-major indices of the elements of `region` of a tensor of shape `dims`, in the
-/// region's row-major order.
-fn region_indices(dims: &[usize], region: &[Range<usize>]) -> Vec<usize> {
-    let mut out = vec![0usize];
-    for (d, r) in region.iter().enumerate() {
-        let mut next = Vec::with_capacity(out.len() * r.len());
-        for &base in &out {
-            for i in r.clone() {
-                next.push(base * dims[d] + i);
-            }
-        }
-        out = next;
-    }
-    out
-}
-
 /// The part of the global `batch` that coordinate `which` of `mesh` is fed: each input of
-/// `g` sliced to its region (the whole input when `g` is not sharded).
+/// `g` sliced to its region when `g` is sharded ([`dist::rank_inputs`]), the whole batch
+/// when it is not.
 pub fn rank_inputs(
     g: &Graph,
+    sharded: bool,
     batch: &TensorMap,
     mesh: &DeviceMesh,
     which: usize,
 ) -> Result<TensorMap, Error> {
-    let mut out = TensorMap::new();
-    for (v, name, _) in g.inputs() {
-        let Some(t) = batch.get(name) else { continue };
-        let sharding = g.value(v).sharding.as_ref();
-        let region = region_of(t.ty(), sharding, mesh, which)?;
-        let idx = region_indices(t.dims(), &region);
-        let local = TensorType::new(t.dtype(), region_dims(&region));
-        let data = match t.data() {
-            Data::Float(x) => Data::Float(idx.iter().map(|&i| x[i]).collect()),
-            Data::Int(x) => Data::Int(idx.iter().map(|&i| x[i]).collect()),
-            Data::Bool(x) => Data::Bool(idx.iter().map(|&i| x[i]).collect()),
-        };
-        out.insert(name.to_string(), Tensor::new(local, data)?);
+    match sharded {
+        true => Ok(dist::rank_inputs(g, batch, mesh, which)?),
+        false => Ok(batch.clone()),
     }
-    Ok(out)
 }

@@ -8,7 +8,7 @@
 use std::ops::Range;
 
 use autopar_ir::sharding_algebra::local_region;
-use autopar_ir::{DeviceMesh, Graph, Op, Sharding, TensorType, ValueId};
+use autopar_ir::{DeviceMesh, Graph, Init, Op, Sharding, TensorType, ValueId};
 
 use crate::TensorMap;
 use crate::error::RuntimeError;
@@ -67,20 +67,32 @@ pub fn init_rank_state(
             continue;
         };
         let region = local_region(ty.dims(), sharding_of(g, v)?, mesh, &coords)?;
-        let local = TensorType::new(ty.dtype, region.iter().map(|r| r.len()).collect::<Vec<_>>());
-        let t = if ty.dtype.is_float() {
-            let draw = element_init(name, *init, seed);
-            let values = region_indices(ty.dims(), &region)
-                .into_iter()
-                .map(|i| draw(i as u64))
-                .collect();
-            Tensor::new(local, Data::Float(values))?.rounded()
-        } else {
-            init_parameter(name, &local, *init, seed)?
-        };
-        state.insert(name.clone(), t);
+        state.insert(name.clone(), init_region(name, ty, *init, &region, seed)?);
     }
     Ok(state)
+}
+
+/// `region` of parameter `name` (global type `ty`, initialiser `init`) as initialised from
+/// `seed`: float elements drawn one by one by global index, so that any split of a tensor
+/// into regions draws exactly what [`crate::init_parameters`] draws there; other dtypes
+/// initialised at the region's type.
+pub fn init_region(
+    name: &str,
+    ty: &TensorType,
+    init: Init,
+    region: &[Range<usize>],
+    seed: u64,
+) -> Result<Tensor, RuntimeError> {
+    let local = TensorType::new(ty.dtype, region.iter().map(|r| r.len()).collect::<Vec<_>>());
+    if !ty.dtype.is_float() {
+        return init_parameter(name, &local, init, seed);
+    }
+    let draw = element_init(name, init, seed);
+    let values = region_indices(ty.dims(), region)
+        .into_iter()
+        .map(|i| draw(i as u64))
+        .collect();
+    Ok(Tensor::new(local, Data::Float(values))?.rounded())
 }
 
 /// The part of the global `batch` that `rank` of `mesh` is fed: each input of `g` sliced to
