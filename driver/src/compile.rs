@@ -283,12 +283,7 @@ pub fn compile(options: &CompileOptions) -> Result<CompiledStep, Error> {
     }
     if pp == 1 && !stops_before(o, Pass::MemoryPlan) {
         let plans = log.run(Pass::MemoryPlan, || {
-            compiled
-                .locals
-                .iter()
-                .map(|g| Ok(ExecutionPlan::new(g)?))
-                .collect::<Result<Vec<_>, Error>>()
-                .map(Plans)
+            Ok(Plans(autopar_runtime::plan_all(&compiled.locals)?))
         })?;
         compiled.plans = plans.0;
     }

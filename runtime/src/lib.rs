@@ -83,7 +83,7 @@ pub use launch::{Launcher, RankResults, ThreadLauncher, root_cause};
 pub use pipeline::{
     PipelineStepReport, RankReport, run_pipeline_step, run_pipeline_step_spmd, split_pipeline_rank,
 };
-pub use plan::ExecutionPlan;
+pub use plan::{ExecutionPlan, plan_all};
 pub use reference::{decomposed_attention, decomposed_attention_at};
 pub use tensor::{Data, Precision, Tensor, round_to_dtype};
 pub use train::{StepReport, Trainer};

@@ -168,6 +168,58 @@ impl ExecutionPlan {
     }
 }
 
+/// Plans every graph of `graphs` (in order), planning once for graphs the plan cannot tell
+/// apart: the same nodes with the same operands and results, results of the same sizes, the
+/// same fed values and the same outputs. The ranks of an SPMD program are such graphs (their
+/// slices and offsets differ, not their structure), so a mesh of any size costs one plan per
+/// distinct rank program.
+pub fn plan_all(graphs: &[Graph]) -> Result<Vec<ExecutionPlan>, RuntimeError> {
+    let mut planned: Vec<(PlanKey, ExecutionPlan)> = Vec::new();
+    let mut out = Vec::with_capacity(graphs.len());
+    for g in graphs {
+        let key = PlanKey::of(g)?;
+        let plan = match planned.iter().find(|(k, _)| *k == key) {
+            Some((_, plan)) => plan.clone(),
+            None => {
+                let plan = ExecutionPlan::new(g)?;
+                planned.push((key, plan.clone()));
+                plan
+            }
+        };
+        out.push(plan);
+    }
+    Ok(out)
+}
+
+/// Everything of a graph that [`ExecutionPlan::new`] reads.
+#[derive(PartialEq, Eq)]
+struct PlanKey {
+    /// Per node in id order: its id, operands, results with their sizes, and whether it is
+    /// fed (a parameter or an input).
+    nodes: Vec<(NodeId, Vec<ValueId>, Vec<(ValueId, u64)>, bool)>,
+    /// The graph's output values, in order.
+    outputs: Vec<ValueId>,
+}
+
+impl PlanKey {
+    fn of(g: &Graph) -> Result<PlanKey, RuntimeError> {
+        let ids = g.node_ids();
+        let mut nodes = Vec::with_capacity(ids.len());
+        for n in ids {
+            let node = g.node(n);
+            let results = node
+                .outputs
+                .iter()
+                .map(|&v| Ok((v, g.value_checked(v)?.ty.size_bytes())))
+                .collect::<Result<Vec<_>, IrError>>()?;
+            let fed = matches!(node.op, Op::Parameter { .. } | Op::Input { .. });
+            nodes.push((n, node.inputs.clone(), results, fed));
+        }
+        let outputs = g.outputs().iter().map(|&(_, v)| v).collect();
+        Ok(PlanKey { nodes, outputs })
+    }
+}
+
 /// A value's lifetime, as positions in the execution order (both ends included), and its size.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Interval {

@@ -268,3 +268,17 @@ proptest! {
         prop_assert_eq!(plan.peak_bytes(), out.peak_bytes);
     }
 }
+
+/// Graphs the plan cannot tell apart share one plan, each equal to the graph's own; a graph
+/// of other sizes gets its own.
+#[test]
+fn plan_all_plans_each_distinct_structure_once() -> TestResult {
+    let one = autopar_frontends::zoo::build("gpt-tiny", 1)?;
+    let two = autopar_frontends::zoo::build("gpt-tiny", 2)?;
+    let plans = autopar_runtime::plan_all(&[one.clone(), two.clone(), one.clone()])?;
+    assert_eq!(plans[0], ExecutionPlan::new(&one)?);
+    assert_eq!(plans[1], ExecutionPlan::new(&two)?);
+    assert_eq!(plans[2], plans[0]);
+    assert_ne!(plans[0].peak_bytes(), plans[1].peak_bytes());
+    Ok(())
+}
