@@ -12,6 +12,7 @@
 //!    for axes present in the mesh, splits each dim evenly. Axes absent from the mesh (or all
 //!    axes when there is no mesh) count as size 1, so model code may annotate `tp` whether or
 //!    not a run uses tensor parallelism.
+//! 7. Only parameters have a weight role ([`crate::meta::NodeMeta::role`]).
 //!
 //! A verifier failure after a pass is a compiler bug; user mistakes are caught earlier with
 //! errors that name the tensor, dim and mesh axis.
@@ -72,6 +73,14 @@ pub fn verify(g: &Graph) -> Result<(), IrError> {
                 return Err(IrError::Verify(format!("input `{name}` is defined twice")));
             }
             _ => {}
+        }
+        if let Some(role) = g.meta(n).role
+            && !matches!(node.op, Op::Parameter { .. })
+        {
+            return Err(IrError::Verify(format!(
+                "{n} ({}) has weight role `{role}`, but only parameters have one",
+                node.op.name()
+            )));
         }
     }
     let mut names = HashSet::new();
