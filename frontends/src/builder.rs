@@ -1,8 +1,9 @@
 //! [`ModelBuilder`]: the object model code talks to. It owns the IR graph under construction,
 //! the current scope (layer path, for humans), the current layer of the layer sequence (typed
-//! metadata, for passes: [`ModelBuilder::layer`]) and the first error, and hands out
+//! metadata, for passes: [`ModelBuilder::layer`], and the part of it, [`ModelBuilder::part`])
+//! and the first error, and hands out
 //! [`Tensor`] handles. Every node it adds gets the [`Phase::Forward`] phase (parameters and
-//! inputs none) and the current layer; [`Tensor::role`](crate::Tensor::role) gives a parameter
+//! inputs none) and the current layer and part; [`Tensor::role`](crate::Tensor::role) gives a parameter
 //! its weight role.
 //!
 //! Errors are sticky: the first failing operation is recorded together with its scope, every
@@ -16,7 +17,7 @@ use std::fmt;
 use autopar_ir::infer::num_results;
 use autopar_ir::mesh::is_identifier;
 use autopar_ir::{
-    DType, Graph, Init, InputRole, IrError, LayerId, NodeMeta, Op, Phase, Placement, Shape,
+    DType, Graph, Init, InputRole, IrError, LayerId, NodeMeta, Op, Part, Phase, Placement, Shape,
     Sharding, ShardingOrigin, TensorType, ValueId, WeightRole, verify,
 };
 
@@ -38,6 +39,8 @@ struct State {
     scope_marks: Vec<usize>,
     /// The layer every node added now belongs to.
     layer: Option<LayerId>,
+    /// The part of the layer every node added now belongs to.
+    part: Option<Part>,
     error: Option<FrontendError>,
     /// `(kind, name)` of every parameter, input and output declared so far.
     declared: HashSet<(&'static str, String)>,
@@ -113,6 +116,7 @@ impl ModelBuilder {
                 scope: String::new(),
                 scope_marks: Vec::new(),
                 layer: None,
+                part: None,
                 error: None,
                 declared: HashSet::new(),
             }),
@@ -148,6 +152,15 @@ impl ModelBuilder {
         let outer = self.state.borrow_mut().layer.replace(layer);
         let result = self.scope(name, f);
         self.state.borrow_mut().layer = outer;
+        result
+    }
+
+    /// Runs `f` with every node added inside belonging to `part` of its layer (its norm, its
+    /// attention, its MLP), and returns what `f` returns. The scope does not change.
+    pub fn part<R>(&self, part: Part, f: impl FnOnce() -> R) -> R {
+        let outer = self.state.borrow_mut().part.replace(part);
+        let result = f();
+        self.state.borrow_mut().part = outer;
         result
     }
 
@@ -282,6 +295,7 @@ impl ModelBuilder {
                 let meta = NodeMeta {
                     phase: (!source).then_some(Phase::Forward),
                     layer: st.layer,
+                    part: st.part,
                     ..NodeMeta::default()
                 };
                 st.graph.set_meta(n, meta);

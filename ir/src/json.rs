@@ -24,6 +24,7 @@
 //!         "phase": "forward" | "saved" | "backward" | "recompute" | "accumulate" | "optimizer",
 //!         "micro_batch": 0,
 //!         "layer": "embedding" | {"block": 3} | "final_norm" | "head" | "loss",
+//!         "part": "norm" | "attention" | "mlp",
 //!         "role": "query" | "mlp_in" | ... } } ],   // parameters only; see `WeightRole`
 //!                                         // each field optional, absent when unset
 //!   "outputs": [ { "name": "loss", "value": 40 } ]
@@ -106,7 +107,7 @@ pub struct NodeDoc {
     pub outputs: Vec<ValueDoc>,
     /// Scope (layer path), if any.
     pub scope: Option<String>,
-    /// Typed metadata (phase, micro-batch, layer, weight role); absent when empty.
+    /// Typed metadata (phase, micro-batch, layer, part, weight role); absent when empty.
     #[serde(default, skip_serializing_if = "NodeMeta::is_empty")]
     pub meta: NodeMeta,
 }

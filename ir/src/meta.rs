@@ -1,5 +1,5 @@
-//! Model structure as typed metadata: for every node its [`Phase`], micro-batch and
-//! [`LayerId`], and for every parameter its [`WeightRole`], kept by [`Graph`](crate::Graph)
+//! Model structure as typed metadata: for every node its [`Phase`], micro-batch, [`LayerId`]
+//! and the [`Part`] of a block it belongs to, and for every parameter its [`WeightRole`], kept by [`Graph`](crate::Graph)
 //! in a side table of [`NodeMeta`] keyed by node id.
 //!
 //! Frontends write the layer and weight roles of what they build, the training-step builder
@@ -60,6 +60,55 @@ impl LayerId {
             LayerId::Block(i) => Some(i),
             LayerId::Embedding | LayerId::FinalNorm | LayerId::Head | LayerId::Loss => None,
         }
+    }
+}
+
+/// Which part of a layer a node belongs to: its norm, its attention or its MLP (the
+/// sub-blocks whose backward some placements treat apart, e.g. sequence parallelism runs the
+/// norms' backward on the sequence shards).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Part {
+    /// A layer norm or RMS norm (in a block, or the final norm).
+    Norm,
+    /// Self-attention: Q/K/V, the core and the output projection.
+    Attention,
+    /// The MLP, dense or a mixture of experts.
+    Mlp,
+}
+
+impl Part {
+    /// Every part, in declaration order.
+    pub const ALL: [Part; 3] = [Part::Norm, Part::Attention, Part::Mlp];
+
+    /// The text spelling (`norm`, `attention`, `mlp`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Part::Norm => "norm",
+            Part::Attention => "attention",
+            Part::Mlp => "mlp",
+        }
+    }
+}
+
+impl fmt::Display for Part {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Part {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Part::ALL
+            .into_iter()
+            .find(|p| p.name() == s)
+            .ok_or_else(|| {
+                format!(
+                    "unknown part `{s}` (expected one of {})",
+                    list(Part::ALL.map(Part::name))
+                )
+            })
     }
 }
 
@@ -273,6 +322,9 @@ pub struct NodeMeta {
     /// The entry of the layer sequence it belongs to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub layer: Option<LayerId>,
+    /// The part of the layer it belongs to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub part: Option<Part>,
     /// For a parameter: what the weight is to the model.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub role: Option<WeightRole>,
@@ -298,8 +350,8 @@ impl NodeMeta {
     }
 }
 
-/// `phase=backward, mb=1, layer=block(3), role=query`: the set fields, in that order (the
-/// inside of the text format's `meta{...}`).
+/// `phase=backward, mb=1, layer=block(3), part=attention, role=query`: the set fields, in that
+/// order (the inside of the text format's `meta{...}`).
 impl fmt::Display for NodeMeta {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut parts: Vec<String> = Vec::new();
@@ -311,6 +363,9 @@ impl fmt::Display for NodeMeta {
         }
         if let Some(l) = self.layer {
             parts.push(format!("layer={l}"));
+        }
+        if let Some(p) = self.part {
+            parts.push(format!("part={p}"));
         }
         if let Some(r) = self.role {
             parts.push(format!("role={r}"));
@@ -327,6 +382,9 @@ mod tests {
     fn spellings_read_back() {
         for p in Phase::ALL {
             assert_eq!(p.to_string().parse::<Phase>(), Ok(p));
+        }
+        for p in Part::ALL {
+            assert_eq!(p.to_string().parse::<Part>(), Ok(p));
         }
         for r in WeightRole::ALL {
             assert_eq!(r.to_string().parse::<WeightRole>(), Ok(r));
@@ -347,6 +405,7 @@ mod tests {
             phase: Some(Phase::Backward),
             micro_batch: Some(1),
             layer: Some(LayerId::Block(3)),
+            part: None,
             role: None,
         };
         assert_eq!(m.to_string(), "phase=backward, mb=1, layer=block(3)");

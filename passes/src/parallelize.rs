@@ -62,8 +62,8 @@ use std::collections::BTreeMap;
 
 use autopar_ir::sharding_algebra::axis_size_or_one;
 use autopar_ir::{
-    BinaryOp, DeviceMesh, Graph, Op, Phase, Placement, ReduceKind, Sharding, ValueId, WeightRole,
-    mesh::is_identifier,
+    BinaryOp, DeviceMesh, Graph, Op, Part, Phase, Placement, ReduceKind, Sharding, ValueId,
+    WeightRole, mesh::is_identifier,
 };
 
 use autopar_cost_model::{LayerOp, LayerPlacement, OpPlacement};
@@ -812,29 +812,14 @@ pub fn sequence_parallel_constraints(
     }
     // The backward of the norms runs on the sequence shards too: its rank-3 values are fixed
     // like the forward stream, so the column-parallel input gradient is reduce-scattered into
-    // it rather than all-reduced.
-    let norm_paths: std::collections::BTreeSet<&str> = g
-        .nodes_in_order()
-        .into_iter()
-        .filter(|&n| {
-            matches!(g.node(n).op, Op::LayerNorm { .. } | Op::RmsNorm { .. }) && forward(n)
-        })
-        .filter_map(|n| {
-            g.node(n)
-                .scope
-                .as_deref()
-                .map(|s| crate::autodiff::split_scope(s).1)
-        })
-        .collect();
+    // it rather than all-reduced. The norms' backward is what autodiff emits for the nodes of
+    // the norm parts (metadata `part=norm`, `phase=backward`).
     for n in g.nodes_in_order() {
-        let node = g.node(n);
-        let Some((_, path)) = node.scope.as_deref().map(crate::autodiff::split_scope) else {
-            continue;
-        };
-        if forward(n) || !norm_paths.contains(path) {
+        let meta = g.meta(n);
+        if meta.phase != Some(Phase::Backward) || meta.part != Some(Part::Norm) {
             continue;
         }
-        for &v in &node.outputs {
+        for &v in &g.node(n).outputs {
             let ty = g.ty(v);
             if ty.rank() == 3 && ty.dtype.is_float() && ty.dims()[1].is_multiple_of(tp) {
                 let fixed = c.fixed.entry(v).or_default();

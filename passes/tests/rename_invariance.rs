@@ -2,7 +2,8 @@
 //! with every parameter and every scope renamed to random strings (seeded, so the test is
 //! deterministic; data inputs keep their names, they are feeds) compile exactly as the
 //! originals do: the same `TransformerConfig`, the same parallelised and partitioned programs
-//! on `dp=2,tp=2` (Megatron's layer placement and a non-default one) up to names, the same
+//! on `dp=2,tp=2` (Megatron's layer placement, a non-default one, and sequence parallelism)
+//! up to names, the same
 //! pipeline stages and sub-programs, the same recompute rewiring, and the same search result.
 
 use std::collections::{HashMap, HashSet};
@@ -190,12 +191,18 @@ fn partitioned_programs_do_not_depend_on_names() {
         if *model != "moe-tiny" {
             placed.set_mlp("ss").expect("mlp");
         }
-        for layer in [LayerPlacement::default(), placed] {
+        // Megatron's layer placement, one on the sequence shards, and sequence parallelism.
+        for (layer, sequence_parallel) in [
+            (LayerPlacement::default(), false),
+            (placed, false),
+            (LayerPlacement::default(), true),
+        ] {
             let options = ParallelOptions {
                 layer,
+                sequence_parallel,
                 ..ParallelOptions::default()
             };
-            let what = format!("{model} on {mesh} with {layer}");
+            let what = format!("{model} on {mesh} with {layer}, sp={sequence_parallel}");
             let pa = parallelize(&sg.graph, &mesh, &options).expect("parallelize original");
             let pb = parallelize(&sr.graph, &mesh, &options).expect("parallelize renamed");
             assert_same(&what, &anonymous(&pa.graph), &anonymous(&pb.graph));

@@ -1,7 +1,7 @@
 //! GPT (GPT-2/GPT-3 style): learned positions, pre-LN blocks, GELU MLP with biases, and an
 //! output layer tied to the token embedding; optionally with mixture-of-experts MLPs.
 
-use autopar_ir::{LayerId, WeightRole};
+use autopar_ir::{LayerId, Part, WeightRole};
 
 use crate::builder::{ModelBuilder, ONES, ZEROS, normal};
 use crate::tensor::Tensor;
@@ -86,16 +86,20 @@ pub(crate) fn build<'m>(m: &'m ModelBuilder, c: &GptConfig, batch: usize) -> Ten
 /// One pre-LN transformer block.
 fn block<'m>(m: &'m ModelBuilder, c: &GptConfig, x: Tensor<'m>) -> Tensor<'m> {
     let a = m.scope("ln1", || layer_norm(m, x, c.hidden));
-    let x = x + m.scope("attn", || self_attention(m, c, a));
+    let x = x + m.scope("attn", || {
+        m.part(Part::Attention, || self_attention(m, c, a))
+    });
     let a = m.scope("ln2", || layer_norm(m, x, c.hidden));
-    x + m.scope("mlp", || mlp(m, c, a))
+    x + m.scope("mlp", || m.part(Part::Mlp, || mlp(m, c, a)))
 }
 
 /// Layer norm with its scale `g` and shift `b`, declared in the current scope.
 fn layer_norm<'m>(m: &'m ModelBuilder, x: Tensor<'m>, hidden: usize) -> Tensor<'m> {
-    let gamma = m.param("g", [hidden], ONES).role(WeightRole::Norm);
-    let beta = m.param("b", [hidden], ZEROS).role(WeightRole::Norm);
-    x.layer_norm(gamma, beta, NORM_EPS)
+    m.part(Part::Norm, || {
+        let gamma = m.param("g", [hidden], ONES).role(WeightRole::Norm);
+        let beta = m.param("b", [hidden], ZEROS).role(WeightRole::Norm);
+        x.layer_norm(gamma, beta, NORM_EPS)
+    })
 }
 
 /// Causal multi-head self-attention, split over heads on `tp`.

@@ -1,7 +1,7 @@
 //! Llama (Llama-3 style): RMSNorm, rotary positions, grouped-query attention, SwiGLU MLP, no
 //! biases and an untied output layer; with MoE MLPs it is Mixtral.
 
-use autopar_ir::{LayerId, WeightRole};
+use autopar_ir::{LayerId, Part, WeightRole};
 
 use crate::builder::{ModelBuilder, ONES, normal};
 use crate::tensor::Tensor;
@@ -90,15 +90,19 @@ pub(crate) fn build<'m>(m: &'m ModelBuilder, c: &LlamaConfig, batch: usize) -> T
 /// One pre-norm transformer block.
 fn block<'m>(m: &'m ModelBuilder, c: &LlamaConfig, x: Tensor<'m>) -> Tensor<'m> {
     let a = m.scope("attn_norm", || rms_norm(m, x, c.hidden));
-    let x = x + m.scope("attn", || self_attention(m, c, a));
+    let x = x + m.scope("attn", || {
+        m.part(Part::Attention, || self_attention(m, c, a))
+    });
     let a = m.scope("mlp_norm", || rms_norm(m, x, c.hidden));
-    x + m.scope("mlp", || mlp(m, c, a))
+    x + m.scope("mlp", || m.part(Part::Mlp, || mlp(m, c, a)))
 }
 
 /// RMS norm with its scale `g`, declared in the current scope.
 fn rms_norm<'m>(m: &'m ModelBuilder, x: Tensor<'m>, hidden: usize) -> Tensor<'m> {
-    let gamma = m.param("g", [hidden], ONES).role(WeightRole::Norm);
-    x.rms_norm(gamma, NORM_EPS)
+    m.part(Part::Norm, || {
+        let gamma = m.param("g", [hidden], ONES).role(WeightRole::Norm);
+        x.rms_norm(gamma, NORM_EPS)
+    })
 }
 
 /// Causal grouped-query self-attention with rotary positions, split over heads on `tp`.

@@ -70,11 +70,13 @@
 //!     parser accepts attributes in any order.
 //!   - `scope="h.0.attn"`: the node's scope, when it has one: human-readable provenance
 //!     that no pass reads structure from.
-//!   - `meta{phase=backward, mb=1, layer=block(3), role=query}`: the node's typed metadata
+//!   - `meta{phase=backward, mb=1, layer=block(3), part=attention, role=query}`: the node's
+//!     typed metadata
 //!     ([`crate::meta`]), when it has any; the printer writes the set fields in that order,
 //!     the parser accepts them in any order, each at most once. `phase` is one of `forward`,
 //!     `saved`, `backward`, `recompute`, `accumulate`, `optimizer`; `mb` the micro-batch
-//!     index; `layer` one of `embedding`, `block(N)`, `final_norm`, `head`, `loss`; `role`
+//!     index; `layer` one of `embedding`, `block(N)`, `final_norm`, `head`, `loss`; `part`
+//!     one of `norm`, `attention`, `mlp`; `role`
 //!     (parameters only) one of `token_embedding`, `position_embedding`, `norm`, `query`,
 //!     `key`, `value`, `attention_out`, `mlp_in`, `mlp_gate`, `mlp_out`, `router`,
 //!     `expert_in`, `expert_gate`, `expert_out`, `head`, `dense`.

@@ -300,7 +300,8 @@ impl<'a> Parser<'a> {
     }
 
     /// `normal(0.02)`, `zeros` or `ones`.
-    /// `{phase=backward, mb=1, layer=block(3), role=query}`, fields in any order, each once.
+    /// `{phase=backward, mb=1, layer=block(3), part=attention, role=query}`, fields in any
+    /// order, each once.
     fn meta(&mut self) -> Result<NodeMeta, ParseError> {
         self.expect(&TokKind::LBrace)?;
         let mut meta = NodeMeta::default();
@@ -309,7 +310,8 @@ impl<'a> Parser<'a> {
             return Ok(meta);
         }
         loop {
-            let (key, key_pos) = self.ident("a metadata field (`phase`, `mb`, `layer`, `role`)")?;
+            let (key, key_pos) =
+                self.ident("a metadata field (`phase`, `mb`, `layer`, `part`, `role`)")?;
             if seen.contains(&key) {
                 return Err(key_pos.error(format!("metadata field `{key}` is repeated")));
             }
@@ -338,13 +340,18 @@ impl<'a> Parser<'a> {
                     };
                     meta.layer = Some(text.parse().map_err(|e: String| pos.error(e))?);
                 }
+                "part" => {
+                    let (word, pos) = self.ident("a part")?;
+                    meta.part = Some(word.parse().map_err(|e: String| pos.error(e))?);
+                }
                 "role" => {
                     let (word, pos) = self.ident("a weight role")?;
                     meta.role = Some(word.parse().map_err(|e: String| pos.error(e))?);
                 }
                 _ => {
                     return Err(key_pos.error(format!(
-                        "unknown metadata field `{}` (expected `phase`, `mb`, `layer` or `role`)",
+                        "unknown metadata field `{}` (expected `phase`, `mb`, `layer`, `part` or \
+                         `role`)",
                         shorten(&key)
                     )));
                 }

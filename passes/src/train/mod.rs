@@ -32,9 +32,9 @@
 //! # Metadata
 //!
 //! What later passes read is each node's [`NodeMeta`], never the scopes above (provenance for
-//! dumps): micro-batch `k`'s forward copies keep their forward node's layer with
+//! dumps): micro-batch `k`'s forward copies keep their forward node's layer and part with
 //! `phase=forward, mb=k`; its backward gets `phase=backward, mb=k` (autodiff keeps the
-//! forward node's layer; the seed has none); the gradient sums `phase=accumulate, mb=k` with
+//! forward node's layer and part; the seed has none); the gradient sums `phase=accumulate, mb=k` with
 //! their weight's layer; the mean of the losses `phase=accumulate` and no micro-batch; the
 //! optimizer (state, updates, norm, clipping, loss scale) `phase=optimizer`, with the weight's
 //! layer where it is per weight. The copied parameters and inputs keep the forward's
@@ -357,11 +357,12 @@ pub fn build_train_step(forward: &Graph, options: &TrainOptions) -> Result<Train
         let tag = micro_batch_tag(k);
         let scoped = |s: Option<&str>| Some(format!("{tag}{}", s.unwrap_or("")));
         let mb = u32::try_from(k).ok();
-        // Micro-batch `k`'s copy of a forward node: its layer, the forward phase.
+        // Micro-batch `k`'s copy of a forward node: its layer and part, in `phase`.
         let batched = |meta: NodeMeta, phase: Phase| NodeMeta {
             phase: Some(phase),
             micro_batch: mb,
             layer: meta.layer,
+            part: meta.part,
             role: None,
         };
         let mut map: HashMap<ValueId, ValueId> = HashMap::new();
