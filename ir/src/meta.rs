@@ -41,13 +41,13 @@ pub enum Phase {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum LayerId {
-    /// The token (and position) embedding.
+    /// The token (and position) embedding, or the input layer of a model without embeddings.
     Embedding,
-    /// Block `i` of the repeated layers (a transformer block, or one layer of an MLP).
+    /// Block `i` of the repeated layers (a transformer block).
     Block(u32),
     /// The norm after the last block.
     FinalNorm,
-    /// The output projection onto the vocabulary (or the model's last projection).
+    /// The output projection onto the vocabulary, or the output layer of another model.
     Head,
     /// The loss.
     Loss,

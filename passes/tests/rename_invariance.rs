@@ -3,8 +3,9 @@
 //! deterministic; data inputs keep their names, they are feeds) compile exactly as the
 //! originals do: the same `TransformerConfig`, the same parallelised and partitioned programs
 //! on `dp=2,tp=2` (Megatron's layer placement, a non-default one, and sequence parallelism)
-//! up to names, the same
-//! pipeline stages and sub-programs, the same recompute rewiring, and the same search result.
+//! up to names, the same pipeline stages and sub-programs, the same recompute rewiring, and
+//! the same search result.
+//! Without metadata (a hand-written `.air`), what needs it fails with an error naming it.
 
 use std::collections::{HashMap, HashSet};
 
@@ -317,4 +318,53 @@ fn the_search_does_not_depend_on_names() {
         assert!(!a.plans.is_empty(), "{model}: some plan fits");
         assert_eq!(a.plans, b.plans, "{model}");
     }
+}
+
+/// `g` without any metadata, as a hand-written `.air` without `meta{...}` reads.
+fn stripped(g: &Graph) -> Graph {
+    let mut out = g.clone();
+    for n in out.node_ids() {
+        out.set_meta(n, autopar_ir::NodeMeta::default());
+    }
+    out
+}
+
+#[test]
+fn missing_metadata_is_a_clear_error() {
+    let g = stripped(&autopar_frontends::zoo::build("gpt-tiny", 8).expect("zoo model"));
+    let err = TransformerConfig::from_graph(&g)
+        .expect_err("no roles")
+        .to_string();
+    assert!(err.contains("role `query`"), "{err}");
+
+    // The step builder writes phases and micro-batches itself; layers are the model's.
+    let options = TrainOptions {
+        micro_batches: 2,
+        ..TrainOptions::default()
+    };
+    let s = step(&g, &options);
+    let err = plan_stages(&s.graph, 2, &[])
+        .expect_err("no layers")
+        .to_string();
+    assert!(err.contains("layer in its metadata"), "{err}");
+    let full = TrainOptions {
+        recompute: Recompute::Full,
+        ..options
+    };
+    let err = build_train_step(&g, &full)
+        .expect_err("no blocks")
+        .to_string();
+    assert!(err.contains("layer=block(N)"), "{err}");
+
+    let mesh = DeviceMesh::parse("dp=2,tp=2").expect("mesh");
+    let mut placed = LayerPlacement::default();
+    placed.set_mlp("ss").expect("mlp");
+    let options = ParallelOptions {
+        layer: placed,
+        ..ParallelOptions::default()
+    };
+    let err = parallelize(&s.graph, &mesh, &options)
+        .expect_err("no roles")
+        .to_string();
+    assert!(err.contains("finds none of its weights"), "{err}");
 }

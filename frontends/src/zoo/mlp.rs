@@ -31,8 +31,9 @@ pub(crate) fn build<'m>(m: &'m ModelBuilder, c: &MlpConfig, batch: usize) -> Ten
     let features = m.input("features", DType::F32, [b, i], InputRole::Features);
     let targets = m.input("targets", DType::F32, [b, o], InputRole::RegressionTargets);
 
+    // Its layer sequence is an input layer, an output layer and the loss: no repeated blocks.
     // LeCun-normal init (std 1/sqrt(fan_in)) so that the tiny model trains from scratch.
-    let hidden = m.layer(LayerId::Block(0), "fc1", || {
+    let hidden = m.layer(LayerId::Embedding, "fc1", || {
         let w = m
             .param("w", [i, h], normal(fan_in_std(i)))
             .role(WeightRole::Dense)
@@ -43,7 +44,7 @@ pub(crate) fn build<'m>(m: &'m ModelBuilder, c: &MlpConfig, batch: usize) -> Ten
             .shard(0, "tp");
         features.einsum("bi,ih->bh", w).add_bias(bias).gelu()
     });
-    let prediction = m.layer(LayerId::Block(1), "fc2", || {
+    let prediction = m.layer(LayerId::Head, "fc2", || {
         let w = m
             .param("w", [h, o], normal(fan_in_std(h)))
             .role(WeightRole::Dense)
