@@ -9,8 +9,8 @@
 //! provenance only. A node without metadata has every field `None`.
 //!
 //! Text spellings (the `meta{...}` attribute of the `.air` format and the strings of the
-//! JSON schema) are the [`Display`](std::fmt::Display) forms below, which
-//! [`FromStr`](std::str::FromStr) reads back.
+//! JSON schema) are the [`Display`](std::fmt::Display) forms below, which [`FromStr`] reads
+//! back.
 
 use std::fmt;
 use std::str::FromStr;

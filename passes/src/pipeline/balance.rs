@@ -71,7 +71,8 @@ impl StageSplit {
 }
 
 /// The layer unit of a scope path: the path up to its first numeric component (`h.3.attn`
-/// → `h.3`, `layers.0.mlp` → `layers.0`), or the whole path (`embed`, `ln_f`, `head`).
+/// → `h.3`, `layers.0.mlp` → `layers.0`), or the whole path (`embed`, `ln_f`, `head`): the
+/// label [`layer_sequence`] gives a layer, for people; layers themselves come from metadata.
 pub fn layer_unit(path: &str) -> &str {
     let mut end = 0;
     for (i, part) in path.split('.').enumerate() {

@@ -5,11 +5,12 @@
 //!
 //! # How nodes are placed
 //!
-//! The step graph of [`crate::train`] tags every node: `mb{k}/<layer path>` is micro-batch
-//! `k`'s forward, `mb{k}/grad/...` (and `recompute/`, `accumulate/`) its backward, and nodes
-//! without a micro-batch tag (`optimizer/...`, the loss mean) the optimizer phase. The layer
-//! path's unit ([`balance::layer_unit`]) gives the layer, and the stage split (balanced by
-//! FLOPs, [`balance::balance`]) its virtual stage. Nodes without a layer path float: a
+//! The step graph of [`crate::train`] gives every node its metadata ([`autopar_ir::meta`]): a
+//! node of micro-batch `k` in phase `forward` or `saved` is micro-batch `k`'s forward, one in
+//! `backward`, `recompute` or `accumulate` its backward, and nodes without a micro-batch (the
+//! optimizer, the loss mean) the optimizer phase. The node's layer ([`autopar_ir::LayerId`])
+//! gives its place in the layer sequence, and the stage split (balanced by FLOPs,
+//! [`balance::balance`]) its virtual stage; scopes are not read. Nodes without a layer float: a
 //! forward one (an input slice) runs on the earliest stage that reads it, a backward one
 //! (the loss seed, the gradient sum of an unscoped weight) on the earliest stage that holds
 //! all its operands, an optimizer one beside its earliest operand (so the update of a weight
@@ -43,7 +44,8 @@
 //! [`PassError::PipelineCut`].
 //!
 //! The step may be a partitioned local program with collectives over mesh axes other than
-//! `pp` (it keeps the scopes of the global step); the sub-programs keep its mesh.
+//! `pp` (the partitioner gives them the metadata of the global node they come from); the
+//! sub-programs keep its mesh, and every node keeps its scope and metadata.
 
 pub mod balance;
 
@@ -155,7 +157,7 @@ pub fn split_pipeline(
         let node = g.node(n);
         let r = match node.op {
             Op::Parameter { .. } | Op::Input { .. } => Role::Source,
-            // A `recv` has no operands but is no constant: it runs where its scope says,
+            // A `recv` has no operands but is no constant: it runs where its metadata says,
             // in order with the sends of the same ring.
             _ if node.inputs.is_empty() && !node.op.is_communication() => Role::Constant,
             _ if derived.contains(&n) => Role::Derived,
