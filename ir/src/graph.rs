@@ -239,11 +239,6 @@ impl Graph {
         }
     }
 
-    /// Whether any node has metadata.
-    pub fn has_meta(&self) -> bool {
-        !self.meta.is_empty()
-    }
-
     /// Adds a copy of node `n` of `src` (its op, scope and metadata) over operands `inputs`,
     /// its results numbered `ids`: how passes that rebuild a graph keep what each node is.
     pub fn copy_node(

@@ -38,7 +38,8 @@
 //! their weight's layer; the mean of the losses `phase=accumulate` and no micro-batch; the
 //! optimizer (state, updates, norm, clipping, loss scale) `phase=optimizer`, with the weight's
 //! layer where it is per weight. The copied parameters and inputs keep the forward's
-//! metadata (layer, weight role), and the optimizer state gets no role.
+//! metadata (layer, weight role); the optimizer state gets its weight's layer, no role and,
+//! like every parameter and input, no phase.
 //!
 //! # Mixed precision
 //!

@@ -83,7 +83,11 @@ pub(super) fn declare_state(
                    init,
                    scope: Option<&str>,
                    layer: Option<LayerId>| {
-        let meta = optimizer_meta(layer);
+        // A parameter has no phase (it is state, read by every phase); the layer is its weight's.
+        let meta = NodeMeta {
+            layer,
+            ..NodeMeta::default()
+        };
         let mut e = Emitter::new(g, Some(with_tag(scope, OPTIMIZER_TAG)), meta);
         e.op(Op::Parameter { name, ty, init }, &[])
     };
