@@ -293,6 +293,10 @@ fn metadata_round_trips_through_text_and_json() {
         ("role=mlp_in}", "role=bogus}"),
         ("layer=block(0), role=mlp_in}", "layer=blk(0), role=mlp_in}"),
         ("phase=optimizer}", "phase=optimizer, role=norm}"),
+        (
+            "layer=block(0), role=mlp_in}",
+            "phase=forward, role=mlp_in}",
+        ),
     ] {
         let text = src.replace(bad, why);
         assert!(parse(&text).is_err(), "accepted {why}");
