@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 
 use serde::{Deserialize, Serialize};
 
-use autopar_ir::{Graph, InputRole, Op};
+use autopar_ir::{Graph, InputRole, LayerId, Op, WeightRole};
 
 use crate::error::CostError;
 
@@ -161,51 +161,72 @@ impl TransformerConfig {
         Ok(())
     }
 
-    /// Reads the description off a graph built by the model zoo: layers are the distinct `i`
-    /// of parameters named `h.<i>.…`; attention weights `wq[h, heads, d]` and `wk[h, kv, d]`;
-    /// MLP `w1[h, ffn]` (or `[experts, h, ffn]` for MoE) and `w3` when gated; the embedding is
-    /// the largest `[v, h]` parameter outside the layers; the sequence is the last dim of the
-    /// token input.
+    /// Reads the description off a graph's typed metadata ([`autopar_ir::meta`]), never its
+    /// names: layers are the distinct blocks ([`LayerId::Block`]) of its parameters; attention
+    /// weights are the `query[h, heads, d]` and `key[h, kv, d]` roles; the MLP width is that of
+    /// an `mlp_in`/`mlp_gate` weight `[h, ffn]` (or `expert_in`/`expert_gate`
+    /// `[experts, h, ffn]` for MoE), gated when a gate is present; the vocabulary is the
+    /// `token_embedding`'s first dim, tied unless a `head` weight exists, with learned
+    /// positions when a `position_embedding` exists; the sequence is the last dim of the token
+    /// input. A graph without weight roles (a hand-written `.air` without `meta{role=...}`)
+    /// is an error naming the role it misses.
     pub fn from_graph(g: &Graph) -> Result<Self, CostError> {
         let mut layers = BTreeSet::new();
         let (mut hidden, mut heads, mut kv_heads, mut ffn) = (None, None, None, None);
         let (mut experts, mut gated, mut vocab, mut positions) = (1, false, None, false);
         let mut lm_head = false;
         let mut top_k = 1;
-        for (_, name, ty) in g.parameters() {
+        for (v, _, ty) in g.parameters() {
             let dims = ty.dims();
-            let mut parts = name.split('.');
-            let in_layer = parts.next() == Some("h");
-            let idx = if in_layer {
-                parts.next().and_then(|p| p.parse::<usize>().ok())
-            } else {
-                None
-            };
-            let leaf = name.rsplit('.').next().unwrap_or(name);
-            match idx {
-                Some(i) => {
-                    layers.insert(i);
-                    match (leaf, dims) {
-                        ("wq", [h, a, _]) => {
-                            hidden = Some(*h);
-                            heads = Some(*a);
-                        }
-                        ("wk", [_, kv, _]) => kv_heads = Some(*kv),
-                        ("w1", [_, f]) => ffn = Some(*f),
-                        ("w1", [e, _, f]) => {
-                            ffn = Some(*f);
-                            experts = *e;
-                        }
-                        ("w3", _) => gated = true,
-                        _ => {}
-                    }
+            let meta = g.meta(g.value(v).producer);
+            if let Some(i) = meta.layer.and_then(LayerId::block) {
+                layers.insert(i);
+            }
+            let Some(role) = meta.role else { continue };
+            match (role, dims) {
+                (WeightRole::Query, [h, a, _]) => {
+                    hidden = Some(*h);
+                    heads = Some(*a);
                 }
-                None => match (leaf, dims) {
-                    ("wpe", [_, _]) => positions = true,
-                    ("lm_head", [_, _]) => lm_head = true,
-                    (_, [v, _]) if vocab.is_none_or(|x| *v > x) => vocab = Some(*v),
-                    _ => {}
-                },
+                (WeightRole::Key, [_, kv, _]) => kv_heads = Some(*kv),
+                (WeightRole::MlpIn, [_, f]) => ffn = Some(*f),
+                (WeightRole::MlpGate, [_, f]) => {
+                    ffn = Some(*f);
+                    gated = true;
+                }
+                (WeightRole::ExpertIn, [e, _, f]) => {
+                    ffn = Some(*f);
+                    experts = *e;
+                }
+                (WeightRole::ExpertGate, [e, _, f]) => {
+                    ffn = Some(*f);
+                    experts = *e;
+                    gated = true;
+                }
+                (WeightRole::PositionEmbedding, [_, _]) => positions = true,
+                (WeightRole::Head, [_, _]) => lm_head = true,
+                (WeightRole::TokenEmbedding, [v, _]) => vocab = Some(*v),
+                // Biases (of the same roles, other ranks), norms, values, output projections
+                // and routers say nothing the description needs.
+                (
+                    WeightRole::Query
+                    | WeightRole::Key
+                    | WeightRole::Value
+                    | WeightRole::AttentionOut
+                    | WeightRole::MlpIn
+                    | WeightRole::MlpGate
+                    | WeightRole::MlpOut
+                    | WeightRole::ExpertIn
+                    | WeightRole::ExpertGate
+                    | WeightRole::ExpertOut
+                    | WeightRole::Router
+                    | WeightRole::Norm
+                    | WeightRole::PositionEmbedding
+                    | WeightRole::Head
+                    | WeightRole::TokenEmbedding
+                    | WeightRole::Dense,
+                    _,
+                ) => {}
             }
         }
         for n in g.nodes_in_order() {
@@ -228,7 +249,7 @@ impl TransformerConfig {
         });
         let missing = |what: &str| CostError::ModelShape(format!("no {what} found"));
         let hidden =
-            hidden.ok_or_else(|| missing("attention weight `h.<i>.attn.wq[h, heads, d]`"))?;
+            hidden.ok_or_else(|| missing("attention weight with role `query` [h, heads, d]"))?;
         let heads = heads.ok_or_else(|| missing("query heads"))?;
         let cfg = TransformerConfig {
             name: g.name().to_string(),
@@ -236,7 +257,7 @@ impl TransformerConfig {
             hidden,
             heads,
             kv_heads: kv_heads.unwrap_or(heads),
-            ffn: ffn.ok_or_else(|| missing("MLP weight `h.<i>.mlp.w1`"))?,
+            ffn: ffn.ok_or_else(|| missing("MLP weight with role `mlp_in` [h, ffn]"))?,
             vocab: vocab.ok_or_else(|| missing("embedding or token input"))?,
             seq: seq.ok_or_else(|| missing("token input"))?,
             experts,
@@ -261,20 +282,29 @@ mod tests {
         assert!((p / 1e9 - 175.0).abs() < 1.5, "{p}");
     }
 
-    fn param(g: &mut Graph, name: &str, dims: &[usize]) {
-        g.add(
-            Op::Parameter {
-                name: name.into(),
-                ty: TensorType::new(DType::F32, dims.to_vec()),
-                init: Init::Zeros,
-            },
-            &[],
-        )
-        .unwrap();
+    /// A parameter with a name that says nothing: only its metadata describes it.
+    fn param(g: &mut Graph, layer: Option<u32>, role: WeightRole, dims: &[usize]) {
+        let name = format!("p{}", g.num_nodes());
+        let v = g
+            .add(
+                Op::Parameter {
+                    name,
+                    ty: TensorType::new(DType::F32, dims.to_vec()),
+                    init: Init::Zeros,
+                },
+                &[],
+            )
+            .unwrap();
+        let meta = autopar_ir::NodeMeta {
+            layer: layer.map(LayerId::Block),
+            role: Some(role),
+            ..Default::default()
+        };
+        g.set_meta(g.value(v).producer, meta);
     }
 
     #[test]
-    fn reads_a_zoo_style_graph() {
+    fn reads_the_weight_roles() {
         let mut g = Graph::new("tiny");
         g.add(
             Op::Input {
@@ -285,15 +315,16 @@ mod tests {
             &[],
         )
         .unwrap();
-        param(&mut g, "wte", &[256, 64]);
-        param(&mut g, "wpe", &[32, 64]);
+        param(&mut g, None, WeightRole::TokenEmbedding, &[256, 64]);
+        param(&mut g, None, WeightRole::PositionEmbedding, &[32, 64]);
         for i in 0..3 {
-            param(&mut g, &format!("h.{i}.attn.wq"), &[64, 4, 16]);
-            param(&mut g, &format!("h.{i}.attn.wk"), &[64, 2, 16]);
-            param(&mut g, &format!("h.{i}.attn.wo"), &[4, 16, 64]);
-            param(&mut g, &format!("h.{i}.mlp.w1"), &[64, 172]);
-            param(&mut g, &format!("h.{i}.mlp.w3"), &[64, 172]);
-            param(&mut g, &format!("h.{i}.mlp.w2"), &[172, 64]);
+            let l = Some(i);
+            param(&mut g, l, WeightRole::Query, &[64, 4, 16]);
+            param(&mut g, l, WeightRole::Key, &[64, 2, 16]);
+            param(&mut g, l, WeightRole::AttentionOut, &[4, 16, 64]);
+            param(&mut g, l, WeightRole::MlpGate, &[64, 172]);
+            param(&mut g, l, WeightRole::MlpIn, &[64, 172]);
+            param(&mut g, l, WeightRole::MlpOut, &[172, 64]);
         }
         let c = TransformerConfig::from_graph(&g).unwrap();
         assert_eq!(

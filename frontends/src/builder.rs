@@ -1,5 +1,10 @@
 //! [`ModelBuilder`]: the object model code talks to. It owns the IR graph under construction,
-//! the current scope (layer path) and the first error, and hands out [`Tensor`] handles.
+//! the current scope (layer path, for humans), the current layer of the layer sequence (typed
+//! metadata, for passes: [`ModelBuilder::layer`], and the part of it, [`ModelBuilder::part`])
+//! and the first error, and hands out
+//! [`Tensor`] handles. Every node it adds gets the [`Phase::Forward`] phase (parameters and
+//! inputs none) and the current layer and part; [`Tensor::role`](crate::Tensor::role) gives a parameter
+//! its weight role.
 //!
 //! Errors are sticky: the first failing operation is recorded together with its scope, every
 //! later operation becomes a no-op, and [`ModelBuilder::finish`] returns that first error. Model
@@ -12,8 +17,8 @@ use std::fmt;
 use autopar_ir::infer::num_results;
 use autopar_ir::mesh::is_identifier;
 use autopar_ir::{
-    DType, Graph, Init, InputRole, IrError, Op, Placement, Shape, Sharding, ShardingOrigin,
-    TensorType, ValueId, verify,
+    DType, Graph, Init, InputRole, IrError, LayerId, NodeMeta, Op, Part, Phase, Placement, Shape,
+    Sharding, ShardingOrigin, TensorType, ValueId, WeightRole, verify,
 };
 
 use crate::error::FrontendError;
@@ -32,6 +37,10 @@ struct State {
     scope: String,
     /// Length of `scope` before each open segment was pushed.
     scope_marks: Vec<usize>,
+    /// The layer every node added now belongs to.
+    layer: Option<LayerId>,
+    /// The part of the layer every node added now belongs to.
+    part: Option<Part>,
     error: Option<FrontendError>,
     /// `(kind, name)` of every parameter, input and output declared so far.
     declared: HashSet<(&'static str, String)>,
@@ -106,6 +115,8 @@ impl ModelBuilder {
                 graph: Graph::new(name),
                 scope: String::new(),
                 scope_marks: Vec::new(),
+                layer: None,
+                part: None,
                 error: None,
                 declared: HashSet::new(),
             }),
@@ -131,6 +142,25 @@ impl ModelBuilder {
         if let Some(mark) = st.scope_marks.pop() {
             st.scope.truncate(mark);
         }
+        result
+    }
+
+    /// Runs `f` in scope `name` (see [`ModelBuilder::scope`]) with every node added inside
+    /// belonging to `layer` of the layer sequence, and returns what `f` returns. This, not the
+    /// scope's spelling, is what passes read: `m.layer(LayerId::Block(3), "h.3", ..)`.
+    pub fn layer<R>(&self, layer: LayerId, name: impl AsRef<str>, f: impl FnOnce() -> R) -> R {
+        let outer = self.state.borrow_mut().layer.replace(layer);
+        let result = self.scope(name, f);
+        self.state.borrow_mut().layer = outer;
+        result
+    }
+
+    /// Runs `f` with every node added inside belonging to `part` of its layer (its norm, its
+    /// attention, its MLP), and returns what `f` returns. The scope does not change.
+    pub fn part<R>(&self, part: Part, f: impl FnOnce() -> R) -> R {
+        let outer = self.state.borrow_mut().part.replace(part);
+        let result = f();
+        self.state.borrow_mut().part = outer;
         result
     }
 
@@ -261,6 +291,14 @@ impl ModelBuilder {
             Ok(n) => {
                 let scope = st.scope_attr();
                 st.graph.set_scope(n, scope);
+                let source = matches!(st.graph.node(n).op, Op::Parameter { .. } | Op::Input { .. });
+                let meta = NodeMeta {
+                    phase: (!source).then_some(Phase::Forward),
+                    layer: st.layer,
+                    part: st.part,
+                    ..NodeMeta::default()
+                };
+                st.graph.set_meta(n, meta);
                 Some(st.graph.node(n).outputs.clone())
             }
             Err(error) => {
@@ -347,6 +385,31 @@ impl ModelBuilder {
                 error: Box::new(error),
             });
         }
+    }
+
+    /// Gives the parameter behind `t` its weight role; anything else is an error.
+    pub(crate) fn set_role(&self, t: Tensor<'_>, role: WeightRole) {
+        let mut st = self.state.borrow_mut();
+        let Some(v) = st.operand(self, &t, "role", 0) else {
+            return;
+        };
+        let n = st.graph.value(v).producer;
+        if !matches!(st.graph.node(n).op, Op::Parameter { .. }) {
+            let tensor = st.describe(v);
+            st.fail(|scope| FrontendError::Op {
+                scope,
+                op: "role",
+                error: Box::new(IrError::Verify(format!(
+                    "only a parameter has a weight role, not {tensor} (role `{role}`)"
+                ))),
+            });
+            return;
+        }
+        let meta = NodeMeta {
+            role: Some(role),
+            ..st.graph.meta(n)
+        };
+        st.graph.set_meta(n, meta);
     }
 
     /// The type of a live value.

@@ -103,6 +103,14 @@ impl<'m> Tensor<'m> {
         self.place(axis, Placement::Replicate)
     }
 
+    /// Gives this parameter its weight role (what it is to the model: the query projection,
+    /// the MLP's output, ...), which passes read instead of its name. Returns the tensor for
+    /// chaining; on anything but a parameter it is an error.
+    pub fn role(self, role: autopar_ir::WeightRole) -> Self {
+        self.builder.set_role(self, role);
+        self
+    }
+
     /// Annotates an arbitrary placement along `axis` (see [`Tensor::shard`]).
     pub fn place(self, axis: &str, placement: Placement) -> Self {
         self.builder.annotate(self, axis, placement);

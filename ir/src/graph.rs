@@ -1,8 +1,10 @@
 //! The dataflow graph: nodes (ops) over SSA values, stored in petgraph behind typed ids.
 //!
 //! A [`Graph`] owns its nodes, the values they produce, the named outputs, an optional device
-//! mesh and the per-value sharding annotations. Node and value ids are stable: removing a node
-//! never renumbers the others. petgraph indices never leave this module.
+//! mesh, the per-value sharding annotations and the per-node typed metadata of
+//! [`crate::meta`] (phase, micro-batch, layer, weight role) in a side table. Node and value ids
+//! are stable: removing a node never renumbers the others. petgraph indices never leave this
+//! module.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashSet};
@@ -16,6 +18,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::IrError;
 use crate::infer::infer;
 use crate::mesh::DeviceMesh;
+use crate::meta::NodeMeta;
 use crate::op::Op;
 use crate::placement::Sharding;
 use crate::types::TensorType;
@@ -76,6 +79,8 @@ pub struct Graph {
     graph: StableDiGraph<Node, usize>,
     values: Vec<Option<Value>>,
     outputs: Vec<(String, ValueId)>,
+    /// Typed metadata of the nodes that have any (see [`crate::meta`]).
+    meta: BTreeMap<NodeId, NodeMeta>,
 }
 
 impl Graph {
@@ -218,6 +223,35 @@ impl Graph {
         if let Some(node) = self.graph.node_weight_mut(NodeIndex::new(n.0 as usize)) {
             node.scope = scope;
         }
+    }
+
+    /// The typed metadata of node `n` (every field `None` when it has none).
+    pub fn meta(&self, n: NodeId) -> NodeMeta {
+        self.meta.get(&n).copied().unwrap_or_default()
+    }
+
+    /// Sets the typed metadata of node `n` (an empty one removes it).
+    pub fn set_meta(&mut self, n: NodeId, meta: NodeMeta) {
+        if meta.is_empty() || self.get_node(n).is_none() {
+            self.meta.remove(&n);
+        } else {
+            self.meta.insert(n, meta);
+        }
+    }
+
+    /// Adds a copy of node `n` of `src` (its op, scope and metadata) over operands `inputs`,
+    /// its results numbered `ids`: how passes that rebuild a graph keep what each node is.
+    pub fn copy_node(
+        &mut self,
+        src: &Graph,
+        n: NodeId,
+        inputs: &[ValueId],
+        ids: &[ValueId],
+    ) -> Result<NodeId, IrError> {
+        let node = src.node(n);
+        let id = self.add_node_with_ids(node.op.clone(), inputs, ids, node.scope.clone())?;
+        self.set_meta(id, src.meta(n));
+        Ok(id)
     }
 
     /// The value with id `v`. Panics on an undefined id (a compiler bug).
@@ -405,6 +439,7 @@ impl Graph {
         for v in &node.outputs {
             self.values[v.0 as usize] = None;
         }
+        self.meta.remove(&n);
         Ok(node)
     }
 
@@ -446,7 +481,8 @@ impl Graph {
     }
 
     /// Structural equality: same name, mesh and outputs, and the same nodes (op, operands,
-    /// results, scope) and values (type, sharding) in topological order. Node ids may differ.
+    /// results, scope, metadata) and values (type, sharding) in topological order. Node ids
+    /// may differ.
     pub fn structurally_equal(&self, other: &Graph) -> bool {
         if self.name != other.name || self.mesh != other.mesh || self.outputs != other.outputs {
             return false;
@@ -459,6 +495,7 @@ impl Graph {
                     && nx.inputs == ny.inputs
                     && nx.outputs == ny.outputs
                     && nx.scope == ny.scope
+                    && self.meta(x) == other.meta(y)
                     && nx.outputs.iter().all(|&v| {
                         let (vx, vy) = (self.value(v), other.value(v));
                         vx.ty == vy.ty && vx.sharding == vy.sharding && vx.index == vy.index

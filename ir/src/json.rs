@@ -19,7 +19,14 @@
 //!                      "sharding": null | { "axes": [["tp", {"shard": 1}], ["dp", "replicate"],
 //!                                                    ["cp", {"partial": "sum"}]],
 //!                                           "origin": "user" | "inferred" } } ],
-//!       "scope": null | "h.0.mlp" } ],
+//!       "scope": null | "h.0.mlp",        // provenance only
+//!       "meta": {                         // optional; absent when the node has none
+//!         "phase": "forward" | "saved" | "backward" | "recompute" | "accumulate" | "optimizer",
+//!         "micro_batch": 0,
+//!         "layer": "embedding" | {"block": 3} | "final_norm" | "head" | "loss",
+//!         "part": "norm" | "attention" | "mlp",
+//!         "role": "query" | "mlp_in" | ... } } ],   // parameters only; see `WeightRole`
+//!                                         // each field optional, absent when unset
 //!   "outputs": [ { "name": "loss", "value": 40 } ]
 //! }
 //! ```
@@ -34,6 +41,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::IrError;
 use crate::graph::{Graph, ValueId};
 use crate::mesh::{DeviceMesh, MeshAxis};
+use crate::meta::NodeMeta;
 use crate::op::Op;
 use crate::placement::Sharding;
 use crate::types::TensorType;
@@ -99,6 +107,9 @@ pub struct NodeDoc {
     pub outputs: Vec<ValueDoc>,
     /// Scope (layer path), if any.
     pub scope: Option<String>,
+    /// Typed metadata (phase, micro-batch, layer, part, weight role); absent when empty.
+    #[serde(default, skip_serializing_if = "NodeMeta::is_empty")]
+    pub meta: NodeMeta,
 }
 
 /// One result value.
@@ -162,6 +173,7 @@ pub fn to_doc(g: &Graph) -> GraphDoc {
                         })
                         .collect(),
                     scope: node.scope.clone(),
+                    meta: g.meta(n),
                 }
             })
             .collect(),
@@ -200,6 +212,7 @@ pub fn from_doc(doc: GraphDoc) -> Result<Graph, IrError> {
         let ids: Vec<ValueId> = node.outputs.iter().map(|v| ValueId(v.id)).collect();
         let name = node.op.name();
         let n = g.add_node_with_ids(node.op, &inputs, &ids, node.scope)?;
+        g.set_meta(n, node.meta);
         for (out, &v) in node.outputs.into_iter().zip(&g.node(n).outputs.clone()) {
             if g.ty(v) != &out.ty {
                 return Err(IrError::ty(

@@ -12,6 +12,8 @@
 //!    for axes present in the mesh, splits each dim evenly. Axes absent from the mesh (or all
 //!    axes when there is no mesh) count as size 1, so model code may annotate `tp` whether or
 //!    not a run uses tensor parallelism.
+//! 7. Only parameters have a weight role ([`crate::meta::NodeMeta::role`]), and parameters
+//!    and inputs have no phase (they are state and feeds that every phase reads).
 //!
 //! A verifier failure after a pass is a compiler bug; user mistakes are caught earlier with
 //! errors that name the tensor, dim and mesh axis.
@@ -72,6 +74,23 @@ pub fn verify(g: &Graph) -> Result<(), IrError> {
                 return Err(IrError::Verify(format!("input `{name}` is defined twice")));
             }
             _ => {}
+        }
+        let meta = g.meta(n);
+        if let Some(role) = meta.role
+            && !matches!(node.op, Op::Parameter { .. })
+        {
+            return Err(IrError::Verify(format!(
+                "{n} ({}) has weight role `{role}`, but only parameters have one",
+                node.op.name()
+            )));
+        }
+        if let Some(phase) = meta.phase
+            && matches!(node.op, Op::Parameter { .. } | Op::Input { .. })
+        {
+            return Err(IrError::Verify(format!(
+                "{n} ({}) has phase `{phase}`, but parameters and inputs have none",
+                node.op.name()
+            )));
         }
     }
     let mut names = HashSet::new();

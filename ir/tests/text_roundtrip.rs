@@ -253,3 +253,52 @@ fn huge_but_valid_dims_allocate_nothing() {
     assert_eq!(print(&g), src);
     assert_eq!(g.num_parameter_elements(), u64::MAX);
 }
+
+#[test]
+fn metadata_round_trips_through_text_and_json() {
+    use autopar_ir::{LayerId, NodeMeta, Phase, WeightRole};
+    let src = r#"graph "m" {
+  %0: f32[4,2] = parameter {name="w", init=zeros} scope="h.0.mlp" meta{layer=block(0), role=mlp_in}
+  %1: f32[4,2] = exp %0 meta{phase=backward, mb=1, layer=block(0), part=mlp}
+  %2: f32[4,2] = exp %1 meta{phase=optimizer}
+  output "y" = %2
+}
+"#;
+    let g = parse(src).unwrap();
+    assert_eq!(print(&g), src);
+    let w = g.value(ValueId(0)).producer;
+    assert_eq!(
+        g.meta(w),
+        NodeMeta {
+            layer: Some(LayerId::Block(0)),
+            role: Some(WeightRole::MlpIn),
+            ..NodeMeta::default()
+        }
+    );
+    assert_eq!(
+        g.meta(g.value(ValueId(1)).producer).phase,
+        Some(Phase::Backward)
+    );
+    let back = autopar_ir::json::from_json(&autopar_ir::json::to_json(&g)).unwrap();
+    assert!(back == g);
+    // Fields in any order read back; repeated, unknown or misplaced ones are errors.
+    let reordered = src.replace(
+        "phase=backward, mb=1, layer=block(0), part=mlp",
+        "part=mlp, layer=block(0), mb=1, phase=backward",
+    );
+    assert_eq!(print(&parse(&reordered).unwrap()), src);
+    for (bad, why) in [
+        ("mb=1, layer=block(0), part=mlp}", "mb=1, mb=2}"),
+        ("part=mlp}", "part=head}"),
+        ("role=mlp_in}", "role=bogus}"),
+        ("layer=block(0), role=mlp_in}", "layer=blk(0), role=mlp_in}"),
+        ("phase=optimizer}", "phase=optimizer, role=norm}"),
+        (
+            "layer=block(0), role=mlp_in}",
+            "phase=forward, role=mlp_in}",
+        ),
+    ] {
+        let text = src.replace(bad, why);
+        assert!(parse(&text).is_err(), "accepted {why}");
+    }
+}

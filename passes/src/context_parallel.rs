@@ -28,12 +28,20 @@
 //! `attention_backward` that attention with positions differentiates into) takes the ring
 //! backward ([`crate::sharding::Lowering::RingAttentionBackward`]), and weight gradients come
 //! out partial on `cp` and are all-reduced where the optimizer reads them.
+//!
+//! The layout's nodes are recognised by what they compute, not by their scopes (which only
+//! name them in dumps): a `concat` along dim `d` of the `2N` chunk slices of one value along
+//! `d` in [`chunk_order`] is a permutation into the layout, of the data (`d = 1`) or of
+//! integer positions (`d = 0`). The new nodes get `phase=forward` metadata, the data's
+//! permutation the embedding's layer (it feeds the embedding); the backward is the nodes of
+//! phase `backward`.
 
 use std::collections::HashMap;
 
-use autopar_ir::{DType, DeviceMesh, Graph, NodeId, Op, Placement, ValueId, verify};
+use autopar_ir::{
+    DType, DeviceMesh, Graph, LayerId, NodeId, NodeMeta, Op, Phase, Placement, ValueId, verify,
+};
 
-use crate::autodiff::split_scope;
 use crate::error::PassError;
 use crate::propagate::Constraints;
 
@@ -133,6 +141,7 @@ pub fn load_balance(g: &Graph, axis: &str, ways: usize) -> Result<Graph, PassErr
         }
         let id = out.add_node(node.op.clone(), &inputs)?;
         out.set_scope(id, node.scope.clone());
+        out.set_meta(id, g.meta(n));
         let results = out.node(id).outputs.clone();
         for (&old, &new) in node.outputs.iter().zip(&results) {
             out.set_sharding(new, g.value(old).sharding.clone())?;
@@ -308,6 +317,35 @@ impl Layout {
         Ok(y)
     }
 
+    /// Whether `n` is a [`Layout::permute`] of `ways` devices: a concat along its dim of the
+    /// chunk slices of one value in [`chunk_order`]. Returns the dim.
+    fn permutation_dim(g: &Graph, n: NodeId, ways: usize) -> Option<usize> {
+        let node = g.node(n);
+        let Op::Concat { dim } = node.op else {
+            return None;
+        };
+        let order = chunk_order(ways);
+        if node.inputs.len() != order.len() {
+            return None;
+        }
+        let mut source = None;
+        for (&part, &c) in node.inputs.iter().zip(&order) {
+            let slice = g.node(g.value(part).producer);
+            let Op::Slice { dim: d, start, end } = slice.op else {
+                return None;
+            };
+            let chunk = end.checked_sub(start)?;
+            if d != dim
+                || chunk == 0
+                || start != c * chunk
+                || *source.get_or_insert(slice.inputs[0]) != slice.inputs[0]
+            {
+                return None;
+            }
+        }
+        Some(dim)
+    }
+
     /// The positions of the laid-out rows (built once, at first use).
     fn positions(&self, g: &mut Graph, cache: &mut Option<ValueId>) -> Result<ValueId, PassError> {
         if let Some(p) = *cache {
@@ -322,10 +360,17 @@ impl Layout {
     }
 }
 
-/// Gives scope `path` to every node added since `g` had `before` nodes.
+/// Gives scope `path` (for dumps) and forward metadata to every node added since `g` had
+/// `before` nodes; the data's permutation belongs to the embedding, which reads it.
 fn scope_new(g: &mut Graph, before: usize, path: &str) {
+    let meta = NodeMeta {
+        phase: Some(Phase::Forward),
+        layer: (path == LAYOUT_DATA).then_some(LayerId::Embedding),
+        ..NodeMeta::default()
+    };
     for id in before..g.num_nodes() {
         g.set_scope(NodeId(id as u32), Some(path.to_string()));
+        g.set_meta(NodeId(id as u32), meta);
     }
 }
 
@@ -346,17 +391,19 @@ pub fn context_parallel_constraints(
     let mut rows: Option<(usize, usize)> = None;
     for n in g.nodes_in_order() {
         let node = g.node(n);
-        if !matches!(node.op, Op::Concat { .. }) {
+        let Some(dim) = Layout::permutation_dim(g, n, ways) else {
             continue;
-        }
-        let path = node.scope.as_deref().map_or("", |s| split_scope(s).1);
-        let p = match path {
-            LAYOUT_DATA => Placement::Shard(1),
-            LAYOUT_POSITIONS => Placement::Shard(0),
-            _ => continue,
         };
         let v = node.outputs[0];
         let ty = g.ty(v);
+        // The data inputs `[batch, seq, ...]` on dim 1, the integer positions `[seq]` on dim 0
+        // (a learned position table, float, is read through the data's layout).
+        let data = dim == 1;
+        let p = match dim {
+            1 => Placement::Shard(1),
+            0 if !ty.dtype.is_float() => Placement::Shard(0),
+            _ => continue,
+        };
         let Placement::Shard(d) = p else { continue };
         if !ty.dims()[d].is_multiple_of(ways) {
             return Err(PassError::ContextParallel {
@@ -369,7 +416,7 @@ pub fn context_parallel_constraints(
         if !fixed.iter().any(|(a, _)| a == CONTEXT_AXIS) {
             fixed.push((CONTEXT_AXIS.to_string(), p));
         }
-        if path == LAYOUT_DATA {
+        if data {
             found = true;
             rows = rows.or(Some((ty.dims()[0], ty.dims()[1])));
         }
@@ -380,11 +427,7 @@ pub fn context_parallel_constraints(
     if let Some((batch, seq)) = rows {
         for n in g.nodes_in_order() {
             let node = g.node(n);
-            let backward = node
-                .scope
-                .as_deref()
-                .is_some_and(|s| split_scope(s).0.contains(crate::autodiff::GRAD_TAG));
-            if !backward {
+            if g.meta(n).phase != Some(Phase::Backward) {
                 continue;
             }
             for &v in &node.outputs {

@@ -62,7 +62,8 @@ use std::collections::BTreeMap;
 
 use autopar_ir::sharding_algebra::axis_size_or_one;
 use autopar_ir::{
-    BinaryOp, DeviceMesh, Graph, Op, Placement, ReduceKind, Sharding, ValueId, mesh::is_identifier,
+    BinaryOp, DeviceMesh, Graph, Op, Part, Phase, Placement, ReduceKind, Sharding, ValueId,
+    WeightRole, mesh::is_identifier,
 };
 
 use autopar_cost_model::{LayerOp, LayerPlacement, OpPlacement};
@@ -226,7 +227,12 @@ pub fn parallelize(
                 .axes
                 .iter()
                 .any(|(axis, p)| axis == TENSOR_AXIS && matches!(p, Placement::Shard(_)));
-            if let Some(op) = layer_op_of_weight(&a.tensor)
+            let annotated = graph
+                .parameters()
+                .into_iter()
+                .find(|(_, name, _)| *name == a.tensor)
+                .map(|(v, _, _)| v);
+            if let Some(op) = annotated.and_then(|v| layer_op_of_parameter(&graph, v))
                 && split
                 && options.layer.get(op) == OpPlacement::Sequence
             {
@@ -266,12 +272,43 @@ pub fn parallelize(
     Ok(Parallelized { graph, plan })
 }
 
+/// The op of a transformer layer that reads a weight of role `role`: the Q/K/V projections
+/// and their biases, the output projection and its bias, the MLP's input GEMMs (up and gate,
+/// of a dense MLP or of the experts) and its output GEMM. Norms, embeddings, the head, a
+/// router and the dense weights of a model that is no transformer read no placed op.
+/// [`place_layers`] refuses to move the experts' weights (a model with a router).
+pub fn layer_op_of_role(role: WeightRole) -> Option<LayerOp> {
+    match role {
+        WeightRole::Query | WeightRole::Key | WeightRole::Value => Some(LayerOp::Qkv),
+        WeightRole::AttentionOut => Some(LayerOp::Proj),
+        WeightRole::MlpIn | WeightRole::MlpGate | WeightRole::ExpertIn | WeightRole::ExpertGate => {
+            Some(LayerOp::MlpIn)
+        }
+        WeightRole::MlpOut | WeightRole::ExpertOut => Some(LayerOp::MlpOut),
+        WeightRole::TokenEmbedding
+        | WeightRole::PositionEmbedding
+        | WeightRole::Norm
+        | WeightRole::Router
+        | WeightRole::Head
+        | WeightRole::Dense => None,
+    }
+}
+
+/// The op of a transformer layer that reads parameter `v` of `g`, from its weight role
+/// ([`layer_op_of_role`]); `None` for a value that is no parameter or has no role.
+pub fn layer_op_of_parameter(g: &Graph, v: ValueId) -> Option<LayerOp> {
+    let n = g.value(v).producer;
+    match g.node(n).op {
+        Op::Parameter { .. } => g.meta(n).role.and_then(layer_op_of_role),
+        _ => None,
+    }
+}
+
 /// The op of a transformer layer that reads the zoo weight at `path` (a parameter name such
-/// as `h.3.attn.wq`): the Q/K/V projections and their biases, the output projection and its
-/// bias, the MLP's input GEMMs (`w1`, the gate `w3`, the bias `b1`) and its output GEMM (`w2`,
-/// `b2`). Anything else (norms, embeddings, a router) reads no placed op. The path alone does
-/// not tell a dense MLP from a mixture of experts, whose expert weights have the same names:
-/// [`place_layers`] refuses to move those.
+/// as `h.3.attn.wq`), by the zoo's naming convention: the Q/K/V projections and their biases,
+/// the output projection and its bias, the MLP's input GEMMs (`w1`, the gate `w3`, the bias
+/// `b1`) and its output GEMM (`w2`, `b2`). For reading names that people write (plan
+/// annotations without a graph); passes read the weight roles ([`layer_op_of_parameter`]).
 pub fn layer_op_of_weight(path: &str) -> Option<LayerOp> {
     let parts: Vec<&str> = path.split('.').collect();
     let [layers, index, block, weight] = parts[..] else {
@@ -333,10 +370,9 @@ pub fn place_layers(g: &mut Graph, layer: &LayerPlacement) -> Result<(), PassErr
         .into_iter()
         .map(|(v, name, _)| (v, name.to_string()))
         .collect();
-    let moe = params.iter().any(|(_, name)| {
-        name.strip_prefix("h.")
-            .is_some_and(|rest| rest.ends_with(".mlp.router"))
-    });
+    let moe = params
+        .iter()
+        .any(|&(v, _)| g.meta(g.value(v).producer).role == Some(WeightRole::Router));
     if moe && let Some(op) = layer.sequence_ops().find(|op| !op.in_attention()) {
         return Err(refuse(
             op,
@@ -348,7 +384,7 @@ pub fn place_layers(g: &mut Graph, layer: &LayerPlacement) -> Result<(), PassErr
     for op in layer.sequence_ops().filter(|&op| op != LayerOp::Attention) {
         let weights: Vec<(ValueId, String, Sharding)> = params
             .iter()
-            .filter(|(_, name)| layer_op_of_weight(name) == Some(op))
+            .filter(|&&(v, _)| layer_op_of_parameter(g, v) == Some(op))
             .filter_map(|(v, name)| Some((*v, name.clone(), g.value(*v).sharding.clone()?)))
             .collect();
         if weights.is_empty() {
@@ -416,10 +452,9 @@ fn layer_constraints(
     sequence_parallel: bool,
     c: &mut Constraints,
 ) {
-    use crate::autodiff::{GRAD_TAG, split_scope};
+    // Everything but the backward and its recomputed copies (sources have no phase).
     let forward = |n: autopar_ir::NodeId| {
-        let tags = g.node(n).scope.as_deref().map_or("", |s| split_scope(s).0);
-        !tags.contains(GRAD_TAG) && !tags.contains(crate::train::order::RECOMPUTE_TAG)
+        !matches!(g.meta(n).phase, Some(Phase::Backward | Phase::Recompute))
     };
     let mut pin = |v: ValueId, p: Placement| {
         let fixed = c.fixed.entry(v).or_default();
@@ -446,7 +481,7 @@ fn layer_constraints(
         let node = g.node(g.value(v).producer);
         match &node.op {
             Op::Cast { .. } => v = node.inputs[0],
-            Op::Parameter { name, .. } => return layer_op_of_weight(name),
+            Op::Parameter { .. } => return layer_op_of_parameter(g, v),
             _ => return None,
         }
     };
@@ -733,14 +768,7 @@ pub fn sequence_parallel_constraints(
         });
     };
     let mut found = false;
-    let forward = |n: autopar_ir::NodeId| {
-        let tags = g
-            .node(n)
-            .scope
-            .as_deref()
-            .map_or("", |s| crate::autodiff::split_scope(s).0);
-        !tags.contains(crate::autodiff::GRAD_TAG)
-    };
+    let forward = |n: autopar_ir::NodeId| g.meta(n).phase != Some(Phase::Backward);
     for n in g.nodes_in_order() {
         let node = g.node(n);
         if !matches!(node.op, Op::LayerNorm { .. } | Op::RmsNorm { .. }) || !forward(n) {
@@ -784,29 +812,14 @@ pub fn sequence_parallel_constraints(
     }
     // The backward of the norms runs on the sequence shards too: its rank-3 values are fixed
     // like the forward stream, so the column-parallel input gradient is reduce-scattered into
-    // it rather than all-reduced.
-    let norm_paths: std::collections::BTreeSet<&str> = g
-        .nodes_in_order()
-        .into_iter()
-        .filter(|&n| {
-            matches!(g.node(n).op, Op::LayerNorm { .. } | Op::RmsNorm { .. }) && forward(n)
-        })
-        .filter_map(|n| {
-            g.node(n)
-                .scope
-                .as_deref()
-                .map(|s| crate::autodiff::split_scope(s).1)
-        })
-        .collect();
+    // it rather than all-reduced. The norms' backward is what autodiff emits for the nodes of
+    // the norm parts (metadata `part=norm`, `phase=backward`).
     for n in g.nodes_in_order() {
-        let node = g.node(n);
-        let Some((_, path)) = node.scope.as_deref().map(crate::autodiff::split_scope) else {
-            continue;
-        };
-        if forward(n) || !norm_paths.contains(path) {
+        let meta = g.meta(n);
+        if meta.phase != Some(Phase::Backward) || meta.part != Some(Part::Norm) {
             continue;
         }
-        for &v in &node.outputs {
+        for &v in &g.node(n).outputs {
             let ty = g.ty(v);
             if ty.rank() == 3 && ty.dtype.is_float() && ty.dims()[1].is_multiple_of(tp) {
                 let fixed = c.fixed.entry(v).or_default();
@@ -864,10 +877,7 @@ fn accumulation_chain(g: &Graph, mut sum: ValueId) -> Vec<ValueId> {
     let mut chain = Vec::new();
     loop {
         let node = g.node(g.value(sum).producer);
-        let accumulates = node
-            .scope
-            .as_deref()
-            .is_some_and(|s| s.contains(crate::train::ACCUMULATE_TAG));
+        let accumulates = g.meta(g.value(sum).producer).phase == Some(Phase::Accumulate);
         match (&node.op, &node.inputs[..]) {
             (
                 Op::Binary {
@@ -888,10 +898,7 @@ fn accumulation_chain(g: &Graph, mut sum: ValueId) -> Vec<ValueId> {
 pub(crate) fn gradient_source(g: &Graph, mut v: ValueId) -> ValueId {
     loop {
         let node = g.node(g.value(v).producer);
-        let in_optimizer = node
-            .scope
-            .as_deref()
-            .is_some_and(|s| s.starts_with("optimizer/"));
+        let in_optimizer = g.meta(g.value(v).producer).phase == Some(Phase::Optimizer);
         let is_mul = matches!(
             node.op,
             Op::Binary {

@@ -5,14 +5,17 @@
 //! from the forward to the backward. [`recompute`] trades that memory for compute:
 //!
 //! - [`Recompute::Selective`] (Megatron's selective recompute): the attention core, the
-//!   `saved/` nodes that compute the attention probabilities, is retagged `recompute/`, so it
+//!   nodes of phase [`Phase::Saved`](autopar_ir::Phase::Saved) that compute the attention
+//!   probabilities, gets the phase [`Phase::Recompute`](autopar_ir::Phase::Recompute) (and the
+//!   scope tag `recompute/` instead of `saved/`), so it
 //!   runs just before the attention backward instead of in the forward, and the `[b, h, s, t]`
 //!   probabilities are not stored. A fused `attention_backward` (the gradient of attention
 //!   with explicit positions) stores none to begin with.
-//! - [`Recompute::Full`]: for every layer (a layer path `<name>.<index>` such as `h.3`,
-//!   the zoo's convention) and every micro-batch, the backward of the layer reads a copy of the
-//!   layer's forward, rebuilt from the values that enter the layer (its input activation and
-//!   the weights) and tagged `mb{k}/recompute/<path>`. Only the layer inputs stay stored;
+//! - [`Recompute::Full`]: for every block (nodes whose metadata layer is a
+//!   [`LayerId::Block`]) and every micro-batch, the backward of the block reads a copy of the
+//!   block's forward, rebuilt from the values that enter it (its input activation and the
+//!   weights), each copy with the metadata of its original in phase `Recompute` (scope
+//!   `mb{k}/recompute/<path>`). Only the layer inputs stay stored;
 //!   uses by the backward of *other* layers keep the stored originals.
 //!
 //! Both give the same numbers as no recompute: the copies are the same ops on the same
@@ -21,9 +24,9 @@
 
 use std::collections::{HashMap, HashSet};
 
-use autopar_ir::{Graph, NodeId, Op, ValueId};
+use autopar_ir::{Graph, LayerId, NodeId, Op, Phase as MetaPhase, ValueId};
 
-use crate::autodiff::{GRAD_TAG, SAVED_TAG, split_scope};
+use crate::autodiff::{SAVED_TAG, split_scope};
 use crate::error::PassError;
 use crate::train::order::{RECOMPUTE_TAG, rebuild, sequence};
 
@@ -46,12 +49,12 @@ pub fn recompute(step: &Graph, policy: Recompute) -> Result<Graph, PassError> {
         Recompute::None => Ok(step.clone()),
         Recompute::Selective => {
             let mut g = step.clone();
-            let has_attention_core = g.node_ids().into_iter().any(|n| {
-                g.node(n)
-                    .scope
-                    .as_deref()
-                    .is_some_and(|s| replace_tag(s, SAVED_TAG, RECOMPUTE_TAG).is_some())
-            });
+            let saved: Vec<NodeId> = g
+                .node_ids()
+                .into_iter()
+                .filter(|&n| g.meta(n).phase == Some(MetaPhase::Saved))
+                .collect();
+            let has_attention_core = !saved.is_empty();
             // A fused attention backward (attention with explicit positions) recomputes its
             // probabilities by itself: nothing is stored to recompute.
             let fused = g
@@ -64,7 +67,10 @@ pub fn recompute(step: &Graph, policy: Recompute) -> Result<Graph, PassError> {
                     detail: format!("`{}` has no attention core to recompute", step.name()),
                 });
             }
-            for n in g.node_ids() {
+            for n in saved {
+                let meta = g.meta(n).with_phase(MetaPhase::Recompute);
+                g.set_meta(n, meta);
+                // The scope follows, as provenance for humans.
                 let scope = g.node(n).scope.clone();
                 if let Some(s) = scope.as_deref()
                     && let Some(retagged) = replace_tag(s, SAVED_TAG, RECOMPUTE_TAG)
@@ -78,12 +84,12 @@ pub fn recompute(step: &Graph, policy: Recompute) -> Result<Graph, PassError> {
             let has_layers = step
                 .node_ids()
                 .into_iter()
-                .any(|n| classify(step.node(n).scope.as_deref()).is_some());
+                .any(|n| classify(step, n).is_some());
             if !has_layers {
                 return Err(PassError::BadOption {
                     option: "--recompute full",
                     detail: format!(
-                        "`{}` has no layers to recompute (layers are scopes `<name>.<index>`, like `h.3`)",
+                        "`{}` has no layers to recompute (no node has a `layer=block(N)` in its metadata)",
                         step.name()
                     ),
                 });
@@ -96,19 +102,14 @@ pub fn recompute(step: &Graph, policy: Recompute) -> Result<Graph, PassError> {
 }
 
 /// The layer a layer path belongs to: its first two segments when the second is an index
-/// (`h.3.attn` → `h.3`).
+/// (`h.3.attn` → `h.3`). A naming convention of the zoo, for reading scopes; passes find
+/// layers in [`Graph::meta`].
 pub fn layer_of(path: &str) -> Option<&str> {
     let mut dots = path.match_indices('.').map(|(i, _)| i);
     let first = dots.next()?;
     let end = dots.next().unwrap_or(path.len());
     let index = &path[first + 1..end];
     (!index.is_empty() && index.bytes().all(|b| b.is_ascii_digit())).then(|| &path[..end])
-}
-
-/// The tags of a scope (without their `/`).
-fn tags(scope: &str) -> Vec<&str> {
-    let (tags, _) = split_scope(scope);
-    tags.split('/').filter(|t| !t.is_empty()).collect()
 }
 
 /// `scope` with tag `from` replaced by `to`, when it has `from`.
@@ -132,14 +133,13 @@ fn replace_tag(scope: &str, from: &str, to: &str) -> Option<String> {
     Some(out)
 }
 
-/// Where a node sits: its micro-batch tags and layer, and whether it is forward (or saved)
-/// or backward.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+/// Where a node sits: its micro-batch and block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 struct LayerKey {
-    /// The tags other than the phase (`mb0/`), concatenated.
-    batch: String,
-    /// The layer (`h.0`).
-    layer: String,
+    /// The micro-batch, if any.
+    batch: Option<u32>,
+    /// The block index.
+    layer: u32,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -149,30 +149,22 @@ enum Phase {
     Other,
 }
 
-fn classify(scope: Option<&str>) -> Option<(LayerKey, Phase)> {
-    let scope = scope?;
-    let (_, path) = split_scope(scope);
-    let layer = layer_of(path)?;
-    let grad = GRAD_TAG.trim_end_matches('/');
-    let saved = SAVED_TAG.trim_end_matches('/');
-    let mut batch = String::new();
-    let mut phase = Phase::Forward;
-    for t in tags(scope) {
-        if t == grad {
-            phase = Phase::Backward;
-        } else if t == saved {
-            // Saved values are part of the forward here: full recompute rebuilds them too.
-        } else if t.starts_with("mb") {
-            batch.push_str(t);
-            batch.push('/');
-        } else {
-            phase = Phase::Other;
-        }
-    }
+/// The block and micro-batch of node `n`, and its phase as full recompute sees it; `None`
+/// outside the blocks.
+fn classify(g: &Graph, n: NodeId) -> Option<(LayerKey, Phase)> {
+    let meta = g.meta(n);
+    let layer = meta.layer.and_then(LayerId::block)?;
+    let phase = match meta.phase {
+        // Parameters have no phase; saved values are part of the forward here: full
+        // recompute rebuilds them too.
+        None | Some(MetaPhase::Forward | MetaPhase::Saved) => Phase::Forward,
+        Some(MetaPhase::Backward) => Phase::Backward,
+        Some(MetaPhase::Recompute | MetaPhase::Accumulate | MetaPhase::Optimizer) => Phase::Other,
+    };
     Some((
         LayerKey {
-            batch,
-            layer: layer.to_string(),
+            batch: meta.micro_batch,
+            layer,
         },
         phase,
     ))
@@ -183,7 +175,7 @@ fn recompute_layers(step: &Graph) -> Result<Graph, PassError> {
     let order = step.topo_order()?;
     let place: HashMap<NodeId, (LayerKey, Phase)> = order
         .iter()
-        .filter_map(|&n| classify(step.node(n).scope.as_deref()).map(|c| (n, c)))
+        .filter_map(|&n| classify(step, n).map(|c| (n, c)))
         .collect();
     let forward_in = |v: ValueId, key: &LayerKey| {
         let p = step.value(v).producer;
@@ -217,7 +209,7 @@ fn recompute_layers(step: &Graph) -> Result<Graph, PassError> {
                 }
             }
         }
-        out.add_node_with_ids(node.op.clone(), &inputs, &node.outputs, node.scope.clone())?;
+        out.copy_node(step, n, &inputs, &node.outputs)?;
         for &v in &node.outputs {
             out.set_sharding(v, step.value(v).sharding.clone())?;
         }
@@ -267,7 +259,8 @@ fn clone_value(
             format!("{tags}{RECOMPUTE_TAG}{path}")
         })
     });
-    out.add_node_with_ids(node.op.clone(), &inputs, &ids, scope)?;
+    let copy = out.add_node_with_ids(node.op.clone(), &inputs, &ids, scope)?;
+    out.set_meta(copy, step.meta(p).with_phase(MetaPhase::Recompute));
     for (&old, &new) in node.outputs.iter().zip(&ids) {
         out.set_sharding(new, step.value(old).sharding.clone())?;
         clones.insert(old, new);
@@ -324,10 +317,5 @@ mod tests {
             Some("mb1/recompute/h.0.attn")
         );
         assert_eq!(replace_tag("mb1/h.0.attn", SAVED_TAG, RECOMPUTE_TAG), None);
-        let (key, phase) = classify(Some("mb2/grad/h.1.mlp")).unwrap();
-        assert_eq!((key.batch.as_str(), key.layer.as_str()), ("mb2/", "h.1"));
-        assert!(phase == Phase::Backward);
-        assert!(classify(Some("optimizer/h.1.mlp")).unwrap().1 == Phase::Other);
-        assert!(classify(Some("mb0/ln_f")).is_none());
     }
 }

@@ -1,11 +1,13 @@
 //! GPT (GPT-2/GPT-3 style): learned positions, pre-LN blocks, GELU MLP with biases, and an
 //! output layer tied to the token embedding; optionally with mixture-of-experts MLPs.
 
+use autopar_ir::{LayerId, Part, WeightRole};
+
 use crate::builder::{ModelBuilder, ONES, ZEROS, normal};
 use crate::tensor::Tensor;
 use crate::zoo::lm;
 use crate::zoo::moe::{self, ExpertMlp, MoeConfig, MoeLayer};
-use crate::zoo::{INIT_STD, NORM_EPS, residual_std};
+use crate::zoo::{INIT_STD, NORM_EPS, block_id, residual_std};
 
 /// Sizes of a GPT model. Spec keys are given in parentheses.
 #[derive(Clone, Debug, PartialEq)]
@@ -61,51 +63,66 @@ pub(crate) fn build<'m>(m: &'m ModelBuilder, c: &GptConfig, batch: usize) -> Ten
     let (b, s, h, v) = (batch, c.seq_len, c.hidden, c.vocab);
     let (tokens, targets) = lm::token_inputs(m, b, s, v);
     // The token embedding is split over the vocabulary (Megatron's vocab-parallel embedding).
-    let wte = m.param("wte", [v, h], normal(INIT_STD)).shard(0, "tp");
-    let wpe = m.param("wpe", [s, h], normal(0.01));
+    let wte = m
+        .param("wte", [v, h], normal(INIT_STD))
+        .role(WeightRole::TokenEmbedding)
+        .shard(0, "tp");
+    let wpe = m
+        .param("wpe", [s, h], normal(0.01))
+        .role(WeightRole::PositionEmbedding);
 
-    let mut x = m.scope("embed", || {
+    let mut x = m.layer(LayerId::Embedding, "embed", || {
         wte.gather(tokens) + wpe.broadcast_to([b, s, h], [1, 2])
     });
     for layer_idx in 0..c.n_layers {
-        x = m.scope(format!("h.{layer_idx}"), || block(m, c, x));
+        x = m.layer(block_id(layer_idx), format!("h.{layer_idx}"), || {
+            block(m, c, x)
+        });
     }
-    let x = m.scope("ln_f", || layer_norm(m, x, h));
+    let x = m.layer(LayerId::FinalNorm, "ln_f", || layer_norm(m, x, h));
     lm::next_token_loss(m, x, wte, targets)
 }
 
 /// One pre-LN transformer block.
 fn block<'m>(m: &'m ModelBuilder, c: &GptConfig, x: Tensor<'m>) -> Tensor<'m> {
     let a = m.scope("ln1", || layer_norm(m, x, c.hidden));
-    let x = x + m.scope("attn", || self_attention(m, c, a));
+    let x = x + m.scope("attn", || {
+        m.part(Part::Attention, || self_attention(m, c, a))
+    });
     let a = m.scope("ln2", || layer_norm(m, x, c.hidden));
-    x + m.scope("mlp", || mlp(m, c, a))
+    x + m.scope("mlp", || m.part(Part::Mlp, || mlp(m, c, a)))
 }
 
 /// Layer norm with its scale `g` and shift `b`, declared in the current scope.
 fn layer_norm<'m>(m: &'m ModelBuilder, x: Tensor<'m>, hidden: usize) -> Tensor<'m> {
-    let gamma = m.param("g", [hidden], ONES);
-    let beta = m.param("b", [hidden], ZEROS);
-    x.layer_norm(gamma, beta, NORM_EPS)
+    m.part(Part::Norm, || {
+        let gamma = m.param("g", [hidden], ONES).role(WeightRole::Norm);
+        let beta = m.param("b", [hidden], ZEROS).role(WeightRole::Norm);
+        x.layer_norm(gamma, beta, NORM_EPS)
+    })
 }
 
 /// Causal multi-head self-attention, split over heads on `tp`.
 fn self_attention<'m>(m: &'m ModelBuilder, c: &GptConfig, x: Tensor<'m>) -> Tensor<'m> {
     let (h, n, d) = (c.hidden, c.n_heads, c.head_dim());
-    let project = |weight: &str, bias: &str| {
-        let w = m.param(weight, [h, n, d], normal(INIT_STD)).shard(1, "tp");
-        let b = m.param(bias, [n, d], ZEROS).shard(0, "tp");
+    let project = |weight: &str, bias: &str, role: WeightRole| {
+        let w = m
+            .param(weight, [h, n, d], normal(INIT_STD))
+            .role(role)
+            .shard(1, "tp");
+        let b = m.param(bias, [n, d], ZEROS).role(role).shard(0, "tp");
         x.einsum("bsh,hnd->bsnd", w).add_bias(b)
     };
     let (q, k, v) = (
-        project("wq", "bq"),
-        project("wk", "bk"),
-        project("wv", "bv"),
+        project("wq", "bq", WeightRole::Query),
+        project("wk", "bk", WeightRole::Key),
+        project("wv", "bv", WeightRole::Value),
     );
     let wo = m
         .param("wo", [n, d, h], normal(residual_std(c.n_layers)))
+        .role(WeightRole::AttentionOut)
         .shard(0, "tp");
-    let bo = m.param("bo", [h], ZEROS);
+    let bo = m.param("bo", [h], ZEROS).role(WeightRole::AttentionOut);
     q.causal_attention(k, v, 1.0 / (d as f64).sqrt())
         .einsum("bsnd,ndh->bsh", wo)
         .add_bias(bo)
@@ -126,10 +143,19 @@ fn mlp<'m>(m: &'m ModelBuilder, c: &GptConfig, x: Tensor<'m>) -> Tensor<'m> {
         };
         return moe::moe_mlp(m, &layer, x);
     }
-    let w1 = m.param("w1", [h, f], normal(INIT_STD)).shard(1, "tp");
-    let b1 = m.param("b1", [f], ZEROS).shard(0, "tp");
-    let w2 = m.param("w2", [f, h], normal(out_std)).shard(0, "tp");
-    let b2 = m.param("b2", [h], ZEROS);
+    let w1 = m
+        .param("w1", [h, f], normal(INIT_STD))
+        .role(WeightRole::MlpIn)
+        .shard(1, "tp");
+    let b1 = m
+        .param("b1", [f], ZEROS)
+        .role(WeightRole::MlpIn)
+        .shard(0, "tp");
+    let w2 = m
+        .param("w2", [f, h], normal(out_std))
+        .role(WeightRole::MlpOut)
+        .shard(0, "tp");
+    let b2 = m.param("b2", [h], ZEROS).role(WeightRole::MlpOut);
     x.einsum("bsh,hf->bsf", w1)
         .add_bias(b1)
         .gelu()

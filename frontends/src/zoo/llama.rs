@@ -1,11 +1,13 @@
 //! Llama (Llama-3 style): RMSNorm, rotary positions, grouped-query attention, SwiGLU MLP, no
 //! biases and an untied output layer; with MoE MLPs it is Mixtral.
 
+use autopar_ir::{LayerId, Part, WeightRole};
+
 use crate::builder::{ModelBuilder, ONES, normal};
 use crate::tensor::Tensor;
 use crate::zoo::lm;
 use crate::zoo::moe::{self, ExpertMlp, MoeConfig, MoeLayer};
-use crate::zoo::{INIT_STD, NORM_EPS, residual_std};
+use crate::zoo::{INIT_STD, NORM_EPS, block_id, residual_std};
 
 /// Sizes of a Llama model. Spec keys are given in parentheses.
 #[derive(Clone, Debug, PartialEq)]
@@ -66,39 +68,57 @@ pub(crate) fn build<'m>(m: &'m ModelBuilder, c: &LlamaConfig, batch: usize) -> T
     let (tokens, targets) = lm::token_inputs(m, b, s, v);
     let tok_embeddings = m
         .param("tok_embeddings", [v, h], normal(INIT_STD))
+        .role(WeightRole::TokenEmbedding)
         .shard(0, "tp");
-    let lm_head = m.param("lm_head", [v, h], normal(INIT_STD)).shard(0, "tp");
+    let lm_head = m
+        .param("lm_head", [v, h], normal(INIT_STD))
+        .role(WeightRole::Head)
+        .shard(0, "tp");
 
-    let mut x = m.scope("embed", || tok_embeddings.gather(tokens));
+    let mut x = m.layer(LayerId::Embedding, "embed", || {
+        tok_embeddings.gather(tokens)
+    });
     for layer_idx in 0..c.n_layers {
-        x = m.scope(format!("h.{layer_idx}"), || block(m, c, x));
+        x = m.layer(block_id(layer_idx), format!("h.{layer_idx}"), || {
+            block(m, c, x)
+        });
     }
-    let x = m.scope("norm_f", || rms_norm(m, x, h));
+    let x = m.layer(LayerId::FinalNorm, "norm_f", || rms_norm(m, x, h));
     lm::next_token_loss(m, x, lm_head, targets)
 }
 
 /// One pre-norm transformer block.
 fn block<'m>(m: &'m ModelBuilder, c: &LlamaConfig, x: Tensor<'m>) -> Tensor<'m> {
     let a = m.scope("attn_norm", || rms_norm(m, x, c.hidden));
-    let x = x + m.scope("attn", || self_attention(m, c, a));
+    let x = x + m.scope("attn", || {
+        m.part(Part::Attention, || self_attention(m, c, a))
+    });
     let a = m.scope("mlp_norm", || rms_norm(m, x, c.hidden));
-    x + m.scope("mlp", || mlp(m, c, a))
+    x + m.scope("mlp", || m.part(Part::Mlp, || mlp(m, c, a)))
 }
 
 /// RMS norm with its scale `g`, declared in the current scope.
 fn rms_norm<'m>(m: &'m ModelBuilder, x: Tensor<'m>, hidden: usize) -> Tensor<'m> {
-    let gamma = m.param("g", [hidden], ONES);
-    x.rms_norm(gamma, NORM_EPS)
+    m.part(Part::Norm, || {
+        let gamma = m.param("g", [hidden], ONES).role(WeightRole::Norm);
+        x.rms_norm(gamma, NORM_EPS)
+    })
 }
 
 /// Causal grouped-query self-attention with rotary positions, split over heads on `tp`.
 fn self_attention<'m>(m: &'m ModelBuilder, c: &LlamaConfig, x: Tensor<'m>) -> Tensor<'m> {
     let (h, n, kv, d) = (c.hidden, c.n_heads, c.n_kv_heads, c.head_dim());
-    let wq = m.param("wq", [h, n, d], normal(INIT_STD)).shard(1, "tp");
-    let wk = m.param("wk", [h, kv, d], normal(INIT_STD)).shard(1, "tp");
-    let wv = m.param("wv", [h, kv, d], normal(INIT_STD)).shard(1, "tp");
+    let project = |name: &str, heads: usize, role: WeightRole| {
+        m.param(name, [h, heads, d], normal(INIT_STD))
+            .role(role)
+            .shard(1, "tp")
+    };
+    let wq = project("wq", n, WeightRole::Query);
+    let wk = project("wk", kv, WeightRole::Key);
+    let wv = project("wv", kv, WeightRole::Value);
     let wo = m
         .param("wo", [n, d, h], normal(residual_std(c.n_layers)))
+        .role(WeightRole::AttentionOut)
         .shard(0, "tp");
     let q = x.einsum("bsh,hnd->bsnd", wq).rotary(c.rope_base);
     let k = x.einsum("bsh,hnd->bsnd", wk).rotary(c.rope_base);
@@ -122,9 +142,18 @@ fn mlp<'m>(m: &'m ModelBuilder, c: &LlamaConfig, x: Tensor<'m>) -> Tensor<'m> {
         };
         return moe::moe_mlp(m, &layer, x);
     }
-    let w1 = m.param("w1", [h, f], normal(INIT_STD)).shard(1, "tp");
-    let w3 = m.param("w3", [h, f], normal(INIT_STD)).shard(1, "tp");
-    let w2 = m.param("w2", [f, h], normal(out_std)).shard(0, "tp");
+    let w1 = m
+        .param("w1", [h, f], normal(INIT_STD))
+        .role(WeightRole::MlpGate)
+        .shard(1, "tp");
+    let w3 = m
+        .param("w3", [h, f], normal(INIT_STD))
+        .role(WeightRole::MlpIn)
+        .shard(1, "tp");
+    let w2 = m
+        .param("w2", [f, h], normal(out_std))
+        .role(WeightRole::MlpOut)
+        .shard(0, "tp");
     let gate = x.einsum("bsh,hf->bsf", w1).silu();
     let up = x.einsum("bsh,hf->bsf", w3);
     (gate * up).einsum("bsf,fh->bsh", w2)

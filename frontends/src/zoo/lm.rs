@@ -1,7 +1,7 @@
 //! The parts every language model of the zoo shares: its token inputs, and the loss of its
 //! logits against the next tokens.
 
-use autopar_ir::{DType, InputRole};
+use autopar_ir::{DType, InputRole, LayerId};
 
 use crate::builder::ModelBuilder;
 use crate::tensor::Tensor;
@@ -29,13 +29,18 @@ pub(crate) fn token_inputs(
 }
 
 /// Logits of the final hidden states `x[b, s, h]` against the output embedding `[v, h]`
-/// (scope `head`), and their mean cross-entropy against `targets` (scope `loss`).
+/// (layer [`LayerId::Head`], scope `head`), and their mean cross-entropy against `targets`
+/// (layer [`LayerId::Loss`], scope `loss`).
 pub(crate) fn next_token_loss<'m>(
     m: &'m ModelBuilder,
     x: Tensor<'m>,
     output_embedding: Tensor<'m>,
     targets: Tensor<'m>,
 ) -> Tensor<'m> {
-    let logits = m.scope("head", || x.einsum("bsh,vh->bsv", output_embedding));
-    m.scope("loss", || logits.cross_entropy(targets).mean([0, 1]))
+    let logits = m.layer(LayerId::Head, "head", || {
+        x.einsum("bsh,vh->bsv", output_embedding)
+    });
+    m.layer(LayerId::Loss, "loss", || {
+        logits.cross_entropy(targets).mean([0, 1])
+    })
 }

@@ -1,7 +1,7 @@
 //! A two-layer MLP regressor with a mean-squared-error loss: the smallest model that trains,
 //! used where a transformer would only add noise (first tests of a pass or a backend).
 
-use autopar_ir::{DType, InputRole};
+use autopar_ir::{DType, InputRole, LayerId, WeightRole};
 
 use crate::builder::{ModelBuilder, ZEROS, normal};
 use crate::tensor::Tensor;
@@ -31,18 +31,30 @@ pub(crate) fn build<'m>(m: &'m ModelBuilder, c: &MlpConfig, batch: usize) -> Ten
     let features = m.input("features", DType::F32, [b, i], InputRole::Features);
     let targets = m.input("targets", DType::F32, [b, o], InputRole::RegressionTargets);
 
+    // Its layer sequence is an input layer, an output layer and the loss: no repeated blocks.
     // LeCun-normal init (std 1/sqrt(fan_in)) so that the tiny model trains from scratch.
-    let hidden = m.scope("fc1", || {
-        let w = m.param("w", [i, h], normal(fan_in_std(i))).shard(1, "tp");
-        let bias = m.param("b", [h], ZEROS).shard(0, "tp");
+    let hidden = m.layer(LayerId::Embedding, "fc1", || {
+        let w = m
+            .param("w", [i, h], normal(fan_in_std(i)))
+            .role(WeightRole::Dense)
+            .shard(1, "tp");
+        let bias = m
+            .param("b", [h], ZEROS)
+            .role(WeightRole::Dense)
+            .shard(0, "tp");
         features.einsum("bi,ih->bh", w).add_bias(bias).gelu()
     });
-    let prediction = m.scope("fc2", || {
-        let w = m.param("w", [h, o], normal(fan_in_std(h))).shard(0, "tp");
-        let bias = m.param("b", [o], ZEROS);
+    let prediction = m.layer(LayerId::Head, "fc2", || {
+        let w = m
+            .param("w", [h, o], normal(fan_in_std(h)))
+            .role(WeightRole::Dense)
+            .shard(0, "tp");
+        let bias = m.param("b", [o], ZEROS).role(WeightRole::Dense);
         hidden.einsum("bh,ho->bo", w).add_bias(bias)
     });
-    m.scope("loss", || (prediction - targets).square().mean([0, 1]))
+    m.layer(LayerId::Loss, "loss", || {
+        (prediction - targets).square().mean([0, 1])
+    })
 }
 
 fn fan_in_std(fan_in: usize) -> f64 {

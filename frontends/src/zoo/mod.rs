@@ -44,6 +44,12 @@ pub(crate) const INIT_STD: f64 = 0.02;
 /// Epsilon of every layer norm and RMS norm.
 pub(crate) const NORM_EPS: f64 = 1e-5;
 
+/// The layer-sequence entry of transformer block `layer_idx`.
+pub(crate) fn block_id(layer_idx: usize) -> autopar_ir::LayerId {
+    // Zoo models have far fewer than 2^32 layers.
+    autopar_ir::LayerId::Block(u32::try_from(layer_idx).unwrap_or(u32::MAX))
+}
+
 /// Init std of the projections that write into the residual stream (attention output, MLP
 /// output): GPT-2 scales them by `1/sqrt(2 * layers)` so the stream's variance stays bounded.
 pub(crate) fn residual_std(n_layers: usize) -> f64 {

@@ -2,6 +2,8 @@
 //! Llama-style (Mixtral) models: a router, top-k dispatch into per-expert capacity slots,
 //! one MLP per expert, and a gate-weighted combine.
 
+use autopar_ir::WeightRole;
+
 use crate::builder::{ModelBuilder, ZEROS, normal};
 use crate::tensor::{MoeRouting, Tensor};
 use crate::zoo::INIT_STD;
@@ -60,9 +62,10 @@ pub(crate) struct MoeLayer<'c> {
     pub out_std: f64,
 }
 
-/// An expert weight: its leading expert dim split over the expert-parallel axis `ep`.
-fn expert(w: Tensor<'_>) -> Tensor<'_> {
-    w.shard(0, "ep")
+/// An expert weight with its role: its leading expert dim split over the expert-parallel
+/// axis `ep`.
+fn expert(w: Tensor<'_>, role: WeightRole) -> Tensor<'_> {
+    w.role(role).shard(0, "ep")
 }
 
 /// The MoE MLP of `x[b, s, h]`, declaring its router and expert weights in the current scope.
@@ -77,7 +80,9 @@ fn expert(w: Tensor<'_>) -> Tensor<'_> {
 pub(crate) fn moe_mlp<'m>(m: &'m ModelBuilder, l: &MoeLayer<'_>, x: Tensor<'m>) -> Tensor<'m> {
     let (h, f, e) = (l.hidden, l.ffn, l.moe.n_experts);
     let capacity = l.moe.capacity(l.seq);
-    let router = m.param("router", [h, e], normal(INIT_STD));
+    let router = m
+        .param("router", [h, e], normal(INIT_STD))
+        .role(WeightRole::Router);
 
     let probs = x.einsum("gsh,he->gse", router).softmax(2);
     let (combine, dispatch) = probs.moe_route(MoeRouting {
@@ -89,19 +94,39 @@ pub(crate) fn moe_mlp<'m>(m: &'m ModelBuilder, l: &MoeLayer<'_>, x: Tensor<'m>) 
 
     let expert_out = match l.experts {
         ExpertMlp::GeluWithBias => {
-            let w1 = expert(m.param("w1", [e, h, f], normal(INIT_STD))).shard(2, "tp");
-            let b1 = expert(m.param("b1", [e, f], ZEROS)).shard(1, "tp");
-            let w2 = expert(m.param("w2", [e, f, h], normal(l.out_std))).shard(1, "tp");
-            let b2 = expert(m.param("b2", [e, h], ZEROS));
+            let w1 = expert(
+                m.param("w1", [e, h, f], normal(INIT_STD)),
+                WeightRole::ExpertIn,
+            )
+            .shard(2, "tp");
+            let b1 = expert(m.param("b1", [e, f], ZEROS), WeightRole::ExpertIn).shard(1, "tp");
+            let w2 = expert(
+                m.param("w2", [e, f, h], normal(l.out_std)),
+                WeightRole::ExpertOut,
+            )
+            .shard(1, "tp");
+            let b2 = expert(m.param("b2", [e, h], ZEROS), WeightRole::ExpertOut);
             let hidden = slots.einsum("egch,ehf->egcf", w1);
             let hidden = (hidden + b1.broadcast_like(hidden, [0, 3])).gelu();
             let out = hidden.einsum("egcf,efh->egch", w2);
             out + b2.broadcast_like(out, [0, 3])
         }
         ExpertMlp::SwiGlu => {
-            let w1 = expert(m.param("w1", [e, h, f], normal(INIT_STD))).shard(2, "tp");
-            let w3 = expert(m.param("w3", [e, h, f], normal(INIT_STD))).shard(2, "tp");
-            let w2 = expert(m.param("w2", [e, f, h], normal(l.out_std))).shard(1, "tp");
+            let w1 = expert(
+                m.param("w1", [e, h, f], normal(INIT_STD)),
+                WeightRole::ExpertGate,
+            )
+            .shard(2, "tp");
+            let w3 = expert(
+                m.param("w3", [e, h, f], normal(INIT_STD)),
+                WeightRole::ExpertIn,
+            )
+            .shard(2, "tp");
+            let w2 = expert(
+                m.param("w2", [e, f, h], normal(l.out_std)),
+                WeightRole::ExpertOut,
+            )
+            .shard(1, "tp");
             let gate = slots.einsum("egch,ehf->egcf", w1).silu();
             let up = slots.einsum("egch,ehf->egcf", w3);
             (gate * up).einsum("egcf,efh->egch", w2)

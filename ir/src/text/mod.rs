@@ -14,8 +14,8 @@
 //! let src = r#"graph "gpt-tiny" {
 //!   mesh dp=2, pp=2, tp=2
 //!   %0: i32[8,32] = input {name="tokens", role=tokens(256)}
-//!   %1: f32[256,64] user{tp: S(0)} = parameter {name="wte", init=normal(0.02)} scope="embed"
-//!   %2: f32[8,32,64] = gather %1, %0 scope="embed"
+//!   %1: f32[256,64] user{tp: S(0)} = parameter {name="wte", init=normal(0.02)} meta{role=token_embedding}
+//!   %2: f32[8,32,64] = gather %1, %0 scope="embed" meta{phase=forward, layer=embedding}
 //!   %3: f32[8,32,64] inferred{dp: S(0), tp: R} = gelu %2
 //!   %4: f32[64,4] = parameter {name="router", init=zeros}
 //!   %5: f32[8,32,4] = einsum %3, %4 {spec="bsh,he->bse"}
@@ -52,7 +52,7 @@
 //! - The `mesh` line is optional and comes first. `devices=[...]` is printed only when the
 //!   device map is not the identity (`mesh dp=2, tp=2 devices=[0,2,1,3]`). A mesh with no
 //!   axes is not printed, so it reads back as no mesh.
-//! - A node is `results = mnemonic operands {attributes} scope="..."`, printed one per line
+//! - A node is `results = mnemonic operands {attributes} scope="..." meta{...}`, printed one per line
 //!   in [`Graph::topo_order`](crate::Graph::topo_order) order:
 //!   - results: `%N: <type> [<sharding>]`, separated by `, `. An op without results
 //!     (`send`) has no `... =` part. Value numbers are kept as written, so the ids of a
@@ -68,7 +68,18 @@
 //!     order; omitted when the op has none. Source ops (`parameter`, `input`, `constant`,
 //!     `recv`) take their `ty` from the declared result type instead of an attribute. The
 //!     parser accepts attributes in any order.
-//!   - `scope="h.0.attn"`: the node's scope, when it has one.
+//!   - `scope="h.0.attn"`: the node's scope, when it has one: human-readable provenance
+//!     that no pass reads structure from.
+//!   - `meta{phase=backward, mb=1, layer=block(3), part=attention, role=query}`: the node's
+//!     typed metadata
+//!     ([`crate::meta`]), when it has any; the printer writes the set fields in that order,
+//!     the parser accepts them in any order, each at most once. `phase` is one of `forward`,
+//!     `saved`, `backward`, `recompute`, `accumulate`, `optimizer`; `mb` the micro-batch
+//!     index; `layer` one of `embedding`, `block(N)`, `final_norm`, `head`, `loss`; `part`
+//!     one of `norm`, `attention`, `mlp`; `role`
+//!     (parameters only) one of `token_embedding`, `position_embedding`, `norm`, `query`,
+//!     `key`, `value`, `attention_out`, `mlp_in`, `mlp_gate`, `mlp_out`, `router`,
+//!     `expert_in`, `expert_gate`, `expert_out`, `head`, `dense`.
 //! - `output` lines come after all nodes.
 //! - The parser accepts any whitespace, including line breaks, between tokens. The printer
 //!   indents by two spaces; separates results, operands, attributes, mesh axes and sharding

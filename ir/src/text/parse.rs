@@ -8,6 +8,7 @@ use super::schema::{attr_names, prototypes};
 use super::{MAX_DEVICES, MAX_LIST_LEN, MAX_VALUE_NUMBER, ParseError};
 use crate::graph::{Graph, ValueId};
 use crate::mesh::{DeviceMesh, MeshAxis};
+use crate::meta::NodeMeta;
 use crate::op::{EinsumSpec, Init, InputRole, Op};
 use crate::placement::{Placement, ReduceKind, Sharding, ShardingOrigin};
 use crate::types::{DType, Shape, TensorType};
@@ -299,6 +300,71 @@ impl<'a> Parser<'a> {
     }
 
     /// `normal(0.02)`, `zeros` or `ones`.
+    /// `{phase=backward, mb=1, layer=block(3), part=attention, role=query}`, fields in any
+    /// order, each once.
+    fn meta(&mut self) -> Result<NodeMeta, ParseError> {
+        self.expect(&TokKind::LBrace)?;
+        let mut meta = NodeMeta::default();
+        let mut seen: Vec<String> = Vec::new();
+        if self.eat(&TokKind::RBrace)? {
+            return Ok(meta);
+        }
+        loop {
+            let (key, key_pos) =
+                self.ident("a metadata field (`phase`, `mb`, `layer`, `part`, `role`)")?;
+            if seen.contains(&key) {
+                return Err(key_pos.error(format!("metadata field `{key}` is repeated")));
+            }
+            self.expect(&TokKind::Eq)?;
+            match key.as_str() {
+                "phase" => {
+                    let (word, pos) = self.ident("a phase")?;
+                    meta.phase = Some(word.parse().map_err(|e: String| pos.error(e))?);
+                }
+                "mb" => {
+                    let pos = self.tok.pos;
+                    let k = self.usize()?;
+                    meta.micro_batch = Some(u32::try_from(k).map_err(|_| {
+                        pos.error(format!("micro-batch {k} does not fit in 32 bits"))
+                    })?);
+                }
+                "layer" => {
+                    let (word, pos) = self.ident("a layer")?;
+                    let text = if word == "block" {
+                        self.expect(&TokKind::LParen)?;
+                        let i = self.usize()?;
+                        self.expect(&TokKind::RParen)?;
+                        format!("block({i})")
+                    } else {
+                        word
+                    };
+                    meta.layer = Some(text.parse().map_err(|e: String| pos.error(e))?);
+                }
+                "part" => {
+                    let (word, pos) = self.ident("a part")?;
+                    meta.part = Some(word.parse().map_err(|e: String| pos.error(e))?);
+                }
+                "role" => {
+                    let (word, pos) = self.ident("a weight role")?;
+                    meta.role = Some(word.parse().map_err(|e: String| pos.error(e))?);
+                }
+                _ => {
+                    return Err(key_pos.error(format!(
+                        "unknown metadata field `{}` (expected `phase`, `mb`, `layer`, `part` or \
+                         `role`)",
+                        shorten(&key)
+                    )));
+                }
+            }
+            seen.push(key);
+            if self.eat(&TokKind::Comma)? {
+                continue;
+            }
+            self.expect(&TokKind::RBrace)?;
+            return Ok(meta);
+        }
+    }
+
     fn init(&mut self) -> Result<Init, ParseError> {
         let (name, pos) = self.ident("an initialiser")?;
         match name.as_str() {
@@ -607,6 +673,12 @@ impl<'a> Parser<'a> {
         } else {
             None
         };
+        let meta = if self.at_word("meta") {
+            self.advance()?;
+            self.meta()?
+        } else {
+            NodeMeta::default()
+        };
 
         if let (Some(ty), Some(first)) = (op.source_type_mut(), results.first()) {
             *ty = first.ty.clone();
@@ -626,8 +698,10 @@ impl<'a> Parser<'a> {
 
         let ids: Vec<ValueId> = results.iter().map(|r| r.id).collect();
         let name = op.name();
-        g.add_node_with_ids(op, &operands, &ids, scope)
+        let n = g
+            .add_node_with_ids(op, &operands, &ids, scope)
             .map_err(|e| start.error(e.to_string()))?;
+        g.set_meta(n, meta);
         for r in results {
             let actual = &g
                 .value_checked(r.id)

@@ -52,6 +52,10 @@ fn write_graph(out: &mut String, g: &Graph) -> std::fmt::Result {
         if let Some(scope) = &node.scope {
             write!(out, " scope={}", quote(scope))?;
         }
+        let meta = g.meta(n);
+        if !meta.is_empty() {
+            write!(out, " meta{{{meta}}}")?;
+        }
         out.push('\n');
     }
     for (name, v) in g.outputs() {

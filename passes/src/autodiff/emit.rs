@@ -1,24 +1,35 @@
 //! A small node emitter over [`Graph`]: one method per op the passes compose, each adding a
-//! typed node under the emitter's current scope.
+//! typed node under the emitter's current scope and typed metadata.
 
 use autopar_ir::{
-    BinaryOp, CompareOp, DType, EinsumSpec, Graph, IrError, Op, ReduceOp, Shape, TensorType,
-    UnaryOp, ValueId,
+    BinaryOp, CompareOp, DType, EinsumSpec, Graph, IrError, NodeMeta, Op, ReduceOp, Shape,
+    TensorType, UnaryOp, ValueId,
 };
 
 use crate::error::PassError;
 
-/// Adds nodes to a graph, giving each the current scope.
+/// Adds nodes to a graph, giving each the current scope and metadata.
 pub(crate) struct Emitter<'g> {
     /// The graph being extended.
     pub g: &'g mut Graph,
     scope: Option<String>,
+    meta: NodeMeta,
 }
 
 impl<'g> Emitter<'g> {
-    /// An emitter that gives new nodes `scope`.
-    pub fn new(g: &'g mut Graph, scope: Option<String>) -> Self {
-        Emitter { g, scope }
+    /// An emitter that gives new nodes `scope` (for humans) and `meta` (for passes).
+    pub fn new(g: &'g mut Graph, scope: Option<String>, meta: NodeMeta) -> Self {
+        Emitter { g, scope, meta }
+    }
+
+    /// Changes the metadata given to the nodes added from now on.
+    pub fn set_meta(&mut self, meta: NodeMeta) {
+        self.meta = meta;
+    }
+
+    /// The metadata given to new nodes.
+    pub fn meta(&self) -> NodeMeta {
+        self.meta
     }
 
     /// Changes the scope given to the nodes added from now on.
@@ -45,6 +56,7 @@ impl<'g> Emitter<'g> {
     pub fn node(&mut self, op: Op, inputs: &[ValueId]) -> Result<Vec<ValueId>, PassError> {
         let n = self.g.add_node(op, inputs)?;
         self.g.set_scope(n, self.scope.clone());
+        self.g.set_meta(n, self.meta);
         Ok(self.g.node(n).outputs.clone())
     }
 

@@ -17,7 +17,12 @@
 //! - At ties, `max`/`min` and `reduce_max`/`reduce_min` choose a subgradient: the binary ops
 //!   give the whole gradient to their first operand, the reductions to every tied element.
 //!
-//! # Scopes
+//! # Metadata and scopes
+//!
+//! The gradient nodes of a forward node get its [`NodeMeta`] (micro-batch and layer) with the
+//! phase [`Phase::Backward`] (and no weight role); the nodes a backward rule computes from
+//! forward values only (the attention probabilities) get [`Phase::Saved`]. Passes read these,
+//! never the scope strings below, which are provenance for humans.
 //!
 //! A scope is a list of tags, each ending in `/`, followed by a layer path:
 //! `mb1/grad/h.0.attn` is the layer path `h.0.attn` with the tags `mb1/` and `grad/`. The
@@ -25,15 +30,14 @@
 //! ([`grad_scope`]); a forward node without a scope gives `grad/`. Nodes that only compute
 //! from forward values what a backward rule needs to keep (the attention probabilities) are
 //! tagged `saved/` instead ([`saved_scope`]): scheduling decides whether they run in the
-//! forward (and are stored) or just before their use (recomputed). Later passes find layers
-//! by path and phases by tag.
+//! forward (and are stored) or just before their use (recomputed).
 
 mod emit;
 mod vjp;
 
 use std::collections::{HashMap, HashSet};
 
-use autopar_ir::{Graph, Op, ValueId};
+use autopar_ir::{Graph, NodeMeta, Op, Phase, ValueId};
 
 pub(crate) use emit::Emitter;
 
@@ -135,7 +139,12 @@ pub fn differentiate(
             s
         }
         None => {
-            let mut e = Emitter::new(g, Some(GRAD_TAG.to_string()));
+            let meta = NodeMeta {
+                phase: Some(Phase::Backward),
+                micro_batch: g.meta(g.value(loss).producer).micro_batch,
+                ..NodeMeta::default()
+            };
+            let mut e = Emitter::new(g, Some(GRAD_TAG.to_string()), meta);
             e.constant(loss_ty, 1.0)?
         }
     };
@@ -164,7 +173,8 @@ pub fn differentiate(
             continue;
         }
         let scope = grad_scope(node.scope.as_deref());
-        let mut e = Emitter::new(g, Some(scope.clone()));
+        let meta = g.meta(n).with_phase(Phase::Backward).without_role();
+        let mut e = Emitter::new(g, Some(scope.clone()), meta);
         let in_grads = vjp::vjp(&mut e, n, &node, &out_grads, &wanted)?;
         for ((&v, grad), want) in node.inputs.iter().zip(in_grads).zip(&wanted) {
             let Some(grad) = grad else { continue };

@@ -6,7 +6,7 @@
 //! operands and `y` the result.
 
 use autopar_ir::{
-    BinaryOp, CompareOp, DType, EinsumSpec, Node, NodeId, Op, ReduceOp, TensorType, UnaryOp,
+    BinaryOp, CompareOp, DType, EinsumSpec, Node, NodeId, Op, Phase, ReduceOp, TensorType, UnaryOp,
     ValueId,
 };
 
@@ -599,7 +599,9 @@ fn attention(
 
     // The probabilities, from forward values only.
     let grad_scope = e.scope().map(str::to_string);
+    let grad_meta = e.meta();
     e.set_scope(Some(saved));
+    e.set_meta(grad_meta.with_phase(Phase::Saved));
     let q5 = e.reshape(q, &[b, s, hkv, group, d])?;
     let scores = e.einsum("bskgd,btkd->bkgst", q5, k)?;
     let mut logits = e.scale(scores, scale)?;
@@ -616,6 +618,7 @@ fn attention(
     }
     let p = e.op(Op::Softmax { dim: 4 }, &[logits])?;
     e.set_scope(grad_scope);
+    e.set_meta(grad_meta);
 
     let g5 = e.reshape(g, &[b, s, hkv, group, dv])?;
     let dv_ = want(2)

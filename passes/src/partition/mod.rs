@@ -25,15 +25,18 @@
 //!    placement) are resharded at once.
 //!
 //! Graph outputs are the stored copies of their values. Nodes emitted for a global node,
-//! collectives included, carry its scope, so dumps show where each collective comes from.
+//! collectives included, carry its scope, so dumps show where each collective comes from, and
+//! its metadata (phase, micro-batch, layer; the weight role stays on the parameter), so later
+//! passes (the pipeline splitter) place them as they place the node; the reshards of graph
+//! outputs carry neither.
 
 use std::collections::HashMap;
 
 use autopar_ir::reshard::{StepLowering, group_index, plan_reshard};
 use autopar_ir::sharding_algebra::local_shape;
 use autopar_ir::{
-    BinaryOp, DeviceMesh, Graph, IrError, NodeId, Op, ReduceKind, ReduceOp, Shape, Sharding,
-    TensorType, UnaryOp, ValueId, verify,
+    BinaryOp, DeviceMesh, Graph, IrError, NodeId, NodeMeta, Op, ReduceKind, ReduceOp, Shape,
+    Sharding, TensorType, UnaryOp, ValueId, verify,
 };
 
 use crate::error::PassError;
@@ -66,10 +69,12 @@ pub fn partition(g: &Graph, plan: &ShardingPlan, rank: usize) -> Result<Graph, P
         mesh,
         out,
         copies: HashMap::new(),
+        meta: NodeMeta::default(),
     };
     for n in g.topo_order()? {
         p.node(n)?;
     }
+    p.meta = NodeMeta::default();
     for (name, v) in g.outputs() {
         let want = p.stored(*v)?;
         let local = p.reshard(*v, &want, None)?;
@@ -93,6 +98,9 @@ struct Partitioner<'a> {
     out: Graph,
     /// Local copies of every global value: its sharding and the local value holding it.
     copies: HashMap<ValueId, Vec<(Sharding, ValueId)>>,
+    /// The metadata of the global node being partitioned, which every local node made for
+    /// it gets (without a weight role: only the parameter itself keeps that).
+    meta: NodeMeta,
 }
 
 /// True when two shardings place a value alike on every axis of size above 1.
@@ -123,11 +131,13 @@ impl Partitioner<'_> {
         })
     }
 
-    /// Sets `scope` on every node added since the graph had `before` nodes (the local graph
-    /// never loses nodes, so new nodes take the next ids).
+    /// Sets `scope` and the current metadata on every node added since the graph had `before`
+    /// nodes (the local graph never loses nodes, so new nodes take the next ids).
     fn scope_new(&mut self, before: usize, scope: &Option<String>) {
         for id in before..self.out.num_nodes() {
             self.out.set_scope(NodeId(id as u32), scope.clone());
+            self.out
+                .set_meta(NodeId(id as u32), self.meta.without_role());
         }
     }
 
@@ -200,6 +210,7 @@ impl Partitioner<'_> {
     fn node(&mut self, n: NodeId) -> Result<(), PassError> {
         let node = self.g.node(n);
         let scope = node.scope.clone();
+        self.meta = self.g.meta(n);
         if node.op.is_source() {
             let v = node.outputs[0];
             let s = self.stored(v)?;
@@ -211,6 +222,7 @@ impl Partitioner<'_> {
             }
             let id = self.out.add_node(op, &[])?;
             self.out.set_scope(id, scope);
+            self.out.set_meta(id, self.meta);
             let lv = self.out.node(id).outputs[0];
             self.copies.insert(v, vec![(s, lv)]);
             return Ok(());

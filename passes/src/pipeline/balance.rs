@@ -2,11 +2,17 @@
 //! of each layer (forward and backward of one micro-batch, embedding and loss included), and
 //! a dynamic program that cuts it into contiguous stages minimising the costliest stage,
 //! respecting boundaries the user pinned.
+//!
+//! The layer sequence is read from the nodes' typed metadata: every node of micro-batch 0 with
+//! a layer ([`autopar_ir::LayerId`]: embedding, blocks, final norm, head, loss) counts towards
+//! that layer, in the order in which the forward first reaches each. A layer's name is only a
+//! label for people (the unit of its first node's scope path, e.g. `h.3`, else the layer's own
+//! spelling, `block(3)`); pins may use either, or an index.
 
 use std::collections::HashMap;
 
 use autopar_cost_model::{Cluster, CommParams, ComputeParams};
-use autopar_ir::{Graph, Op, TensorType};
+use autopar_ir::{Graph, LayerId, Op, TensorType};
 
 use crate::autodiff::split_scope;
 use crate::error::PassError;
@@ -14,8 +20,10 @@ use crate::error::PassError;
 /// One layer of the sequence a pipeline is cut along.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Layer {
-    /// Its scope path, e.g. `embed`, `h.3`, `head`.
+    /// A label for people: its scope path, e.g. `embed`, `h.3`, `head` (or `block(3)`).
     pub name: String,
+    /// Which layer it is.
+    pub id: LayerId,
     /// FLOPs of its forward and backward for one micro-batch.
     pub flops: f64,
 }
@@ -63,7 +71,8 @@ impl StageSplit {
 }
 
 /// The layer unit of a scope path: the path up to its first numeric component (`h.3.attn`
-/// → `h.3`, `layers.0.mlp` → `layers.0`), or the whole path (`embed`, `ln_f`, `head`).
+/// → `h.3`, `layers.0.mlp` → `layers.0`), or the whole path (`embed`, `ln_f`, `head`): the
+/// label [`layer_sequence`] gives a layer, for people; layers themselves come from metadata.
 pub fn layer_unit(path: &str) -> &str {
     let mut end = 0;
     for (i, part) in path.split('.').enumerate() {
@@ -76,7 +85,9 @@ pub fn layer_unit(path: &str) -> &str {
 }
 
 /// The layers of a training-step graph in model order, each with the FLOPs of micro-batch
-/// 0's forward and backward nodes in it (per-op FLOPs from the cost model).
+/// 0's forward and backward nodes in it (per-op FLOPs from the cost model). An error when no
+/// node of micro-batch 0 has a layer in its metadata (a hand-written step without `meta{...}`):
+/// there is nothing to cut along.
 pub fn layer_sequence(step: &Graph) -> Result<Vec<Layer>, PassError> {
     let cluster = Cluster::preset("cpu").map_err(|e| PassError::BadGraph {
         graph: step.name().to_string(),
@@ -84,25 +95,27 @@ pub fn layer_sequence(step: &Graph) -> Result<Vec<Layer>, PassError> {
     })?;
     let (compute, comm) = (ComputeParams::default(), CommParams::default());
     let mut layers: Vec<Layer> = Vec::new();
-    let mut index: HashMap<String, usize> = HashMap::new();
+    let mut index: HashMap<LayerId, usize> = HashMap::new();
     for n in step.nodes_in_order() {
         let node = step.node(n);
-        let Some(scope) = node.scope.as_deref() else {
+        let meta = step.meta(n);
+        let (Some(layer), Some(0)) = (meta.layer, meta.micro_batch) else {
             continue;
         };
-        let (tags, path) = split_scope(scope);
-        let mut tags = tags.split('/').filter(|t| !t.is_empty());
-        if tags.next() != Some("mb0") || path.is_empty() {
-            continue;
-        }
-        let unit = layer_unit(path);
-        let backward = scope.contains("/grad/");
-        let idx = match index.get(unit) {
+        let idx = match index.get(&layer) {
             Some(&i) => i,
-            None if !backward => {
-                index.insert(unit.to_string(), layers.len());
+            None if meta.phase.is_some_and(|p| p.is_forward()) => {
+                index.insert(layer, layers.len());
+                // The label only: the unit of the scope path, for people and pins.
+                let name = node
+                    .scope
+                    .as_deref()
+                    .map(|s| layer_unit(split_scope(s).1))
+                    .filter(|u| !u.is_empty())
+                    .map_or_else(|| layer.to_string(), str::to_string);
                 layers.push(Layer {
-                    name: unit.to_string(),
+                    name,
+                    id: layer,
                     flops: 0.0,
                 });
                 layers.len() - 1
@@ -121,19 +134,28 @@ pub fn layer_sequence(step: &Graph) -> Result<Vec<Layer>, PassError> {
         };
         layers[idx].flops += flops;
     }
+    if layers.is_empty() {
+        return Err(PassError::BadGraph {
+            graph: step.name().to_string(),
+            detail: "no forward node of micro-batch 0 has a layer in its metadata                      (`meta{phase=forward, mb=0, layer=...}`), so there is no layer sequence to                      cut into pipeline stages"
+                .into(),
+        });
+    }
     Ok(layers)
 }
 
-/// Resolves pinned boundaries, given as layer names (`h.2`) or layer indices (`3`): each
-/// names the first layer of a stage.
+/// Resolves pinned boundaries, given as layer labels (`h.2`), layer spellings (`block(2)`)
+/// or layer indices (`3`): each names the first layer of a stage.
 pub fn resolve_boundaries(layers: &[Layer], pins: &[String]) -> Result<Vec<usize>, PassError> {
     let mut out = Vec::with_capacity(pins.len());
     for pin in pins {
         let pin = pin.trim();
         let idx = match pin.parse::<usize>() {
             Ok(i) => i,
-            Err(_) => layers.iter().position(|l| l.name == pin).ok_or_else(|| {
-                PassError::PinnedBoundary {
+            Err(_) => layers
+                .iter()
+                .position(|l| l.name == pin || l.id.to_string() == pin)
+                .ok_or_else(|| PassError::PinnedBoundary {
                     boundary: pin.to_string(),
                     detail: format!(
                         "no layer of that name (layers: {})",
@@ -143,8 +165,7 @@ pub fn resolve_boundaries(layers: &[Layer], pins: &[String]) -> Result<Vec<usize
                             .collect::<Vec<_>>()
                             .join(", ")
                     ),
-                }
-            })?,
+                })?,
         };
         if idx == 0 || idx >= layers.len() {
             return Err(PassError::PinnedBoundary {

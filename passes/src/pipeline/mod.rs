@@ -5,11 +5,12 @@
 //!
 //! # How nodes are placed
 //!
-//! The step graph of [`crate::train`] tags every node: `mb{k}/<layer path>` is micro-batch
-//! `k`'s forward, `mb{k}/grad/...` (and `recompute/`, `accumulate/`) its backward, and nodes
-//! without a micro-batch tag (`optimizer/...`, the loss mean) the optimizer phase. The layer
-//! path's unit ([`balance::layer_unit`]) gives the layer, and the stage split (balanced by
-//! FLOPs, [`balance::balance`]) its virtual stage. Nodes without a layer path float: a
+//! The step graph of [`crate::train`] gives every node its metadata ([`autopar_ir::meta`]): a
+//! node of micro-batch `k` in phase `forward` or `saved` is micro-batch `k`'s forward, one in
+//! `backward`, `recompute` or `accumulate` its backward, and nodes without a micro-batch (the
+//! optimizer, the loss mean) the optimizer phase. The node's layer ([`autopar_ir::LayerId`])
+//! gives its place in the layer sequence, and the stage split (balanced by FLOPs,
+//! [`balance::balance`]) its virtual stage; scopes are not read. Nodes without a layer float: a
 //! forward one (an input slice) runs on the earliest stage that reads it, a backward one
 //! (the loss seed, the gradient sum of an unscoped weight) on the earliest stage that holds
 //! all its operands, an optimizer one beside its earliest operand (so the update of a weight
@@ -43,7 +44,8 @@
 //! [`PassError::PipelineCut`].
 //!
 //! The step may be a partitioned local program with collectives over mesh axes other than
-//! `pp` (it keeps the scopes of the global step); the sub-programs keep its mesh.
+//! `pp` (the partitioner gives them the metadata of the global node they come from); the
+//! sub-programs keep its mesh, and every node keeps its scope and metadata.
 
 pub mod balance;
 
@@ -53,11 +55,10 @@ use autopar_ir::pipeline::{
     Carried, OptimizerSegment, PipelineProgram, SourceValue, StageProgram, value_name,
 };
 use autopar_ir::schedule::{Schedule, ScheduleKind};
-use autopar_ir::{Graph, InputRole, NodeId, Op, ValueId};
+use autopar_ir::{Graph, InputRole, LayerId, NodeId, Op, Phase as MetaPhase, ValueId};
 
 pub use balance::{Layer, StageSplit, balance, equal_split, layer_sequence, layer_unit};
 
-use crate::autodiff::split_scope;
 use crate::error::PassError;
 use crate::train::TrainStep;
 
@@ -138,11 +139,11 @@ pub fn split_pipeline(
     })?;
     let n_vs = schedule.num_virtual_stages();
     let split = plan_stages(g, n_vs, &options.boundaries)?;
-    let layer_index: HashMap<&str, usize> = split
+    let layer_index: HashMap<LayerId, usize> = split
         .layers
         .iter()
         .enumerate()
-        .map(|(i, l)| (l.name.as_str(), i))
+        .map(|(i, l)| (l.id, i))
         .collect();
     let order = g.nodes_in_order();
     let last = n_vs - 1;
@@ -156,23 +157,21 @@ pub fn split_pipeline(
         let node = g.node(n);
         let r = match node.op {
             Op::Parameter { .. } | Op::Input { .. } => Role::Source,
-            // A `recv` has no operands but is no constant: it runs where its scope says,
+            // A `recv` has no operands but is no constant: it runs where its metadata says,
             // in order with the sends of the same ring.
             _ if node.inputs.is_empty() && !node.op.is_communication() => Role::Constant,
             _ if derived.contains(&n) => Role::Derived,
             _ => {
-                let (phase, path) = classify(node.scope.as_deref());
-                if path.is_empty() {
+                let (phase, layer) = classify(g, n);
+                let Some(layer) = layer else {
                     floating.push((n, phase));
                     continue;
-                }
-                let unit = layer_unit(path);
-                let Some(&layer) = layer_index.get(unit) else {
+                };
+                let Some(&layer) = layer_index.get(&layer) else {
                     return Err(PassError::BadGraph {
                         graph: g.name().to_string(),
                         detail: format!(
-                            "{n} has scope `{}` whose layer `{unit}` has no forward nodes",
-                            node.scope.as_deref().unwrap_or("")
+                            "{n} belongs to layer `{layer}`, which has no forward nodes in                              micro-batch 0"
                         ),
                     });
                 };
@@ -470,25 +469,25 @@ pub fn split_pipeline(
     Ok(PipelineSplit { split, program })
 }
 
-/// The phase of a scope and its layer path.
-fn classify(scope: Option<&str>) -> (Phase, &str) {
-    let (tags, path) = split_scope(scope.unwrap_or(""));
-    let mut mb = None;
-    let mut backward = false;
-    for t in tags.split('/') {
-        if let Some(k) = t.strip_prefix("mb").and_then(|k| k.parse::<usize>().ok()) {
-            mb = Some(k);
-        }
-        if matches!(t, "grad" | "accumulate" | "recompute") {
-            backward = true;
-        }
-    }
-    let phase = match mb {
-        Some(k) if backward => Phase::Backward(k),
-        Some(k) => Phase::Forward(k),
-        None => Phase::Optimizer,
+/// When node `n` runs and its layer, from its metadata: a node of a micro-batch runs in that
+/// micro-batch's forward or backward (gradients, their accumulation and recomputed copies);
+/// everything else in the optimizer phase.
+fn classify(g: &Graph, n: NodeId) -> (Phase, Option<LayerId>) {
+    let meta = g.meta(n);
+    let phase = match (meta.micro_batch, meta.phase) {
+        (None, _) => Phase::Optimizer,
+        (Some(k), None | Some(MetaPhase::Forward | MetaPhase::Saved)) => Phase::Forward(k as usize),
+        (
+            Some(k),
+            Some(
+                MetaPhase::Backward
+                | MetaPhase::Recompute
+                | MetaPhase::Accumulate
+                | MetaPhase::Optimizer,
+            ),
+        ) => Phase::Backward(k as usize),
     };
-    (phase, path)
+    (phase, meta.layer)
 }
 
 fn phase_name(p: Phase) -> &'static str {
@@ -566,7 +565,7 @@ fn derived_nodes(g: &Graph, order: &[NodeId], graph_outputs: &HashSet<ValueId>) 
         // their partner's: never recomputed.
         if node.inputs.is_empty()
             || matches!(node.op, Op::Send { .. } | Op::Recv { .. })
-            || matches!(classify(node.scope.as_deref()).0, Phase::Optimizer)
+            || matches!(classify(g, n).0, Phase::Optimizer)
             || node.outputs.iter().any(|v| graph_outputs.contains(v))
         {
             continue;
@@ -640,12 +639,7 @@ fn extract(
         for &v in &node.inputs {
             define_operand(g, &mut sub, v, &inside, derived, &mut defined, &mut inputs)?;
         }
-        sub.add_node_with_ids(
-            node.op.clone(),
-            &node.inputs,
-            &node.outputs,
-            node.scope.clone(),
-        )?;
+        sub.copy_node(g, n, &node.inputs, &node.outputs)?;
         for &v in &node.outputs {
             defined.insert(v);
             if exported(v) {
@@ -683,18 +677,13 @@ fn define_operand(
         for &u in &producer.inputs {
             define_operand(g, sub, u, inside, derived, defined, inputs)?;
         }
-        sub.add_node_with_ids(
-            producer.op.clone(),
-            &producer.inputs,
-            &producer.outputs,
-            producer.scope.clone(),
-        )?;
+        sub.copy_node(g, p, &producer.inputs, &producer.outputs)?;
         defined.extend(producer.outputs.iter().copied());
         return Ok(());
     }
     if producer.inputs.is_empty() && !matches!(producer.op, Op::Parameter { .. } | Op::Input { .. })
     {
-        sub.add_node_with_ids(producer.op.clone(), &[], &[v], producer.scope.clone())?;
+        sub.copy_node(g, p, &[], &[v])?;
     } else {
         debug_assert!(!inside.contains(&p));
         let op = Op::Input {

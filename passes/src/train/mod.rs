@@ -26,9 +26,20 @@
 //! forward whose nodes are scoped `mb{k}/<forward scope>`; its backward follows at once
 //! (`mb{k}/grad/...`, seeded with `1/m` so that the sum of the micro-batch gradients is the
 //! gradient of the mean loss), then its gradients are added to the running sums in fp32
-//! (`mb{k}/accumulate/<parameter scope>`). The micro-batch tag keeps every node of one
-//! micro-batch identifiable for pipeline passes. MoE capacity is per micro-batch, as the
-//! forward graph fixes it.
+//! (`mb{k}/accumulate/<parameter scope>`). MoE capacity is per micro-batch, as the forward
+//! graph fixes it.
+//!
+//! # Metadata
+//!
+//! What later passes read is each node's [`NodeMeta`], never the scopes above (provenance for
+//! dumps): micro-batch `k`'s forward copies keep their forward node's layer and part with
+//! `phase=forward, mb=k`; its backward gets `phase=backward, mb=k` (autodiff keeps the
+//! forward node's layer and part; the seed has none); the gradient sums `phase=accumulate, mb=k` with
+//! their weight's layer; the mean of the losses `phase=accumulate` and no micro-batch; the
+//! optimizer (state, updates, norm, clipping, loss scale) `phase=optimizer`, with the weight's
+//! layer where it is per weight. The copied parameters and inputs keep the forward's
+//! metadata (layer, weight role); the optimizer state gets its weight's layer, no role and,
+//! like every parameter and input, no phase.
 //!
 //! # Mixed precision
 //!
@@ -65,7 +76,7 @@ mod optimizer;
 
 use std::collections::{HashMap, HashSet};
 
-use autopar_ir::{DType, Graph, Op, TensorType, ValueId, verify};
+use autopar_ir::{DType, Graph, NodeMeta, Op, Phase, TensorType, ValueId, verify};
 
 pub use order::{RECOMPUTE_TAG, has_tag, sequence};
 
@@ -100,6 +111,14 @@ pub fn adam_m_name(param: &str) -> String {
 /// AdamW second moment of weight `param`.
 pub fn adam_v_name(param: &str) -> String {
     format!("{param}:adam_v")
+}
+
+/// Metadata of a step node in `phase` outside every micro-batch and layer.
+pub(crate) fn in_phase(phase: Phase) -> NodeMeta {
+    NodeMeta {
+        phase: Some(phase),
+        ..NodeMeta::default()
+    }
 }
 
 /// The scope tag of micro-batch `k`.
@@ -273,7 +292,7 @@ pub fn build_train_step(forward: &Graph, options: &TrainOptions) -> Result<Train
 
     // The state and the global-batch inputs.
     let order = forward.topo_order()?;
-    let mut masters: Vec<(String, ValueId, Option<String>)> = Vec::new();
+    let mut masters: Vec<(String, ValueId, Option<String>, NodeMeta)> = Vec::new();
     let mut sources: HashMap<ValueId, ValueId> = HashMap::new();
     for &n in &order {
         let node = forward.node(n);
@@ -299,6 +318,7 @@ pub fn build_train_step(forward: &Graph, options: &TrainOptions) -> Result<Train
         };
         let id = g.add_node(op, &[])?;
         g.set_scope(id, node.scope.clone());
+        g.set_meta(id, forward.meta(n));
         let v = g.node(id).outputs[0];
         g.set_sharding(v, forward.value(node.outputs[0]).sharding.clone())?;
         sources.insert(node.outputs[0], v);
@@ -308,7 +328,7 @@ pub fn build_train_step(forward: &Graph, options: &TrainOptions) -> Result<Train
                     "parameter `{name}` is not a float ({ty})"
                 )));
             }
-            masters.push((name.clone(), v, node.scope.clone()));
+            masters.push((name.clone(), v, node.scope.clone(), forward.meta(n)));
         }
     }
     let state = optimizer::declare_state(&mut g, &masters, options)?;
@@ -316,7 +336,11 @@ pub fn build_train_step(forward: &Graph, options: &TrainOptions) -> Result<Train
 
     // The seed of every micro-batch's backward: 1/m, times the loss scale.
     let seed_scale = {
-        let mut e = Emitter::new(&mut g, Some("optimizer/".into()));
+        let mut e = Emitter::new(
+            &mut g,
+            Some("optimizer/".into()),
+            in_phase(Phase::Optimizer),
+        );
         match (&state.loss_scale, options.loss_scaling) {
             (Some(ls), Some(cfg)) => {
                 let init = e.scalar(DType::F32, cfg.initial_scale)?;
@@ -327,19 +351,32 @@ pub fn build_train_step(forward: &Graph, options: &TrainOptions) -> Result<Train
     };
 
     let needed = needed_nodes(forward, fwd_loss);
-    let master_values: Vec<ValueId> = masters.iter().map(|(_, v, _)| *v).collect();
+    let master_values: Vec<ValueId> = masters.iter().map(|(_, v, _, _)| *v).collect();
     let mut grad_sums: Vec<Option<ValueId>> = vec![None; masters.len()];
     let mut losses = Vec::with_capacity(m);
     for k in 0..m {
         let tag = micro_batch_tag(k);
         let scoped = |s: Option<&str>| Some(format!("{tag}{}", s.unwrap_or("")));
+        let mb = u32::try_from(k).ok();
+        // Micro-batch `k`'s copy of a forward node: its layer and part, in `phase`.
+        let batched = |meta: NodeMeta, phase: Phase| NodeMeta {
+            phase: Some(phase),
+            micro_batch: mb,
+            layer: meta.layer,
+            part: meta.part,
+            role: None,
+        };
         let mut map: HashMap<ValueId, ValueId> = HashMap::new();
         for &n in &order {
             if !needed.contains(&n) {
                 continue;
             }
             let node = forward.node(n);
-            let mut e = Emitter::new(&mut g, scoped(node.scope.as_deref()));
+            let meta = batched(
+                forward.meta(n),
+                forward.meta(n).phase.unwrap_or(Phase::Forward),
+            );
+            let mut e = Emitter::new(&mut g, scoped(node.scope.as_deref()), meta);
             if let Some(&global) = node.outputs.first().and_then(|v| sources.get(v)) {
                 // A weight or an input of this micro-batch: slice, then cast to the compute dtype.
                 let mut v = global;
@@ -382,14 +419,11 @@ pub fn build_train_step(forward: &Graph, options: &TrainOptions) -> Result<Train
                 map.insert(old, new);
             }
         }
+        let loss_node = forward.value(fwd_loss).producer;
         let mut e = Emitter::new(
             &mut g,
-            scoped(
-                forward
-                    .node(forward.value(fwd_loss).producer)
-                    .scope
-                    .as_deref(),
-            ),
+            scoped(forward.node(loss_node).scope.as_deref()),
+            batched(forward.meta(loss_node), Phase::Forward),
         );
         let loss = e.cast_if_needed(map[&fwd_loss], DType::F32)?;
         if e.ty(loss).num_elements() != 1 {
@@ -399,6 +433,7 @@ pub fn build_train_step(forward: &Graph, options: &TrainOptions) -> Result<Train
             )));
         }
         e.set_scope(Some(format!("{tag}{}", autodiff::GRAD_TAG)));
+        e.set_meta(batched(NodeMeta::default(), Phase::Backward));
         let mut seed = e.full_like(loss, 1.0 / m as f64)?;
         if let Some(scale) = seed_scale {
             let scale = e.reshape(scale, &e.dims(loss))?;
@@ -413,7 +448,8 @@ pub fn build_train_step(forward: &Graph, options: &TrainOptions) -> Result<Train
                 scoped(masters[i].2.as_deref()).as_deref(),
                 ACCUMULATE_TAG,
             );
-            let mut e = Emitter::new(&mut g, Some(scope));
+            let meta = batched(masters[i].3, Phase::Accumulate);
+            let mut e = Emitter::new(&mut g, Some(scope), meta);
             grad_sums[i] = Some(match grad_sums[i] {
                 Some(sum) => e.add(sum, grad)?,
                 None => grad,
@@ -423,7 +459,11 @@ pub fn build_train_step(forward: &Graph, options: &TrainOptions) -> Result<Train
 
     // The reported loss: the mean over micro-batches.
     let loss = {
-        let mut e = Emitter::new(&mut g, Some(ACCUMULATE_TAG.to_string()));
+        let mut e = Emitter::new(
+            &mut g,
+            Some(ACCUMULATE_TAG.to_string()),
+            in_phase(Phase::Accumulate),
+        );
         let mut total = losses[0];
         for &l in &losses[1..] {
             total = e.add(total, l)?;
@@ -438,11 +478,12 @@ pub fn build_train_step(forward: &Graph, options: &TrainOptions) -> Result<Train
     let params: Vec<optimizer::Weight> = masters
         .iter()
         .zip(&grad_sums)
-        .map(|((name, value, scope), grad)| optimizer::Weight {
+        .map(|((name, value, scope, meta), grad)| optimizer::Weight {
             name: name.clone(),
             value: *value,
             grad: *grad,
             scope: scope.clone(),
+            layer: meta.layer,
         })
         .collect();
     optimizer::emit_update(&mut g, &params, &state, options, seed_scale)?;
@@ -452,7 +493,7 @@ pub fn build_train_step(forward: &Graph, options: &TrainOptions) -> Result<Train
     verify(&graph)?;
     Ok(TrainStep {
         graph,
-        weights: masters.into_iter().map(|(name, _, _)| name).collect(),
+        weights: masters.into_iter().map(|(name, _, _, _)| name).collect(),
         optimizer_state: state.names(),
         micro_batches: m,
     })
@@ -516,10 +557,10 @@ fn check_options(o: &TrainOptions) -> Result<(), PassError> {
 /// The state names must not collide with the forward's parameters or with each other.
 fn check_names(
     forward: &Graph,
-    masters: &[(String, ValueId, Option<String>)],
+    masters: &[(String, ValueId, Option<String>, NodeMeta)],
     state: &optimizer::State,
 ) -> Result<(), PassError> {
-    let seen: HashSet<&str> = masters.iter().map(|(n, _, _)| n.as_str()).collect();
+    let seen: HashSet<&str> = masters.iter().map(|(n, _, _, _)| n.as_str()).collect();
     let reserved = ["loss", GRAD_NORM, GRADS_FINITE];
     for name in state.names().iter().map(String::as_str).chain(reserved) {
         if seen.contains(name) {

@@ -1,11 +1,14 @@
 //! The optimizer part of the step graph: its state, loss unscaling, the global gradient
 //! norm and clipping, the updates, and the loss-scale bookkeeping with skipped steps.
 
-use autopar_ir::{BinaryOp, CompareOp, DType, Graph, Init, Op, TensorType, UnaryOp, ValueId};
+use autopar_ir::{
+    BinaryOp, CompareOp, DType, Graph, Init, LayerId, NodeMeta, Op, Phase, TensorType, UnaryOp,
+    ValueId,
+};
 
 use super::{
     GOOD_STEPS, GRAD_NORM, GRADS_FINITE, LOSS_SCALE, Optimizer, STEP_COUNT, TrainOptions,
-    adam_m_name, adam_v_name, momentum_name,
+    adam_m_name, adam_v_name, in_phase, momentum_name,
 };
 use crate::autodiff::{Emitter, with_tag};
 use crate::error::PassError;
@@ -19,6 +22,16 @@ pub(super) struct Weight {
     pub value: ValueId,
     pub grad: Option<ValueId>,
     pub scope: Option<String>,
+    /// The weight's layer, which its update nodes get.
+    pub layer: Option<LayerId>,
+}
+
+/// Metadata of the optimizer's nodes for a weight in `layer`.
+fn optimizer_meta(layer: Option<LayerId>) -> NodeMeta {
+    NodeMeta {
+        layer,
+        ..in_phase(Phase::Optimizer)
+    }
 }
 
 /// The loss-scaling state values.
@@ -61,15 +74,25 @@ impl State {
 /// Declares the optimizer state as parameters, with the shardings of their weights.
 pub(super) fn declare_state(
     g: &mut Graph,
-    masters: &[(String, ValueId, Option<String>)],
+    masters: &[(String, ValueId, Option<String>, NodeMeta)],
     options: &TrainOptions,
 ) -> Result<State, PassError> {
-    let declare = |g: &mut Graph, name: String, ty: TensorType, init, scope: Option<&str>| {
-        let mut e = Emitter::new(g, Some(with_tag(scope, OPTIMIZER_TAG)));
+    let declare = |g: &mut Graph,
+                   name: String,
+                   ty: TensorType,
+                   init,
+                   scope: Option<&str>,
+                   layer: Option<LayerId>| {
+        // A parameter has no phase (it is state, read by every phase); the layer is its weight's.
+        let meta = NodeMeta {
+            layer,
+            ..NodeMeta::default()
+        };
+        let mut e = Emitter::new(g, Some(with_tag(scope, OPTIMIZER_TAG)), meta);
         e.op(Op::Parameter { name, ty, init }, &[])
     };
     let mut buffers = Vec::with_capacity(masters.len());
-    for (name, value, scope) in masters {
+    for (name, value, scope, meta) in masters {
         let ty = g.ty(*value).clone();
         let names = match options.optimizer {
             Optimizer::Sgd { .. } => vec![momentum_name(name)],
@@ -77,7 +100,14 @@ pub(super) fn declare_state(
         };
         let mut values = Vec::with_capacity(names.len());
         for n in names {
-            let v = declare(g, n.clone(), ty.clone(), Init::Zeros, scope.as_deref())?;
+            let v = declare(
+                g,
+                n.clone(),
+                ty.clone(),
+                Init::Zeros,
+                scope.as_deref(),
+                meta.layer,
+            )?;
             g.set_sharding(v, g.value(*value).sharding.clone())?;
             values.push((n, v));
         }
@@ -91,13 +121,14 @@ pub(super) fn declare_state(
             scalar.clone(),
             Init::Zeros,
             None,
+            None,
         )?),
         Optimizer::Sgd { .. } => None,
     };
     let loss_scale = match options.loss_scaling {
         Some(_) => Some(ScaleState {
-            scale: declare(g, LOSS_SCALE.into(), scalar.clone(), Init::Ones, None)?,
-            good: declare(g, GOOD_STEPS.into(), scalar, Init::Zeros, None)?,
+            scale: declare(g, LOSS_SCALE.into(), scalar.clone(), Init::Ones, None, None)?,
+            good: declare(g, GOOD_STEPS.into(), scalar, Init::Zeros, None, None)?,
         }),
         None => None,
     };
@@ -117,7 +148,7 @@ pub(super) fn emit_update(
     options: &TrainOptions,
     scale: Option<ValueId>,
 ) -> Result<(), PassError> {
-    let mut e = Emitter::new(g, Some(OPTIMIZER_TAG.into()));
+    let mut e = Emitter::new(g, Some(OPTIMIZER_TAG.into()), optimizer_meta(None));
     let inv_scale = scale.map(|s| e.unary(UnaryOp::Recip, s)).transpose()?;
 
     // Unscaled gradients and their global sum of squares.
@@ -125,6 +156,7 @@ pub(super) fn emit_update(
     let mut total: Option<ValueId> = None;
     for w in weights {
         e.set_scope(Some(with_tag(w.scope.as_deref(), OPTIMIZER_TAG)));
+        e.set_meta(optimizer_meta(w.layer));
         let mut grad = match w.grad {
             Some(grad) => grad,
             None => e.full_like(w.value, 0.0)?,
@@ -143,6 +175,7 @@ pub(super) fn emit_update(
         grads.push(grad);
     }
     e.set_scope(Some(OPTIMIZER_TAG.into()));
+    e.set_meta(optimizer_meta(None));
     let total = match total {
         Some(t) => t,
         None => e.scalar(DType::F32, 0.0)?,
@@ -184,6 +217,7 @@ pub(super) fn emit_update(
 
     for ((w, grad), buffers) in weights.iter().zip(grads).zip(&state.buffers) {
         e.set_scope(Some(with_tag(w.scope.as_deref(), OPTIMIZER_TAG)));
+        e.set_meta(optimizer_meta(w.layer));
         let dims = e.dims(grad);
         let grad = match clip {
             Some(factor) => {
@@ -242,6 +276,7 @@ pub(super) fn emit_update(
 
     if let (Some(ls), Some(cfg)) = (&state.loss_scale, options.loss_scaling) {
         e.set_scope(Some(OPTIMIZER_TAG.into()));
+        e.set_meta(optimizer_meta(None));
         let one = e.full_like(ls.good, 1.0)?;
         let good = e.add(ls.good, one)?;
         let interval = e.full_like(good, f64::from(cfg.growth_interval))?;

@@ -6,9 +6,9 @@
 //! renumbers a step graph (value ids are kept) so that:
 //!
 //! - forward, gradient and optimizer nodes keep their relative order (they are *anchored*);
-//! - `saved/` nodes (see [`crate::autodiff`]) run as early as their operands allow, that is
+//! - nodes of phase [`Phase::Saved`](autopar_ir::Phase::Saved) (see [`crate::autodiff`]) run as early as their operands allow, that is
 //!   in the forward, so their results are stored until the backward uses them;
-//! - `recompute/` nodes ([`crate::recompute`]), constants, parameters and inputs run as late
+//! - [`Phase::Recompute`](autopar_ir::Phase::Recompute) nodes ([`crate::recompute`]), constants, parameters and inputs run as late
 //!   as possible, just before their first user, so a recomputed activation lives only from
 //!   its recomputation to its last backward use.
 //!
@@ -17,7 +17,7 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 
-use autopar_ir::{Graph, NodeId, Op};
+use autopar_ir::{Graph, NodeId, Op, Phase as MetaPhase};
 
 use crate::autodiff::split_scope;
 use crate::error::PassError;
@@ -36,14 +36,15 @@ enum Placement {
     Late,
 }
 
-/// True when `scope` carries the tag `tag` (written with its trailing `/`).
+/// True when `scope` carries the tag `tag` (written with its trailing `/`). Scopes are
+/// provenance for humans: passes read [`Graph::meta`] instead.
 pub fn has_tag(scope: Option<&str>, tag: &str) -> bool {
     let name = tag.trim_end_matches('/');
     scope.is_some_and(|s| split_scope(s).0.split('/').any(|t| t == name))
 }
 
 /// `g` with its nodes renumbered in the execution order described in the module docs. The
-/// result is structurally the same graph: same values, types, shardings, scopes and outputs.
+/// result is structurally the same graph: same values, types, shardings, scopes, metadata and outputs.
 pub fn sequence(g: &Graph) -> Result<Graph, PassError> {
     let topo = g.topo_order()?;
     let position: HashMap<NodeId, i64> = topo
@@ -57,14 +58,14 @@ pub fn sequence(g: &Graph) -> Result<Graph, PassError> {
     let mut key: HashMap<NodeId, (i64, i64)> = HashMap::new();
     for &n in &topo {
         let node = g.node(n);
-        let scope = node.scope.as_deref();
+        let phase = g.meta(n).phase;
         let source = matches!(
             node.op,
             Op::Constant { .. } | Op::Parameter { .. } | Op::Input { .. }
         );
-        let p = if source || has_tag(scope, RECOMPUTE_TAG) {
+        let p = if source || phase == Some(MetaPhase::Recompute) {
             Placement::Late
-        } else if has_tag(scope, crate::autodiff::SAVED_TAG) {
+        } else if phase == Some(MetaPhase::Saved) {
             // After the latest operand that is not itself placed late.
             let after = node
                 .inputs
@@ -132,18 +133,13 @@ pub fn sequence(g: &Graph) -> Result<Graph, PassError> {
 }
 
 /// A copy of `g` whose nodes are added in `order` (a topological order of all its nodes),
-/// keeping value ids, scopes, shardings and outputs.
+/// keeping value ids, scopes, metadata, shardings and outputs.
 pub(crate) fn rebuild(g: &Graph, order: &[NodeId]) -> Result<Graph, PassError> {
     let mut out = Graph::new(g.name());
     out.set_mesh(g.mesh().cloned());
     for &n in order {
         let node = g.node(n);
-        out.add_node_with_ids(
-            node.op.clone(),
-            &node.inputs,
-            &node.outputs,
-            node.scope.clone(),
-        )?;
+        out.copy_node(g, n, &node.inputs, &node.outputs)?;
         for &v in &node.outputs {
             out.set_sharding(v, g.value(v).sharding.clone())?;
         }
