@@ -100,7 +100,7 @@ pub fn plan(args: PlanArgs) -> Result<()> {
     opts.threads = args.threads;
     opts.constraints = Constraints::parse(&args.pin)?;
     if let Some(path) = &args.annotate {
-        opts.constraints = annotation_constraints(path, &args.pin)?;
+        opts.constraints = annotation_constraints(&args.model, path, &args.pin)?;
     }
     if let Some(s) = args.max_seconds {
         if !(s.is_finite() && s >= 0.0) {
@@ -255,10 +255,13 @@ pub fn plan(args: PlanArgs) -> Result<()> {
 }
 
 /// The constraints of `--annotate FILE` combined with `--pin` (see
-/// [`driver::search::annotation_constraints`]).
-pub fn annotation_constraints(path: &str, pin: &str) -> Result<Constraints> {
+/// [`driver::search::annotation_constraints`]), for the model argument `model`.
+pub fn annotation_constraints(model: &str, path: &str, pin: &str) -> Result<Constraints> {
     let text = std::fs::read_to_string(path).with_context(|| format!("cannot read `{path}`"))?;
-    Ok(driver::search::annotation_constraints(path, &text, pin)?)
+    let g = driver::load_model_shapes(model)?;
+    Ok(driver::search::annotation_constraints(
+        &g, path, &text, pin,
+    )?)
 }
 
 fn header(

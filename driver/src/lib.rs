@@ -45,7 +45,7 @@ pub use compile::{CompiledPipeline, CompiledStep, Pass, PassDump, PassTiming, co
 pub use error::Error;
 pub use model::{
     DumpFormat, ModelSource, dump, estimate, load_annotations, load_cluster,
-    load_micro_batch_forward, load_model, load_train_step, model_config,
+    load_micro_batch_forward, load_model, load_model_shapes, load_train_step, model_config,
 };
 pub use options::{CompileOptions, PipelineSpec, SequenceLayout, sequence_layout, without_pp};
 pub use run::{PipelineRankStats, RankStats, RunOptions, RunReport, StepEvent, run, run_on};

@@ -135,11 +135,17 @@ pub fn load_annotations(path: &str) -> Result<Vec<Annotation>, Error> {
 /// The transformer description of a model argument (a zoo name or spec, or a graph file),
 /// read off its graph: what the cost model and the strategy search work from.
 pub fn model_config(model: &str) -> Result<autopar_cost_model::TransformerConfig, Error> {
-    let g = match ModelSource::classify(model) {
-        ModelSource::Zoo(_) => load_model(model, Some(1))?,
-        ModelSource::AirFile(_) | ModelSource::JsonFile(_) => load_model(model, None)?,
-    };
+    let g = load_model_shapes(model)?;
     Ok(autopar_cost_model::TransformerConfig::from_graph(&g)?)
+}
+
+/// The graph of a model argument for its structure and shapes alone: a zoo model at batch 1,
+/// a file as it is.
+pub fn load_model_shapes(model: &str) -> Result<Graph, Error> {
+    match ModelSource::classify(model) {
+        ModelSource::Zoo(_) => load_model(model, Some(1)),
+        ModelSource::AirFile(_) | ModelSource::JsonFile(_) => load_model(model, None),
+    }
 }
 
 /// Estimates one training step of a transformer under `plan` on `cluster`.

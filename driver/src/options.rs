@@ -130,7 +130,8 @@ impl CompileOptions {
         };
         let mesh = DeviceMesh::new(axes)?;
         // A plan that fixes its layers per virtual stage starts every stage after the first
-        // at its first block; otherwise the splitter balances the step's FLOPs.
+        // at its first block (by the block's index, whatever its layers are called);
+        // otherwise the splitter balances the step's FLOPs.
         let boundaries: Vec<String> = plan
             .stage_layers
             .iter()
@@ -139,7 +140,7 @@ impl CompileOptions {
                     .iter()
                     .scan(0, |start, n| {
                         *start += n;
-                        Some(format!("h.{start}"))
+                        Some(format!("block({start})"))
                     })
                     .collect::<Vec<_>>()
             })

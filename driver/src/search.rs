@@ -9,14 +9,21 @@ pub use autopar_passes::search::{
     search_with_progress,
 };
 
-use autopar_ir::{Axis, Placement, axis};
+use autopar_ir::{Axis, Graph, Placement, axis};
 
 use crate::Error;
 
-/// The constraints of an annotation file (`path`, its text `text`) combined with `--pin`:
-/// `mesh:` lines pin plan keys, tensor lines require the axes they shard over to be longer
-/// than 1, and a layer weight split over `tp` keeps its op split over `tp` in every plan.
-pub fn annotation_constraints(path: &str, text: &str, pin: &str) -> Result<Constraints, Error> {
+/// The constraints of an annotation file (`path`, its text `text`) for `model` combined with
+/// `--pin`: `mesh:` lines pin plan keys, tensor lines require the axes they shard over to be
+/// longer than 1, and a layer weight (by its role in `model`, not its name) split over `tp`
+/// keeps its op split over `tp` in every plan. A tensor line must name a parameter or an
+/// input of `model`.
+pub fn annotation_constraints(
+    model: &Graph,
+    path: &str,
+    text: &str,
+    pin: &str,
+) -> Result<Constraints, Error> {
     let usage = |e: String| Error::Usage(e);
     let mut pins = Vec::new();
     // Tensor lines go to the annotation parser with their line numbers kept.
@@ -56,6 +63,20 @@ pub fn annotation_constraints(path: &str, text: &str, pin: &str) -> Result<Const
     let annotations = autopar_passes::parallelize::parse_annotations(&tensors)
         .map_err(|e| usage(format!("{path}: {e}")))?;
     for a in &annotations {
+        let parameter = model
+            .parameters()
+            .into_iter()
+            .find(|(_, name, _)| *name == a.tensor)
+            .map(|(v, _, _)| v);
+        let is_input = model.inputs().iter().any(|(_, name, _)| *name == a.tensor);
+        if parameter.is_none() && !is_input {
+            return Err(usage(format!(
+                "{path}:{}: `{}` is neither a parameter nor an input of `{}`",
+                a.line,
+                a.tensor,
+                model.name()
+            )));
+        }
         for (name, placement) in &a.axes {
             if !matches!(placement, Placement::Shard(_)) {
                 continue;
@@ -74,7 +95,8 @@ pub fn annotation_constraints(path: &str, text: &str, pin: &str) -> Result<Const
             }
             // A weight split over tp keeps its op split over tp in every plan.
             if name == axis::TP
-                && let Some(op) = autopar_passes::parallelize::layer_op_of_weight(&a.tensor)
+                && let Some(op) = parameter
+                    .and_then(|v| autopar_passes::parallelize::layer_op_of_parameter(model, v))
                 && !c.tensor_ops.contains(&op)
             {
                 c.tensor_ops.push(op);
