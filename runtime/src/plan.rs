@@ -194,11 +194,21 @@ pub fn plan_all(graphs: &[Graph]) -> Result<Vec<ExecutionPlan>, RuntimeError> {
 /// Everything of a graph that [`ExecutionPlan::new`] reads.
 #[derive(PartialEq, Eq)]
 struct PlanKey {
-    /// Per node in id order: its id, operands, results with their sizes, and whether it is
-    /// fed (a parameter or an input).
-    nodes: Vec<(NodeId, Vec<ValueId>, Vec<(ValueId, u64)>, bool)>,
+    /// Per node, in id order.
+    nodes: Vec<NodeKey>,
     /// The graph's output values, in order.
     outputs: Vec<ValueId>,
+}
+
+/// What the plan reads of one node.
+#[derive(PartialEq, Eq)]
+struct NodeKey {
+    id: NodeId,
+    operands: Vec<ValueId>,
+    /// Results with their sizes in bytes.
+    results: Vec<(ValueId, u64)>,
+    /// A parameter or an input: resident from the start.
+    fed: bool,
 }
 
 impl PlanKey {
@@ -213,7 +223,12 @@ impl PlanKey {
                 .map(|&v| Ok((v, g.value_checked(v)?.ty.size_bytes())))
                 .collect::<Result<Vec<_>, IrError>>()?;
             let fed = matches!(node.op, Op::Parameter { .. } | Op::Input { .. });
-            nodes.push((n, node.inputs.clone(), results, fed));
+            nodes.push(NodeKey {
+                id: n,
+                operands: node.inputs.clone(),
+                results,
+                fed,
+            });
         }
         let outputs = g.outputs().iter().map(|&(_, v)| v).collect();
         Ok(PlanKey { nodes, outputs })

@@ -1,7 +1,7 @@
 //! GPT (GPT-2/GPT-3 style): learned positions, pre-LN blocks, GELU MLP with biases, and an
 //! output layer tied to the token embedding; optionally with mixture-of-experts MLPs.
 
-use autopar_ir::{LayerId, Part, WeightRole};
+use autopar_ir::{LayerId, Part, WeightRole, axis};
 
 use crate::builder::{ModelBuilder, ONES, ZEROS, normal};
 use crate::tensor::Tensor;
@@ -66,7 +66,7 @@ pub(crate) fn build<'m>(m: &'m ModelBuilder, c: &GptConfig, batch: usize) -> Ten
     let wte = m
         .param("wte", [v, h], normal(INIT_STD))
         .role(WeightRole::TokenEmbedding)
-        .shard(0, "tp");
+        .shard(0, axis::TP);
     let wpe = m
         .param("wpe", [s, h], normal(0.01))
         .role(WeightRole::PositionEmbedding);
@@ -109,8 +109,8 @@ fn self_attention<'m>(m: &'m ModelBuilder, c: &GptConfig, x: Tensor<'m>) -> Tens
         let w = m
             .param(weight, [h, n, d], normal(INIT_STD))
             .role(role)
-            .shard(1, "tp");
-        let b = m.param(bias, [n, d], ZEROS).role(role).shard(0, "tp");
+            .shard(1, axis::TP);
+        let b = m.param(bias, [n, d], ZEROS).role(role).shard(0, axis::TP);
         x.einsum("bsh,hnd->bsnd", w).add_bias(b)
     };
     let (q, k, v) = (
@@ -121,7 +121,7 @@ fn self_attention<'m>(m: &'m ModelBuilder, c: &GptConfig, x: Tensor<'m>) -> Tens
     let wo = m
         .param("wo", [n, d, h], normal(residual_std(c.n_layers)))
         .role(WeightRole::AttentionOut)
-        .shard(0, "tp");
+        .shard(0, axis::TP);
     let bo = m.param("bo", [h], ZEROS).role(WeightRole::AttentionOut);
     q.causal_attention(k, v, 1.0 / (d as f64).sqrt())
         .einsum("bsnd,ndh->bsh", wo)
@@ -146,15 +146,15 @@ fn mlp<'m>(m: &'m ModelBuilder, c: &GptConfig, x: Tensor<'m>) -> Tensor<'m> {
     let w1 = m
         .param("w1", [h, f], normal(INIT_STD))
         .role(WeightRole::MlpIn)
-        .shard(1, "tp");
+        .shard(1, axis::TP);
     let b1 = m
         .param("b1", [f], ZEROS)
         .role(WeightRole::MlpIn)
-        .shard(0, "tp");
+        .shard(0, axis::TP);
     let w2 = m
         .param("w2", [f, h], normal(out_std))
         .role(WeightRole::MlpOut)
-        .shard(0, "tp");
+        .shard(0, axis::TP);
     let b2 = m.param("b2", [h], ZEROS).role(WeightRole::MlpOut);
     x.einsum("bsh,hf->bsf", w1)
         .add_bias(b1)

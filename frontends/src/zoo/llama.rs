@@ -1,7 +1,7 @@
 //! Llama (Llama-3 style): RMSNorm, rotary positions, grouped-query attention, SwiGLU MLP, no
 //! biases and an untied output layer; with MoE MLPs it is Mixtral.
 
-use autopar_ir::{LayerId, Part, WeightRole};
+use autopar_ir::{LayerId, Part, WeightRole, axis};
 
 use crate::builder::{ModelBuilder, ONES, normal};
 use crate::tensor::Tensor;
@@ -69,11 +69,11 @@ pub(crate) fn build<'m>(m: &'m ModelBuilder, c: &LlamaConfig, batch: usize) -> T
     let tok_embeddings = m
         .param("tok_embeddings", [v, h], normal(INIT_STD))
         .role(WeightRole::TokenEmbedding)
-        .shard(0, "tp");
+        .shard(0, axis::TP);
     let lm_head = m
         .param("lm_head", [v, h], normal(INIT_STD))
         .role(WeightRole::Head)
-        .shard(0, "tp");
+        .shard(0, axis::TP);
 
     let mut x = m.layer(LayerId::Embedding, "embed", || {
         tok_embeddings.gather(tokens)
@@ -111,7 +111,7 @@ fn self_attention<'m>(m: &'m ModelBuilder, c: &LlamaConfig, x: Tensor<'m>) -> Te
     let project = |name: &str, heads: usize, role: WeightRole| {
         m.param(name, [h, heads, d], normal(INIT_STD))
             .role(role)
-            .shard(1, "tp")
+            .shard(1, axis::TP)
     };
     let wq = project("wq", n, WeightRole::Query);
     let wk = project("wk", kv, WeightRole::Key);
@@ -119,7 +119,7 @@ fn self_attention<'m>(m: &'m ModelBuilder, c: &LlamaConfig, x: Tensor<'m>) -> Te
     let wo = m
         .param("wo", [n, d, h], normal(residual_std(c.n_layers)))
         .role(WeightRole::AttentionOut)
-        .shard(0, "tp");
+        .shard(0, axis::TP);
     let q = x.einsum("bsh,hnd->bsnd", wq).rotary(c.rope_base);
     let k = x.einsum("bsh,hnd->bsnd", wk).rotary(c.rope_base);
     let v = x.einsum("bsh,hnd->bsnd", wv);
@@ -145,15 +145,15 @@ fn mlp<'m>(m: &'m ModelBuilder, c: &LlamaConfig, x: Tensor<'m>) -> Tensor<'m> {
     let w1 = m
         .param("w1", [h, f], normal(INIT_STD))
         .role(WeightRole::MlpGate)
-        .shard(1, "tp");
+        .shard(1, axis::TP);
     let w3 = m
         .param("w3", [h, f], normal(INIT_STD))
         .role(WeightRole::MlpIn)
-        .shard(1, "tp");
+        .shard(1, axis::TP);
     let w2 = m
         .param("w2", [f, h], normal(out_std))
         .role(WeightRole::MlpOut)
-        .shard(0, "tp");
+        .shard(0, axis::TP);
     let gate = x.einsum("bsh,hf->bsf", w1).silu();
     let up = x.einsum("bsh,hf->bsf", w3);
     (gate * up).einsum("bsf,fh->bsh", w2)

@@ -1,7 +1,7 @@
 //! A two-layer MLP regressor with a mean-squared-error loss: the smallest model that trains,
 //! used where a transformer would only add noise (first tests of a pass or a backend).
 
-use autopar_ir::{DType, InputRole, LayerId, WeightRole};
+use autopar_ir::{DType, InputRole, LayerId, WeightRole, axis};
 
 use crate::builder::{ModelBuilder, ZEROS, normal};
 use crate::tensor::Tensor;
@@ -37,18 +37,18 @@ pub(crate) fn build<'m>(m: &'m ModelBuilder, c: &MlpConfig, batch: usize) -> Ten
         let w = m
             .param("w", [i, h], normal(fan_in_std(i)))
             .role(WeightRole::Dense)
-            .shard(1, "tp");
+            .shard(1, axis::TP);
         let bias = m
             .param("b", [h], ZEROS)
             .role(WeightRole::Dense)
-            .shard(0, "tp");
+            .shard(0, axis::TP);
         features.einsum("bi,ih->bh", w).add_bias(bias).gelu()
     });
     let prediction = m.layer(LayerId::Head, "fc2", || {
         let w = m
             .param("w", [h, o], normal(fan_in_std(h)))
             .role(WeightRole::Dense)
-            .shard(0, "tp");
+            .shard(0, axis::TP);
         let bias = m.param("b", [o], ZEROS).role(WeightRole::Dense);
         hidden.einsum("bh,ho->bo", w).add_bias(bias)
     });

@@ -2,7 +2,7 @@
 //! Llama-style (Mixtral) models: a router, top-k dispatch into per-expert capacity slots,
 //! one MLP per expert, and a gate-weighted combine.
 
-use autopar_ir::WeightRole;
+use autopar_ir::{WeightRole, axis};
 
 use crate::builder::{ModelBuilder, ZEROS, normal};
 use crate::tensor::{MoeRouting, Tensor};
@@ -65,7 +65,7 @@ pub(crate) struct MoeLayer<'c> {
 /// An expert weight with its role: its leading expert dim split over the expert-parallel
 /// axis `ep`.
 fn expert(w: Tensor<'_>, role: WeightRole) -> Tensor<'_> {
-    w.role(role).shard(0, "ep")
+    w.role(role).shard(0, axis::EP)
 }
 
 /// The MoE MLP of `x[b, s, h]`, declaring its router and expert weights in the current scope.
@@ -98,13 +98,13 @@ pub(crate) fn moe_mlp<'m>(m: &'m ModelBuilder, l: &MoeLayer<'_>, x: Tensor<'m>) 
                 m.param("w1", [e, h, f], normal(INIT_STD)),
                 WeightRole::ExpertIn,
             )
-            .shard(2, "tp");
-            let b1 = expert(m.param("b1", [e, f], ZEROS), WeightRole::ExpertIn).shard(1, "tp");
+            .shard(2, axis::TP);
+            let b1 = expert(m.param("b1", [e, f], ZEROS), WeightRole::ExpertIn).shard(1, axis::TP);
             let w2 = expert(
                 m.param("w2", [e, f, h], normal(l.out_std)),
                 WeightRole::ExpertOut,
             )
-            .shard(1, "tp");
+            .shard(1, axis::TP);
             let b2 = expert(m.param("b2", [e, h], ZEROS), WeightRole::ExpertOut);
             let hidden = slots.einsum("egch,ehf->egcf", w1);
             let hidden = (hidden + b1.broadcast_like(hidden, [0, 3])).gelu();
@@ -116,17 +116,17 @@ pub(crate) fn moe_mlp<'m>(m: &'m ModelBuilder, l: &MoeLayer<'_>, x: Tensor<'m>) 
                 m.param("w1", [e, h, f], normal(INIT_STD)),
                 WeightRole::ExpertGate,
             )
-            .shard(2, "tp");
+            .shard(2, axis::TP);
             let w3 = expert(
                 m.param("w3", [e, h, f], normal(INIT_STD)),
                 WeightRole::ExpertIn,
             )
-            .shard(2, "tp");
+            .shard(2, axis::TP);
             let w2 = expert(
                 m.param("w2", [e, f, h], normal(l.out_std)),
                 WeightRole::ExpertOut,
             )
-            .shard(1, "tp");
+            .shard(1, axis::TP);
             let gate = slots.einsum("egch,ehf->egcf", w1).silu();
             let up = slots.einsum("egch,ehf->egcf", w3);
             (gate * up).einsum("egcf,efh->egch", w2)

@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use autopar_cost_model::estimate::stage_layers;
 use autopar_cost_model::{CostModel, Estimate, LayerPlacement, Plan, Recompute, TransformerConfig};
+use autopar_ir::axis;
 use autopar_ir::schedule::ScheduleKind;
 
 use crate::search::SearchOptions;
@@ -337,12 +338,12 @@ pub fn plan_changes(best: &Plan, other: &Plan) -> Vec<String> {
             out.push(format!("{name} {o} -> {b}"));
         }
     };
-    diff("dp", best.dp.to_string(), other.dp.to_string());
-    diff("tp", best.tp.to_string(), other.tp.to_string());
-    diff("pp", best.pp.to_string(), other.pp.to_string());
+    diff(axis::DP, best.dp.to_string(), other.dp.to_string());
+    diff(axis::TP, best.tp.to_string(), other.tp.to_string());
+    diff(axis::PP, best.pp.to_string(), other.pp.to_string());
     diff("vpp", best.vpp.to_string(), other.vpp.to_string());
-    diff("cp", best.cp.to_string(), other.cp.to_string());
-    diff("ep", best.ep.to_string(), other.ep.to_string());
+    diff(axis::CP, best.cp.to_string(), other.cp.to_string());
+    diff(axis::EP, best.ep.to_string(), other.ep.to_string());
     diff(
         "mbs",
         best.micro_batch_size.to_string(),

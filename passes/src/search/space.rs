@@ -13,6 +13,7 @@ use autopar_cost_model::estimate::stage_layers;
 use autopar_cost_model::{
     AttentionKernel, LayerOp, LayerPlacement, OpPlacement, Plan, Recompute, TransformerConfig,
 };
+use autopar_ir::axis;
 use autopar_ir::schedule::ScheduleKind;
 
 use crate::search::error::SearchError;
@@ -100,12 +101,12 @@ impl Constraints {
             // The plan parser knows every plan key and its values; reuse it on one pair.
             let one = || Plan::parse(part).map_err(|e| err(e.to_string()));
             match k {
-                "dp" => c.dp = Some(one()?.dp),
-                "tp" => c.tp = Some(one()?.tp),
-                "pp" => c.pp = Some(one()?.pp),
+                axis::DP => c.dp = Some(one()?.dp),
+                axis::TP => c.tp = Some(one()?.tp),
+                axis::PP => c.pp = Some(one()?.pp),
                 "vpp" => c.vpp = Some(one()?.vpp),
-                "cp" => c.cp = Some(one()?.cp),
-                "ep" => {
+                axis::CP => c.cp = Some(one()?.cp),
+                axis::EP => {
                     // `Plan::parse` alone would reject ep > dp = 1; read the number directly.
                     c.ep =
                         Some(v.parse::<usize>().ok().filter(|&n| n > 0).ok_or_else(|| {
@@ -189,11 +190,11 @@ impl Constraints {
                 .is_none_or(|s| *s == stage_layers(cfg, plan))
             && (!self.cpu_executable || cpu_unsupported(cfg, plan).is_empty())
             && [
-                ("dp", plan.dp),
-                ("tp", plan.tp),
-                ("pp", plan.pp),
-                ("cp", plan.cp),
-                ("ep", plan.ep),
+                (axis::DP, plan.dp),
+                (axis::TP, plan.tp),
+                (axis::PP, plan.pp),
+                (axis::CP, plan.cp),
+                (axis::EP, plan.ep),
             ]
             .iter()
             .all(|&(axis, n)| self.allows_degree(axis, n))
@@ -300,7 +301,7 @@ pub(crate) fn mesh_shapes(
         let tp_ok = cfg.heads.is_multiple_of(tp)
             && cfg.kv_heads.is_multiple_of(tp)
             && cfg.ffn.is_multiple_of(tp);
-        if !tp_ok || c.tp.is_some_and(|p| p != tp) || !c.allows_degree("tp", tp) {
+        if !tp_ok || c.tp.is_some_and(|p| p != tp) || !c.allows_degree(axis::TP, tp) {
             continue;
         }
         for cp in divisors(devices / tp) {
@@ -308,20 +309,23 @@ pub(crate) fn mesh_shapes(
             if !useful
                 // MoE routing depends on the token order that the cp layout changes.
                 || (c.cpu_executable && cp > 1 && cfg.experts > 1)
-                || !c.allows_degree("cp", cp)
+                || !c.allows_degree(axis::CP, cp)
                 || (cp > 1 && !cfg.seq.is_multiple_of(2 * cp))
                 || c.cp.is_some_and(|p| p != cp)
             {
                 continue;
             }
             for pp in divisors(devices / (tp * cp)) {
-                if pp > cfg.layers || c.pp.is_some_and(|p| p != pp) || !c.allows_degree("pp", pp) {
+                if pp > cfg.layers
+                    || c.pp.is_some_and(|p| p != pp)
+                    || !c.allows_degree(axis::PP, pp)
+                {
                     continue;
                 }
                 let dp = devices / (tp * cp * pp);
                 if !global_batch.is_multiple_of(dp)
                     || c.dp.is_some_and(|p| p != dp)
-                    || !c.allows_degree("dp", dp)
+                    || !c.allows_degree(axis::DP, dp)
                 {
                     continue;
                 }
@@ -331,7 +335,7 @@ pub(crate) fn mesh_shapes(
                     } else {
                         ep == 1
                     };
-                    if ep_ok && c.allows_degree("ep", ep) && c.ep.is_none_or(|p| p == ep) {
+                    if ep_ok && c.allows_degree(axis::EP, ep) && c.ep.is_none_or(|p| p == ep) {
                         out.push(Shape { dp, tp, pp, cp, ep });
                     }
                 }
@@ -355,9 +359,9 @@ pub(crate) fn axis_orders(s: &Shape, pinned: Option<&Vec<String>>) -> Vec<Vec<St
     }
     let mut units: Vec<Vec<&'static str>> = Vec::new();
     if s.pp > 1 {
-        units.push(vec!["pp"]);
+        units.push(vec![axis::PP]);
     }
-    let dp_block: Vec<&'static str> = [("dp", s.dp / s.ep), ("ep", s.ep)]
+    let dp_block: Vec<&'static str> = [(axis::DP, s.dp / s.ep), (axis::EP, s.ep)]
         .into_iter()
         .filter(|&(_, n)| n > 1)
         .map(|(a, _)| a)
@@ -366,10 +370,10 @@ pub(crate) fn axis_orders(s: &Shape, pinned: Option<&Vec<String>>) -> Vec<Vec<St
         units.push(dp_block);
     }
     if s.cp > 1 {
-        units.push(vec!["cp"]);
+        units.push(vec![axis::CP]);
     }
     if s.tp > 1 {
-        units.push(vec!["tp"]);
+        units.push(vec![axis::TP]);
     }
     let used: Vec<&str> = units.iter().flatten().copied().collect();
     let trivial: Vec<String> = Plan::DEFAULT_ORDER
@@ -437,11 +441,11 @@ pub(crate) fn placement_class(
     gpus_per_node: usize,
 ) -> Option<(Vec<String>, Option<String>, Vec<String>)> {
     let size = |a: &str| match a {
-        "pp" => s.pp,
-        "dp" => s.dp / s.ep,
-        "ep" => s.ep,
-        "cp" => s.cp,
-        "tp" => s.tp,
+        axis::PP => s.pp,
+        axis::DP => s.dp / s.ep,
+        axis::EP => s.ep,
+        axis::CP => s.cp,
+        axis::TP => s.tp,
         _ => 1,
     };
     let g = gpus_per_node.max(1);
