@@ -146,8 +146,9 @@ pub struct CompiledStep {
     /// each region.
     pub state: StateLayout,
     /// What `--verify` runs on one device: the uncompiled step (the original one, before the
-    /// sequence was laid out, when the mesh needed a layout).
-    pub reference: Graph,
+    /// sequence was laid out, when the mesh needed a layout). `None` when the step was laid
+    /// out and [`CompileOptions::reference`] did not ask for the original.
+    pub reference: Option<Graph>,
     /// The compute dtype, which sets `--verify`'s tolerance.
     pub compute_dtype: DType,
     /// Every pass that ran, in order, with its time.
@@ -224,9 +225,10 @@ pub fn compile(options: &CompileOptions) -> Result<CompiledStep, Error> {
     // The reference runs the original order of the sequence; without a layout it is the
     // step itself.
     let reference = match (&laid_out, o.reference, o.forward_only) {
-        (Some(_), true, true) => forward,
-        (Some(_), true, false) => build_train_step(&forward, &o.train)?.graph,
-        _ => step.clone(),
+        (None, _, _) => Some(step.clone()),
+        (Some(_), false, _) => None,
+        (Some(_), true, true) => Some(forward),
+        (Some(_), true, false) => Some(build_train_step(&forward, &o.train)?.graph),
     };
     let mut compiled = CompiledStep {
         spmd_mesh: partitioned_mesh

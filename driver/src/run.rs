@@ -178,7 +178,7 @@ where
                     states,
                     &batches,
                     backend.options,
-                    launcher_options(launcher),
+                    launcher_options(launcher)?,
                 )?;
                 let outputs =
                     pipeline_step(step, &reports, states, &mut peaks, &mut pipeline_stats)?;
@@ -219,12 +219,13 @@ where
     Ok(report)
 }
 
-/// The communicator options the pipeline executor starts its threads with: those of a
-/// [`ThreadLauncher`], or the defaults.
-fn launcher_options<L: Launcher + 'static>(launcher: &L) -> rt::CommOptions {
+/// The communicator options the pipeline executor starts its threads with: those of the
+/// [`ThreadLauncher`] it must be given (it starts its ranks as threads itself).
+fn launcher_options<L: Launcher + 'static>(launcher: &L) -> Result<rt::CommOptions, Error> {
     (launcher as &dyn Any)
         .downcast_ref::<ThreadLauncher>()
-        .map_or_else(rt::CommOptions::default, |t| t.options)
+        .map(|t| t.options)
+        .ok_or_else(|| Error::Usage("pipelines run on the thread launcher only".into()))
 }
 
 /// The ranks' state between steps.
@@ -403,9 +404,16 @@ struct Reference<'a> {
 
 impl<'a> Reference<'a> {
     fn new(step: &'a CompiledStep, seed: u64) -> Result<Self, Error> {
+        let graph = step.reference.as_ref().ok_or_else(|| {
+            Error::Usage(
+                "--verify: the step was laid out for its mesh and compiled without the original \
+                 step to compare with (CompileOptions::reference)"
+                    .into(),
+            )
+        })?;
         Ok(Reference {
-            graph: &step.reference,
-            state: rt::init_parameters(&step.reference, seed)?,
+            graph,
+            state: rt::init_parameters(graph, seed)?,
             comparison: Comparison::new(Tolerance::for_compute(step.compute_dtype)),
         })
     }
