@@ -14,7 +14,7 @@ use autopar_ir::{DType, DeviceMesh, Graph, axis};
 use autopar_passes::pipeline::{PipelineOptions, StageSplit, plan_stages, split_pipeline};
 use autopar_passes::propagate::ShardingPlan;
 use autopar_passes::train::{TrainStep, build_train_step};
-use autopar_runtime::ExecutionPlan;
+use autopar_runtime::{ExecutionPlan, PipelinePlans};
 
 use crate::options::{CompileOptions, sequence_layout, without_pp};
 use crate::state::StateLayout;
@@ -41,9 +41,9 @@ pub enum Pass {
     /// Cut every rank's local program into pipeline stages, micro-batch by micro-batch.
     /// Runs for a `pp` axis above 1.
     PipelineSplit,
-    /// Plan the execution of every rank program: its order, the values freed after each
-    /// node, and a static arena with the peak bytes known before anything runs. Runs for
-    /// SPMD programs (pipeline sub-programs are planned by the pipeline executor).
+    /// Plan the execution of every rank program (every sub-program of a pipeline): its
+    /// order, the values freed after each node, and a static arena with the peak bytes known
+    /// before anything runs.
     MemoryPlan,
 }
 
@@ -137,8 +137,9 @@ pub struct CompiledStep {
     /// programs that run as they are without a pipeline, and that are cut into stages with
     /// one. Empty when compilation stopped before partitioning.
     pub locals: Vec<Graph>,
-    /// The execution plan of every program of `locals` (empty for a pipeline, or when
-    /// compilation stopped before [`Pass::MemoryPlan`]).
+    /// The execution plan of every program of `locals` (empty for a pipeline, whose plans
+    /// are [`CompiledPipeline::plans`], or when compilation stopped before
+    /// [`Pass::MemoryPlan`]).
     pub plans: Vec<ExecutionPlan>,
     /// The pipeline, for a `pp` axis above 1.
     pub pipeline: Option<CompiledPipeline>,
@@ -165,6 +166,9 @@ pub struct CompiledPipeline {
     pub split: StageSplit,
     /// `pipelines[i]`: the pipeline of coordinate `i` of [`CompiledStep::spmd_mesh`].
     pub pipelines: Vec<PipelineProgram>,
+    /// `plans[i]`: the execution plans of the sub-programs of `pipelines[i]` (empty when
+    /// compilation stopped before [`Pass::MemoryPlan`]).
+    pub plans: Vec<PipelinePlans>,
 }
 
 impl CompiledStep {
@@ -283,11 +287,23 @@ pub fn compile(options: &CompileOptions) -> Result<CompiledStep, Error> {
         })?;
         compiled.pipeline = Some(pipeline);
     }
-    if pp == 1 && !stops_before(o, Pass::MemoryPlan) {
+    if !stops_before(o, Pass::MemoryPlan) {
         let plans = log.run(Pass::MemoryPlan, || {
-            Ok(Plans(autopar_runtime::plan_all(&compiled.locals)?))
+            Ok(match &compiled.pipeline {
+                None => Plans::Spmd(autopar_runtime::plan_all(&compiled.locals)?),
+                Some(p) => Plans::Pipelined(
+                    p.pipelines
+                        .iter()
+                        .map(PipelinePlans::new)
+                        .collect::<Result<_, _>>()?,
+                ),
+            })
         })?;
-        compiled.plans = plans.0;
+        match (plans, compiled.pipeline.as_mut()) {
+            (Plans::Spmd(plans), _) => compiled.plans = plans,
+            (Plans::Pipelined(plans), Some(p)) => p.plans = plans,
+            (Plans::Pipelined(_), None) => {}
+        }
     }
     compiled.state = StateLayout::new(&compiled)?;
     log.finish(compiled)
@@ -354,7 +370,11 @@ fn split_every_rank(
             split_pipeline(&local_step, &options).map(|p| p.program)
         })
         .collect::<Result<Vec<_>, _>>()?;
-    Ok(CompiledPipeline { split, pipelines })
+    Ok(CompiledPipeline {
+        split,
+        pipelines,
+        plans: Vec::new(),
+    })
 }
 
 /// The graphs a pass's output consists of, labelled for the verifier's errors and the dump
@@ -412,9 +432,11 @@ impl PassOutput for CompiledPipeline {
     }
 }
 
-/// The execution plans of the rank programs: nothing to verify or dump as IR (the arena is
-/// reported by `--timings` through the plans' count).
-struct Plans(Vec<ExecutionPlan>);
+/// The execution plans of the rank programs: nothing to verify or dump as IR.
+enum Plans {
+    Spmd(Vec<ExecutionPlan>),
+    Pipelined(Vec<PipelinePlans>),
+}
 
 impl PassOutput for Plans {
     fn graphs(&self) -> Vec<(String, &Graph)> {

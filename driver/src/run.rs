@@ -171,9 +171,18 @@ where
                 let batches: Vec<TensorMap> = (0..n)
                     .map(|rank| inputs[rt::split_pipeline_rank(&step.mesh, rank).1].clone())
                     .collect();
-                let pipelines = step.pipeline.as_ref().map_or(&[][..], |p| &p.pipelines);
-                let reports = rt::run_pipeline_step_spmd(
-                    pipelines,
+                let pipeline = step
+                    .pipeline
+                    .as_ref()
+                    .ok_or_else(|| Error::Usage("the step has no pipeline to run".into()))?;
+                if pipeline.plans.len() != pipeline.pipelines.len() {
+                    return Err(Error::Usage(
+                        "the pipeline was compiled without its execution plans (stop_after)".into(),
+                    ));
+                }
+                let reports = rt::run_pipeline_step_planned(
+                    &pipeline.pipelines,
+                    &pipeline.plans,
                     &step.mesh,
                     states,
                     &batches,

@@ -81,7 +81,8 @@ pub use interp::{RunOptions, RunOutput, run, run_planned, run_with_collectives};
 pub use kernels::eval_op;
 pub use launch::{Launcher, RankResults, ThreadLauncher, root_cause};
 pub use pipeline::{
-    PipelineStepReport, RankReport, run_pipeline_step, run_pipeline_step_spmd, split_pipeline_rank,
+    PipelinePlans, PipelineStepReport, RankReport, run_pipeline_step, run_pipeline_step_planned,
+    run_pipeline_step_spmd, split_pipeline_rank,
 };
 pub use plan::{ExecutionPlan, plan_all};
 pub use reference::{decomposed_attention, decomposed_attention_at};

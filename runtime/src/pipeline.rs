@@ -111,6 +111,48 @@ pub fn split_pipeline_rank(mesh: &DeviceMesh, rank: usize) -> (usize, usize) {
     (pp_coord, other)
 }
 
+/// The execution plan of every sub-program of a pipeline, made once (at compile time) so
+/// that a step does not plan its sub-programs again.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PipelinePlans {
+    /// `forward[vs][mb]`, as [`PipelineProgram::forward`].
+    pub forward: Vec<Vec<ExecutionPlan>>,
+    /// `backward[vs][mb]`, as [`PipelineProgram::backward`].
+    pub backward: Vec<Vec<ExecutionPlan>>,
+    /// One per optimizer segment, as [`PipelineProgram::optimizer`].
+    pub optimizer: Vec<ExecutionPlan>,
+}
+
+impl PipelinePlans {
+    /// Plans every sub-program of `program` (the sub-programs of a stage that differ only in
+    /// their micro-batch share one plan: [`crate::plan_all`]).
+    pub fn new(program: &PipelineProgram) -> Result<PipelinePlans, RuntimeError> {
+        let plan_each = |per_stage: &[Vec<StageProgram>]| {
+            per_stage
+                .iter()
+                .map(|subs| crate::plan_all(subs.iter().map(|p| &p.graph)))
+                .collect::<Result<Vec<_>, _>>()
+        };
+        Ok(PipelinePlans {
+            forward: plan_each(&program.forward)?,
+            backward: plan_each(&program.backward)?,
+            optimizer: program
+                .optimizer
+                .iter()
+                .map(|seg| ExecutionPlan::new(&seg.program.graph))
+                .collect::<Result<_, _>>()?,
+        })
+    }
+}
+
+/// Which sub-program of a pipeline runs.
+#[derive(Clone, Copy, Debug)]
+enum Sub {
+    Forward(usize, usize),
+    Backward(usize, usize),
+    Optimizer(usize),
+}
+
 /// Runs one step of pipelines that are also split over the other axes of `mesh`:
 /// `programs[i]` is the pipeline of the `i`-th coordinate on the axes other than `pp`
 /// (row-major, see [`split_pipeline_rank`]); its sub-programs may hold collectives over
@@ -126,9 +168,28 @@ pub fn run_pipeline_step_spmd(
     options: RunOptions,
     comm: CommOptions,
 ) -> Result<Vec<PipelineStepReport>, RuntimeError> {
+    let plans = programs
+        .iter()
+        .map(PipelinePlans::new)
+        .collect::<Result<Vec<_>, _>>()?;
+    run_pipeline_step_planned(programs, &plans, mesh, states, batches, options, comm)
+}
+
+/// [`run_pipeline_step_spmd`] with every sub-program's plan made beforehand: `plans[i]` is
+/// [`PipelinePlans::new`] of `programs[i]`.
+pub fn run_pipeline_step_planned(
+    programs: &[PipelineProgram],
+    plans: &[PipelinePlans],
+    mesh: &DeviceMesh,
+    states: &[TensorMap],
+    batches: &[TensorMap],
+    options: RunOptions,
+    comm: CommOptions,
+) -> Result<Vec<PipelineStepReport>, RuntimeError> {
     let n = mesh.num_devices();
     let pp = mesh.axis_size(PP_AXIS).unwrap_or(1);
     let bad = programs.len() * pp != n
+        || plans.len() != programs.len()
         || states.len() != n
         || batches.len() != n
         || programs.iter().any(|p| p.pp() != pp);
@@ -149,14 +210,17 @@ pub fn run_pipeline_step_spmd(
     let results = launcher.launch(mesh, |comm| {
         let rank = comm.rank();
         let (pp_rank, which) = split_pipeline_rank(mesh, rank);
-        let (Some(program), Some(state), Some(batch)) =
-            (programs.get(which), states.get(rank), batches.get(rank))
-        else {
+        let (Some(program), Some(plans), Some(state), Some(batch)) = (
+            programs.get(which),
+            plans.get(which),
+            states.get(rank),
+            batches.get(rank),
+        ) else {
             return Err(RuntimeError::SpmdSetup {
-                detail: format!("rank {rank} has no pipeline, state or batch"),
+                detail: format!("rank {rank} has no pipeline, plans, state or batch"),
             });
         };
-        RankRun::new(program, pp_rank, comm, backend).run(state, batch)
+        RankRun::new(program, plans, pp_rank, comm, backend).run(state, batch)
     })?;
     let mut per_program: Vec<Vec<Option<RankReport>>> = vec![vec![None; pp]; programs.len()];
     for (rank, report) in root_cause(results)? {
@@ -205,6 +269,7 @@ enum Msg {
 
 struct RankRun<'p, 'c> {
     program: &'p PipelineProgram,
+    plans: &'p PipelinePlans,
     rank: usize,
     comm: &'c mut dyn Collectives,
     backend: CpuBackend,
@@ -224,6 +289,7 @@ struct RankRun<'p, 'c> {
 impl<'p, 'c> RankRun<'p, 'c> {
     fn new(
         program: &'p PipelineProgram,
+        plans: &'p PipelinePlans,
         rank: usize,
         comm: &'c mut dyn Collectives,
         backend: CpuBackend,
@@ -311,6 +377,7 @@ impl<'p, 'c> RankRun<'p, 'c> {
         }
         RankRun {
             program,
+            plans,
             rank,
             comm,
             backend,
@@ -351,13 +418,13 @@ impl<'p, 'c> RankRun<'p, 'c> {
             match *a {
                 Action::Forward { micro_batch, chunk } => {
                     let vs = s.virtual_stage(self.rank, chunk);
-                    self.execute(&program.forward[vs][micro_batch])?;
+                    self.execute(Sub::Forward(vs, micro_batch))?;
                     in_flight += 1;
                     max_in_flight = max_in_flight.max(in_flight);
                 }
                 Action::Backward { micro_batch, chunk } => {
                     let vs = s.virtual_stage(self.rank, chunk);
-                    self.execute(&program.backward[vs][micro_batch])?;
+                    self.execute(Sub::Backward(vs, micro_batch))?;
                     in_flight = in_flight.saturating_sub(1);
                 }
                 Action::SendActivation {
@@ -424,7 +491,7 @@ impl<'p, 'c> RankRun<'p, 'c> {
         let program = self.program;
         for (i, seg) in program.optimizer.iter().enumerate() {
             if seg.rank == self.rank {
-                self.execute(&seg.program)?;
+                self.execute(Sub::Optimizer(i))?;
                 for (to, vals) in &seg.sends {
                     self.send(*to, vals)?;
                 }
@@ -480,7 +547,29 @@ impl<'p, 'c> RankRun<'p, 'c> {
 
     /// Runs a sub-program on values moved out of the store, then puts them and the exports
     /// back.
-    fn execute(&mut self, p: &StageProgram) -> Result<(), RuntimeError> {
+    fn execute(&mut self, sub: Sub) -> Result<(), RuntimeError> {
+        let (program, plans) = (self.program, self.plans);
+        let missing = || RuntimeError::Pipeline {
+            rank: self.rank,
+            detail: format!("the pipeline has no sub-program or plan {sub:?}"),
+        };
+        let (p, plan) = match sub {
+            Sub::Forward(vs, mb) => (
+                program.forward.get(vs).and_then(|s| s.get(mb)),
+                plans.forward.get(vs).and_then(|s| s.get(mb)),
+            ),
+            Sub::Backward(vs, mb) => (
+                program.backward.get(vs).and_then(|s| s.get(mb)),
+                plans.backward.get(vs).and_then(|s| s.get(mb)),
+            ),
+            Sub::Optimizer(i) => (
+                program.optimizer.get(i).map(|seg| &seg.program),
+                plans.optimizer.get(i),
+            ),
+        };
+        let (Some(p), Some(plan)) = (p, plan) else {
+            return Err(missing());
+        };
         if p.graph.num_nodes() == 0 {
             return Ok(());
         }
@@ -494,12 +583,10 @@ impl<'p, 'c> RankRun<'p, 'c> {
             moved_bytes += t.size_bytes();
             feed.insert(value_name(v), t);
         }
-        let out = ExecutionPlan::new(&p.graph)
-            .and_then(|plan| self.backend.load(&p.graph, plan))
-            .and_then(|exe| {
-                self.backend
-                    .execute(&exe, &TensorMap::new(), &feed, &mut *self.comm)
-            });
+        let out = self.backend.load(&p.graph, plan.clone()).and_then(|exe| {
+            self.backend
+                .execute(&exe, &TensorMap::new(), &feed, &mut *self.comm)
+        });
         // Put the inputs back before anything else, so that a failure leaves the store whole.
         for &v in &p.inputs {
             if let Some(t) = feed.remove(&value_name(v)) {

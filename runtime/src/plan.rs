@@ -173,9 +173,11 @@ impl ExecutionPlan {
 /// same fed values and the same outputs. The ranks of an SPMD program are such graphs (their
 /// slices and offsets differ, not their structure), so a mesh of any size costs one plan per
 /// distinct rank program.
-pub fn plan_all(graphs: &[Graph]) -> Result<Vec<ExecutionPlan>, RuntimeError> {
+pub fn plan_all<'g>(
+    graphs: impl IntoIterator<Item = &'g Graph>,
+) -> Result<Vec<ExecutionPlan>, RuntimeError> {
     let mut planned: Vec<(PlanKey, ExecutionPlan)> = Vec::new();
-    let mut out = Vec::with_capacity(graphs.len());
+    let mut out = Vec::new();
     for g in graphs {
         let key = PlanKey::of(g)?;
         let plan = match planned.iter().find(|(k, _)| *k == key) {

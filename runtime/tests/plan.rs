@@ -275,7 +275,7 @@ proptest! {
 fn plan_all_plans_each_distinct_structure_once() -> TestResult {
     let one = autopar_frontends::zoo::build("gpt-tiny", 1)?;
     let two = autopar_frontends::zoo::build("gpt-tiny", 2)?;
-    let plans = autopar_runtime::plan_all(&[one.clone(), two.clone(), one.clone()])?;
+    let plans = autopar_runtime::plan_all([&one, &two, &one])?;
     assert_eq!(plans[0], ExecutionPlan::new(&one)?);
     assert_eq!(plans[1], ExecutionPlan::new(&two)?);
     assert_eq!(plans[2], plans[0]);
