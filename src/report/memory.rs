@@ -7,6 +7,7 @@ use autopar_cost_model::MemoryBreakdown;
 use super::svg::{Attrs, Svg, num};
 
 const GIB: f64 = (1u64 << 30) as f64;
+const MIB: f64 = (1u64 << 20) as f64;
 
 /// The segments of a bar: `(name, class, colour, bytes)`.
 pub fn segments(m: &MemoryBreakdown) -> [(String, &'static str, &'static str, f64); 7] {
@@ -59,23 +60,35 @@ pub fn draw(
 ) -> MemoryPicture {
     let plot_h = 260.0;
     let left = 56.0;
-    let top = 16.0;
+    let top = 20.0;
     let bar_w = (900.0 / ranks.len().max(1) as f64).clamp(6.0, 56.0);
     let gap = (bar_w * 0.35).max(2.0);
     let width = (left + ranks.len() as f64 * (bar_w + gap) + 20.0).max(480.0);
-    let highest = ranks
+    let drawn_peak = ranks
         .iter()
         .map(|m| m.total)
         .chain(measured.into_iter().flatten().copied())
-        .fold(capacity, f64::max)
-        .max(1.0);
+        .fold(0.0, f64::max);
+    // The capacity line only when it is on a readable scale with the bars.
+    let show_capacity = capacity <= 4.0 * drawn_peak;
+    let highest = if show_capacity {
+        drawn_peak.max(capacity)
+    } else {
+        drawn_peak
+    }
+    .max(1.0);
+    let (unit, per_unit) = if highest >= GIB {
+        ("GiB", GIB)
+    } else {
+        ("MiB", MIB)
+    };
     let y_of = |bytes: f64| top + plot_h - bytes / highest * plot_h;
     let mut svg = Svg::new(width, top + plot_h + 150.0, Attrs::new());
-    // The GiB axis.
-    let step_gib = nice((highest / GIB) / 6.0);
+    // The axis.
+    let step = nice((highest / per_unit) / 6.0);
     let mut g = 0.0;
-    while g * GIB <= highest * 1.0001 {
-        let y = y_of(g * GIB);
+    while g * per_unit <= highest * 1.0001 {
+        let y = y_of(g * per_unit);
         svg.line(
             (left - 4.0, y),
             (width - 10.0, y),
@@ -87,9 +100,9 @@ pub fn draw(
                 .n("y", y + 4.0)
                 .s("class", "tick")
                 .s("text-anchor", "end"),
-            &format!("{} GiB", num(g)),
+            &format!("{} {unit}", num(g)),
         );
-        g += step_gib;
+        g += step;
     }
     let label_every = (ranks.len() / 24).max(1);
     for (i, m) in ranks.iter().enumerate() {
@@ -120,7 +133,7 @@ pub fn draw(
                     .n("height", (y1 - y0).max(0.0))
                     .s("class", format!("mem-seg {class}"))
                     .s("fill", colour),
-                &format!("{name}: {what} {} GiB", num(bytes / GIB)),
+                &format!("{name}: {what} {} {unit}", num(bytes / per_unit)),
             );
             base += bytes;
         }
@@ -155,19 +168,25 @@ pub fn draw(
         }
         svg.close("g");
     }
-    let cy = y_of(capacity);
-    svg.line(
-        (left - 4.0, cy),
-        (width - 10.0, cy),
-        Attrs::new().s("class", "capacity"),
-    );
+    let cy = if show_capacity { y_of(capacity) } else { top };
+    if show_capacity {
+        svg.line(
+            (left - 4.0, cy),
+            (width - 10.0, cy),
+            Attrs::new().s("class", "capacity"),
+        );
+    }
     svg.text(
         Attrs::new()
             .n("x", width - 12.0)
             .n("y", cy - 4.0)
             .s("class", "tick")
             .s("text-anchor", "end"),
-        &format!("capacity {} GiB", num(capacity / GIB)),
+        &if show_capacity {
+            format!("capacity {} GiB", num(capacity / GIB))
+        } else {
+            format!("capacity {} GiB, far above this scale", num(capacity / GIB))
+        },
     );
     // Legend.
     let ly = top + plot_h + 96.0;

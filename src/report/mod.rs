@@ -134,8 +134,8 @@ pub fn page(input: &PageInput) -> Result<String> {
         (
             "peak memory",
             format!(
-                "{:.1} of {:.1} GiB{}",
-                est.peak_memory_gib,
+                "{} of {:.1} GiB{}",
+                gib_text(est.peak_memory_gib),
                 est.memory.capacity / GIB,
                 if est.fits { "" } else { " (does not fit)" }
             ),
@@ -195,6 +195,7 @@ pub fn page(input: &PageInput) -> Result<String> {
                     100.0 * bubble_fraction,
                     est.iter_time_s
                 ),
+                window: None,
             });
             counts.pipeline_ranks = pic.ranks;
             counts.timeline_slices = pic.slices;
@@ -206,6 +207,7 @@ pub fn page(input: &PageInput) -> Result<String> {
                 100.0 * bubble_fraction,
                 pic.svg
             );
+            body += &zooms(plan, est, &schedule, tl);
         }
         None => {
             body += "<p class=\"warn\">The plan is infeasible: there is no simulated schedule.</p>"
@@ -235,11 +237,11 @@ pub fn page(input: &PageInput) -> Result<String> {
     let _ = write!(
         body,
         "<p>What each pipeline rank holds at its peak, against the {} GiB of a {}; the fullest \
-         is pipeline rank {} with {:.1} GiB.</p><div class=\"pic\">{}</div>",
+         is pipeline rank {} with {}.</p><div class=\"pic\">{}</div>",
         num(est.memory.capacity / GIB),
         esc(&input.cluster.gpu.model),
         est.memory.pipeline_rank,
-        est.peak_memory_gib,
+        gib_text(est.peak_memory_gib),
         mem.svg
     );
     if let Some(m) = &input.measured
@@ -292,6 +294,51 @@ pub fn page(input: &PageInput) -> Result<String> {
          <script type=\"application/json\" id=\"report-data\">{data}</script></body></html>\n",
         esc(input.model)
     ))
+}
+
+/// `33.5 GiB`, or `2.0 MiB` below a GiB.
+fn gib_text(gib: f64) -> String {
+    if gib >= 1.0 {
+        format!("{gib:.1} GiB")
+    } else {
+        format!("{:.1} MiB", gib * 1024.0)
+    }
+}
+
+/// With many micro-batches per pipeline rank the bubbles are slivers of the whole step: the
+/// warm-up and the cool-down drawn again, zoomed.
+fn zooms(plan: &Plan, est: &Estimate, schedule: &Schedule, tl: &Timeline) -> String {
+    let m = plan.micro_batches();
+    if plan.pp < 2 || m <= 2 * plan.pp {
+        return String::new();
+    }
+    let pipeline_ns = tl.makespan as f64;
+    let total_ns = est.iter_time_s * 1e9;
+    let f = (2.5 * plan.pp as f64 / m as f64).min(0.5);
+    let mut out = String::from("<div class=\"zooms\">");
+    for (what, window) in [
+        ("warm-up", (0.0, f * pipeline_ns)),
+        (
+            "cool-down and the step's end",
+            ((1.0 - f) * pipeline_ns, total_ns),
+        ),
+    ] {
+        let pic = timeline::draw(&TimelineInput {
+            class: "timeline-zoom",
+            schedule,
+            timeline: tl,
+            tail: tail_phases(est),
+            row_labels: (0..plan.pp).map(|r| format!("pipeline rank {r}")).collect(),
+            caption: format!(
+                "zoom on the {what}: {:.3} s to {:.3} s",
+                window.0 / 1e9,
+                window.1 / 1e9
+            ),
+            window: Some(window),
+        });
+        out += &format!("<div class=\"pic\">{}</div>", pic.svg);
+    }
+    out + "</div>"
 }
 
 /// The phases after the pipeline, as the estimate prices them.
@@ -373,11 +420,7 @@ fn plans_table(rows: &[RankedRow]) -> String {
 fn stacked_bar(class: &str, caption: &str, terms: &[(String, &str, f64)]) -> String {
     let total: f64 = terms.iter().map(|t| t.2.max(0.0)).sum();
     let width = 1000.0;
-    let mut svg = Svg::new(
-        width + 20.0,
-        40.0,
-        Attrs::new().s("class", class),
-    );
+    let mut svg = Svg::new(width + 20.0, 40.0, Attrs::new().s("class", class));
     svg.text(
         Attrs::new().n("x", 0.0).n("y", 12.0).s("class", "caption"),
         caption,
@@ -666,6 +709,7 @@ fn measured_section(m: &Measured, counts: &mut Counts) -> String {
                     100.0 * busiest / make,
                     100.0 * (1.0 - busiest / make)
                 ),
+                window: None,
             });
             counts.measured_pipeline_ranks = pic.ranks;
             let _ = write!(

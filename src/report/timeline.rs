@@ -47,6 +47,9 @@ pub struct TimelineInput<'a> {
     pub row_labels: Vec<String>,
     /// The caption written above the rows (the bubble fraction).
     pub caption: String,
+    /// Only this window of the step, in nanoseconds (a zoom on the warm-up or cool-down);
+    /// `None` for the whole step.
+    pub window: Option<(f64, f64)>,
 }
 
 /// The drawn timeline and its counts.
@@ -69,7 +72,11 @@ pub fn draw(input: &TimelineInput) -> TimelinePicture {
     let pipeline_ns = input.timeline.makespan as f64;
     let tail_ns: f64 = input.tail.iter().map(|p| p.seconds.max(0.0) * 1e9).sum();
     let total_ns = (pipeline_ns + tail_ns).max(1.0);
-    let scale = PLOT_W / total_ns;
+    let (t0, t1) = input.window.unwrap_or((0.0, total_ns));
+    let t1 = t1.max(t0 + 1.0);
+    let scale = PLOT_W / (t1 - t0);
+    // x of time `t`, clipped to the window.
+    let x_of = |t: f64| LABEL_W + (t.clamp(t0, t1) - t0) * scale;
     let ranks = input
         .schedule
         .per_rank
@@ -86,9 +93,6 @@ pub fn draw(input: &TimelineInput) -> TimelinePicture {
             .s("class", "caption"),
         &input.caption,
     );
-    // Rough number of slices, to decide whether each gets a tooltip.
-    let raw: usize = input.schedule.per_rank.iter().map(Vec::len).sum();
-    let titled = raw <= 4000;
     let mut drawn = 0;
     for rank in 0..ranks {
         let y = top + rank as f64 * (ROW_H + ROW_GAP);
@@ -109,9 +113,9 @@ pub fn draw(input: &TimelineInput) -> TimelinePicture {
         svg.leaf_titled(
             "rect",
             Attrs::new()
-                .n("x", LABEL_W)
+                .n("x", x_of(0.0))
                 .n("y", y)
-                .n("width", pipeline_ns * scale)
+                .n("width", x_of(pipeline_ns) - x_of(0.0))
                 .n("height", ROW_H)
                 .s("class", "idle"),
             "idle: pipeline bubble",
@@ -122,7 +126,7 @@ pub fn draw(input: &TimelineInput) -> TimelinePicture {
             .iter()
             .zip(&input.timeline.spans[rank])
         {
-            if e <= s {
+            if e <= s || (e as f64) < t0 || (s as f64) > t1 {
                 continue;
             }
             let category = match action {
@@ -131,7 +135,7 @@ pub fn draw(input: &TimelineInput) -> TimelinePicture {
                 Action::OptimizerStep => "optimizer",
                 _ => "wait",
             };
-            let (x0, x1) = (LABEL_W + s as f64 * scale, LABEL_W + e as f64 * scale);
+            let (x0, x1) = (x_of(s as f64), x_of(e as f64));
             if let Some(last) = pieces.last_mut()
                 && last.0 == category
                 && x0 - last.2 < 0.5
@@ -142,7 +146,8 @@ pub fn draw(input: &TimelineInput) -> TimelinePicture {
             }
             pieces.push((category, x0, x1, describe(action).0, 1));
         }
-        if titled {
+        // Tooltips while the picture stays small; thousands of slices go without.
+        if pieces.len() * ranks <= 1500 {
             for (category, x0, x1, label, merged) in &pieces {
                 let a = Attrs::new()
                     .n("x", *x0)
@@ -187,23 +192,24 @@ pub fn draw(input: &TimelineInput) -> TimelinePicture {
         }
         drawn += pieces.len();
         // The phases after the pipeline.
-        let mut x = LABEL_W + pipeline_ns * scale;
+        let mut t = pipeline_ns;
         for p in &input.tail {
-            let w = p.seconds.max(0.0) * 1e9 * scale;
-            if w > 0.0 {
+            let d = p.seconds.max(0.0) * 1e9;
+            let (x0, x1) = (x_of(t), x_of(t + d));
+            if x1 > x0 {
                 svg.leaf_titled(
                     "rect",
                     Attrs::new()
-                        .n("x", x)
+                        .n("x", x0)
                         .n("y", y)
-                        .n("width", w.max(0.3))
+                        .n("width", (x1 - x0).max(0.3))
                         .n("height", ROW_H)
                         .s("class", format!("slice {}", p.category)),
                     &format!("{}: {} ms", p.label, num_ms(p.seconds * 1e3)),
                 );
                 drawn += 1;
             }
-            x += w;
+            t += d;
         }
         svg.close("g");
     }
@@ -214,10 +220,10 @@ pub fn draw(input: &TimelineInput) -> TimelinePicture {
         (LABEL_W + PLOT_W, axis_y),
         Attrs::new().s("class", "axis"),
     );
-    let (step, unit, div) = tick_step(total_ns);
-    let mut t = 0.0;
-    while t <= total_ns * 1.0001 {
-        let x = LABEL_W + t * scale;
+    let (step, unit, div) = tick_step(t1 - t0, t1);
+    let mut t = (t0 / step).ceil() * step;
+    while t <= t1 * 1.0001 {
+        let x = x_of(t);
         svg.line(
             (x, axis_y),
             (x, axis_y + 4.0),
@@ -293,18 +299,18 @@ fn num_ms(ms: f64) -> String {
 }
 
 /// A tick step of 1, 2 or 5 times a power of ten giving at most about ten ticks over
-/// `total_ns`, with its unit and the nanoseconds per unit.
-fn tick_step(total_ns: f64) -> (f64, &'static str, f64) {
-    let raw = total_ns / 8.0;
+/// `span_ns`, with the unit of times up to `end_ns` and the nanoseconds per unit.
+fn tick_step(span_ns: f64, end_ns: f64) -> (f64, &'static str, f64) {
+    let raw = span_ns / 8.0;
     let pow = 10f64.powf(raw.log10().floor());
     let step = [1.0, 2.0, 5.0, 10.0]
         .into_iter()
         .map(|m| m * pow)
         .find(|s| *s >= raw)
         .unwrap_or(10.0 * pow);
-    let (unit, div) = if total_ns >= 1e9 {
+    let (unit, div) = if end_ns >= 1e9 {
         ("s", 1e9)
-    } else if total_ns >= 1e6 {
+    } else if end_ns >= 1e6 {
         ("ms", 1e6)
     } else {
         ("us", 1e3)

@@ -111,7 +111,8 @@ impl NodeLayout {
     fn new(gpus_per_node: usize) -> Self {
         let cols = gpus_per_node.clamp(1, MAX_COLS);
         let rows = gpus_per_node.div_ceil(cols).max(1);
-        let w = 2.0 * PAD + cols as f64 * GPU_W + (cols - 1) as f64 * GPU_GAP;
+        // Wide enough for the fabric's label.
+        let w = (2.0 * PAD + cols as f64 * GPU_W + (cols - 1) as f64 * GPU_GAP).max(400.0);
         let h = HEADER
             + ARC_ZONE
             + rows as f64 * (GPU_H + GPU_GAP)
