@@ -82,10 +82,11 @@ pub fn draw(
     } else {
         ("MiB", MIB)
     };
+    // The axis: the top at a whole tick.
+    let step = nice((highest / per_unit) / 6.0);
+    let highest = ((highest / per_unit / step).ceil() * step * per_unit).max(highest);
     let y_of = |bytes: f64| top + plot_h - bytes / highest * plot_h;
     let mut svg = Svg::new(width, top + plot_h + 150.0, Attrs::new());
-    // The axis.
-    let step = nice((highest / per_unit) / 6.0);
     let mut g = 0.0;
     while g * per_unit <= highest * 1.0001 {
         let y = y_of(g * per_unit);

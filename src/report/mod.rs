@@ -580,14 +580,18 @@ fn collectives_table(input: &PageInput, est: &Estimate) -> String {
         let _ = write!(
             out,
             "<tr class=\"coll-row\"><td>each layer and micro-batch, {}</td><td>{}</td><td>{}</td>\
-             <td>{:.1}</td><td>{:.3}</td><td>{}</td></tr>",
+             <td>{}</td><td>{:.3}</td><td>{}</td></tr>",
             match t.pass {
                 autopar_cost_model::layer::Pass::Forward => "forward",
                 autopar_cost_model::layer::Pass::Backward => "backward",
             },
             t.kind.name(),
             esc(&tp_group),
-            c.bytes / 1e6,
+            if c.bytes >= 1e7 {
+                format!("{:.1}", c.bytes / 1e6)
+            } else {
+                format!("{:.3}", c.bytes / 1e6)
+            },
             c.time_s * 1e3,
             esc(&t.why)
         );

@@ -595,18 +595,49 @@ fn draw_node_grid(
     let axes = live_axes(mapping);
     let pp_idx = mesh.axis_index("pp");
     let pp = pp_idx.map_or(1, |i| mesh.axes()[i].size);
-    let cell = 20.0;
     let gap = 3.0;
-    // A row per pipeline stage when the stages hold whole nodes and a row is not too wide;
+    // The pipeline stage of each node (that of its first GPU in use).
+    let node_stage: Vec<Option<usize>> = (0..nodes)
+        .map(|n| {
+            let first = (0..gpn).find_map(|l| linear_of.get(n * gpn + l).copied().flatten())?;
+            Some(pp_idx.map_or(0, |i| mesh.coords(first)[i]))
+        })
+        .collect();
+    // When each stage holds a run of consecutive nodes, whole rows per stage (labelled);
     // otherwise a square.
-    let fit = (((width - 20.0) / (cell + gap)) as usize).max(1);
-    let per_stage = nodes / pp.max(1);
-    let cols = if pp > 1 && nodes.is_multiple_of(pp) && (2..=fit).contains(&per_stage) {
-        per_stage
+    let per_stage = if pp > 1 && nodes.is_multiple_of(pp) {
+        nodes / pp
+    } else {
+        0
+    };
+    let stage_rows = per_stage >= 2
+        && node_stage
+            .iter()
+            .enumerate()
+            .all(|(n, s)| s.is_none_or(|s| s == n / per_stage));
+    let divisor = (1..=per_stage.min(48))
+        .rev()
+        .find(|c| per_stage.is_multiple_of(*c))
+        .unwrap_or(1);
+    let by_stage = stage_rows && (divisor >= 8 || divisor == per_stage);
+    // Stages taking turns node by node (pp inside dp): a column per stage.
+    let stage_cols = !by_stage
+        && (2..=48).contains(&pp)
+        && node_stage
+            .iter()
+            .enumerate()
+            .all(|(n, s)| s.is_none_or(|s| s == n % pp));
+    let cols = if by_stage {
+        divisor
+    } else if stage_cols {
+        pp
     } else {
         (nodes as f64).sqrt().ceil() as usize
     }
-    .clamp(1, fit);
+    .max(1);
+    let rows_per_stage = if by_stage { per_stage / cols } else { 1 };
+    let left = if by_stage { 62.0 } else { 10.0 };
+    let cell = ((width - left - 10.0) / cols as f64 - gap).clamp(5.0, 20.0);
     let grid_top = top + 22.0;
     svg.text(
         Attrs::new().n("x", 10.0).n("y", top + 12.0).s("class", "node-title"),
@@ -616,7 +647,7 @@ fn draw_node_grid(
     );
     let centre = |n: usize| -> (f64, f64) {
         (
-            10.0 + (n % cols) as f64 * (cell + gap) + cell / 2.0,
+            left + (n % cols) as f64 * (cell + gap) + cell / 2.0,
             grid_top + (n / cols) as f64 * (cell + gap) + cell / 2.0,
         )
     };
@@ -628,7 +659,7 @@ fn draw_node_grid(
             .s("class", "node-grid")
             .s("data-nodes", nodes.to_string()),
     );
-    for n in 0..nodes {
+    for (n, stage) in node_stage.iter().enumerate() {
         let members: Vec<usize> = (0..gpn)
             .filter_map(|l| linear_of.get(n * gpn + l).copied().flatten())
             .collect();
@@ -645,10 +676,10 @@ fn draw_node_grid(
                 distinct[k].1 = distinct[k].1.max(s.len());
             }
         }
-        let fill = match (members.first(), pp_idx) {
-            (None, _) => "#d9d9d9".to_string(),
-            (Some(&l), Some(i)) if pp > 1 => stage_fill(mesh.coords(l)[i], pp),
-            (Some(_), _) => "#f4f4f4".to_string(),
+        let fill = match *stage {
+            None => "#d9d9d9".to_string(),
+            Some(s) if pp > 1 => stage_fill(s, pp),
+            Some(_) => "#f4f4f4".to_string(),
         };
         let what: Vec<String> = axes
             .iter()
@@ -673,6 +704,19 @@ fn draw_node_grid(
         );
     }
     svg.close("g");
+    if by_stage {
+        for s in 0..pp {
+            let (_, cy) = centre(s * cols * rows_per_stage);
+            svg.text(
+                Attrs::new()
+                    .n("x", left - 6.0)
+                    .n("y", cy + 4.0)
+                    .s("class", "gpu-coord")
+                    .s("text-anchor", "end"),
+                &format!("stage {s}"),
+            );
+        }
+    }
     for (name, _, idx) in &axes {
         let spans = mapping.axis_group(name).is_ok_and(|g| !g.intra_node());
         if !spans {
