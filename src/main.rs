@@ -12,6 +12,8 @@ use autopar_driver::{self as driver, DumpFormat, LossScaling, Optimizer, Recompu
 
 mod auto_cmd;
 mod plan_cmd;
+mod report;
+mod report_cmd;
 mod run_cmd;
 mod spmd_cmd;
 
@@ -67,6 +69,9 @@ enum Command {
     Estimate(EstimateArgs),
     /// Search the training plans of a model on a cluster and rank those that fit.
     Plan(plan_cmd::PlanArgs),
+    /// Write one self-contained HTML page about a plan: the mesh on the machines, the
+    /// pipeline timeline, memory per pipeline rank and where the time goes.
+    Report(report_cmd::ReportArgs),
     /// Describe a cluster: devices, memory, fabrics and link bandwidths.
     Topo {
         /// A preset (dgx-a100:nodes=N, dgx-h100:nodes=N, hgx-h200:nodes=N, cpu:ranks=N) or a TOML file.
@@ -144,6 +149,10 @@ struct RunArgs {
     /// Perfetto): one track per rank of the mesh, one slice per schedule action.
     #[arg(long, value_name = "FILE")]
     trace: Option<String>,
+    /// Write an HTML report of the run: the plan's predicted timeline and memory beside the
+    /// measured ones (see `autopar report`).
+    #[arg(long, value_name = "FILE")]
+    report: Option<String>,
     /// Search the plans the CPU runtime executes on --cluster, print the best and run it.
     #[arg(long, requires = "cluster", conflicts_with = "plan_file")]
     auto: bool,
@@ -339,6 +348,7 @@ fn execute(cli: Cli) -> Result<()> {
         },
         Command::Estimate(args) => estimate(args),
         Command::Plan(args) => plan_cmd::plan(args),
+        Command::Report(args) => report_cmd::report(args),
         Command::Topo { cluster, toml } => topo(&cluster, toml),
     }
 }

@@ -123,6 +123,9 @@ pub fn run_options(args: &RunArgs, mut options: CompileOptions) -> Result<()> {
         let text = driver::describe::pipeline_trace(&step, &report.pipeline_reports)?;
         std::fs::write(path, text).with_context(|| format!("cannot write `{path}`"))?;
     }
+    if let Some(path) = &args.report {
+        crate::report_cmd::write_run_report(path, &options, &step, &report)?;
+    }
     if let Some(v) = &report.verify {
         print_stdout(&format!("{}\n", v.line()))?;
         if !v.ok() {
