@@ -256,7 +256,8 @@ pub struct Interval {
 /// largest first (ties by earlier start, then by index, so the plan is deterministic); each
 /// goes into the smallest gap, between the values already placed that are live at the same
 /// time as it, that holds it, or above all of them when none does. Offsets are rounded up to
-/// [`ARENA_ALIGN`]. Quadratic in the number of values.
+/// [`ARENA_ALIGN`]. The values already placed are indexed by time (buckets of positions), so
+/// each value is compared with those live near it, not with every value placed before.
 ///
 /// ```
 /// # use autopar_runtime::plan::{Interval, assign_offsets};
@@ -269,23 +270,52 @@ pub struct Interval {
 /// assert_eq!(arena, 178);
 /// ```
 pub fn assign_offsets(values: &[Interval]) -> (Vec<u64>, u64) {
+    if values.len() <= GREEDY_BY_SIZE_LIMIT {
+        greedy_by_size(values)
+    } else {
+        sweep_best_fit(values)
+    }
+}
+
+/// Up to this many values, [`assign_offsets`] places them greedy by size; above, in one
+/// sweep over time. Greedy by size packs tighter (gpt-tiny's rank program on `dp=2,tp=4`:
+/// an arena 1.050 times its live peak, against 1.070 by sweep), but it compares each value
+/// with every placed value it lives with, and the saved activations of a training step live
+/// long: a 24-layer rank program of 10,267 values took 672 ms to plan that way, and 10 ms
+/// by sweep, whose arena is 1.001 times its peak there.
+pub const GREEDY_BY_SIZE_LIMIT: usize = 4096;
+
+/// Greedy by size, best fit (see [`assign_offsets`]).
+fn greedy_by_size(values: &[Interval]) -> (Vec<u64>, u64) {
     let mut by_size: Vec<usize> = (0..values.len()).collect();
     by_size.sort_by_key(|&i| (std::cmp::Reverse(values[i].bytes), values[i].first, i));
     let mut offsets = vec![0u64; values.len()];
-    // (offset, end) of the values placed so far, with their lifetimes.
-    let mut placed: Vec<(u64, u64, Interval)> = Vec::with_capacity(values.len());
+    // The values placed so far, found by time: `buckets[b]` lists those live at some
+    // position of `b * BUCKET .. (b + 1) * BUCKET`, so that a value meets only the placed
+    // values of the buckets it spans instead of every placed value.
+    let n_positions = values.iter().map(|v| v.last + 1).max().unwrap_or(0);
+    let mut buckets: Vec<Vec<usize>> = vec![Vec::new(); n_positions.div_ceil(BUCKET)];
+    // `seen[j] == stamp` when placed value `j` is already a neighbour of the current value.
+    let mut seen = vec![usize::MAX; values.len()];
     let mut arena = 0u64;
-    for i in by_size {
+    let mut neighbours: Vec<(u64, u64)> = Vec::new();
+    for (stamp, i) in by_size.into_iter().enumerate() {
         let me = values[i];
-        let mut neighbours: Vec<(u64, u64)> = placed
-            .iter()
-            .filter(|(_, _, other)| me.first <= other.last && other.first <= me.last)
-            .map(|&(offset, end, _)| (offset, end))
-            .collect();
+        let span = me.first / BUCKET..=me.last / BUCKET;
+        neighbours.clear();
+        for b in span.clone() {
+            for &j in &buckets[b] {
+                let other = values[j];
+                if seen[j] != stamp && me.first <= other.last && other.first <= me.last {
+                    seen[j] = stamp;
+                    neighbours.push((offsets[j], offsets[j] + other.bytes));
+                }
+            }
+        }
         neighbours.sort_unstable();
         let mut best: Option<(u64, u64)> = None; // (gap size, offset)
         let mut top = 0u64;
-        for (offset, end) in neighbours {
+        for &(offset, end) in &neighbours {
             let start = align_up(top);
             if offset >= start {
                 let gap = offset - start;
@@ -297,8 +327,84 @@ pub fn assign_offsets(values: &[Interval]) -> (Vec<u64>, u64) {
         }
         let offset = best.map_or_else(|| align_up(top), |(_, o)| o);
         offsets[i] = offset;
-        placed.push((offset, offset + me.bytes, me));
+        for b in span {
+            buckets[b].push(i);
+        }
         arena = arena.max(offset + me.bytes);
+    }
+    (offsets, arena)
+}
+
+/// Positions per bucket of [`greedy_by_size`]'s index of placed values.
+const BUCKET: usize = 32;
+
+/// Best fit in one sweep over time, as an allocator would run: at each position the values
+/// whose lifetime ended are freed (free neighbours merge), then the values born there are
+/// placed, largest first, in the smallest free block that holds them, or on top of the
+/// arena. `O(n log n)`.
+fn sweep_best_fit(values: &[Interval]) -> (Vec<u64>, u64) {
+    use std::cmp::Reverse;
+    use std::collections::{BTreeSet, BinaryHeap};
+    let mut births: Vec<usize> = (0..values.len()).collect();
+    births.sort_by_key(|&i| (values[i].first, Reverse(values[i].bytes), i));
+    let mut offsets = vec![0u64; values.len()];
+    // Free blocks below `top`, by offset (to merge neighbours) and by (size, offset) (to
+    // find the best fit).
+    let mut by_offset: BTreeMap<u64, u64> = BTreeMap::new();
+    let mut by_size: BTreeSet<(u64, u64)> = BTreeSet::new();
+    let mut top = 0u64;
+    let mut arena = 0u64;
+    // Placed values by the last position they live at, soonest first.
+    let mut deaths: BinaryHeap<Reverse<(usize, usize)>> = BinaryHeap::new();
+    for i in births {
+        let me = values[i];
+        // Free everything that died before `me` is born.
+        while let Some(&Reverse((last, j))) = deaths.peek() {
+            if last >= me.first {
+                break;
+            }
+            deaths.pop();
+            let (mut start, mut size) = (offsets[j], align_up(values[j].bytes));
+            if let Some((&prev, &prev_size)) = by_offset.range(..start).next_back()
+                && prev + prev_size == start
+            {
+                by_offset.remove(&prev);
+                by_size.remove(&(prev_size, prev));
+                start = prev;
+                size += prev_size;
+            }
+            if let Some(next_size) = by_offset.get(&(start + size)).copied() {
+                by_offset.remove(&(start + size));
+                by_size.remove(&(next_size, start + size));
+                size += next_size;
+            }
+            if start + size == top {
+                top = start;
+            } else {
+                by_offset.insert(start, size);
+                by_size.insert((size, start));
+            }
+        }
+        let need = align_up(me.bytes);
+        let offset = match by_size.range((need, 0)..).next().copied() {
+            Some((size, start)) => {
+                by_size.remove(&(size, start));
+                by_offset.remove(&start);
+                if size > need {
+                    by_offset.insert(start + need, size - need);
+                    by_size.insert((size - need, start + need));
+                }
+                start
+            }
+            None => {
+                let start = top;
+                top += need;
+                start
+            }
+        };
+        offsets[i] = offset;
+        arena = arena.max(offset + me.bytes);
+        deaths.push(Reverse((me.last, i)));
     }
     (offsets, arena)
 }
@@ -346,7 +452,8 @@ mod tests {
     proptest! {
         #[test]
         fn values_live_together_never_share_bytes(values in intervals()) {
-            let (offsets, arena) = assign_offsets(&values);
+            for place in [greedy_by_size, sweep_best_fit] {
+            let (offsets, arena) = place(&values);
             let slots: Vec<Slot> = values
                 .iter()
                 .zip(&offsets)
@@ -360,6 +467,7 @@ mod tests {
                 }
             }
             prop_assert!(arena >= peak_live_bytes(&values, 60));
+            }
         }
     }
 
