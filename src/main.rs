@@ -630,11 +630,12 @@ fn models(json: bool) -> Result<()> {
     print_stdout(&out)
 }
 
-/// Writes to stdout, treating a closed pipe (`autopar dump ... | head`) as success.
+/// Writes to stdout; a closed pipe (`autopar dump ... | head`) ends the program, successfully.
 fn print_stdout(s: &str) -> Result<()> {
     let mut out = std::io::stdout().lock();
     match out.write_all(s.as_bytes()).and_then(|()| out.flush()) {
-        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        // Nobody reads any more (`autopar run ... | head`): stop, whatever was running.
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => std::process::exit(0),
         r => r.context("cannot write to standard output"),
     }
 }

@@ -3,6 +3,7 @@
 //! reports (losses, memory per rank, `--verify`, `--timings`, `--dump-after` files, traces).
 
 use std::fmt::Write as _;
+use std::io::Write as _;
 
 use anyhow::{Context, Result, bail};
 
@@ -87,6 +88,19 @@ pub fn run_options(args: &RunArgs, mut options: CompileOptions) -> Result<()> {
     if args.trace.is_some() && !step.is_pipeline() {
         bail!("--trace applies to pipelines (--mesh pp=N)");
     }
+    // The output files are opened before the run, so that a path that cannot be written is
+    // an error before the training, not after it.
+    let open = |path: &Option<String>| -> Result<Option<(String, std::fs::File)>> {
+        path.as_ref()
+            .map(|p| {
+                let file =
+                    std::fs::File::create(p).with_context(|| format!("cannot write `{p}`"))?;
+                Ok((p.clone(), file))
+            })
+            .transpose()
+    };
+    let trace_file = open(&args.trace)?;
+    let report_file = open(&args.report)?;
     write_dumps(&step, &args.diag.dump_dir)?;
     if args.diag.timings {
         print_stdout(&timings(&step))?;
@@ -119,12 +133,14 @@ pub fn run_options(args: &RunArgs, mut options: CompileOptions) -> Result<()> {
     } else if !single_forward {
         print_stdout(&format!("peak memory: {}\n", report.peak_bytes))?;
     }
-    if let Some(path) = &args.trace {
+    if let Some((path, mut file)) = trace_file {
         let text = driver::describe::pipeline_trace(&step, &report.pipeline_reports)?;
-        std::fs::write(path, text).with_context(|| format!("cannot write `{path}`"))?;
+        file.write_all(text.as_bytes())
+            .with_context(|| format!("cannot write `{path}`"))?;
     }
-    if let Some(path) = &args.report {
-        crate::report_cmd::write_run_report(path, &options, &step, &report)?;
+    if let Some((path, file)) = report_file {
+        drop(file);
+        crate::report_cmd::write_run_report(&path, &options, &step, &report)?;
     }
     if let Some(v) = &report.verify {
         print_stdout(&format!("{}\n", v.line()))?;

@@ -123,3 +123,76 @@ fn verify_fails_when_the_loss_is_nan() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stdout).contains("FAILED (non-finite"));
 }
+
+/// Bad requests the driver refuses before anything runs, naming what is wrong.
+#[test]
+fn meshes_annotations_steps_and_outputs_are_checked_before_the_run() {
+    for mesh in ["foo=2", "DP=2", "dp=2,xp=1"] {
+        let err = autopar_err(&["run", "gpt-tiny", "--mesh", mesh]);
+        assert!(
+            err.contains("is not a mesh axis the compiler uses (dp, tp, pp, cp, ep)"),
+            "{mesh}: {err}"
+        );
+    }
+    let dir = scratch("driver-checks");
+    let annotations = dir.join("cp.txt");
+    std::fs::write(&annotations, "h.0.mlp.w1: cp=S(1)\n").expect("written");
+    let err = autopar_err(&[
+        "run",
+        "gpt-tiny",
+        "--mesh",
+        "dp=2",
+        "--annotate",
+        annotations.to_str().expect("UTF-8"),
+    ]);
+    assert!(
+        err.contains("line 1") && err.contains("`h.0.mlp.w1`") && err.contains("`cp`"),
+        "{err}"
+    );
+    let err = autopar_err(&[
+        "run", "gpt-tiny", "--mesh", "dp=2", "--steps", "0", "--verify",
+    ]);
+    assert!(err.contains("--steps 0"), "{err}");
+    // An unwritable trace is an error before the training (nothing is printed).
+    let err = autopar_err(&[
+        "run",
+        "gpt-tiny",
+        "--mesh",
+        "pp=2",
+        "--trace",
+        "/nonexistent-dir/step.json",
+    ]);
+    assert!(err.contains("/nonexistent-dir/step.json"), "{err}");
+}
+
+/// `autopar run ... | head` stops training when the reader goes away.
+#[test]
+fn a_closed_pipe_stops_the_training() {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+    use std::time::{Duration, Instant};
+    let mut child = Command::new(env!("CARGO_BIN_EXE_autopar"))
+        .args(["run", "gpt-tiny", "--steps", "1000000"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("autopar starts");
+    let mut first = String::new();
+    BufReader::new(child.stdout.take().expect("a pipe"))
+        .read_line(&mut first)
+        .expect("a line");
+    assert!(first.starts_with("step 1 loss: "), "{first}");
+    // The reader is gone: the next line written ends the program.
+    let start = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().expect("waits") {
+            assert!(status.success(), "{status}");
+            break;
+        }
+        if start.elapsed() > Duration::from_secs(60) {
+            let _ = child.kill();
+            panic!("autopar kept training after its reader went away");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

@@ -313,8 +313,40 @@ fn stops_before(o: &CompileOptions, pass: Pass) -> bool {
     o.stop_after.is_some_and(|last| last < pass)
 }
 
-/// Refuses SPMD options on a mesh without an axis to apply them to.
+/// Refuses a mesh axis the compiler gives no meaning to (it would silently replicate
+/// everything over it), annotations over axes the mesh does not have, and SPMD options on a
+/// mesh without an axis to apply them to.
 fn check_spmd_options(o: &CompileOptions, mesh: &DeviceMesh, has_spmd: bool) -> Result<(), Error> {
+    let known = || {
+        autopar_ir::Axis::ALL
+            .iter()
+            .map(|a| a.name())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    if let Some(a) = mesh
+        .axes()
+        .iter()
+        .find(|a| autopar_ir::Axis::from_name(&a.name).is_none())
+    {
+        return Err(Error::Usage(format!(
+            "--mesh `{mesh}`: `{}` is not a mesh axis the compiler uses ({})",
+            a.name,
+            known()
+        )));
+    }
+    for a in &o.parallel.annotations {
+        if let Some((name, _)) = a
+            .axes
+            .iter()
+            .find(|(name, _)| mesh.axis_size(name).is_none())
+        {
+            return Err(Error::Usage(format!(
+                "annotation line {}: `{}` is placed over `{name}`, which the mesh `{mesh}` does not have",
+                a.line, a.tensor
+            )));
+        }
+    }
     if has_spmd {
         return Ok(());
     }

@@ -29,7 +29,7 @@ use crate::state::rank_inputs;
 pub struct RunOptions {
     /// Seed of the state initialisation and of the synthetic data.
     pub seed: u64,
-    /// Steps to run (at least one).
+    /// Steps to run (at least one: zero is an error).
     pub steps: u64,
     /// Run the single-device reference beside the ranks and compare.
     pub verify: bool,
@@ -128,6 +128,11 @@ where
             "the step was compiled without its rank programs (stop_after)".into(),
         ));
     }
+    if options.steps == 0 {
+        return Err(Error::Usage(
+            "--steps 0 runs nothing (and would verify nothing)".into(),
+        ));
+    }
     let n = step.mesh.num_devices();
     let g = &step.global;
     let mut ranks = match &step.pipeline {
@@ -159,7 +164,7 @@ where
     let mut peaks = vec![0u64; n];
     let mut pipeline_stats = vec![None; n];
     let sharded = step.strategies.is_some();
-    for i in 0..options.steps.max(1) {
+    for i in 0..options.steps {
         let batch = rt::synthetic_batch(g, options.seed, i)?;
         let inputs: Vec<TensorMap> = (0..step.locals.len())
             .map(|which| rank_inputs(g, sharded, &batch, &step.spmd_mesh, which))
