@@ -4,7 +4,8 @@
 //! reads the files (this crate does no I/O) and passes each file's name and text in.
 //!
 //! A row's error is `predicted / measured - 1` on the figure its table measures: the step
-//! time, a transformer layer's forward or backward time, or one GEMM's TFLOP/s. Tables that give achieved
+//! time, a transformer layer's forward or backward time, one GEMM's TFLOP/s, or a
+//! collective's bus bandwidth. Tables that give achieved
 //! TFLOP/s per GPU instead are compared on step time, the measured time being the table's
 //! own FLOP count (the formula its header cites) over the measured rate; a negative error on
 //! a time (a positive one on a rate) is a prediction that is too fast. Each row's cluster, model, plan and software settings (the
@@ -21,9 +22,11 @@ use serde::Serialize;
 use autopar_ir::DType;
 
 use crate::cluster::Cluster;
+use crate::comm::Collective;
 use crate::compute::{AttentionKernel, GemmShape};
 use crate::error::CostError;
 use crate::estimate::CostModel;
+use crate::mapping::GroupInfo;
 use crate::model::TransformerConfig;
 use crate::plan::{Plan, Recompute};
 
@@ -107,7 +110,7 @@ pub struct RowResult {
     /// The software settings it was estimated under.
     pub software: String,
     /// The figure compared (`step time s`, `layer forward ms`, `layer backward ms`,
-    /// `GEMM TFLOP/s`).
+    /// `GEMM TFLOP/s`, `all-reduce bus GB/s`).
     pub figure: String,
     /// What the table measured, in the figure's unit.
     pub measured: f64,
@@ -229,7 +232,8 @@ fn table_report(file: &str, text: &str) -> TableReport {
             Err("one MoE layer without attention: the cost model prices whole transformer layers")
         }
         "mlengineering_mamf_gemm" => Ok(mamf_gemm(&rows)),
-        "mlengineering_allreduce_busbw" | "nccl_busbw_reference" | "nccl_issue_reference_busbw" => {
+        "mlengineering_allreduce_busbw" => Ok(mlengineering_allreduce(&rows)),
+        "nccl_busbw_reference" | "nccl_issue_reference_busbw" => {
             Err("collective bus-bandwidth benchmarks, not a training step; not yet expressed")
         }
         _ => Err("no reader for this table"),
@@ -840,6 +844,64 @@ fn mamf_gemm(rows: &[Line]) -> Vec<Result<Reading, &'static str>> {
                 plan: "-".into(),
                 software: DEFAULTS.name.to_string(),
                 figure: "GEMM TFLOP/s".into(),
+                measured,
+                predicted,
+                error: predicted / measured - 1.0,
+                fits: true,
+                too_fast: predicted > measured,
+            })))
+        })
+        .collect()
+}
+
+/// All-reduce bus bandwidth inside one node (nccl-tests convention) against the cost model's
+/// collective time for the same payload and GPU count, on the presets' GPUs (H100, H200).
+/// NCCL's NVLink SHARP rows are kept: it is what NCCL runs by default.
+fn mlengineering_allreduce(rows: &[Line]) -> Vec<Result<Reading, &'static str>> {
+    rows.iter()
+        .map(|r| {
+            let system = r.get("system");
+            let preset = if system.contains("H200") {
+                "hgx-h200:nodes=1"
+            } else if system.contains("H100") {
+                "dgx-h100:nodes=1"
+            } else {
+                return Err("accelerator without a cluster preset");
+            };
+            if r.get("collective") != "all_reduce" {
+                return Err("collective not all-reduce");
+            }
+            if r.int("nodes") != Some(1) {
+                return Err("not within one node");
+            }
+            let gpus = r.int("gpus_total").ok_or("GPU count missing")?;
+            let bytes = r.num("payload_bytes").ok_or("payload size not given")?;
+            let measured = r.num("busbw_GBps").ok_or("no measured bandwidth")?;
+            let model = CostModel::new(Cluster::preset(preset).map_err(|_| "no cluster preset")?);
+            let group = GroupInfo {
+                size: gpus,
+                nodes_spanned: 1,
+                members_per_node: gpus,
+                nics_per_group: 0,
+                groups_per_nic: 0,
+            };
+            let predicted =
+                model
+                    .comm
+                    .bus_bandwidth(Collective::AllReduce, bytes, &group, &model.cluster)
+                    / 1e9;
+            Ok(Reading::Done(Box::new(RowResult {
+                label: format!(
+                    "line {}: {gpus} GPUs {} {}",
+                    r.number,
+                    r.get("payload_label"),
+                    r.get("nccl_algo")
+                ),
+                model: format!("all-reduce of {bytes} bytes over {gpus} GPUs"),
+                cluster: preset.to_string(),
+                plan: "-".into(),
+                software: DEFAULTS.name.to_string(),
+                figure: "all-reduce bus GB/s".into(),
                 measured,
                 predicted,
                 error: predicted / measured - 1.0,
