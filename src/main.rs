@@ -11,6 +11,7 @@ use autopar_driver::ir::DType;
 use autopar_driver::{self as driver, DumpFormat, LossScaling, Optimizer, Recompute, TrainOptions};
 
 mod auto_cmd;
+mod calibrate_cmd;
 mod plan_cmd;
 mod report;
 mod report_cmd;
@@ -72,6 +73,9 @@ enum Command {
     /// Write one self-contained HTML page about a plan: the mesh on the machines, the
     /// pipeline timeline, memory per pipeline rank and where the time goes.
     Report(report_cmd::ReportArgs),
+    /// Estimate every expressible row of the reference tables and report the errors against
+    /// their measurements (median, worst, sign) per table and overall.
+    Calibrate(calibrate_cmd::CalibrateArgs),
     /// Describe a cluster: devices, memory, fabrics and link bandwidths.
     Topo {
         /// A preset (dgx-a100:nodes=N, dgx-h100:nodes=N, hgx-h200:nodes=N, cpu:ranks=N) or a TOML file.
@@ -349,6 +353,7 @@ fn execute(cli: Cli) -> Result<()> {
         Command::Estimate(args) => estimate(args),
         Command::Plan(args) => plan_cmd::plan(args),
         Command::Report(args) => report_cmd::report(args),
+        Command::Calibrate(args) => calibrate_cmd::calibrate_cmd(args),
         Command::Topo { cluster, toml } => topo(&cluster, toml),
     }
 }

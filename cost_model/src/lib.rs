@@ -8,6 +8,7 @@
 //! [`CostModel::estimate`]; passes receive the model as an [`OpCostModel`] and cost single
 //! ops with it.
 
+pub mod calibrate;
 pub mod cluster;
 pub mod comm;
 pub mod compute;
@@ -20,6 +21,7 @@ pub mod memory;
 pub mod model;
 pub mod plan;
 
+pub use calibrate::{CalibrationReport, calibrate};
 pub use cluster::Cluster;
 pub use comm::{Collective, CommParams};
 pub use compute::{AttentionKernel, ComputeParams, OpCost};

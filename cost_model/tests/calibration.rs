@@ -1,200 +1,111 @@
-//! Calibration against Korthikanti et al. 2022 (arXiv:2205.05198): end-to-end iteration times
-//! of Table 5 and per-layer times of Table 4, measured on A100-80GB DGX nodes (Selene).
+//! Calibration against `shared/reference/` (beside the repository, at `../shared/reference`),
+//! through the calibration report (`autopar_cost_model::calibrate`), which reads every
+//! table's configurations and measurements from its file.
 //!
-//! Everything model-specific comes from the tables' configurations; the cost-model parameters
-//! are the defaults, except the attention kernel: the 2022 measurements ran unfused attention
-//! (two batched GEMMs around a fused softmax and a dropout), which predates FlashAttention in
-//! Megatron-LM, and data-parallel gradient reduction, which Megatron-LM then started after the
-//! last backward instead of overlapping it.
-//!
-//! The table gives the interleaved schedule (3 chunks per rank) for 175B and 530B only; the 1T
-//! row (2 layers per stage) is run with plain 1F1B. The DP=8 row of 530B (weak scaling to 2240
-//! GPUs) has no full-recompute measurement.
+//! Korthikanti et al. 2022 (arXiv:2205.05198) keep their long-standing bounds: iteration
+//! times of Table 5 within 10% and per-layer times of Table 4 within 15%, under the software
+//! of the time (unfused attention, gradient reduction after the backward). The other tables
+//! are only required to be read and, for SC'21, expressed: their errors are the baseline that
+//! cost-model work improves on, not a target this test holds.
 
-use autopar_cost_model::{AttentionKernel, Cluster, CostModel, Plan, TransformerConfig};
+use std::path::PathBuf;
 
-struct Row {
-    name: &'static str,
-    heads: usize,
-    hidden: usize,
-    layers: usize,
-    pp: usize,
-    dp: usize,
-    gbs: usize,
-    schedule: &'static str,
-    full_s: Option<f64>,
-    present_s: f64,
+use autopar_cost_model::calibrate;
+use autopar_cost_model::calibrate::{CalibrationReport, TableReport};
+
+fn reference_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/reference")
 }
 
-const ROWS: [Row; 5] = [
-    Row {
-        name: "22B",
-        heads: 64,
-        hidden: 6144,
-        layers: 48,
-        pp: 1,
-        dp: 1,
-        gbs: 4,
-        schedule: "1f1b",
-        full_s: Some(1.42),
-        present_s: 1.10,
-    },
-    Row {
-        name: "175B",
-        heads: 96,
-        hidden: 12288,
-        layers: 96,
-        pp: 8,
-        dp: 1,
-        gbs: 64,
-        schedule: "interleaved,vpp=3",
-        full_s: Some(18.13),
-        present_s: 13.75,
-    },
-    Row {
-        name: "530B",
-        heads: 128,
-        hidden: 20480,
-        layers: 105,
-        pp: 35,
-        dp: 1,
-        gbs: 280,
-        schedule: "interleaved,vpp=3",
-        full_s: Some(49.05),
-        present_s: 37.83,
-    },
-    Row {
-        name: "1T",
-        heads: 160,
-        hidden: 25600,
-        layers: 128,
-        pp: 64,
-        dp: 1,
-        gbs: 512,
-        schedule: "1f1b",
-        full_s: Some(94.42),
-        present_s: 71.49,
-    },
-    Row {
-        name: "530B dp=8",
-        heads: 128,
-        hidden: 20480,
-        layers: 105,
-        pp: 35,
-        dp: 8,
-        gbs: 2240,
-        schedule: "interleaved,vpp=3",
-        full_s: None,
-        present_s: 39.15,
-    },
-];
-
-fn model(nodes: usize) -> CostModel {
-    let mut m =
-        CostModel::new(Cluster::preset(&format!("dgx-a100:nodes={nodes}")).expect("preset"));
-    m.compute.attention = AttentionKernel::Unfused;
-    // Megatron-LM of 2022 reduced data-parallel gradients after the last backward.
-    m.comm.overlap_grad_reduce = false;
-    m
+fn tables() -> Vec<(String, String)> {
+    let mut files: Vec<(String, String)> = std::fs::read_dir(reference_dir())
+        .expect("shared/reference beside the repository")
+        .map(|e| e.expect("a directory entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "csv"))
+        .map(|p| {
+            let name = p
+                .file_name()
+                .expect("a file name")
+                .to_string_lossy()
+                .into_owned();
+            (name, std::fs::read_to_string(&p).expect("readable"))
+        })
+        .collect();
+    files.sort();
+    files
 }
 
-fn mbs(r: &Row) -> usize {
-    if r.name == "22B" { 4 } else { 1 }
+fn report() -> CalibrationReport {
+    calibrate(&tables())
+}
+
+fn table<'a>(r: &'a CalibrationReport, name: &str) -> &'a TableReport {
+    r.tables
+        .iter()
+        .find(|t| t.table == name)
+        .unwrap_or_else(|| panic!("no table {name}"))
+}
+
+fn worst(t: &TableReport) -> f64 {
+    t.rows.iter().map(|r| r.error.abs()).fold(0.0, f64::max)
 }
 
 #[test]
 fn iteration_times_of_table_5_within_10_percent() {
-    let mut worst: f64 = 0.0;
-    println!(
-        "{:<10} {:>9} {:>9} {:>7}   {:>9} {:>9} {:>7}",
-        "model", "full pred", "meas", "err", "sp+sel", "meas", "err"
-    );
-    for r in &ROWS {
-        let cfg = TransformerConfig::gpt(r.name, r.layers, r.hidden, r.heads, 2048, 51200);
-        let m = model(r.pp * r.dp);
-        let base = format!(
-            "dp={},tp=8,pp={},mbs={},gbs={},schedule={}",
-            r.dp,
-            r.pp,
-            mbs(r),
-            r.gbs,
-            r.schedule
-        );
-        let present = Plan::parse(&format!("{base},sp=true,recompute=selective")).unwrap();
-        let p = m.estimate(&cfg, &present).unwrap();
-        let err_p = p.iter_time_s / r.present_s - 1.0;
-        worst = worst.max(err_p.abs());
-        let (full_pred, full_err) = match r.full_s {
-            Some(meas) => {
-                let full = Plan::parse(&format!("{base},sp=false,recompute=full")).unwrap();
-                let f = m.estimate(&cfg, &full).unwrap();
-                let err = f.iter_time_s / meas - 1.0;
-                worst = worst.max(err.abs());
-                (f.iter_time_s, err)
-            }
-            None => (f64::NAN, 0.0),
-        };
-        println!(
-            "{:<10} {:>9.2} {:>9.2} {:>+6.1}%   {:>9.2} {:>9.2} {:>+6.1}%   mfu {:.1}% bubble {:.2}s",
-            r.name,
-            full_pred,
-            r.full_s.unwrap_or(f64::NAN),
-            100.0 * full_err,
-            p.iter_time_s,
-            r.present_s,
-            100.0 * err_p,
-            100.0 * p.mfu,
-            p.time.bubble_s
-        );
-    }
-    assert!(worst <= 0.10, "worst error {:.1}%", 100.0 * worst);
+    let r = report();
+    let t = table(&r, "korthikanti2022_tables3_5_seqpar_selective");
+    println!("{}", r.render(true));
+    // Five configurations, full recompute and present work each; the DP=8 row has no
+    // full-recompute measurement.
+    assert_eq!(t.rows.len(), 9, "{:?}", t.skipped);
+    assert_eq!(t.summary.skipped, 1);
+    assert!(worst(t) <= 0.10, "worst error {:.1}%", 100.0 * worst(t));
 }
 
 #[test]
 fn per_layer_times_of_table_4_within_15_percent() {
-    // 22B: h=6144, a=64, tp=8, s=2048, micro-batch 4.
-    let cfg = TransformerConfig::gpt("22B", 48, 6144, 64, 2048, 51200);
-    let m = model(1);
-    let cases = [
-        (
-            "Baseline no recompute",
-            "sp=false,recompute=none",
-            7.7,
-            11.9,
-        ),
-        ("Sequence Parallelism", "sp=true,recompute=none", 7.2, 11.8),
-        (
-            "Baseline with recompute (full)",
-            "sp=false,recompute=full",
-            7.7,
-            19.5,
-        ),
-        (
-            "Selective Recompute",
-            "sp=false,recompute=selective",
-            7.7,
-            13.2,
-        ),
-        (
-            "Selective + Sequence",
-            "sp=true,recompute=selective",
-            7.2,
-            13.1,
-        ),
-    ];
-    let mut worst: f64 = 0.0;
-    for (name, opts, f_ms, b_ms) in cases {
-        let plan = Plan::parse(&format!("tp=8,mbs=4,gbs=4,{opts}")).unwrap();
-        let e = m.estimate(&cfg, &plan).unwrap();
-        let f = e.time.layer_forward.total_s() * 1e3;
-        let b = e.time.layer_backward.total_s() * 1e3;
-        let (ef, eb) = (f / f_ms - 1.0, b / b_ms - 1.0);
-        worst = worst.max(ef.abs()).max(eb.abs());
-        println!(
-            "{name:<32} fwd {f:6.2} ms (meas {f_ms:5.1}, {:+5.1}%)  bwd {b:6.2} ms (meas {b_ms:5.1}, {:+5.1}%)",
-            100.0 * ef,
-            100.0 * eb
+    let r = report();
+    let t = table(&r, "korthikanti2022_table4_per_layer_22B");
+    assert_eq!(t.rows.len(), 10, "{:?}", t.skipped);
+    assert!(worst(t) <= 0.15, "worst error {:.1}%", 100.0 * worst(t));
+}
+
+#[test]
+fn every_reference_table_is_read_and_the_megatron_tables_are_expressed() {
+    let files = tables();
+    let r = calibrate(&files);
+    assert_eq!(r.tables.len(), files.len());
+    for t in &r.tables {
+        assert!(
+            t.summary.expressed + t.summary.skipped > 0,
+            "{} has no row",
+            t.table
         );
+        if t.rows.is_empty() {
+            assert!(t.not_expressed.is_some(), "{} says why not", t.table);
+        }
+        if let Some(m) = t.summary.median_abs_error {
+            assert!(m.is_finite(), "{}", t.table);
+        }
     }
-    assert!(worst <= 0.15, "worst error {:.1}%", 100.0 * worst);
+    for (name, rows) in [
+        ("megatron_sc21_table1_weak_scaling_a100", 10),
+        ("megatron_sc21_table2_zero3_vs_ptdp", 12),
+        ("korthikanti2022_tables3_5_seqpar_selective", 9),
+        ("korthikanti2022_table4_per_layer_22B", 10),
+    ] {
+        assert_eq!(table(&r, name).rows.len(), rows, "{name}");
+    }
+    let foundry = table(&r, "llmfoundry_mpt_benchmarks");
+    assert!(
+        foundry
+            .skipped
+            .iter()
+            .any(|s| s.reason == "fp8 not modelled")
+    );
+    assert!(r.overall.median_abs_error.is_some_and(f64::is_finite));
+    assert_eq!(
+        r.overall.expressed,
+        r.tables.iter().map(|t| t.rows.len()).sum::<usize>()
+    );
 }

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use autopar_cost_model::{AttentionKernel, Cluster, CostModel, Plan, TransformerConfig};
-use autopar_ir::schedule::Schedule;
+use autopar_ir::schedule::{Schedule, ScheduleKind};
 use autopar_passes::search::{
     Constraints, SearchOptions, SearchResult, memory_lower_bound, search, step_time_lower_bound,
 };
@@ -51,6 +51,17 @@ fn assert_same_as_exhaustive(
 ) -> SearchResult {
     let mut opts = SearchOptions::new(batch);
     opts.top_k = k;
+    assert_same_as_exhaustive_with(model, cfg, opts)
+}
+
+/// [`assert_same_as_exhaustive`] under any options (constraints included).
+fn assert_same_as_exhaustive_with(
+    model: &CostModel,
+    cfg: &TransformerConfig,
+    mut opts: SearchOptions,
+) -> SearchResult {
+    let (batch, k) = (opts.global_batch, opts.top_k);
+    opts.prune = true;
     let pruned = run(model, cfg, &opts);
     opts.prune = false;
     let all = run(model, cfg, &opts);
@@ -100,6 +111,40 @@ fn equals_exhaustive_with_tight_memory_moe_and_unfused_attention() {
     let mut m = a100(1);
     m.compute.attention = AttentionKernel::Unfused;
     assert_same_as_exhaustive(&m, &small_gpt(4, 1024, 16, 2048), 16, 10);
+}
+
+#[test]
+fn equals_exhaustive_with_uneven_interleaved_stages() {
+    // 10 layers: on 4 pipeline ranks the one interleaved choice (vpp = 2) cuts them into 8
+    // virtual stages of 1 or 2 layers, and on 2 ranks so do vpp = 2, 3 and 4.
+    let m = a100(1);
+    let cfg = small_gpt(10, 1024, 16, 1024);
+    assert_same_as_exhaustive(&m, &cfg, 32, 40);
+    let mut opts = SearchOptions::new(32);
+    opts.top_k = 30;
+    // Before uneven virtual stages were searched, these pins admitted no plan at all.
+    opts.constraints = Constraints::parse("pp=4,schedule=interleaved").expect("pins");
+    let r = assert_same_as_exhaustive_with(&m, &cfg, opts);
+    let uneven = r
+        .plans
+        .iter()
+        .find(|p| {
+            p.plan.schedule == ScheduleKind::Interleaved
+                && !cfg.layers.is_multiple_of(p.plan.pp * p.plan.vpp)
+        })
+        .expect("an interleaved plan with uneven virtual stages ranks");
+    // The search priced it exactly as `estimate` does.
+    let direct = m.estimate(&cfg, &uneven.plan).expect("estimate");
+    assert_eq!(direct.iter_time_s, uneven.estimate.iter_time_s);
+    assert_eq!(direct.stage_layers, uneven.estimate.stage_layers);
+    assert!(
+        direct
+            .stage_layers
+            .iter()
+            .any(|&n| n != direct.stage_layers[0]),
+        "{:?}",
+        direct.stage_layers
+    );
 }
 
 /// A small deterministic generator (SplitMix64), so the random cases are the same each run.

@@ -505,8 +505,13 @@ pub(crate) fn micro_batch_sizes(s: &Shape, global_batch: usize, c: &Constraints)
 ///   completion but holds every micro-batch's activations, so the cost model gives it the
 ///   same time and no less memory: an exact equivalence, of which 1F1B is kept.
 /// - `pp > 1`: 1F1B and GPipe with one chunk per rank (layers may divide unevenly: earlier
-///   stages take one more), and the interleaved schedule with every `vpp > 1` such that
-///   `pp * vpp` divides the layers and `pp` divides `m` (as Megatron-LM requires).
+///   stages take one more), and the interleaved schedule with every `vpp > 1` that leaves
+///   each of the `pp * vpp` virtual stages at least one layer, when `pp` divides `m` (as
+///   Megatron-LM requires). The layers need not divide evenly: the virtual stages then take
+///   the cost model's balanced division ([`stage_layers`]), exactly as the estimate prices
+///   them and as Megatron-LM's `--pipeline-model-parallel-layout` runs them.
+///
+/// [`stage_layers`]: autopar_cost_model::estimate::stage_layers
 pub(crate) fn pipelines(
     cfg: &TransformerConfig,
     pp: usize,
@@ -518,9 +523,7 @@ pub(crate) fn pipelines(
         out.push((1, ScheduleKind::GPipe));
         if m.is_multiple_of(pp) {
             for vpp in 2..=cfg.layers / pp {
-                if cfg.layers.is_multiple_of(pp * vpp) {
-                    out.push((vpp, ScheduleKind::Interleaved));
-                }
+                out.push((vpp, ScheduleKind::Interleaved));
             }
         }
     } else if c.schedule == Some(ScheduleKind::GPipe) {

@@ -1,0 +1,1029 @@
+//! The calibration report: every row of the measurement tables of `shared/reference/` that
+//! the cost model can express, estimated and compared with what was measured, with per-table
+//! and overall median and worst error and how often the prediction is too fast. The caller
+//! reads the files (this crate does no I/O) and passes each file's name and text in.
+//!
+//! A row's error is `predicted / measured - 1` on the figure its table measures: the step
+//! time, a transformer layer's forward or backward time, one GEMM's TFLOP/s, or a
+//! collective's bus bandwidth. Tables that give achieved
+//! TFLOP/s per GPU instead are compared on step time, the measured time being the table's
+//! own FLOP count (the formula its header cites) over the measured rate; a negative error on
+//! a time (a positive one on a rate) is a prediction that is too fast. Each row's cluster, model, plan and software settings (the
+//! attention kernel and whether data-parallel gradient reduction overlaps the backward) come
+//! from the table, its header or the source the header names; where the source leaves a
+//! choice unstated, the reader says what it assumes. There is no correction factor, per row
+//! or per table: every number the estimate uses is the cost model's own.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use autopar_ir::DType;
+
+use crate::cluster::Cluster;
+use crate::comm::Collective;
+use crate::compute::{AttentionKernel, GemmShape};
+use crate::error::CostError;
+use crate::estimate::CostModel;
+use crate::mapping::GroupInfo;
+use crate::model::TransformerConfig;
+use crate::plan::{Plan, Recompute};
+
+/// The software settings a table's measurements ran under, as far as the cost model can say
+/// them; `None` keeps the cost model's default (what `autopar estimate` uses).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Software {
+    name: &'static str,
+    attention: Option<AttentionKernel>,
+    overlap_grad_reduce: Option<bool>,
+}
+
+/// The cost model's defaults: what `autopar estimate` prices.
+const DEFAULTS: Software = Software {
+    name: "autopar defaults (fused attention, overlapped gradient reduction)",
+    attention: None,
+    overlap_grad_reduce: None,
+};
+
+/// Megatron-LM of 2021-2022: attention as two batched GEMMs around a fused softmax (before
+/// FlashAttention), and its own ("local") DDP, which reduces gradients after the backward.
+const MEGATRON_2021: Software = Software {
+    name: "Megatron-LM 2021-22 (unfused attention, gradient reduction after the backward)",
+    attention: Some(AttentionKernel::Unfused),
+    overlap_grad_reduce: Some(false),
+};
+
+/// Megatron-LM of 2021 with PyTorch DDP (`--DDP-impl torch`), or DeepSpeed
+/// (`overlap_comm`): unfused attention, gradient reduction overlapping the backward.
+const MEGATRON_2021_OVERLAP: Software = Software {
+    name: "Megatron-LM 2021 with overlapped reduction (unfused attention, PyTorch DDP or DeepSpeed)",
+    attention: Some(AttentionKernel::Unfused),
+    overlap_grad_reduce: Some(true),
+};
+
+impl Software {
+    fn apply(self, cluster: Cluster) -> CostModel {
+        let mut m = CostModel::new(cluster);
+        if let Some(a) = self.attention {
+            m.compute.attention = a;
+        }
+        if let Some(o) = self.overlap_grad_reduce {
+            m.comm.overlap_grad_reduce = o;
+        }
+        m
+    }
+}
+
+/// What a row compares.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Figure {
+    StepTime,
+    LayerForward,
+    LayerBackward,
+}
+
+/// One row the cost model can express: what to estimate and what was measured.
+struct Case {
+    label: String,
+    model: String,
+    cfg: TransformerConfig,
+    cluster_spec: String,
+    cluster: Cluster,
+    plan: Plan,
+    software: Software,
+    figure: Figure,
+    measured: f64,
+}
+
+/// A row of a table, estimated.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct RowResult {
+    /// The row, as the table names it (with its line number in the file).
+    pub label: String,
+    /// The model: a `gpt:` spec `autopar estimate` accepts, or the shape in words.
+    pub model: String,
+    /// The cluster: a preset `autopar estimate --cluster` accepts, or how it differs from one.
+    pub cluster: String,
+    /// The plan, in the text form of `autopar estimate --plan`.
+    pub plan: String,
+    /// The software settings it was estimated under.
+    pub software: String,
+    /// The figure compared (`step time s`, `layer forward ms`, `layer backward ms`,
+    /// `GEMM TFLOP/s`, `all-reduce bus GB/s`).
+    pub figure: String,
+    /// What the table measured, in the figure's unit.
+    pub measured: f64,
+    /// What the cost model predicts, in the same unit.
+    pub predicted: f64,
+    /// `predicted / measured - 1`.
+    pub error: f64,
+    /// Whether the estimate says the plan fits in memory (it ran, so it did).
+    pub fits: bool,
+    /// Whether the prediction is faster than the measurement: a smaller time, or a larger
+    /// rate.
+    pub too_fast: bool,
+}
+
+/// Rows of a table left out, all for one reason.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Skipped {
+    /// Why they cannot be expressed or compared.
+    pub reason: String,
+    /// How many.
+    pub rows: usize,
+}
+
+/// Median and worst error of a set of rows, and how many are predicted too fast.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Summary {
+    /// Rows estimated.
+    pub expressed: usize,
+    /// Rows left out.
+    pub skipped: usize,
+    /// Median `|error|`; `None` without rows.
+    pub median_abs_error: Option<f64>,
+    /// The error of largest magnitude, signed.
+    pub worst_error: Option<f64>,
+    /// The label of the worst row.
+    pub worst_row: Option<String>,
+    /// Fraction of the rows whose prediction is too fast (smaller time than measured).
+    pub too_fast: Option<f64>,
+}
+
+impl Summary {
+    fn of(rows: &[&RowResult], skipped: usize) -> Summary {
+        let mut abs: Vec<f64> = rows.iter().map(|r| r.error.abs()).collect();
+        abs.sort_by(f64::total_cmp);
+        let median = match abs.len() {
+            0 => None,
+            n if n % 2 == 1 => Some(abs[n / 2]),
+            n => Some(0.5 * (abs[n / 2 - 1] + abs[n / 2])),
+        };
+        let worst = rows
+            .iter()
+            .max_by(|a, b| a.error.abs().total_cmp(&b.error.abs()));
+        let fast = rows.iter().filter(|r| r.too_fast).count();
+        Summary {
+            expressed: rows.len(),
+            skipped,
+            median_abs_error: median,
+            worst_error: worst.map(|r| r.error),
+            worst_row: worst.map(|r| r.label.clone()),
+            too_fast: (!rows.is_empty()).then(|| fast as f64 / rows.len() as f64),
+        }
+    }
+}
+
+/// One reference table, estimated.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct TableReport {
+    /// The file's name without `.csv`.
+    pub table: String,
+    /// What its rows are compared on.
+    pub figure: String,
+    /// Why none of its rows can be expressed, when none can.
+    pub not_expressed: Option<String>,
+    /// The rows estimated.
+    pub rows: Vec<RowResult>,
+    /// The rows left out, by reason.
+    pub skipped: Vec<Skipped>,
+    /// Median, worst and sign of the errors.
+    pub summary: Summary,
+}
+
+/// The whole report: one entry per table, then all expressed rows together.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct CalibrationReport {
+    /// Per table, in the order given.
+    pub tables: Vec<TableReport>,
+    /// Over every expressed row of every table.
+    pub overall: Summary,
+}
+
+/// Estimates every expressible row of `tables`, each a file name (`korthikanti2022_....csv`)
+/// and its text, and summarises the errors. A table without a reader, or with no expressible
+/// row, is listed with the reason.
+pub fn calibrate(tables: &[(String, String)]) -> CalibrationReport {
+    let reports: Vec<TableReport> = tables
+        .iter()
+        .map(|(name, text)| table_report(name, text))
+        .collect();
+    let all: Vec<&RowResult> = reports.iter().flat_map(|t| &t.rows).collect();
+    let skipped = reports.iter().map(|t| t.summary.skipped).sum();
+    CalibrationReport {
+        overall: Summary::of(&all, skipped),
+        tables: reports,
+    }
+}
+
+fn table_report(file: &str, text: &str) -> TableReport {
+    let table = file.strip_suffix(".csv").unwrap_or(file).to_string();
+    let rows = csv(text);
+    let read = match table.as_str() {
+        "megatron_sc21_table1_weak_scaling_a100" => Ok(steps(sc21_table1(&rows))),
+        "megatron_sc21_table2_zero3_vs_ptdp" => Ok(steps(sc21_table2(&rows))),
+        "korthikanti2022_tables3_5_seqpar_selective" => Ok(steps(korthikanti_table5(&rows))),
+        "korthikanti2022_table4_per_layer_22B" => Ok(steps(korthikanti_table4(&rows))),
+        "megatron_core_h100_weak_scaling_readme" => Ok(steps(megatron_core_h100(&rows))),
+        "llmfoundry_mpt_benchmarks" => Ok(steps(llm_foundry(&rows))),
+        "hardware_specs" => Err("datasheet figures, no measurement"),
+        "megatron_moe_layer_perf_baseline_h100" => {
+            Err("one MoE layer without attention: the cost model prices whole transformer layers")
+        }
+        "mlengineering_mamf_gemm" => Ok(mamf_gemm(&rows)),
+        "mlengineering_allreduce_busbw" => Ok(mlengineering_allreduce(&rows)),
+        "nccl_busbw_reference" | "nccl_issue_reference_busbw" => {
+            Err("collective bus-bandwidth benchmarks, not a training step; not yet expressed")
+        }
+        _ => Err("no reader for this table"),
+    };
+    let cases = match read {
+        Ok(c) => c,
+        Err(why) => {
+            let skipped = vec![Skipped {
+                reason: why.to_string(),
+                rows: rows.len(),
+            }];
+            return TableReport {
+                table,
+                figure: "-".into(),
+                not_expressed: Some(why.to_string()),
+                rows: Vec::new(),
+                summary: Summary::of(&[], rows.len()),
+                skipped,
+            };
+        }
+    };
+    let mut results = Vec::new();
+    let mut skipped: BTreeMap<String, usize> = BTreeMap::new();
+    let mut figures: Vec<String> = Vec::new();
+    for case in cases {
+        match case.map_err(String::from).and_then(|c| match c {
+            Reading::Step(c) => {
+                estimate_case(&c).map_err(|e| format!("the cost model refuses it: {e}"))
+            }
+            Reading::Done(r) => Ok(*r),
+        }) {
+            Ok(r) => {
+                if !figures.contains(&r.figure) {
+                    figures.push(r.figure.clone());
+                }
+                results.push(r);
+            }
+            Err(why) => *skipped.entry(why).or_default() += 1,
+        }
+    }
+    let skipped: Vec<Skipped> = skipped
+        .into_iter()
+        .map(|(reason, rows)| Skipped { reason, rows })
+        .collect();
+    let n_skipped = skipped.iter().map(|s| s.rows).sum();
+    let refs: Vec<&RowResult> = results.iter().collect();
+    TableReport {
+        figure: figure_note(&table, &figures),
+        not_expressed: results
+            .is_empty()
+            .then(|| "no row can be expressed (see skipped)".to_string()),
+        summary: Summary::of(&refs, n_skipped),
+        table,
+        rows: results,
+        skipped,
+    }
+}
+
+fn figure_note(table: &str, figures: &[String]) -> String {
+    let from_tflops = match table {
+        "megatron_sc21_table1_weak_scaling_a100" | "megatron_sc21_table2_zero3_vs_ptdp" => {
+            ", from measured TFLOP/s/GPU by SC'21 eq. 3"
+        }
+        "megatron_core_h100_weak_scaling_readme" => {
+            ", from measured TFLOP/s/GPU by 72BLsh^2(1+s/6h+V/12hL)"
+        }
+        "llmfoundry_mpt_benchmarks" => ", from measured tokens/s",
+        _ => "",
+    };
+    format!("{}{from_tflops}", figures.join(", "))
+}
+
+fn estimate_case(c: &Case) -> Result<RowResult, CostError> {
+    let model = c.software.apply(c.cluster.clone());
+    let e = model.estimate(&c.cfg, &c.plan)?;
+    let (figure, predicted) = match c.figure {
+        Figure::StepTime => ("step time s", e.iter_time_s),
+        Figure::LayerForward => ("layer forward ms", e.time.layer_forward.total_s() * 1e3),
+        Figure::LayerBackward => ("layer backward ms", e.time.layer_backward.total_s() * 1e3),
+    };
+    Ok(RowResult {
+        label: c.label.clone(),
+        model: c.model.clone(),
+        cluster: c.cluster_spec.clone(),
+        plan: c.plan.to_string(),
+        software: c.software.name.to_string(),
+        figure: figure.to_string(),
+        measured: c.measured,
+        predicted,
+        error: predicted / c.measured - 1.0,
+        fits: e.fits,
+        too_fast: predicted < c.measured,
+    })
+}
+
+/// One parsed data row: its line number in the file and its fields by column name.
+struct Line {
+    number: usize,
+    fields: BTreeMap<String, String>,
+}
+
+impl Line {
+    fn get(&self, key: &str) -> &str {
+        self.fields
+            .get(key)
+            .map(String::as_str)
+            .unwrap_or("")
+            .trim()
+    }
+
+    /// A number, ignoring the markers tables put on figures (`~230`, `2560*`).
+    fn num(&self, key: &str) -> Option<f64> {
+        self.get(key)
+            .trim_matches(|c: char| c == '~' || c == '*')
+            .parse()
+            .ok()
+    }
+
+    fn int(&self, key: &str) -> Option<usize> {
+        self.num(key)
+            .filter(|v| *v >= 0.0 && v.fract() == 0.0)
+            .map(|v| v as usize)
+    }
+}
+
+/// Splits a CSV text into data rows keyed by the header: `#` lines are the source notes,
+/// the first other line is the header, fields may be double-quoted (with `""` for a quote).
+fn csv(text: &str) -> Vec<Line> {
+    let mut header: Option<Vec<String>> = None;
+    let mut rows = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        if line.starts_with('#') || line.trim().is_empty() {
+            continue;
+        }
+        let fields = split_csv_line(line);
+        match &header {
+            None => header = Some(fields),
+            Some(h) => rows.push(Line {
+                number: i + 1,
+                fields: h.iter().cloned().zip(fields).collect(),
+            }),
+        }
+    }
+    rows
+}
+
+fn split_csv_line(line: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut field = String::new();
+    let mut quoted = false;
+    let mut chars = line.chars().peekable();
+    while let Some(c) = chars.next() {
+        match (c, quoted) {
+            ('"', true) if chars.peek() == Some(&'"') => {
+                field.push('"');
+                chars.next();
+            }
+            ('"', _) => quoted = !quoted,
+            (',', false) => out.push(std::mem::take(&mut field)),
+            _ => field.push(c),
+        }
+    }
+    out.push(field);
+    out
+}
+
+type Read = Vec<Result<Case, &'static str>>;
+
+/// A row read: a training step to estimate, or a row already compared (a single GEMM).
+enum Reading {
+    Step(Box<Case>),
+    Done(Box<RowResult>),
+}
+
+/// The rows of a table of training steps, to estimate.
+fn steps(read: Read) -> Vec<Result<Reading, &'static str>> {
+    read.into_iter()
+        .map(|c| c.map(|c| Reading::Step(Box::new(c))))
+        .collect()
+}
+
+/// A GPT of the SC'21/Korthikanti/MPT kind (GELU MLP of `4h`, tied embeddings, learned
+/// positions) and its `gpt:` spec.
+fn gpt(
+    layers: usize,
+    hidden: usize,
+    heads: usize,
+    seq: usize,
+    vocab: usize,
+) -> (String, TransformerConfig) {
+    let spec = format!("gpt:layers={layers},hidden={hidden},heads={heads},seq={seq},vocab={vocab}");
+    (
+        spec.clone(),
+        TransformerConfig::gpt(&spec, layers, hidden, heads, seq, vocab),
+    )
+}
+
+/// A cluster preset of whole 8-GPU nodes.
+fn nodes(kind: &str, gpus: usize) -> Result<(String, Cluster), &'static str> {
+    if gpus == 0 || !gpus.is_multiple_of(8) {
+        return Err("not whole 8-GPU nodes");
+    }
+    let spec = format!("{kind}:nodes={}", gpus / 8);
+    let cluster = Cluster::preset(&spec).map_err(|_| "no cluster preset")?;
+    Ok((spec, cluster))
+}
+
+fn plan(text: &str) -> Result<Plan, &'static str> {
+    Plan::parse(text).map_err(|_| "the plan does not parse")
+}
+
+/// SC'21 eq. 3: FLOPs of a step with full recomputation.
+fn sc21_flops(batch: f64, seq: f64, layers: f64, hidden: f64, vocab: f64) -> f64 {
+    96.0 * batch
+        * seq
+        * layers
+        * hidden
+        * hidden
+        * (1.0 + seq / (6.0 * hidden) + vocab / (16.0 * layers * hidden))
+}
+
+/// SC'21 Table 1 (weak scaling of PTD-P on A100, fp16, full recomputation, interleaved 1F1B
+/// where the scripts give layers per virtual stage).
+fn sc21_table1(rows: &[Line]) -> Read {
+    rows.iter()
+        .map(|r| {
+            let need = |k: &str| r.int(k).ok_or("a configuration column is missing");
+            let (heads, hidden, layers) = (
+                need("attention_heads")?,
+                need("hidden_size")?,
+                need("num_layers")?,
+            );
+            let (tp, pp, gpus) = (
+                need("tensor_parallel")?,
+                need("pipeline_parallel")?,
+                need("num_gpus")?,
+            );
+            let (gbs, mbs) = (need("global_batch_size")?, need("micro_batch_size")?);
+            let tflops = r
+                .num("achieved_tflops_per_gpu")
+                .ok_or("no measured throughput")?;
+            let dp = gpus / (tp * pp);
+            let (vpp, schedule) = match r.int("virtual_pipeline_layers_per_stage") {
+                Some(per) if per > 0 && pp > 1 => (layers / (pp * per), "interleaved"),
+                _ => (1, "1f1b"),
+            };
+            let software = match r.get("ddp_impl") {
+                "torch" => MEGATRON_2021_OVERLAP,
+                _ => MEGATRON_2021,
+            };
+            let (model, cfg) = gpt(layers, hidden, heads, 2048, 51200);
+            let (cluster_spec, cluster) = nodes("dgx-a100", gpus)?;
+            let plan = plan(&format!(
+                "dp={dp},tp={tp},pp={pp},vpp={vpp},mbs={mbs},gbs={gbs},recompute=full,\
+                 schedule={schedule},dtype=f16"
+            ))?;
+            let flops = sc21_flops(gbs as f64, 2048.0, layers as f64, hidden as f64, 51200.0);
+            Ok(Case {
+                label: format!(
+                    "line {}: {}B on {gpus} GPUs",
+                    r.number,
+                    r.get("params_billion")
+                ),
+                model,
+                cfg,
+                cluster_spec,
+                cluster,
+                plan,
+                software,
+                figure: Figure::StepTime,
+                measured: flops / (gpus as f64 * tflops * 1e12),
+            })
+        })
+        .collect()
+}
+
+/// SC'21 Table 2: ZeRO-3 (DeepSpeed, no model parallelism) against PTD-P (tp 8, pp 12 for
+/// 175B, 35 for 530B). The table gives only the parameter count; the shapes are the paper's
+/// (GPT-3 175B: 96 layers, h 12288, 96 heads; 530B: Table 1's row). Recomputation is full,
+/// as in every SC'21 run; the PTD-P schedule is not stated (1F1B assumed).
+fn sc21_table2(rows: &[Line]) -> Read {
+    rows.iter()
+        .map(|r| {
+            let need = |k: &str| r.int(k).ok_or("a configuration column is missing");
+            let (layers, hidden, heads) = match r.get("params_billion") {
+                "174.6" => (96, 12288, 96),
+                "529.6" => (105, 20480, 128),
+                _ => return Err("model shape unknown"),
+            };
+            let (mp, gbs, gpus, mbs) = (
+                need("model_parallel_size")?,
+                r.num("global_batch_size").ok_or("no batch size")? as usize,
+                need("num_gpus")?,
+                need("micro_batch_size")?,
+            );
+            let tflops = r
+                .num("achieved_tflops_per_gpu")
+                .ok_or("no measured throughput")?;
+            let (text, software) = match r.get("scheme") {
+                "ZeRO-3" if mp == 1 => (
+                    format!("dp={gpus},mbs={mbs},gbs={gbs},zero=3,recompute=full,dtype=f16"),
+                    MEGATRON_2021_OVERLAP,
+                ),
+                "PTD-P" if mp.is_multiple_of(8) => (
+                    format!(
+                        "dp={},tp=8,pp={},mbs={mbs},gbs={gbs},recompute=full,dtype=f16",
+                        gpus / mp,
+                        mp / 8
+                    ),
+                    MEGATRON_2021,
+                ),
+                _ => return Err("scheme not understood"),
+            };
+            let (model, cfg) = gpt(layers, hidden, heads, 2048, 51200);
+            let (cluster_spec, cluster) = nodes("dgx-a100", gpus)?;
+            let flops = sc21_flops(gbs as f64, 2048.0, layers as f64, hidden as f64, 51200.0);
+            Ok(Case {
+                label: format!(
+                    "line {}: {} {}B on {gpus} GPUs",
+                    r.number,
+                    r.get("scheme"),
+                    r.get("params_billion")
+                ),
+                model,
+                cfg,
+                cluster_spec,
+                cluster,
+                plan: plan(&text)?,
+                software,
+                figure: Figure::StepTime,
+                measured: flops / (gpus as f64 * tflops * 1e12),
+            })
+        })
+        .collect()
+}
+
+/// Korthikanti et al. 2022, Tables 3 and 5: iteration times with full recomputation, and
+/// with sequence parallelism plus selective recomputation ("present work"); tp 8, the
+/// interleaved schedule with 3 chunks for 175B and 530B (the header), 1F1B otherwise.
+fn korthikanti_table5(rows: &[Line]) -> Read {
+    let mut out = Vec::new();
+    for r in rows {
+        let case = |column: &str, opts: &str| -> Result<Case, &'static str> {
+            let need = |k: &str| r.int(k).ok_or("a configuration column is missing");
+            let (heads, hidden, layers) = (
+                need("attention_heads")?,
+                need("hidden_size")?,
+                need("num_layers")?,
+            );
+            let (tp, pp, dp, gpus) = (
+                need("tensor_parallel")?,
+                need("pipeline_parallel")?,
+                need("data_parallel")?,
+                need("num_gpus")?,
+            );
+            let (gbs, mbs) = (need("global_batch_size")?, need("micro_batch_size")?);
+            let measured = r.num(column).ok_or("no measured time")?;
+            let name = r.get("model");
+            let schedule = if name.starts_with("175B") || name.starts_with("530B") {
+                "interleaved,vpp=3"
+            } else {
+                "1f1b"
+            };
+            let (model, cfg) = gpt(layers, hidden, heads, 2048, 51200);
+            let (cluster_spec, cluster) = nodes("dgx-a100", gpus)?;
+            Ok(Case {
+                label: format!("line {}: {name}, {column}", r.number),
+                model,
+                cfg,
+                cluster_spec,
+                cluster,
+                plan: plan(&format!(
+                    "dp={dp},tp={tp},pp={pp},mbs={mbs},gbs={gbs},schedule={schedule},{opts}"
+                ))?,
+                software: MEGATRON_2021,
+                figure: Figure::StepTime,
+                measured,
+            })
+        };
+        out.push(case(
+            "iter_time_full_recompute_s",
+            "sp=false,recompute=full",
+        ));
+        out.push(case(
+            "iter_time_present_work_s",
+            "sp=true,recompute=selective",
+        ));
+    }
+    out
+}
+
+/// Korthikanti et al. 2022, Table 4: forward and backward time of one layer of the 22B model
+/// (h 6144, 64 heads, 48 layers, tp 8, seq 2048, micro-batch 4; the header and Table 3).
+fn korthikanti_table4(rows: &[Line]) -> Read {
+    let mut out = Vec::new();
+    for r in rows {
+        let opts = match r.get("experiment") {
+            "Baseline no recompute" => Some("sp=false,recompute=none"),
+            "Sequence Parallelism" => Some("sp=true,recompute=none"),
+            "Baseline with recompute (full)" => Some("sp=false,recompute=full"),
+            "Selective Recompute" => Some("sp=false,recompute=selective"),
+            "Selective + Sequence" => Some("sp=true,recompute=selective"),
+            _ => None,
+        };
+        for (column, figure) in [
+            ("forward_ms", Figure::LayerForward),
+            ("backward_ms", Figure::LayerBackward),
+        ] {
+            out.push((|| {
+                let opts = opts.ok_or("experiment not understood")?;
+                let measured = r.num(column).ok_or("no measured time")?;
+                let (model, cfg) = gpt(48, 6144, 64, 2048, 51200);
+                let (cluster_spec, cluster) = nodes("dgx-a100", 8)?;
+                Ok(Case {
+                    label: format!("line {}: {}, {column}", r.number, r.get("experiment")),
+                    model,
+                    cfg,
+                    cluster_spec,
+                    cluster,
+                    plan: plan(&format!("tp=8,mbs=4,gbs=4,{opts}"))?,
+                    software: MEGATRON_2021,
+                    figure,
+                    measured,
+                })
+            })());
+        }
+    }
+    out
+}
+
+/// Megatron-Core r0.8.0 weak scaling on H100 (README): seq 4096, vocab 131072, a GPT with a
+/// `4h` MLP and untied embeddings (the header's FLOP formula), overlapped gradient reduction.
+/// Not stated, so assumed: micro-batch 1, no recomputation, sequence parallelism with tp,
+/// the distributed optimizer (ZeRO-1), 1F1B, bf16, rotary positions.
+fn megatron_core_h100(rows: &[Line]) -> Read {
+    rows.iter()
+        .map(|r| {
+            let need = |k: &str| r.int(k).ok_or("a configuration column is missing");
+            let (heads, hidden, layers) = (
+                need("attention_heads")?,
+                need("hidden_size")?,
+                need("num_layers")?,
+            );
+            let (tp, pp, dp, gpus, gbs) = (
+                need("tensor_parallel")?,
+                need("pipeline_parallel")?,
+                need("data_parallel")?,
+                need("num_gpus")?,
+                need("global_batch_size")?,
+            );
+            let tflops = r.num("tflops_per_gpu").ok_or("no measured throughput")?;
+            let (seq, vocab) = (4096usize, 131072usize);
+            let cfg = TransformerConfig {
+                tied_embeddings: false,
+                learned_positions: false,
+                ..TransformerConfig::gpt(r.get("model_size"), layers, hidden, heads, seq, vocab)
+            };
+            let model = format!(
+                "gpt, {layers} layers, h {hidden}, {heads} heads, seq {seq}, vocab {vocab}, \
+                 untied, rotary"
+            );
+            let (cluster_spec, cluster) = nodes("dgx-h100", gpus)?;
+            let sp = tp > 1;
+            let plan = plan(&format!(
+                "dp={dp},tp={tp},pp={pp},mbs=1,gbs={gbs},zero=1,recompute=none,sp={sp},dtype=bf16"
+            ))?;
+            let (b, l, s, h, v) = (
+                gbs as f64,
+                layers as f64,
+                seq as f64,
+                hidden as f64,
+                vocab as f64,
+            );
+            let flops = 72.0 * b * l * s * h * h * (1.0 + s / (6.0 * h) + v / (12.0 * h * l));
+            Ok(Case {
+                label: format!("line {}: {} on {gpus} GPUs", r.number, r.get("model_size")),
+                model,
+                cfg,
+                cluster_spec,
+                cluster,
+                plan,
+                software: DEFAULTS,
+                figure: Figure::StepTime,
+                measured: flops / (gpus as f64 * tflops * 1e12),
+            })
+        })
+        .collect()
+}
+
+/// llm-foundry's MPT benchmarks: PyTorch FSDP data parallelism (FULL_SHARD as ZeRO-3,
+/// SHARD_GRAD_OP as ZeRO-2), FlashAttention, bf16, activation checkpointing as full
+/// recomputation; measured step time = tokens per step / tokens per second. MPT is a GPT
+/// with tied embeddings and (in these yamls) learned positions. A100-40GB rows run on the
+/// DGX A100 preset with the 40 GB part's memory and HBM bandwidth (1555 GB/s,
+/// `hardware_specs.csv`).
+fn llm_foundry(rows: &[Line]) -> Read {
+    rows.iter()
+        .map(|r| {
+            let need = |k: &str| r.int(k).ok_or("a configuration column is missing");
+            if r.get("precision").contains("fp8") {
+                return Err("fp8 not modelled");
+            }
+            if r.get("activation_cpu_offload") == "True" {
+                return Err("CPU offload not modelled");
+            }
+            let (layers, hidden, heads, vocab, seq) = (
+                need("n_layers_yaml_derived")?,
+                need("d_model_yaml_derived")?,
+                need("n_heads_yaml_derived")?,
+                need("vocab_size_yaml_derived")?,
+                need("seq_len")?,
+            );
+            if r.int("expansion_ratio_yaml_derived") != Some(4) {
+                return Err("MLP expansion other than 4");
+            }
+            let (gpus, mbs, gbs) = (
+                need("num_gpus")?,
+                need("micro_batch_size")?,
+                need("global_batch_seqs")?,
+            );
+            let tokens = r.num("global_batch_tokens").ok_or("no batch size")?;
+            let rate = r
+                .num("throughput_tok_per_s")
+                .filter(|t| *t > 0.0)
+                .ok_or("no measured time")?;
+            if gbs != mbs * gpus * need("grad_accum")? {
+                return Err("batch columns disagree");
+            }
+            let zero = match r.get("fsdp_sharding_strategy") {
+                "FULL_SHARD" => 3,
+                "SHARD_GRAD_OP" => 2,
+                _ => return Err("FSDP sharding strategy not understood"),
+            };
+            let recompute = match r.get("activation_checkpointing") {
+                "True" => Recompute::Full,
+                _ => Recompute::None,
+            };
+            let (cluster_spec, cluster) = match r.get("gpu") {
+                "h100_80gb" => nodes("dgx-h100", gpus)?,
+                "a100_80gb" => nodes("dgx-a100", gpus)?,
+                "a100_40gb" => {
+                    let (spec, mut c) = nodes("dgx-a100", gpus)?;
+                    c.gpu.model = "A100-SXM4-40GB".into();
+                    c.gpu.hbm_capacity_gib = 40.0;
+                    c.gpu.hbm_bandwidth_gb_per_s = 1555.0;
+                    (format!("{spec} with A100-SXM4-40GB (40 GiB, 1555 GB/s)"), c)
+                }
+                _ => return Err("GPU without a cluster preset"),
+            };
+            let (model, cfg) = gpt(layers, hidden, heads, seq, vocab);
+            let plan = plan(&format!(
+                "dp={gpus},mbs={mbs},gbs={gbs},zero={zero},recompute={},dtype=bf16",
+                recompute.name()
+            ))?;
+            Ok(Case {
+                label: format!(
+                    "line {}: mpt-{} seq {seq} on {gpus} {}",
+                    r.number,
+                    r.get("model"),
+                    r.get("gpu")
+                ),
+                model,
+                cfg,
+                cluster_spec,
+                cluster,
+                plan,
+                software: DEFAULTS,
+                figure: Figure::StepTime,
+                measured: tokens / rate,
+            })
+        })
+        .collect()
+}
+
+/// The best matmul TFLOP/s found per accelerator (ml-engineering's MAMF finder), against the
+/// cost model's time for one GEMM of the shape that reached it (bf16 operands and result
+/// through HBM), on the accelerators with a cluster preset.
+fn mamf_gemm(rows: &[Line]) -> Vec<Result<Reading, &'static str>> {
+    rows.iter()
+        .map(|r| {
+            let dtype = r.get("dtype").to_ascii_lowercase();
+            if dtype != "bf16" {
+                return Err(if dtype.contains("fp8") {
+                    "fp8 not modelled"
+                } else {
+                    "dtype not modelled"
+                });
+            }
+            let preset = match r.get("accelerator") {
+                "NVIDIA A100 SXM" => "dgx-a100:nodes=1",
+                "NVIDIA H100 SXM" => "dgx-h100:nodes=1",
+                _ => return Err("accelerator without a cluster preset"),
+            };
+            let need = |k: &str| r.int(k).map(|v| v as u64).ok_or("GEMM shape missing");
+            let (m, n, k) = (need("M_derived")?, need("N_derived")?, need("K_derived")?);
+            let measured = r.num("mamf_tflops").ok_or("no measured throughput")?;
+            let model = CostModel::new(Cluster::preset(preset).map_err(|_| "no cluster preset")?);
+            let shape = GemmShape::new(1, m, n, k);
+            let bytes = 2.0 * (m * k + k * n + m * n) as f64;
+            let t = model
+                .compute
+                .gemm_time(shape, DType::BF16, bytes, &model.cluster);
+            let predicted = shape.flops() / t / 1e12;
+            Ok(Reading::Done(Box::new(RowResult {
+                label: format!("line {}: {} {m}x{n}x{k}", r.number, r.get("accelerator")),
+                model: format!("GEMM {m}x{n}x{k} bf16"),
+                cluster: preset.to_string(),
+                plan: "-".into(),
+                software: DEFAULTS.name.to_string(),
+                figure: "GEMM TFLOP/s".into(),
+                measured,
+                predicted,
+                error: predicted / measured - 1.0,
+                fits: true,
+                too_fast: predicted > measured,
+            })))
+        })
+        .collect()
+}
+
+/// All-reduce bus bandwidth inside one node (nccl-tests convention) against the cost model's
+/// collective time for the same payload and GPU count, on the presets' GPUs (H100, H200).
+/// NCCL's NVLink SHARP rows are kept: it is what NCCL runs by default.
+fn mlengineering_allreduce(rows: &[Line]) -> Vec<Result<Reading, &'static str>> {
+    rows.iter()
+        .map(|r| {
+            let system = r.get("system");
+            let preset = if system.contains("H200") {
+                "hgx-h200:nodes=1"
+            } else if system.contains("H100") {
+                "dgx-h100:nodes=1"
+            } else {
+                return Err("accelerator without a cluster preset");
+            };
+            if r.get("collective") != "all_reduce" {
+                return Err("collective not all-reduce");
+            }
+            if r.int("nodes") != Some(1) {
+                return Err("not within one node");
+            }
+            let gpus = r.int("gpus_total").ok_or("GPU count missing")?;
+            let bytes = r.num("payload_bytes").ok_or("payload size not given")?;
+            let measured = r.num("busbw_GBps").ok_or("no measured bandwidth")?;
+            let model = CostModel::new(Cluster::preset(preset).map_err(|_| "no cluster preset")?);
+            let group = GroupInfo {
+                size: gpus,
+                nodes_spanned: 1,
+                members_per_node: gpus,
+                nics_per_group: 0,
+                groups_per_nic: 0,
+            };
+            let predicted =
+                model
+                    .comm
+                    .bus_bandwidth(Collective::AllReduce, bytes, &group, &model.cluster)
+                    / 1e9;
+            Ok(Reading::Done(Box::new(RowResult {
+                label: format!(
+                    "line {}: {gpus} GPUs {} {}",
+                    r.number,
+                    r.get("payload_label"),
+                    r.get("nccl_algo")
+                ),
+                model: format!("all-reduce of {bytes} bytes over {gpus} GPUs"),
+                cluster: preset.to_string(),
+                plan: "-".into(),
+                software: DEFAULTS.name.to_string(),
+                figure: "all-reduce bus GB/s".into(),
+                measured,
+                predicted,
+                error: predicted / measured - 1.0,
+                fits: true,
+                too_fast: predicted > measured,
+            })))
+        })
+        .collect()
+}
+
+fn pct(x: Option<f64>) -> String {
+    x.map_or("-".into(), |v| format!("{:.1}%", 100.0 * v))
+}
+
+fn signed_pct(x: Option<f64>) -> String {
+    x.map_or("-".into(), |v| format!("{:+.1}%", 100.0 * v))
+}
+
+impl CalibrationReport {
+    /// The report as text: per table its figure, the rows expressed and skipped (with
+    /// reasons), median `|error|`, worst error with its row, and the fraction predicted too
+    /// fast; then the same over every row. With `rows`, every estimated row too.
+    pub fn render(&self, rows: bool) -> String {
+        let mut out = String::new();
+        let summary_line = |out: &mut String, s: &Summary| {
+            let _ = writeln!(
+                out,
+                "  expressed {} / skipped {}; median |error| {}; worst {} ({}); too fast {}",
+                s.expressed,
+                s.skipped,
+                pct(s.median_abs_error),
+                signed_pct(s.worst_error),
+                s.worst_row.as_deref().unwrap_or("-"),
+                pct(s.too_fast),
+            );
+        };
+        for t in &self.tables {
+            let _ = writeln!(out, "{}", t.table);
+            match &t.not_expressed {
+                Some(why) if t.rows.is_empty() && t.skipped.len() <= 1 => {
+                    let _ = writeln!(out, "  not expressed ({} rows): {why}", t.summary.skipped);
+                    continue;
+                }
+                _ => {}
+            }
+            let _ = writeln!(out, "  figure: {}", t.figure);
+            summary_line(&mut out, &t.summary);
+            for s in &t.skipped {
+                let _ = writeln!(out, "  skipped {}: {}", s.rows, s.reason);
+            }
+            if rows {
+                for r in &t.rows {
+                    let _ = writeln!(
+                        out,
+                        "    {:<48} measured {:>10.4} predicted {:>10.4} {:>+7.1}%{}",
+                        r.label,
+                        r.measured,
+                        r.predicted,
+                        100.0 * r.error,
+                        if r.fits {
+                            ""
+                        } else {
+                            "  (predicted not to fit)"
+                        }
+                    );
+                }
+            }
+        }
+        let _ = writeln!(out, "overall");
+        summary_line(&mut out, &self.overall);
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn csv_fields_may_be_quoted() {
+        assert_eq!(
+            split_csv_line(r#"a,"b, c",,"say ""hi""""#),
+            vec!["a", "b, c", "", r#"say "hi""#]
+        );
+        let rows = csv("# note\nx,y\n1,~2\n3,4*\n");
+        assert_eq!(rows.len(), 2);
+        assert_eq!(rows[0].num("y"), Some(2.0));
+        assert_eq!(rows[1].int("y"), Some(4));
+        assert_eq!(rows[1].number, 4);
+    }
+
+    #[test]
+    fn a_table_without_a_reader_is_listed_with_why() {
+        let r = calibrate(&[("mystery.csv".into(), "a,b\n1,2\n".into())]);
+        assert_eq!(
+            r.tables[0].not_expressed.as_deref(),
+            Some("no reader for this table")
+        );
+        assert_eq!(r.overall.expressed, 0);
+        assert_eq!(r.overall.skipped, 1);
+        assert!(r.overall.median_abs_error.is_none());
+    }
+
+    #[test]
+    fn summary_median_worst_and_sign() {
+        let row = |e: f64| RowResult {
+            label: format!("{e}"),
+            model: String::new(),
+            cluster: String::new(),
+            plan: String::new(),
+            software: String::new(),
+            figure: String::new(),
+            measured: 1.0,
+            predicted: 1.0 + e,
+            error: e,
+            fits: true,
+            too_fast: e < 0.0,
+        };
+        let rows = [row(-0.1), row(0.3), row(-0.2), row(0.05)];
+        let s = Summary::of(&rows.iter().collect::<Vec<_>>(), 0);
+        assert!((s.median_abs_error.unwrap() - 0.15).abs() < 1e-12);
+        assert_eq!(s.worst_error, Some(0.3));
+        assert_eq!(s.too_fast, Some(0.5));
+    }
+}

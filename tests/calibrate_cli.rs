@@ -1,0 +1,101 @@
+//! End-to-end tests of `autopar calibrate`: every reference table gets a line, the Megatron
+//! tables are expressed, a row's prediction is exactly what `autopar estimate --json` says for
+//! the same model, cluster and plan, and a missing directory is a clear error. Today's errors
+//! are only required to be finite: they are the baseline cost-model work improves on.
+
+mod common;
+
+use common::{autopar_err, autopar_ok};
+
+fn json(args: &[&str]) -> serde_json::Value {
+    serde_json::from_str(&autopar_ok(args)).expect("calibrate --json prints JSON")
+}
+
+#[test]
+fn every_reference_table_is_reported_and_the_megatron_rows_are_expressed() {
+    let files = std::fs::read_dir("../shared/reference")
+        .expect("shared/reference beside the repository")
+        .filter(|e| {
+            e.as_ref()
+                .is_ok_and(|e| e.path().extension().is_some_and(|x| x == "csv"))
+        })
+        .count();
+    let r = json(&["calibrate", "--json"]);
+    let tables = r["tables"].as_array().expect("tables");
+    assert_eq!(tables.len(), files);
+    let text = autopar_ok(&["calibrate"]);
+    for t in tables {
+        let name = t["table"].as_str().expect("a name");
+        assert!(text.contains(name), "{name} is in the text report");
+        if let Some(m) = t["summary"]["median_abs_error"].as_f64() {
+            assert!(m.is_finite(), "{name}");
+        }
+    }
+    for name in [
+        "megatron_sc21_table1_weak_scaling_a100",
+        "megatron_sc21_table2_zero3_vs_ptdp",
+        "korthikanti2022_tables3_5_seqpar_selective",
+        "korthikanti2022_table4_per_layer_22B",
+    ] {
+        let t = tables
+            .iter()
+            .find(|t| t["table"] == name)
+            .unwrap_or_else(|| panic!("{name} reported"));
+        assert!(
+            t["summary"]["expressed"].as_u64().unwrap_or(0) > 0,
+            "{name}"
+        );
+    }
+    assert!(text.contains("\noverall\n"));
+    assert!(
+        r["overall"]["median_abs_error"]
+            .as_f64()
+            .is_some_and(f64::is_finite)
+    );
+}
+
+#[test]
+fn a_row_predicts_what_estimate_says() {
+    let r = json(&[
+        "calibrate",
+        "--json",
+        "--table",
+        "llmfoundry_mpt_benchmarks.csv",
+    ]);
+    let rows = r["tables"][0]["rows"].as_array().expect("rows");
+    // A row priced under the cost model's defaults, on a preset, with a `gpt:` spec.
+    let row = rows
+        .iter()
+        .find(|x| {
+            x["cluster"] == "dgx-a100:nodes=1"
+                && x["model"].as_str().is_some_and(|m| m.starts_with("gpt:"))
+        })
+        .expect("an A100-80GB row on one node");
+    let plan = row["plan"].as_str().expect("plan");
+    let gbs = plan
+        .split(',')
+        .find_map(|kv| kv.strip_prefix("gbs="))
+        .expect("gbs");
+    let est: serde_json::Value = serde_json::from_str(&autopar_ok(&[
+        "estimate",
+        row["model"].as_str().expect("model"),
+        "--cluster",
+        "dgx-a100:nodes=1",
+        "--batch",
+        gbs,
+        "--plan",
+        plan,
+        "--json",
+    ]))
+    .expect("estimate --json");
+    assert_eq!(row["predicted"], est["iter_time_s"], "{row}");
+    assert_eq!(row["fits"], est["fits"]);
+}
+
+#[test]
+fn a_missing_reference_directory_or_table_is_a_clear_error() {
+    let e = autopar_err(&["calibrate", "--reference", "no/such/dir"]);
+    assert!(e.contains("no reference directory at `no/such/dir`"), "{e}");
+    let e = autopar_err(&["calibrate", "--table", "no_such_table"]);
+    assert!(e.contains("no table `no_such_table.csv`"), "{e}");
+}
