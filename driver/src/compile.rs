@@ -207,11 +207,16 @@ pub fn compile(options: &CompileOptions) -> Result<CompiledStep, Error> {
         false => load_micro_batch_forward(&o.model, o.batch, o.train.micro_batches),
     })?;
     let laid_out = match layout {
-        Some(l) => Some(log.run(Pass::SequenceLayout, || l.apply(&forward))?),
-        None => None,
+        Some(l) if !stops_before(o, Pass::SequenceLayout) => {
+            Some(log.run(Pass::SequenceLayout, || l.apply(&forward))?)
+        }
+        _ => None,
     };
-    let (step, train) = if o.forward_only {
-        if pp > 1 {
+    // Stopped before the training step (or compiling a forward pass): the forward is the
+    // step.
+    let forward_only = o.forward_only || stops_before(o, Pass::TrainStep);
+    let (step, train) = if forward_only {
+        if pp > 1 && o.forward_only {
             return Err(Error::Usage(format!(
                 "--forward runs one forward pass; the mesh `{mesh}` is a pipeline, which trains"
             )));
@@ -228,7 +233,7 @@ pub fn compile(options: &CompileOptions) -> Result<CompiledStep, Error> {
     };
     // The reference runs the original order of the sequence; without a layout it is the
     // step itself.
-    let reference = match (&laid_out, o.reference, o.forward_only) {
+    let reference = match (&laid_out, o.reference, forward_only) {
         (None, _, _) => Some(step.clone()),
         (Some(_), false, _) => None,
         (Some(_), true, true) => Some(forward),

@@ -38,3 +38,19 @@ fn a_step_stopped_before_partitioning_does_not_run() -> Result<(), Error> {
     assert!(err.to_string().contains("stop_after"), "{err}");
     Ok(())
 }
+
+#[test]
+fn every_pass_can_end_the_compilation() -> Result<(), Error> {
+    use autopar_driver::Pass;
+    for (i, last) in Pass::ALL.into_iter().enumerate() {
+        let mut options = CompileOptions::new("llama-tiny").on_mesh("cp=2,pp=2")?;
+        options.train.micro_batches = 2;
+        options.stop_after = Some(last);
+        let step = compile(&options)?;
+        // Exactly the passes up to `last` ran (this mesh needs every one of them).
+        let ran: Vec<Pass> = step.timings.iter().map(|t| t.pass).collect();
+        assert_eq!(ran, Pass::ALL[..=i], "stopped after {last}");
+        assert_eq!(step.is_training(), last >= Pass::TrainStep, "{last}");
+    }
+    Ok(())
+}
