@@ -149,6 +149,38 @@ fn meshes_annotations_steps_and_outputs_are_checked_before_the_run() {
         err.contains("line 1") && err.contains("`h.0.mlp.w1`") && err.contains("`cp`"),
         "{err}"
     );
+    // `plan --annotate` reads weights by their role in the model: a name the model does not
+    // have is an error, not an annotation that silently constrains nothing.
+    let unknown = dir.join("unknown.txt");
+    std::fs::write(&unknown, "h.9.mlp.w1: tp=S(1)\n").expect("written");
+    let err = autopar_err(&[
+        "plan",
+        "gpt-tiny",
+        "--cluster",
+        "cpu:ranks=4",
+        "--batch",
+        "8",
+        "--annotate",
+        unknown.to_str().expect("UTF-8"),
+    ]);
+    assert!(
+        err.contains(":1: `h.9.mlp.w1` is neither a parameter nor an input of"),
+        "{err}"
+    );
+    let err = autopar_err(&[
+        "dump",
+        "gpt-tiny",
+        "--mesh",
+        "tp=2",
+        "--stage",
+        "partitioned",
+        "--rank",
+        "5",
+    ]);
+    assert!(
+        err.contains("--rank 5") && err.contains("has 2 ranks"),
+        "{err}"
+    );
     let err = autopar_err(&[
         "run", "gpt-tiny", "--mesh", "dp=2", "--steps", "0", "--verify",
     ]);
