@@ -179,7 +179,7 @@ struct PipelineArgs {
     /// `dp`/`tp` rank's local step cut into a pipeline).
     #[arg(long)]
     mesh: Option<String>,
-    /// Pipeline schedule.
+    /// Pipeline schedule: gpipe, 1f1b or interleaved (with --vpp).
     #[arg(long, default_value = "1f1b")]
     schedule: String,
     /// Model chunks per pipeline rank (virtual stages; needs --schedule interleaved).
@@ -279,10 +279,12 @@ enum OptimizerArg {
 #[derive(Clone, Copy, ValueEnum)]
 enum DTypeArg {
     /// Everything in fp32.
+    #[value(alias = "fp32")]
     F32,
     /// bfloat16 compute.
     Bf16,
     /// float16 compute with dynamic loss scaling.
+    #[value(alias = "fp16")]
     F16,
 }
 

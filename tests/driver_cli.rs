@@ -228,3 +228,13 @@ fn a_closed_pipe_stops_the_training() {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// `run` and `dump` spell dtypes as `plan` and `estimate` do too (`fp16`, `fp32`).
+#[test]
+fn dtypes_are_spelled_alike_everywhere() {
+    for (a, b) in [("f32", "fp32"), ("f16", "fp16")] {
+        let one = autopar_ok(&["dump", "gpt-tiny", "--stage", "train", "--dtype", a]);
+        let other = autopar_ok(&["dump", "gpt-tiny", "--stage", "train", "--dtype", b]);
+        assert_eq!(one, other, "--dtype {a} and --dtype {b}");
+    }
+}
