@@ -1,16 +1,16 @@
 //! autopar's compiler driver: the entry points that an embedding program, the `autopar`
 //! command line and every backend share.
 //!
-//! - [`compile`] takes [`CompileOptions`] (model, training options, mesh, parallel and
+//! - [`compile()`] takes [`CompileOptions`] (model, training options, mesh, parallel and
 //!   pipeline options; [`CompileOptions::from_plan`] maps a searched plan onto them) through
 //!   the pass pipeline ([`Pass`]: model, sequence layout, training step, parallelize,
 //!   partition, pipeline split, the verifier after each) and returns a [`CompiledStep`]:
 //!   the per-rank programs, the [`StateLayout`] of the training state over the ranks, and
 //!   the reference graph for `--verify`.
-//! - [`run`] executes a compiled step for some steps and reports losses, memory and, with
+//! - [`run()`] executes a compiled step for some steps and reports losses, memory and, with
 //!   `verify`, the comparison with the single-device reference ([`VerifyReport`], one
 //!   tolerance policy: [`Tolerance::for_compute`]). [`run_on`] takes any launcher and
-//!   backend; [`run`] is the CPU one.
+//!   backend; [`run()`] is the CPU one.
 //!
 //! ```
 //! use autopar_driver::{CompileOptions, RunOptions, compile, run};

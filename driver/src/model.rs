@@ -83,7 +83,7 @@ pub fn load_micro_batch_forward(
 
 /// The training step of a model argument on one device (see [`autopar_passes::train`]):
 /// the forward of one micro-batch ([`load_micro_batch_forward`]) with its backward and
-/// optimizer update. [`crate::compile`] is the general form.
+/// optimizer update. [`crate::compile()`] is the general form.
 pub fn load_train_step(
     arg: &str,
     batch: Option<usize>,

@@ -12,7 +12,7 @@ use autopar_passes::train::{LossScaling, TrainOptions};
 use crate::Error;
 use crate::compile::Pass;
 
-/// Everything [`crate::compile`] needs.
+/// Everything [`crate::compile()`] needs.
 #[derive(Clone, Debug)]
 pub struct CompileOptions {
     /// A zoo name or spec, or a `.air`/`.json` file (see [`crate::ModelSource`]).
