@@ -7,6 +7,7 @@
 use anyhow::{Context, Result, bail};
 
 use autopar_cost_model::{CostModel, Plan};
+use autopar_driver::ir::DType;
 use autopar_driver::search::{Constraints, SearchOptions, cpu_unsupported, search_with_progress};
 use autopar_driver::{self as driver, CompileOptions, LossScaling};
 
@@ -34,6 +35,14 @@ pub fn run(args: &RunArgs) -> Result<()> {
         bail!(
             "--auto and --plan-file choose the mesh and train; drop --mesh, --forward and --trace"
         );
+    }
+    // The plan fixes the micro-batches (and, from a file, the dtype): a flag that would be
+    // ignored is refused.
+    if args.train.micro_batches != 1 {
+        bail!("--micro-batches: the plan sets the micro-batches; drop the flag");
+    }
+    if args.plan_file.is_some() && args.train.options().compute_dtype != DType::F32 {
+        bail!("--dtype: the plan file sets the dtype; drop the flag");
     }
     let plan = match &args.plan_file {
         Some(path) => read_plan(path)?,

@@ -238,3 +238,74 @@ fn dtypes_are_spelled_alike_everywhere() {
         assert_eq!(one, other, "--dtype {a} and --dtype {b}");
     }
 }
+
+/// A plan file runs as written or not at all: fields that would make it run as another plan
+/// are refused by name, and so are flags the plan overrides.
+#[test]
+fn plan_files_run_as_written_or_not_at_all() {
+    let good = common::plan_file("plan-ok", "dp=2,tp=2,mbs=2,gbs=8,dtype=f32");
+    let base: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&good).expect("a plan file")).expect("JSON");
+    let dir = scratch("plan-files-checked");
+    let cases: [(&str, serde_json::Value, &str); 5] = [
+        ("dp0", serde_json::json!({"dp": 0}), "`dp` is 0"),
+        ("tp0", serde_json::json!({"tp": 0}), "`tp` is 0"),
+        (
+            "mbs0",
+            serde_json::json!({"micro_batch_size": 0}),
+            "`micro_batch_size` is 0",
+        ),
+        (
+            "mbs3",
+            serde_json::json!({"micro_batch_size": 3}),
+            "not a whole number of micro-batches",
+        ),
+        (
+            "order",
+            serde_json::json!({"axis_order": ["pp", "dp", "ep", "cp", "xp"]}),
+            "`xp`",
+        ),
+    ];
+    for (name, patch, want) in cases {
+        let mut plan = base.clone();
+        for (k, v) in patch.as_object().expect("an object") {
+            plan[k] = v.clone();
+        }
+        let file = dir.join(format!("{name}.json"));
+        std::fs::write(&file, plan.to_string()).expect("written");
+        let err = autopar_err(&[
+            "run",
+            "gpt-tiny",
+            "--plan-file",
+            file.to_str().expect("UTF-8"),
+        ]);
+        assert!(err.contains(want), "{name}: {err}");
+    }
+    // Leaving `tp` (degree 2) out of the order would drop it.
+    let mut plan = base.clone();
+    plan["axis_order"] = serde_json::json!(["pp", "dp", "ep", "cp"]);
+    let file = dir.join("order-without-tp.json");
+    std::fs::write(&file, plan.to_string()).expect("written");
+    let err = autopar_err(&[
+        "run",
+        "gpt-tiny",
+        "--plan-file",
+        file.to_str().expect("UTF-8"),
+    ]);
+    assert!(err.contains("leaves out `tp`"), "{err}");
+    // Flags the plan overrides.
+    let err = autopar_err(&["run", "gpt-tiny", "--plan-file", &good, "--dtype", "bf16"]);
+    assert!(err.contains("--dtype"), "{err}");
+    let err = autopar_err(&[
+        "run",
+        "gpt-tiny",
+        "--plan-file",
+        &good,
+        "--micro-batches",
+        "2",
+    ]);
+    assert!(err.contains("--micro-batches"), "{err}");
+    // The plan as written runs.
+    let out = autopar_ok(&["run", "gpt-tiny", "--plan-file", &good, "--verify"]);
+    assert!(out.contains(" OK"), "{out}");
+}

@@ -93,7 +93,13 @@ impl CompileOptions {
     /// stages and per-stage layer counts; its dtype (f16 with dynamic loss scaling from
     /// `base`'s initial scale), micro-batch count and recompute policy; the optimizer and
     /// clipping of `base`. The global batch is the plan's.
+    ///
+    /// A plan that would run as another plan is refused, naming the field: a degree or
+    /// micro-batch size of 0, an inconsistent plan ([`Plan::check`]), an axis order that
+    /// names an unknown axis, repeats one or leaves out one of degree above 1, or a global
+    /// batch that the data ranks' micro-batches do not divide exactly.
     pub fn from_plan(model: &str, plan: &Plan, base: &TrainOptions) -> Result<Self, Error> {
+        check_executable(plan)?;
         let mut train = base.clone();
         train.compute_dtype = plan.dtype;
         let initial_scale = base
@@ -168,6 +174,64 @@ impl CompileOptions {
     pub fn compute_dtype(&self) -> DType {
         self.train.compute_dtype
     }
+}
+
+/// Refuses a plan that [`CompileOptions::from_plan`] could only run as another one.
+fn check_executable(plan: &Plan) -> Result<(), Error> {
+    let bad = |m: String| Err(Error::Usage(format!("plan `{plan}`: {m}")));
+    for (field, value) in [
+        ("dp", plan.dp),
+        ("tp", plan.tp),
+        ("pp", plan.pp),
+        ("vpp", plan.vpp),
+        ("cp", plan.cp),
+        ("ep", plan.ep),
+        ("micro_batch_size", plan.micro_batch_size),
+        ("global_batch", plan.global_batch),
+    ] {
+        if value == 0 {
+            return bad(format!("`{field}` is 0"));
+        }
+    }
+    plan.check()
+        .map_err(|e| Error::Usage(format!("plan `{plan}`: {e}")))?;
+    let degree = |a: autopar_ir::Axis| match a {
+        autopar_ir::Axis::Data => plan.dp / plan.ep,
+        autopar_ir::Axis::Tensor => plan.tp,
+        autopar_ir::Axis::Pipeline => plan.pp,
+        autopar_ir::Axis::Context => plan.cp,
+        autopar_ir::Axis::Expert => plan.ep,
+    };
+    let mut seen = Vec::new();
+    for name in &plan.axis_order {
+        let Some(a) = autopar_ir::Axis::from_name(name) else {
+            return bad(format!(
+                "`axis_order` names `{name}`, which is not a mesh axis"
+            ));
+        };
+        if seen.contains(&a) {
+            return bad(format!("`axis_order` names `{name}` twice"));
+        }
+        seen.push(a);
+    }
+    if let Some(a) = autopar_ir::Axis::ALL
+        .into_iter()
+        .find(|&a| degree(a) > 1 && !seen.contains(&a))
+    {
+        return bad(format!(
+            "`axis_order` leaves out `{a}`, whose degree is {}",
+            degree(a)
+        ));
+    }
+    let per_step = plan.dp * plan.micro_batch_size;
+    if !plan.global_batch.is_multiple_of(per_step) {
+        return bad(format!(
+            "the global batch {} is not a whole number of micro-batches of {} sequences on \
+             each of dp={} ranks",
+            plan.global_batch, plan.micro_batch_size, plan.dp
+        ));
+    }
+    Ok(())
 }
 
 /// The load-balanced sequence layout a mesh needs (see
