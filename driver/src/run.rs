@@ -323,19 +323,7 @@ where
             let state = self.states.get_mut(rank).ok_or_else(|| {
                 Error::Usage(format!("rank {rank} is not a rank of `{}`", step.spmd_mesh))
             })?;
-            // The next value of each tensor the rank holds (a tensor the step does not update
-            // stays as it is).
-            for (name, slot) in state.iter_mut() {
-                match outputs.remove(name) {
-                    Some(next) => *slot = next,
-                    None if step.global.output(name).is_none() => {}
-                    None => {
-                        return Err(Error::Usage(format!(
-                            "rank {rank} did not end the step with the next value of `{name}`"
-                        )));
-                    }
-                }
-            }
+            carry_state(step, rank, state, |name| outputs.remove(name))?;
             if rank == 0 {
                 for name in ["loss", GRADS_FINITE] {
                     if let Some(b) = outputs.get(name) {
@@ -370,6 +358,29 @@ fn upload<B: Backend>(
         .collect()
 }
 
+/// Replaces each tensor `rank` holds in `state` by its next value, `next(name)`; a tensor
+/// the step does not update (no output of that name) stays as it is, and one it updates but
+/// whose next value the rank did not produce is an error.
+fn carry_state<T>(
+    step: &CompiledStep,
+    rank: usize,
+    state: &mut BTreeMap<String, T>,
+    mut next: impl FnMut(&str) -> Option<T>,
+) -> Result<(), Error> {
+    for (name, slot) in state.iter_mut() {
+        match next(name) {
+            Some(t) => *slot = t,
+            None if step.global.output(name).is_none() => {}
+            None => {
+                return Err(Error::Usage(format!(
+                    "rank {rank} did not end the step with the next value of `{name}`"
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Takes the result of a pipelined step: every rank's next state into `states`, its peaks
 /// and pipeline figures, and returns the step's outputs (loss and metrics).
 fn pipeline_step(
@@ -390,17 +401,7 @@ fn pipeline_step(
             peak_activation_bytes: r.peak_activation_bytes,
             max_in_flight: r.max_in_flight,
         });
-        for (name, slot) in state.iter_mut() {
-            match r.state.get(name) {
-                Some(t) => *slot = t.clone(),
-                None if step.global.output(name).is_none() => {}
-                None => {
-                    return Err(Error::Usage(format!(
-                        "rank {rank} did not end the step with the next value of `{name}`"
-                    )));
-                }
-            }
-        }
+        carry_state(step, rank, state, |name| r.state.get(name).cloned())?;
     }
     Ok(reports
         .first()
