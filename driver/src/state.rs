@@ -8,7 +8,7 @@ use std::ops::Range;
 
 use autopar_ir::sharding_algebra::local_region;
 use autopar_ir::{DeviceMesh, Graph, Init, Op, Sharding, TensorType};
-use autopar_runtime::dist::{self, region_indices};
+use autopar_runtime::dist;
 use autopar_runtime::{self as rt, Tensor, TensorMap};
 
 use crate::Error;
@@ -135,17 +135,13 @@ impl StateLayout {
         let mut values = vec![f64::NAN; t.ty.num_elements() as usize];
         for shard in &t.shards {
             let rank = shard.ranks[0];
-            let local = states
-                .get(rank)
-                .and_then(|s| s.get(name))
-                .ok_or_else(|| Error::Usage(format!("rank {rank} lost the state `{name}`")))?
-                .to_f64_vec();
-            for (i, global) in region_indices(t.ty.dims(), &shard.region)
-                .into_iter()
-                .enumerate()
-            {
-                values[global] = local.get(i).copied().unwrap_or(f64::NAN);
-            }
+            let local = states.get(rank).and_then(|s| s.get(name)).ok_or_else(|| {
+                rt::RuntimeError::MissingShard {
+                    rank,
+                    name: name.into(),
+                }
+            })?;
+            dist::place_shard(&mut values, name, &t.ty, &shard.region, rank, local)?;
         }
         Ok(Tensor::from_f64(t.ty.clone(), values)?)
     }

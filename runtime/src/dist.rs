@@ -147,43 +147,41 @@ pub fn gather(
             name: name.into(),
         })?;
         let region = local_region(ty.dims(), sharding, mesh, &mesh.coords(rank))?;
-        let expected =
-            TensorType::new(ty.dtype, region.iter().map(|r| r.len()).collect::<Vec<_>>());
-        if *t.ty() != expected {
-            return Err(RuntimeError::ShardMismatch {
-                rank,
-                name: name.into(),
-                expected,
-                actual: t.ty().clone(),
-            });
-        }
-        for (x, global) in t
-            .to_f64_vec()
-            .into_iter()
-            .zip(region_indices(ty.dims(), &region))
-        {
-            if let Some(slot) = values.get_mut(global) {
-                *slot = x;
-            }
-        }
+        place_shard(&mut values, name, ty, &region, rank, t)?;
     }
     Tensor::from_f64(ty.clone(), values)
 }
 
-/// Every parameter of `g` held in the ranks' `states` (laid out on `mesh`), gathered back to
-/// its global shape: the state a single device would hold, to compare with the reference.
-pub fn gather_state(
-    g: &Graph,
-    mesh: &DeviceMesh,
-    states: &[TensorMap],
-) -> Result<TensorMap, RuntimeError> {
-    g.parameters()
+/// Writes `shard`, rank `rank`'s `region` of tensor `name` (global type `ty`), into `values`,
+/// the tensor's global elements in row-major order. A shard whose type is not the region's
+/// is an error naming the rank and the tensor.
+pub fn place_shard(
+    values: &mut [f64],
+    name: &str,
+    ty: &TensorType,
+    region: &[Range<usize>],
+    rank: usize,
+    shard: &Tensor,
+) -> Result<(), RuntimeError> {
+    let expected = TensorType::new(ty.dtype, region.iter().map(|r| r.len()).collect::<Vec<_>>());
+    if *shard.ty() != expected {
+        return Err(RuntimeError::ShardMismatch {
+            rank,
+            name: name.into(),
+            expected,
+            actual: shard.ty().clone(),
+        });
+    }
+    for (x, global) in shard
+        .to_f64_vec()
         .into_iter()
-        .map(|(v, name, ty)| {
-            let t = gather(name, ty, sharding_of(g, v)?, mesh, states)?;
-            Ok((name.to_string(), t))
-        })
-        .collect()
+        .zip(region_indices(ty.dims(), region))
+    {
+        if let Some(slot) = values.get_mut(global) {
+            *slot = x;
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -264,7 +262,6 @@ mod tests {
             let got = gather(name, ty, sharding_of(&g, v)?, &mesh, &states)?;
             assert_eq!(got, whole[name], "{name}");
         }
-        assert_eq!(gather_state(&g, &mesh, &states)?, whole);
         Ok(())
     }
 
