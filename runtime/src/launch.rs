@@ -8,7 +8,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use autopar_ir::DeviceMesh;
 
-use crate::comm::{Collectives, CommOptions, InProcessCommunicator, in_process_communicators};
+use crate::comm::{Collectives, CommOptions, in_process_communicators};
 use crate::error::RuntimeError;
 
 /// The results of the ranks a launch ran in this process: `(rank, result)` in rank order,
@@ -51,7 +51,10 @@ impl Launcher for ThreadLauncher {
                 .map(|(rank, comm)| {
                     std::thread::Builder::new()
                         .name(format!("rank-{rank}"))
-                        .spawn_scoped(scope, move || run_rank(comm, body))
+                        .spawn_scoped(scope, move || {
+                            let mut comm = comm;
+                            run_rank(&mut comm, body)
+                        })
                         .map_err(|e| RuntimeError::SpmdSetup {
                             detail: format!("cannot start the thread of rank {rank}: {e}"),
                         })
@@ -82,14 +85,14 @@ impl Launcher for ThreadLauncher {
     }
 }
 
-/// One rank's thread: runs the body, and on failure tells the other ranks before its
-/// communicator goes away.
+/// One rank: runs the body, and on failure tells the other ranks before its communicator goes
+/// away.
 fn run_rank<T>(
-    mut comm: InProcessCommunicator,
+    comm: &mut dyn Collectives,
     body: &(impl Fn(&mut dyn Collectives) -> Result<T, RuntimeError> + Sync),
 ) -> Result<T, RuntimeError> {
     let rank = comm.rank();
-    let outcome = catch_unwind(AssertUnwindSafe(|| body(&mut comm)));
+    let outcome = catch_unwind(AssertUnwindSafe(|| body(&mut *comm)));
     let result = outcome.unwrap_or_else(|payload| {
         Err(RuntimeError::RankPanicked {
             rank,
@@ -100,6 +103,56 @@ fn run_rank<T>(
         comm.abort(e);
     }
     result
+}
+
+/// Runs this process's rank of a mesh, when the process is one of the ranks `mpirun` started,
+/// communicating through an [`crate::comm::MpiCommunicator`]. Every process of the MPI world
+/// calls [`Launcher::launch`] with the same mesh, at the same point of its program; process
+/// `r` runs mesh rank `r`. The world's size must equal the mesh's device count (unless
+/// [`MpiLauncher::idle_extra_ranks`]), and a process not started by `mpirun` cannot launch.
+///
+/// A launch returns at most one result, this process's. A rank that fails tells the others,
+/// which fail at their next wait; a rank that dies or stops answering makes its peers fail
+/// when the timeout passes. Either way every rank returns its error, and the program ends the
+/// job (`crate::comm::mpi::abort_job`) once it has reported it.
+#[cfg(feature = "mpi")]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MpiLauncher {
+    /// Timeout and reduction precision of the communicators.
+    pub options: CommOptions,
+    /// Lets a world larger than the mesh launch it, processes `n..` sitting out (they run
+    /// nothing and return no result): for test suites that launch meshes of several sizes
+    /// in one `mpirun`.
+    pub idle_extra_ranks: bool,
+}
+
+#[cfg(feature = "mpi")]
+impl Launcher for MpiLauncher {
+    fn launch<T, F>(&self, mesh: &DeviceMesh, body: F) -> Result<RankResults<T>, RuntimeError>
+    where
+        T: Send,
+        F: Fn(&mut dyn Collectives) -> Result<T, RuntimeError> + Sync,
+    {
+        let (_, size) = crate::comm::mpi::world_rank_and_size()?;
+        let n = mesh.num_devices();
+        if size != n && !(self.idle_extra_ranks && size > n) {
+            return Err(RuntimeError::SpmdSetup {
+                detail: format!(
+                    "the mesh `{mesh}` has {n} ranks but MPI started {size} processes \
+                     (run it with `mpirun -np {n}` or `autopar launch -n {n}`)"
+                ),
+            });
+        }
+        let Some(mut comm) = crate::comm::MpiCommunicator::connect(mesh, self.options)? else {
+            return Ok(Vec::new());
+        };
+        let rank = comm.rank();
+        let result = run_rank(&mut comm, &body).map_err(|e| RuntimeError::OnRank {
+            rank,
+            source: Box::new(e),
+        });
+        Ok(vec![(rank, result)])
+    }
 }
 
 /// Every rank's value when all succeeded; otherwise the error that started the failure: the

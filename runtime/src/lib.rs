@@ -5,13 +5,14 @@
 //!
 //! - [`Collectives`] (`comm`): a rank's typed collectives and point-to-point messages over
 //!   mesh-axis groups; [`communicate`] maps the IR's communication ops onto them;
-//!   [`InProcessCommunicator`] (threads) and [`SingleDevice`] implement it.
+//!   [`InProcessCommunicator`] (threads), `MpiCommunicator` (processes, feature `mpi`) and
+//!   [`SingleDevice`] implement it.
 //! - [`ExecutionPlan`] (`plan`): a rank program's order, liveness and static arena, computed
 //!   once before it runs.
 //! - [`Backend`] (`backend`): loads a rank program with its plan and executes it;
 //!   [`CpuBackend`] is the reference interpreter.
 //! - [`Launcher`] (`launch`): starts the ranks of a mesh; [`ThreadLauncher`] runs one thread
-//!   per rank.
+//!   per rank, `MpiLauncher` (feature `mpi`) this process's rank of an `mpirun` job.
 //!
 //! On top of them: [`run_spmd`] and the pipeline executor ([`run_pipeline_step_spmd`]),
 //! `dist` (each rank's shards of the state and the batch, and the state gathered back) and
@@ -79,6 +80,8 @@ pub use executor::{RankProgram, SpmdOptions, run_spmd, run_spmd_per_rank};
 pub use init::{element_init, init_parameter, init_parameters};
 pub use interp::{RunOptions, RunOutput, run, run_planned, run_with_collectives};
 pub use kernels::eval_op;
+#[cfg(feature = "mpi")]
+pub use launch::MpiLauncher;
 pub use launch::{Launcher, RankResults, ThreadLauncher, root_cause};
 pub use pipeline::{
     PipelinePlans, PipelineStepReport, RankReport, run_pipeline_step, run_pipeline_step_planned,

@@ -32,17 +32,91 @@ pub(crate) enum Channel {
     PointToPoint { seq: u64 },
 }
 
-/// What a rank was doing when it sent a message: the op (with its attributes) and the type
-/// of its operand. Every member of a collective must send the same signature.
+/// What a rank was doing when it sent a message: the op with the attributes that must agree
+/// ([`describe`]), whether it was a `send`, and the type of its operand. Every member of a
+/// collective must send the same signature. It is plain data, so that it can travel between
+/// processes as well as between threads.
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) struct CallSignature {
-    pub op: Op,
+    pub op: String,
+    pub sends: bool,
     pub operand: TensorType,
+}
+
+impl CallSignature {
+    pub(crate) fn new(op: &Op, operand: &TensorType) -> CallSignature {
+        CallSignature {
+            op: describe(op),
+            sends: matches!(op, Op::Send { .. }),
+            operand: operand.clone(),
+        }
+    }
 }
 
 impl std::fmt::Display for CallSignature {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} on {}", describe(&self.op), self.operand)
+        write!(f, "{} on {}", self.op, self.operand)
+    }
+}
+
+/// How the collective algorithms reach the other ranks: tagged data messages that carry the
+/// signature of the call that sent them, and failure notices. [`Mailbox`] moves them between
+/// threads; the MPI transport between processes.
+pub(crate) trait Transport {
+    /// This rank.
+    fn rank(&self) -> usize;
+
+    /// Sends `payload` to rank `to` on `channel`, without waiting for the receiver.
+    fn send(
+        &mut self,
+        to: usize,
+        channel: Channel,
+        call: &Arc<CallSignature>,
+        payload: Data,
+        cx: &Context<'_>,
+    ) -> Result<(), RuntimeError>;
+
+    /// Waits, for at most the timeout, for the message from rank `from` on `channel`; fails
+    /// early when a rank announces a failure or `from` goes away.
+    fn recv(
+        &mut self,
+        from: usize,
+        channel: &Channel,
+        cx: &Context<'_>,
+    ) -> Result<Delivery, RuntimeError>;
+
+    /// Tells every other rank that this rank has failed with `error` (or passes on the
+    /// failure of the rank `error` reports).
+    fn announce_error(&mut self, error: &RuntimeError);
+}
+
+impl Transport for Mailbox {
+    fn rank(&self) -> usize {
+        Mailbox::rank(self)
+    }
+
+    fn send(
+        &mut self,
+        to: usize,
+        channel: Channel,
+        call: &Arc<CallSignature>,
+        payload: Data,
+        cx: &Context<'_>,
+    ) -> Result<(), RuntimeError> {
+        Mailbox::send(self, to, channel, call, payload, cx)
+    }
+
+    fn recv(
+        &mut self,
+        from: usize,
+        channel: &Channel,
+        cx: &Context<'_>,
+    ) -> Result<Delivery, RuntimeError> {
+        Mailbox::recv(self, from, channel, cx)
+    }
+
+    fn announce_error(&mut self, error: &RuntimeError) {
+        Mailbox::announce_error(self, error);
     }
 }
 

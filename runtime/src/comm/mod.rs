@@ -1,22 +1,28 @@
 //! Communication between ranks: the [`Collectives`] trait a process group implements (threads
-//! of one process today; MPI processes and NCCL devices later), the one mapping of the IR's
+//! of one process, MPI processes; NCCL devices later), the one mapping of the IR's
 //! communication ops onto it ([`communicate`]), groups derived from mesh axes, and the
-//! in-process implementation.
+//! implementations.
 //!
 //! [`InProcessCommunicator`] implements [`Collectives`] for ranks that are threads of one
-//! process, moving real data between them with ring, pairwise and tree algorithms. No
-//! collective can hang: a receive waits at most [`CommOptions::timeout`], and a rank that fails
-//! or goes away makes the others fail at their next receive. [`SingleDevice`] is the process
-//! group of a lone device, which has no peers.
+//! process, and `MpiCommunicator` (feature `mpi`) for ranks that are MPI processes; both run
+//! the same ring, pairwise and tree algorithms (`endpoint`) over their own transport, so they
+//! give the same bits. No collective can hang: a receive waits at most
+//! [`CommOptions::timeout`], and a rank that fails or goes away makes the others fail at their
+//! next receive. [`SingleDevice`] is the process group of a lone device, which has no peers.
 
 mod blocks;
+mod endpoint;
 mod group;
 mod in_process;
 mod mailbox;
+#[cfg(feature = "mpi")]
+pub mod mpi;
 
 use autopar_ir::infer::infer;
 use autopar_ir::{DeviceMesh, IrError, Op, ReduceKind, TensorType};
 
+#[cfg(feature = "mpi")]
+pub use self::mpi::MpiCommunicator;
 pub use group::{group_members, shifted_rank};
 pub use in_process::{CommOptions, InProcessCommunicator, in_process_communicators};
 
