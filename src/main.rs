@@ -12,6 +12,7 @@ use autopar_driver::{self as driver, DumpFormat, LossScaling, Optimizer, Recompu
 
 mod auto_cmd;
 mod calibrate_cmd;
+mod checkpoint_cmd;
 mod plan_cmd;
 mod report;
 mod report_cmd;
@@ -65,7 +66,7 @@ enum Command {
     ///
     /// Prints `step <i> loss: <value>` for each step, then `peak memory: <bytes>`, the largest
     /// total size of the tensors the interpreter held at once.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Predict step time, throughput and memory of a training plan on a cluster.
     Estimate(EstimateArgs),
     /// Search the training plans of a model on a cluster and rank those that fit.
@@ -76,6 +77,8 @@ enum Command {
     /// Estimate every expressible row of the reference tables and report the errors against
     /// their measurements (median, worst, sign) per table and overall.
     Calibrate(calibrate_cmd::CalibrateArgs),
+    /// Inspect a sharded checkpoint, or export its weights (Hugging Face safetensors).
+    Checkpoint(checkpoint_cmd::CheckpointArgs),
     /// Describe a cluster: devices, memory, fabrics and link bandwidths.
     Topo {
         /// A preset (dgx-a100:nodes=N, dgx-h100:nodes=N, hgx-h200:nodes=N, cpu:ranks=N) or a TOML file.
@@ -136,9 +139,10 @@ struct RunArgs {
     /// Batch size for zoo models (the global batch, split into the micro-batches) [default: 8].
     #[arg(long)]
     batch: Option<usize>,
-    /// Seed of the parameter initialisation and the synthetic data.
-    #[arg(long, default_value_t = 0)]
-    seed: u64,
+    /// Seed of the parameter initialisation and the synthetic data [default: 0; a resumed
+    /// run keeps its checkpoint's].
+    #[arg(long)]
+    seed: Option<u64>,
     #[command(flatten)]
     train: TrainArgs,
     #[command(flatten)]
@@ -169,6 +173,8 @@ struct RunArgs {
     plan_file: Option<String>,
     #[command(flatten)]
     diag: run_cmd::CompileDiagArgs,
+    #[command(flatten)]
+    checkpoint: checkpoint_cmd::CheckpointRunArgs,
 }
 
 /// Options of a pipeline-parallel run or dump.
@@ -356,6 +362,7 @@ fn execute(cli: Cli) -> Result<()> {
         Command::Plan(args) => plan_cmd::plan(args),
         Command::Report(args) => report_cmd::report(args),
         Command::Calibrate(args) => calibrate_cmd::calibrate_cmd(args),
+        Command::Checkpoint(args) => checkpoint_cmd::run(&args),
         Command::Topo { cluster, toml } => topo(&cluster, toml),
     }
 }
