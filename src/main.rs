@@ -13,6 +13,7 @@ use autopar_driver::{self as driver, DumpFormat, LossScaling, Optimizer, Recompu
 mod auto_cmd;
 mod calibrate_cmd;
 mod checkpoint_cmd;
+mod launch_cmd;
 mod plan_cmd;
 mod report;
 mod report_cmd;
@@ -79,6 +80,10 @@ enum Command {
     Calibrate(calibrate_cmd::CalibrateArgs),
     /// Inspect a sharded checkpoint, or export its weights (Hugging Face safetensors).
     Checkpoint(checkpoint_cmd::CheckpointArgs),
+    /// Run `autopar run ...` as an MPI job of N processes, one rank each: execs `mpirun` on
+    /// this autopar with `--launcher mpi` added (e.g. `autopar launch -n 8 -- run gpt-tiny
+    /// --mesh dp=2,tp=2,pp=2 --verify`).
+    Launch(launch_cmd::LaunchArgs),
     /// Describe a cluster: devices, memory, fabrics and link bandwidths.
     Topo {
         /// A preset (dgx-a100:nodes=N, dgx-h100:nodes=N, hgx-h200:nodes=N, cpu:ranks=N) or a TOML file.
@@ -175,6 +180,8 @@ struct RunArgs {
     diag: run_cmd::CompileDiagArgs,
     #[command(flatten)]
     checkpoint: checkpoint_cmd::CheckpointRunArgs,
+    #[command(flatten)]
+    launch: launch_cmd::LauncherArgs,
 }
 
 /// Options of a pipeline-parallel run or dump.
@@ -313,10 +320,25 @@ enum Format {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    match execute(cli) {
-        Ok(()) => ExitCode::SUCCESS,
+    let mpi = matches!(&cli.command, Command::Run(args) if args.launch.is_mpi());
+    let outcome = match mpi {
+        true => launch_cmd::as_mpi_rank().and_then(|()| execute(cli)),
+        false => execute(cli),
+    };
+    match outcome {
+        Ok(()) => {
+            if mpi {
+                driver::launch::finish();
+            }
+            ExitCode::SUCCESS
+        }
         Err(e) => {
             eprintln!("error: {e:#}");
+            if mpi {
+                // Every rank reports its own error, then the job ends: a rank that died or
+                // hangs must not keep the others (or mpirun) waiting.
+                launch_cmd::end_job();
+            }
             ExitCode::FAILURE
         }
     }
@@ -364,6 +386,7 @@ fn execute(cli: Cli) -> Result<()> {
         Command::Calibrate(args) => calibrate_cmd::calibrate_cmd(args),
         Command::Checkpoint(args) => checkpoint_cmd::run(&args),
         Command::Topo { cluster, toml } => topo(&cluster, toml),
+        Command::Launch(args) => launch_cmd::launch(&args),
     }
 }
 
@@ -646,6 +669,9 @@ fn models(json: bool) -> Result<()> {
 
 /// Writes to stdout; a closed pipe (`autopar dump ... | head`) ends the program, successfully.
 fn print_stdout(s: &str) -> Result<()> {
+    if launch_cmd::stdout_is_quiet() {
+        return Ok(());
+    }
     let mut out = std::io::stdout().lock();
     match out.write_all(s.as_bytes()).and_then(|()| out.flush()) {
         // Nobody reads any more (`autopar run ... | head`): stop, whatever was running.

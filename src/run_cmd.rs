@@ -84,6 +84,12 @@ pub fn run_options(args: &RunArgs, mut options: CompileOptions) -> Result<()> {
     if options.mesh.is_none() && (args.verify || args.trace.is_some()) {
         bail!("--verify and --trace need --mesh");
     }
+    if args.launch.is_mpi() && (args.trace.is_some() || args.report.is_some()) {
+        bail!(
+            "--trace and --report need --launcher threads (the timeline stays with each process)"
+        );
+    }
+    let launch = args.launch.launch()?;
     options.dump_after = args.diag.dump_after.clone();
     let step = driver::compile(&options)?;
     if args.trace.is_some() && !step.is_pipeline() {
@@ -102,7 +108,10 @@ pub fn run_options(args: &RunArgs, mut options: CompileOptions) -> Result<()> {
     };
     let trace_file = open(&args.trace)?;
     let report_file = open(&args.report)?;
-    write_dumps(&step, &args.diag.dump_dir)?;
+    // Under MPI every process compiles the same step; rank 0 writes the dumps.
+    if !crate::launch_cmd::stdout_is_quiet() {
+        write_dumps(&step, &args.diag.dump_dir)?;
+    }
     if args.diag.timings {
         print_stdout(&timings(&step))?;
     }
@@ -141,7 +150,7 @@ pub fn run_options(args: &RunArgs, mut options: CompileOptions) -> Result<()> {
     };
     let single_forward = args.forward && options.mesh.is_none();
     let mut printed = Ok(());
-    let report = driver::run_with(&step, &run_options, hooks, |e| {
+    let report = driver::run_launched(&step, &launch, &run_options, hooks, |e| {
         let line = match single_forward {
             true => format!("loss: {:.6}\n", e.loss),
             false => format!("step {} loss: {:.6}\n", e.step + 1, e.loss),
@@ -157,6 +166,9 @@ pub fn run_options(args: &RunArgs, mut options: CompileOptions) -> Result<()> {
         }
     })?;
     printed?;
+    if !report.primary {
+        return Ok(());
+    }
     if options.mesh.is_some() {
         print_stdout(&ranks_summary(&step, &report))?;
     } else if !single_forward {

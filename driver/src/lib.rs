@@ -30,6 +30,7 @@ pub mod compile;
 pub mod data;
 pub mod describe;
 mod error;
+pub mod launch;
 pub mod model;
 pub mod options;
 pub mod run;
@@ -46,6 +47,7 @@ pub use autopar_runtime::verify::{Tolerance, VerifyReport};
 pub use autopar_runtime::{Tensor, TensorMap};
 pub use compile::{CompiledPipeline, CompiledStep, Pass, PassDump, PassTiming, compile};
 pub use error::Error;
+pub use launch::{Launch, LauncherKind, run_launched};
 pub use model::{
     DumpFormat, ModelSource, dump, estimate, load_annotations, load_cluster,
     load_micro_batch_forward, load_model, load_model_shapes, load_train_step, model_config,

@@ -13,6 +13,7 @@
 use std::any::Any;
 use std::collections::BTreeMap;
 
+use autopar_ir::DType;
 use autopar_passes::train::GRADS_FINITE;
 use autopar_runtime::verify::{Comparison, Tolerance, VerifyReport};
 use autopar_runtime::{
@@ -106,8 +107,12 @@ pub struct RunReport {
     pub peak_bytes: u64,
     /// The comparison with the single-device reference, when asked for.
     pub verify: Option<VerifyReport>,
-    /// The last step's report of every pipeline (the executed timeline), for traces.
+    /// The last step's report of every pipeline (the executed timeline), for traces; empty
+    /// when the ranks ran in several processes.
     pub pipeline_reports: Vec<PipelineStepReport>,
+    /// Whether this process ran rank 0 and so holds the run's figures: always with threads,
+    /// on one process of an MPI job (the others report nothing: no losses, no ranks).
+    pub primary: bool,
 }
 
 /// One rank's figures.
@@ -161,6 +166,13 @@ pub fn run_with(
 /// Like [`run_with`], with the ranks started by `launcher` and their programs run by
 /// `backend`. Pipelines run only on the CPU backend, whose interpreter the pipeline executor
 /// drives.
+///
+/// This process loads and runs only the ranks the launcher runs here
+/// ([`Launcher::local_ranks`]): all of them for threads, one for an MPI process. The run's
+/// figures (losses, `on_step`, the save hook, `verify`) are rank 0's business: a process
+/// without rank 0 runs its rank and reports nothing ([`RunReport::primary`] is false), and
+/// what rank 0 needs from the other processes (their state for a save or `verify`, their
+/// peaks) is gathered to it through the ranks' collectives.
 pub fn run_on<L, B>(
     step: &CompiledStep,
     launcher: &L,
@@ -190,26 +202,39 @@ where
     }
     let n = step.mesh.num_devices();
     let g = &step.global;
-    let initial: Vec<TensorMap> = (0..n)
-        .map(|rank| match hooks.initial_state {
-            Some(f) => f(rank),
-            None => step.state.init_rank(rank, options.seed),
-        })
-        .collect::<Result<_, _>>()?;
-    let mut reference = match options.verify {
-        true => Some(Reference::new(
-            step,
-            options.seed,
-            hooks.initial_state.map(|_| &initial[..]),
-        )?),
+    let local = launcher.local_ranks(&step.mesh)?;
+    let primary = local.first() == Some(&0);
+    let all_here = local.len() == n;
+    let init = |rank: usize| match hooks.initial_state {
+        Some(f) => f(rank),
+        None => step.state.init_rank(rank, options.seed),
+    };
+    let initial: BTreeMap<usize, TensorMap> = local
+        .iter()
+        .map(|&rank| Ok((rank, init(rank)?)))
+        .collect::<Result<_, Error>>()?;
+    let mut reference = match options.verify && primary {
+        true => {
+            let given = match hooks.initial_state {
+                Some(_) if all_here => Some(initial.values().cloned().collect::<Vec<_>>()),
+                Some(_) => Some((0..n).map(init).collect::<Result<Vec<_>, _>>()?),
+                None => None,
+            };
+            Some(Reference::new(step, options.seed, given.as_deref())?)
+        }
         false => None,
     };
     let mut ranks = match &step.pipeline {
-        None => Ranks::Spmd(SpmdRanks::load(step, backend, &initial)?),
-        Some(_) => {
+        None => Ranks::Spmd(SpmdRanks::load(step, backend, initial)?),
+        Some(p) => {
             let cpu = (backend as &dyn Any)
                 .downcast_ref::<CpuBackend>()
                 .ok_or_else(|| Error::Usage("pipelines run on the CPU backend only".into()))?;
+            if p.plans.len() != p.pipelines.len() {
+                return Err(Error::Usage(
+                    "the pipeline was compiled without its execution plans (stop_after)".into(),
+                ));
+            }
             Ranks::Pipelined {
                 states: initial,
                 backend: *cpu,
@@ -222,119 +247,185 @@ where
         peak_bytes: 0,
         verify: None,
         pipeline_reports: Vec::new(),
+        primary,
     };
-    let mut peaks = vec![0u64; n];
-    let mut pipeline_stats = vec![None; n];
+    // Per local rank: its peak in the last step, and in any step.
+    let mut peaks: BTreeMap<usize, (u64, u64)> = local.iter().map(|&r| (r, (0, 0))).collect();
+    let mut pipeline_stats: BTreeMap<usize, PipelineRankStats> = BTreeMap::new();
     let sharded = step.strategies.is_some();
+    let fault = fault_injection()?;
     let last = options.first_step + options.steps;
     for i in options.first_step..last {
+        if let Some((rank, at)) = fault
+            && at == i + 1
+            && local == [rank]
+            && n > 1
+        {
+            eprintln!("rank {rank}: exiting at the start of step {at} (AUTOPAR_FAULT_EXIT)");
+            std::process::exit(1);
+        }
         let batch = match hooks.batch {
             Some(f) => f(i)?,
             None => rt::synthetic_batch(g, options.seed, i)?,
         };
-        let inputs: Vec<TensorMap> = (0..step.locals.len())
-            .map(|which| rank_inputs(g, sharded, &batch, &step.spmd_mesh, which))
-            .collect::<Result<_, _>>()?;
-        // The outputs of rank 0 that the run reports (the loss is replicated).
+        let which_of = |rank: usize| match &step.pipeline {
+            Some(_) => rt::split_pipeline_rank(&step.mesh, rank).1,
+            None => rank,
+        };
+        let mut inputs: BTreeMap<usize, TensorMap> = BTreeMap::new();
+        for &rank in &local {
+            let which = which_of(rank);
+            if !inputs.contains_key(&which) {
+                let part = rank_inputs(g, sharded, &batch, &step.spmd_mesh, which)?;
+                inputs.insert(which, part);
+            }
+        }
+        // The outputs of rank 0 that the run reports (the loss is replicated, or brought to
+        // rank 0 from its pipeline's last stage).
         let outputs = match &mut ranks {
             Ranks::Spmd(s) => s.step(step, launcher, backend, &inputs, &mut peaks)?,
             Ranks::Pipelined { states, backend } => {
-                let batches: Vec<TensorMap> = (0..n)
-                    .map(|rank| inputs[rt::split_pipeline_rank(&step.mesh, rank).1].clone())
-                    .collect();
-                let pipeline = step
-                    .pipeline
-                    .as_ref()
-                    .ok_or_else(|| Error::Usage("the step has no pipeline to run".into()))?;
-                if pipeline.plans.len() != pipeline.pipelines.len() {
-                    return Err(Error::Usage(
-                        "the pipeline was compiled without its execution plans (stop_after)".into(),
-                    ));
+                let reports = pipeline_step(step, launcher, *backend, states, &inputs)?;
+                let mut outputs = TensorMap::new();
+                for (&rank, r) in &reports {
+                    if let Some(p) = peaks.get_mut(&rank) {
+                        *p = (r.report.peak_bytes, p.1.max(r.report.peak_bytes));
+                    }
+                    pipeline_stats.insert(
+                        rank,
+                        PipelineRankStats {
+                            peak_activation_bytes: r.report.peak_activation_bytes,
+                            max_in_flight: r.report.max_in_flight,
+                        },
+                    );
+                    if rank == 0 {
+                        outputs = r.outputs.clone();
+                    }
                 }
-                let reports = rt::run_pipeline_step_planned(
-                    &pipeline.pipelines,
-                    &pipeline.plans,
-                    &step.mesh,
-                    states,
-                    &batches,
-                    backend.options,
-                    launcher_options(launcher)?,
-                )?;
-                let outputs =
-                    pipeline_step(step, &reports, states, &mut peaks, &mut pipeline_stats)?;
-                report.pipeline_reports = reports;
+                if all_here {
+                    report.pipeline_reports = pipeline_reports(step, reports)?;
+                }
                 outputs
             }
         };
-        let scalar = |name: &str| outputs.get(name).and_then(|t| t.scalar_value());
-        let loss = scalar("loss")
-            .ok_or_else(|| Error::Usage("the step has no scalar output `loss`".into()))?;
-        on_step(&StepEvent {
-            step: i,
-            loss,
-            grads_finite: scalar(GRADS_FINITE).map(|v| v != 0.0),
-        });
-        report.losses.push(loss);
-        if let Some(r) = reference.as_mut() {
-            r.step(&batch, loss)?;
-        }
-        report.peak_bytes = report
-            .peak_bytes
-            .max(peaks.iter().copied().max().unwrap_or(0));
         let done = i + 1;
+        if primary {
+            let scalar = |name: &str| outputs.get(name).and_then(|t| t.scalar_value());
+            let loss = scalar("loss")
+                .ok_or_else(|| Error::Usage("the step has no scalar output `loss`".into()))?;
+            on_step(&StepEvent {
+                step: i,
+                loss,
+                grads_finite: scalar(GRADS_FINITE).map(|v| v != 0.0),
+            });
+            report.losses.push(loss);
+            if let Some(r) = reference.as_mut() {
+                r.step(&batch, loss)?;
+            }
+        }
         if let Some(save) = hooks.save.as_mut()
             && (done.is_multiple_of(save.every) || done == last)
         {
-            let states = match &ranks {
-                Ranks::Spmd(s) => s.download(backend)?,
-                Ranks::Pipelined { states, .. } => states.clone(),
-            };
-            (save.save)(done, &states)?;
+            let states = ranks.states(backend)?;
+            let stats = rank_figures(&peaks, &pipeline_stats);
+            if let Some(all) = gather_to_primary(step, launcher, &states, &stats, true)? {
+                (save.save)(done, &all.states)?;
+            }
         }
     }
-    let states = match ranks {
-        Ranks::Spmd(s) => s.download(backend)?,
-        Ranks::Pipelined { states, .. } => states,
+    let states = ranks.states(backend)?;
+    let stats = rank_figures(&peaks, &pipeline_stats);
+    let gathered = gather_to_primary(step, launcher, &states, &stats, options.verify)?;
+    let Some(gathered) = gathered else {
+        return Ok(report);
     };
-    report.ranks = (0..n)
-        .map(|rank| RankStats {
-            peak_bytes: peaks[rank],
+    report.peak_bytes = gathered.figures.iter().map(|f| f[1]).max().unwrap_or(0);
+    report.ranks = gathered
+        .figures
+        .iter()
+        .enumerate()
+        .map(|(rank, f)| RankStats {
+            peak_bytes: f[0],
             state_bytes: step.state.rank_bytes(rank),
-            pipeline: pipeline_stats[rank].clone(),
+            pipeline: step.pipeline.as_ref().map(|_| PipelineRankStats {
+                peak_activation_bytes: f[2],
+                max_in_flight: f[3] as usize,
+            }),
         })
         .collect();
     if let Some(r) = reference {
-        report.verify = Some(r.finish(step, &states)?);
+        report.verify = Some(r.finish(step, &gathered.states)?);
     }
     Ok(report)
 }
 
-/// The communicator options the pipeline executor starts its threads with: those of the
-/// [`ThreadLauncher`] it must be given (it starts its ranks as threads itself).
-fn launcher_options<L: Launcher + 'static>(launcher: &L) -> Result<rt::CommOptions, Error> {
-    (launcher as &dyn Any)
-        .downcast_ref::<ThreadLauncher>()
-        .map(|t| t.options)
-        .ok_or_else(|| Error::Usage("pipelines run on the thread launcher only".into()))
+/// Every local rank's figures as [`Gathered::figures`] holds them.
+fn rank_figures(
+    peaks: &BTreeMap<usize, (u64, u64)>,
+    pipeline: &BTreeMap<usize, PipelineRankStats>,
+) -> BTreeMap<usize, [u64; 4]> {
+    peaks
+        .iter()
+        .map(|(&rank, &(last, largest))| {
+            let p = pipeline.get(&rank);
+            let act = p.map_or(0, |p| p.peak_activation_bytes);
+            let in_flight = p.map_or(0, |p| p.max_in_flight as u64);
+            (rank, [last, largest, act, in_flight])
+        })
+        .collect()
 }
 
-/// The ranks' state between steps.
+/// The test-only fault hook: `AUTOPAR_FAULT_EXIT=RANK:STEP` makes rank `RANK` exit with
+/// status 1 at the start of step `STEP` (counted from 1, as the steps are printed), when it
+/// is the only rank of its process (an MPI rank), to check that the others report the dead
+/// rank and the job ends within the collective timeout. Unset, nothing happens.
+fn fault_injection() -> Result<Option<(usize, u64)>, Error> {
+    let Ok(v) = std::env::var("AUTOPAR_FAULT_EXIT") else {
+        return Ok(None);
+    };
+    let parsed = v
+        .split_once(':')
+        .and_then(|(r, s)| Some((r.trim().parse().ok()?, s.trim().parse().ok()?)));
+    parsed.map(Some).ok_or_else(|| {
+        Error::Usage(format!(
+            "AUTOPAR_FAULT_EXIT=`{v}`: expected RANK:STEP, e.g. 3:2"
+        ))
+    })
+}
+
+/// The ranks' state between steps, for the ranks this process runs.
 enum Ranks<'s, B: Backend> {
-    /// SPMD: every rank's program loaded on the backend, its state in the backend's buffers.
+    /// SPMD: every local rank's program loaded on the backend, its state in the backend's
+    /// buffers.
     Spmd(SpmdRanks<'s, B>),
-    /// A pipeline: every rank's state as host tensors, for the CPU pipeline executor.
+    /// A pipeline: every local rank's state as host tensors, for the CPU pipeline executor.
     Pipelined {
-        /// Per rank of the whole mesh.
-        states: Vec<TensorMap>,
+        /// By rank of the whole mesh.
+        states: BTreeMap<usize, TensorMap>,
         /// The backend, whose options the executor runs with.
         backend: CpuBackend,
     },
 }
 
-/// The SPMD ranks of a run: their loaded programs and their state.
+impl<B> Ranks<'_, B>
+where
+    B: Backend + Sync,
+    B::Buffer: Send + Sync,
+    for<'g> B::Executable<'g>: Sync,
+{
+    /// Every local rank's state as host tensors.
+    fn states(&self, backend: &B) -> Result<BTreeMap<usize, TensorMap>, Error> {
+        match self {
+            Ranks::Spmd(s) => s.download(backend),
+            Ranks::Pipelined { states, .. } => Ok(states.clone()),
+        }
+    }
+}
+
+/// The SPMD ranks this process runs: their loaded programs and their state.
 struct SpmdRanks<'s, B: Backend> {
-    executables: Vec<B::Executable<'s>>,
-    states: Vec<BTreeMap<String, B::Buffer>>,
+    executables: BTreeMap<usize, B::Executable<'s>>,
+    states: BTreeMap<usize, BTreeMap<String, B::Buffer>>,
 }
 
 impl<'s, B> SpmdRanks<'s, B>
@@ -343,61 +434,63 @@ where
     B::Buffer: Send + Sync,
     for<'g> B::Executable<'g>: Sync,
 {
-    /// Loads every rank's program with its execution plan and uploads its state.
-    fn load(step: &'s CompiledStep, backend: &B, initial: &[TensorMap]) -> Result<Self, Error> {
-        let executables = step
-            .locals
-            .iter()
-            .enumerate()
-            .map(|(rank, g)| {
-                let plan = match step.plans.get(rank) {
-                    Some(p) => p.clone(),
-                    None => ExecutionPlan::new(g)?,
-                };
-                backend.load(g, plan)
-            })
-            .collect::<Result<_, _>>()?;
-        let states = initial
-            .iter()
-            .map(|state| upload(backend, state))
-            .collect::<Result<_, _>>()?;
+    /// Loads the program of every rank of `initial` with its execution plan and uploads
+    /// its state.
+    fn load(
+        step: &'s CompiledStep,
+        backend: &B,
+        initial: BTreeMap<usize, TensorMap>,
+    ) -> Result<Self, Error> {
+        let mut executables = BTreeMap::new();
+        let mut states = BTreeMap::new();
+        for (rank, state) in initial {
+            let g = step.locals.get(rank).ok_or_else(|| {
+                Error::Usage(format!("rank {rank} is not a rank of `{}`", step.spmd_mesh))
+            })?;
+            let plan = match step.plans.get(rank) {
+                Some(p) => p.clone(),
+                None => ExecutionPlan::new(g)?,
+            };
+            executables.insert(rank, backend.load(g, plan)?);
+            states.insert(rank, upload(backend, &state)?);
+        }
         Ok(SpmdRanks {
             executables,
             states,
         })
     }
 
-    /// Runs one step on `inputs` (per rank), carries every rank's next state, records the
-    /// ranks' peaks, and returns rank 0's reported outputs (loss and metrics).
+    /// Runs one step on `inputs` (by rank), carries every local rank's next state, records
+    /// their peaks, and returns rank 0's reported outputs (loss and metrics) if it is local.
     fn step<L: Launcher>(
         &mut self,
         step: &CompiledStep,
         launcher: &L,
         backend: &B,
-        inputs: &[TensorMap],
-        peaks: &mut [u64],
+        inputs: &BTreeMap<usize, TensorMap>,
+        peaks: &mut BTreeMap<usize, (u64, u64)>,
     ) -> Result<TensorMap, Error> {
-        let inputs: Vec<BTreeMap<String, B::Buffer>> = inputs
+        let inputs: BTreeMap<usize, BTreeMap<String, B::Buffer>> = inputs
             .iter()
-            .map(|i| upload(backend, i))
-            .collect::<Result<_, _>>()?;
+            .map(|(&rank, i)| Ok((rank, upload(backend, i)?)))
+            .collect::<Result<_, Error>>()?;
         let (executables, states) = (&self.executables, &self.states);
         let results = launcher.launch(&step.spmd_mesh, |comm| {
             let rank = comm.rank();
-            match (executables.get(rank), states.get(rank), inputs.get(rank)) {
+            match (executables.get(&rank), states.get(&rank), inputs.get(&rank)) {
                 (Some(exe), Some(state), Some(inputs)) => backend.execute(exe, state, inputs, comm),
                 _ => Err(rt::RuntimeError::SpmdSetup {
-                    detail: format!("rank {rank} has no program"),
+                    detail: format!("rank {rank} has no program in this process"),
                 }),
             }
         })?;
         let mut reported = TensorMap::new();
         for (rank, out) in root_cause(results)? {
-            if let Some(peak) = peaks.get_mut(rank) {
-                *peak = out.peak_bytes;
+            if let Some(peak) = peaks.get_mut(&rank) {
+                *peak = (out.peak_bytes, peak.1.max(out.peak_bytes));
             }
             let mut outputs = out.outputs;
-            let state = self.states.get_mut(rank).ok_or_else(|| {
+            let state = self.states.get_mut(&rank).ok_or_else(|| {
                 Error::Usage(format!("rank {rank} is not a rank of `{}`", step.spmd_mesh))
             })?;
             carry_state(step, rank, state, |name| outputs.remove(name))?;
@@ -412,14 +505,16 @@ where
         Ok(reported)
     }
 
-    /// Every rank's state, read back from the backend.
-    fn download(&self, backend: &B) -> Result<Vec<TensorMap>, Error> {
+    /// Every local rank's state, read back from the backend.
+    fn download(&self, backend: &B) -> Result<BTreeMap<usize, TensorMap>, Error> {
         self.states
             .iter()
-            .map(|s| {
-                s.iter()
+            .map(|(&rank, s)| {
+                let state = s
+                    .iter()
                     .map(|(name, b)| Ok((name.clone(), backend.download(b)?)))
-                    .collect()
+                    .collect::<Result<TensorMap, Error>>()?;
+                Ok((rank, state))
             })
             .collect()
     }
@@ -458,32 +553,231 @@ fn carry_state<T>(
     Ok(())
 }
 
-/// Takes the result of a pipelined step: every rank's next state into `states`, its peaks
-/// and pipeline figures, and returns the step's outputs (loss and metrics).
-fn pipeline_step(
+/// Runs one pipelined step on the local ranks (`states`, by rank of the whole mesh; `inputs`
+/// by coordinate off `pp`), each through [`rt::run_pipeline_rank`] on the rank the launcher
+/// started; carries their next states and returns what each produced. The step's reported
+/// outputs (loss and metrics) are broadcast over `pp` from the stage that holds them, so that
+/// every stage, rank 0 included, returns them.
+fn pipeline_step<L: Launcher>(
     step: &CompiledStep,
-    reports: &[PipelineStepReport],
-    states: &mut [TensorMap],
-    peaks: &mut [u64],
-    stats: &mut [Option<PipelineRankStats>],
-) -> Result<TensorMap, Error> {
-    for (rank, state) in states.iter_mut().enumerate() {
+    launcher: &L,
+    backend: CpuBackend,
+    states: &mut BTreeMap<usize, TensorMap>,
+    inputs: &BTreeMap<usize, TensorMap>,
+) -> Result<BTreeMap<usize, rt::PipelineRankStep>, Error> {
+    let pipeline = step
+        .pipeline
+        .as_ref()
+        .ok_or_else(|| Error::Usage("the step has no pipeline to run".into()))?;
+    let held = &*states;
+    let results = launcher.launch(&step.mesh, |comm| {
+        let rank = comm.rank();
         let (pp_rank, which) = rt::split_pipeline_rank(&step.mesh, rank);
-        let r = reports
-            .get(which)
-            .and_then(|p| p.ranks.get(pp_rank))
-            .ok_or_else(|| Error::Usage(format!("rank {rank} has no pipeline report")))?;
-        peaks[rank] = r.peak_bytes;
-        stats[rank] = Some(PipelineRankStats {
-            peak_activation_bytes: r.peak_activation_bytes,
-            max_in_flight: r.max_in_flight,
-        });
-        carry_state(step, rank, state, |name| r.state.get(name).cloned())?;
+        let (Some(program), Some(plans), Some(state), Some(batch)) = (
+            pipeline.pipelines.get(which),
+            pipeline.plans.get(which),
+            held.get(&rank),
+            inputs.get(&which),
+        ) else {
+            return Err(rt::RuntimeError::SpmdSetup {
+                detail: format!("rank {rank} has no pipeline, plans, state or batch here"),
+            });
+        };
+        let mut out = rt::run_pipeline_rank(program, plans, pp_rank, comm, backend, state, batch)?;
+        for name in ["loss", GRADS_FINITE] {
+            let Some(&(_, _, holder)) = program.outputs.iter().find(|(o, _, _)| o == name) else {
+                continue;
+            };
+            // A metric has the same (scalar) type in the global step as in every rank's.
+            let Some(v) = step.global.output(name) else {
+                continue;
+            };
+            let ty = step.global.value_checked(v).map(|v| v.ty.clone());
+            let ty = ty.map_err(rt::RuntimeError::from)?;
+            let mine = out
+                .outputs
+                .get(name)
+                .cloned()
+                .unwrap_or_else(|| rt::Tensor::zeros(ty));
+            let got = comm.broadcast(&mine, &[rt::pipeline::PP_AXIS.to_string()], holder)?;
+            out.outputs.insert(name.to_string(), got);
+        }
+        Ok(out)
+    })?;
+    let mut steps = BTreeMap::new();
+    for (rank, out) in root_cause(results)? {
+        let state = states
+            .get_mut(&rank)
+            .ok_or_else(|| Error::Usage(format!("rank {rank} has no state in this process")))?;
+        carry_state(step, rank, state, |name| {
+            out.report.state.get(name).cloned()
+        })?;
+        steps.insert(rank, out);
     }
-    Ok(reports
-        .first()
-        .map(|r| r.outputs.clone())
-        .unwrap_or_default())
+    Ok(steps)
+}
+
+/// The per-pipeline reports of a step whose ranks all ran in this process (the executed
+/// timeline, for traces).
+fn pipeline_reports(
+    step: &CompiledStep,
+    mut steps: BTreeMap<usize, rt::PipelineRankStep>,
+) -> Result<Vec<PipelineStepReport>, Error> {
+    let pipeline = step
+        .pipeline
+        .as_ref()
+        .ok_or_else(|| Error::Usage("the step has no pipeline".into()))?;
+    let mut reports: Vec<PipelineStepReport> = pipeline
+        .pipelines
+        .iter()
+        .map(|_| PipelineStepReport {
+            outputs: TensorMap::new(),
+            ranks: Vec::new(),
+        })
+        .collect();
+    // Rank order walks each pipeline's stages in order.
+    let mut by_pipeline: Vec<Vec<(usize, rt::PipelineRankStep)>> =
+        reports.iter().map(|_| Vec::new()).collect();
+    for rank in 0..step.mesh.num_devices() {
+        let (pp_rank, which) = rt::split_pipeline_rank(&step.mesh, rank);
+        let s = steps
+            .remove(&rank)
+            .ok_or_else(|| Error::Usage(format!("rank {rank} has no pipeline report")))?;
+        by_pipeline[which].push((pp_rank, s));
+    }
+    for (report, mut ranks) in reports.iter_mut().zip(by_pipeline) {
+        ranks.sort_by_key(|(pp_rank, _)| *pp_rank);
+        for (_, s) in ranks {
+            report.outputs.extend(s.outputs);
+            report.ranks.push(s.report);
+        }
+    }
+    Ok(reports)
+}
+
+/// What rank 0 learns from every rank at the end of a run (or for a save).
+struct Gathered {
+    /// Every rank's state, in rank order (empty unless asked for).
+    states: Vec<TensorMap>,
+    /// Every rank's figures, in rank order: peak bytes in the last step and in any step,
+    /// and (pipelines) peak activation bytes and micro-batch chunks in flight.
+    figures: Vec<[u64; 4]>,
+}
+
+/// Brings the local ranks' `states` (when `with_states`) and `figures` of every rank to the
+/// process that runs rank 0: directly when every rank runs in this process, otherwise by an
+/// all-gather over the whole mesh. `None` on the other processes.
+fn gather_to_primary<L: Launcher>(
+    step: &CompiledStep,
+    launcher: &L,
+    states: &BTreeMap<usize, TensorMap>,
+    figures: &BTreeMap<usize, [u64; 4]>,
+    with_states: bool,
+) -> Result<Option<Gathered>, Error> {
+    const FIGURES: usize = 4;
+    let n = step.mesh.num_devices();
+    if states.len() == n && figures.len() == n {
+        return Ok(Some(Gathered {
+            states: if with_states {
+                states.values().cloned().collect()
+            } else {
+                Vec::new()
+            },
+            figures: figures.values().copied().collect(),
+        }));
+    }
+    // One row per rank: its figures, then its state's elements in layout order.
+    let row_len = |rank: usize| {
+        FIGURES
+            + if with_states {
+                held_types(step, rank)
+                    .iter()
+                    .map(|(_, ty)| ty.num_elements() as usize)
+                    .sum::<usize>()
+            } else {
+                0
+            }
+    };
+    let width = (0..n).map(row_len).max().unwrap_or(FIGURES);
+    let axes: Vec<String> = step.mesh.axes().iter().map(|a| a.name.clone()).collect();
+    let results = launcher.launch(&step.mesh, |comm| {
+        let rank = comm.rank();
+        let mut row: Vec<f64> = figures
+            .get(&rank)
+            .map_or([0; FIGURES], |f| *f)
+            .iter()
+            .map(|&x| x as f64)
+            .collect();
+        if with_states {
+            let state = states
+                .get(&rank)
+                .ok_or_else(|| rt::RuntimeError::SpmdSetup {
+                    detail: format!("rank {rank} has no state in this process"),
+                })?;
+            for (name, _) in held_types(step, rank) {
+                let t = state
+                    .get(&name)
+                    .ok_or_else(|| rt::RuntimeError::MissingShard {
+                        rank,
+                        name: name.clone(),
+                    })?;
+                row.extend(t.to_f64_vec());
+            }
+        }
+        row.resize(width, 0.0);
+        // The elements travel untouched: an all-gather rounds nothing.
+        let x = rt::Tensor::from_f64(autopar_ir::TensorType::new(DType::F32, [1, width]), row)?;
+        comm.all_gather(&x, &axes, 0)
+    })?;
+    let Some((_, all)) = root_cause(results)?.into_iter().find(|(r, _)| *r == 0) else {
+        return Ok(None);
+    };
+    let values = all.to_f64_vec();
+    let mut gathered = Gathered {
+        states: Vec::new(),
+        figures: Vec::new(),
+    };
+    for rank in 0..n {
+        let row = &values[rank * width..(rank + 1) * width];
+        gathered.figures.push([0, 1, 2, 3].map(|i| row[i] as u64));
+        if !with_states {
+            continue;
+        }
+        let mut at = FIGURES;
+        let mut state = TensorMap::new();
+        for (name, ty) in held_types(step, rank) {
+            let len = ty.num_elements() as usize;
+            let elems = &row[at..at + len];
+            at += len;
+            let t = match ty.dtype {
+                d if d.is_float() => rt::Tensor::from_f64(ty, elems.to_vec())?,
+                DType::Bool => rt::Tensor::new(
+                    ty,
+                    rt::Data::Bool(elems.iter().map(|&x| x != 0.0).collect()),
+                )?,
+                _ => rt::Tensor::from_i64(ty, elems.iter().map(|&x| x as i64).collect())?,
+            };
+            state.insert(name, t);
+        }
+        gathered.states.push(state);
+    }
+    Ok(Some(gathered))
+}
+
+/// The state tensors `rank` holds and their local types, in the layout's order.
+fn held_types(step: &CompiledStep, rank: usize) -> Vec<(String, autopar_ir::TensorType)> {
+    step.state
+        .tensors
+        .iter()
+        .filter_map(|t| {
+            let shard = t.shards.iter().find(|s| s.ranks.contains(&rank))?;
+            let dims: Vec<usize> = shard.region.iter().map(|r| r.len()).collect();
+            Some((
+                t.name.clone(),
+                autopar_ir::TensorType::new(t.ty.dtype, dims),
+            ))
+        })
+        .collect()
 }
 
 /// The single-device reference, advanced step by step beside the ranks, and the running

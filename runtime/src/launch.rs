@@ -27,6 +27,10 @@ pub trait Launcher {
     where
         T: Send,
         F: Fn(&mut dyn Collectives) -> Result<T, RuntimeError> + Sync;
+
+    /// The ranks of `mesh` that a launch runs in this process, ascending: what this process
+    /// must load before it launches. An error when this launcher cannot run `mesh` here.
+    fn local_ranks(&self, mesh: &DeviceMesh) -> Result<Vec<usize>, RuntimeError>;
 }
 
 /// One thread per rank of the mesh, communicating through [`InProcessCommunicator`]s.
@@ -83,6 +87,10 @@ impl Launcher for ThreadLauncher {
                 .collect()
         }))
     }
+
+    fn local_ranks(&self, mesh: &DeviceMesh) -> Result<Vec<usize>, RuntimeError> {
+        Ok((0..mesh.num_devices()).collect())
+    }
 }
 
 /// One rank: runs the body, and on failure tells the other ranks before its communicator goes
@@ -111,19 +119,49 @@ fn run_rank<T>(
 /// `r` runs mesh rank `r`. The world's size must equal the mesh's device count (unless
 /// [`MpiLauncher::idle_extra_ranks`]), and a process not started by `mpirun` cannot launch.
 ///
-/// A launch returns at most one result, this process's. A rank that fails tells the others,
+/// The communicators are made by the first launch (collectively) and kept for the next
+/// launches of the same mesh, so that a rank that has died cannot hold the others in a
+/// communicator split. A launch returns at most one result, this process's. A rank that fails tells the others,
 /// which fail at their next wait; a rank that dies or stops answering makes its peers fail
 /// when the timeout passes. Either way every rank returns its error, and the program ends the
 /// job (`crate::comm::mpi::abort_job`) once it has reported it.
 #[cfg(feature = "mpi")]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Default)]
 pub struct MpiLauncher {
-    /// Timeout and reduction precision of the communicators.
-    pub options: CommOptions,
+    options: CommOptions,
+    idle_extra_ranks: bool,
+    /// The communicators of the last mesh launched, made by its first launch and used by the
+    /// next ones (`None` inside on a process that sits the mesh out).
+    connection: std::cell::RefCell<Option<(DeviceMesh, Option<crate::comm::mpi::MpiConnection>)>>,
+}
+
+#[cfg(feature = "mpi")]
+impl MpiLauncher {
+    /// A launcher whose communicators have `options`.
+    pub fn new(options: CommOptions) -> MpiLauncher {
+        MpiLauncher {
+            options,
+            ..MpiLauncher::default()
+        }
+    }
+
     /// Lets a world larger than the mesh launch it, processes `n..` sitting out (they run
     /// nothing and return no result): for test suites that launch meshes of several sizes
     /// in one `mpirun`.
-    pub idle_extra_ranks: bool,
+    pub fn idle_extra_ranks(mut self) -> MpiLauncher {
+        self.idle_extra_ranks = true;
+        self
+    }
+}
+
+#[cfg(feature = "mpi")]
+impl std::fmt::Debug for MpiLauncher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MpiLauncher")
+            .field("options", &self.options)
+            .field("idle_extra_ranks", &self.idle_extra_ranks)
+            .finish_non_exhaustive()
+    }
 }
 
 #[cfg(feature = "mpi")]
@@ -133,7 +171,26 @@ impl Launcher for MpiLauncher {
         T: Send,
         F: Fn(&mut dyn Collectives) -> Result<T, RuntimeError> + Sync,
     {
-        let (_, size) = crate::comm::mpi::world_rank_and_size()?;
+        self.local_ranks(mesh)?;
+        let mut cached = self.connection.borrow_mut();
+        if cached.as_ref().is_none_or(|(m, _)| m != mesh) {
+            *cached = Some((mesh.clone(), crate::comm::mpi::MpiConnection::new(mesh)?));
+        }
+        let Some((_, Some(connection))) = cached.as_ref() else {
+            return Ok(Vec::new());
+        };
+        let mut comm = connection.communicator(self.options);
+        drop(cached);
+        let rank = comm.rank();
+        let result = run_rank(&mut comm, &body).map_err(|e| RuntimeError::OnRank {
+            rank,
+            source: Box::new(e),
+        });
+        Ok(vec![(rank, result)])
+    }
+
+    fn local_ranks(&self, mesh: &DeviceMesh) -> Result<Vec<usize>, RuntimeError> {
+        let (rank, size) = crate::comm::mpi::world_rank_and_size()?;
         let n = mesh.num_devices();
         if size != n && !(self.idle_extra_ranks && size > n) {
             return Err(RuntimeError::SpmdSetup {
@@ -143,15 +200,7 @@ impl Launcher for MpiLauncher {
                 ),
             });
         }
-        let Some(mut comm) = crate::comm::MpiCommunicator::connect(mesh, self.options)? else {
-            return Ok(Vec::new());
-        };
-        let rank = comm.rank();
-        let result = run_rank(&mut comm, &body).map_err(|e| RuntimeError::OnRank {
-            rank,
-            source: Box::new(e),
-        });
-        Ok(vec![(rank, result)])
+        Ok(if rank < n { vec![rank] } else { Vec::new() })
     }
 }
 

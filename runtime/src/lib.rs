@@ -84,8 +84,8 @@ pub use kernels::eval_op;
 pub use launch::MpiLauncher;
 pub use launch::{Launcher, RankResults, ThreadLauncher, root_cause};
 pub use pipeline::{
-    PipelinePlans, PipelineStepReport, RankReport, run_pipeline_step, run_pipeline_step_planned,
-    run_pipeline_step_spmd, split_pipeline_rank,
+    PipelinePlans, PipelineRankStep, PipelineStepReport, RankReport, run_pipeline_rank,
+    run_pipeline_step, run_pipeline_step_planned, run_pipeline_step_spmd, split_pipeline_rank,
 };
 pub use plan::{ExecutionPlan, plan_all};
 pub use reference::{decomposed_attention, decomposed_attention_at};

@@ -1,7 +1,8 @@
-//! The pipeline executor: runs a [`PipelineProgram`] under its schedule, one thread per
-//! pipeline rank ([`ThreadLauncher`]), each sub-program on a [`CpuBackend`], with activations
-//! and gradients exchanged by `send`/`recv` over mesh axis `pp` through the rank's
-//! [`Collectives`].
+//! The pipeline executor: runs a [`PipelineProgram`] under its schedule, each sub-program on a
+//! [`CpuBackend`], with activations and gradients exchanged by `send`/`recv` over mesh axis
+//! `pp` through the rank's [`Collectives`]. [`run_pipeline_rank`] runs one rank, for any
+//! launcher; [`run_pipeline_step_planned`] and its siblings start every rank as a thread
+//! ([`ThreadLauncher`]).
 //!
 //! Each rank keeps a store of tensors keyed by the step graph's value ids. It starts with the
 //! state and inputs the rank reads; every forward, backward and optimizer segment moves its
@@ -220,40 +221,83 @@ pub fn run_pipeline_step_planned(
                 detail: format!("rank {rank} has no pipeline, plans, state or batch"),
             });
         };
-        RankRun::new(program, plans, pp_rank, comm, backend).run(state, batch)
+        run_pipeline_rank(program, plans, pp_rank, comm, backend, state, batch)
     })?;
-    let mut per_program: Vec<Vec<Option<RankReport>>> = vec![vec![None; pp]; programs.len()];
-    for (rank, report) in root_cause(results)? {
+    let mut per_program: Vec<Vec<Option<PipelineRankStep>>> = vec![vec![None; pp]; programs.len()];
+    for (rank, step) in root_cause(results)? {
         let (pp_rank, which) = split_pipeline_rank(mesh, rank);
-        per_program[which][pp_rank] = Some(report);
+        per_program[which][pp_rank] = Some(step);
     }
     let mut reports = Vec::with_capacity(programs.len());
-    for (program, ranks) in programs.iter().zip(per_program) {
-        let mut ranks: Vec<RankReport> = ranks.into_iter().flatten().collect();
+    for ranks in per_program {
         let mut outputs = TensorMap::new();
-        for (name, v, rank) in &program.outputs {
-            let t = ranks[*rank]
-                .state
-                .get(&value_name(*v))
-                .cloned()
-                .ok_or_else(|| RuntimeError::Pipeline {
-                    rank: *rank,
-                    detail: format!("output `{name}` ({v}) was not produced"),
-                })?;
-            outputs.insert(name.clone(), t);
+        let mut reports_of = Vec::with_capacity(ranks.len());
+        for step in ranks.into_iter().flatten() {
+            outputs.extend(step.outputs);
+            reports_of.push(step.report);
         }
-        // The rank states keep only state names.
-        for (rank, report) in ranks.iter_mut().enumerate() {
-            let held = std::mem::take(&mut report.state);
-            for (name, v) in &program.state_outputs[rank] {
-                if let Some(t) = held.get(&value_name(*v)) {
-                    report.state.insert(name.clone(), t.clone());
-                }
-            }
-        }
-        reports.push(PipelineStepReport { outputs, ranks });
+        reports.push(PipelineStepReport {
+            outputs,
+            ranks: reports_of,
+        });
     }
     Ok(reports)
+}
+
+/// What one pipeline rank produced in a step: its report (with its next state, by state
+/// name) and the step outputs it holds, by output name.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PipelineRankStep {
+    /// The rank's figures and next state.
+    pub report: RankReport,
+    /// The outputs of the step graph that live on this rank (the loss on the last stage).
+    pub outputs: TensorMap,
+}
+
+/// Runs one step of `program` on pipeline rank `pp_rank` only, its messages and its
+/// sub-programs' collectives going through `comm`: the per-rank entry of the pipeline
+/// executor, for whatever launcher started the rank (a thread, an MPI process). `plans` are
+/// [`PipelinePlans::new`] of `program`; `state` holds (at least) the state the rank reads and
+/// `batch` the inputs it reads.
+pub fn run_pipeline_rank(
+    program: &PipelineProgram,
+    plans: &PipelinePlans,
+    pp_rank: usize,
+    comm: &mut dyn Collectives,
+    backend: CpuBackend,
+    state: &TensorMap,
+    batch: &TensorMap,
+) -> Result<PipelineRankStep, RuntimeError> {
+    if pp_rank >= program.pp() {
+        return Err(RuntimeError::SpmdSetup {
+            detail: format!(
+                "pipeline rank {pp_rank} of a {}-stage pipeline",
+                program.pp()
+            ),
+        });
+    }
+    let mut report = RankRun::new(program, plans, pp_rank, comm, backend).run(state, batch)?;
+    let held = std::mem::take(&mut report.state);
+    for (name, v) in &program.state_outputs[pp_rank] {
+        if let Some(t) = held.get(&value_name(*v)) {
+            report.state.insert(name.clone(), t.clone());
+        }
+    }
+    let mut outputs = TensorMap::new();
+    for (name, v, rank) in &program.outputs {
+        if *rank != pp_rank {
+            continue;
+        }
+        let t = held
+            .get(&value_name(*v))
+            .cloned()
+            .ok_or_else(|| RuntimeError::Pipeline {
+                rank: *rank,
+                detail: format!("output `{name}` ({v}) was not produced"),
+            })?;
+        outputs.insert(name.clone(), t);
+    }
+    Ok(PipelineRankStep { report, outputs })
 }
 
 /// The kinds of message a rank sends.

@@ -96,10 +96,7 @@ fn run_suite() -> ExitCode {
         eprintln!("comm_mpi: needs {WORLD} MPI processes, got {size}");
         return ExitCode::FAILURE;
     }
-    let make = |options: CommOptions| MpiLauncher {
-        options,
-        idle_extra_ranks: true,
-    };
+    let make = |options: CommOptions| MpiLauncher::new(options).idle_extra_ranks();
     let mut failed = 0;
     let mut run =
         |suite: &str, name: &str, case: &dyn Fn() -> Result<(), Box<dyn std::error::Error>>| {

@@ -2,15 +2,15 @@
 //! running the same algorithms as the in-process communicator ([`super::endpoint`]) over MPI
 //! point-to-point messages, so that reductions add in the same order and give the same bits.
 //!
-//! Every launch makes fresh communicators, collectively over the MPI world: a base
-//! communicator of the processes that hold a mesh rank (point-to-point messages and failure
-//! notices travel on it) and one sub-communicator per set of mesh axes a group can span
-//! (`MPI_Comm_split` by the coordinates off those axes), on which that group's collectives
-//! travel. They are made up front, because a split is collective over all processes and a
-//! lazily made one would deadlock a pipeline whose stages reach their first collective on a
-//! group at different times. A launch leaves nothing behind for the next: a message still in
-//! flight on its communicators (a notice nobody waited for, the data of a failed collective)
-//! can only ever match on them.
+//! A connection ([`MpiConnection`]) makes the communicators of a mesh once, collectively over
+//! the MPI world: a base communicator of the processes that hold a mesh rank (point-to-point
+//! messages and failure notices travel on it) and one sub-communicator per set of mesh axes a
+//! group can span (`MPI_Comm_split` by the coordinates off those axes), on which that group's
+//! collectives travel. They are made up front, because a split is collective over all
+//! processes: a lazily made one would deadlock a pipeline whose stages reach their first
+//! collective on a group at different times, and a per-launch one would block every rank in
+//! the split once one has died. Each launch is an epoch of the connection that every message
+//! carries, so that nothing one launch left in flight is taken for the next one's.
 //!
 //! No call blocks without a deadline. Sends are buffered (`MPI_Bsend` into a buffer attached
 //! once per process), so they complete whatever the receiver does, the way a message is
@@ -27,8 +27,10 @@
 //! nothing (a rounded f32 or bf16 tensor), and as `f64` otherwise (the partial sums of a
 //! reduction); integers as `i32` when they fit.
 
+use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, HashMap};
 use std::mem::ManuallyDrop;
+use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -126,10 +128,57 @@ pub fn abort_job(code: i32) -> ! {
     std::process::exit(code)
 }
 
-/// One rank's communicator among MPI processes. Make it with [`MpiCommunicator::connect`]
-/// (every process of the world at once); it implements [`super::Collectives`] with the same
-/// algorithms, reduction order, error reports and timeouts as the in-process communicator.
-/// Dropping it tells the other ranks that it has gone.
+/// The communicators of one mesh among MPI processes, made once (collectively) and used by
+/// every launch after: a rank that dies cannot then block the others in a communicator
+/// split. Each launch is an epoch; every message carries its epoch, so that what one launch
+/// left in flight (a notice nobody waited for, the data of a failed collective) is never
+/// taken for the next one's.
+pub struct MpiConnection {
+    shared: Rc<RefCell<Shared>>,
+    next_epoch: Cell<u64>,
+}
+
+impl MpiConnection {
+    /// Connects this process for `mesh`: called by every process of the MPI world at once.
+    /// Processes `0..n` take mesh ranks `0..n` (`n` the mesh's device count); a world with
+    /// more processes leaves the rest out (`Ok(None)` there). A smaller world is an error.
+    pub fn new(mesh: &DeviceMesh) -> Result<Option<MpiConnection>, RuntimeError> {
+        Ok(Shared::connect(mesh)?.map(|shared| MpiConnection {
+            shared: Rc::new(RefCell::new(shared)),
+            next_epoch: Cell::new(0),
+        }))
+    }
+
+    /// This rank's communicator for the next launch.
+    pub fn communicator(&self, options: CommOptions) -> MpiCommunicator {
+        let epoch = self.next_epoch.get();
+        self.next_epoch.set(epoch + 1);
+        let (rank, mesh) = {
+            let s = self.shared.borrow();
+            (s.rank, Arc::clone(&s.mesh))
+        };
+        let mut transport = MpiTransport {
+            shared: Rc::clone(&self.shared),
+            epoch,
+            rank,
+            failed: BTreeMap::new(),
+            exited: BTreeMap::new(),
+            timeout: options.timeout,
+        };
+        let held = std::mem::take(&mut self.shared.borrow_mut().notices);
+        for (e, from, notice) in held {
+            transport.file_notice(e, from, notice);
+        }
+        MpiCommunicator {
+            inner: Endpoint::new(mesh, transport, options.precision),
+        }
+    }
+}
+
+/// One rank's communicator among MPI processes, for one launch ([`MpiConnection`]); it
+/// implements [`super::Collectives`] with the same algorithms, reduction order, error reports
+/// and timeouts as the in-process communicator. Dropping it tells the other ranks that it
+/// has gone.
 pub struct MpiCommunicator {
     inner: Endpoint<MpiTransport>,
 }
@@ -137,47 +186,37 @@ pub struct MpiCommunicator {
 delegate_collectives!(MpiCommunicator);
 
 impl MpiCommunicator {
-    /// This process's communicator for `mesh`: called by every process of the MPI world at
-    /// once. Processes `0..n` take mesh ranks `0..n` (`n` the mesh's device count); a world
-    /// with more processes leaves the rest out (`Ok(None)` there). A smaller world is an
-    /// error.
+    /// A communicator of its own for one launch: [`MpiConnection::new`] and its first
+    /// communicator (collective over every process of the world).
     pub fn connect(
         mesh: &DeviceMesh,
         options: CommOptions,
     ) -> Result<Option<MpiCommunicator>, RuntimeError> {
-        let mesh = Arc::new(mesh.clone());
-        let Some(transport) = MpiTransport::connect(&mesh, options.timeout)? else {
-            return Ok(None);
-        };
-        Ok(Some(MpiCommunicator {
-            inner: Endpoint::new(mesh, transport, options.precision),
-        }))
+        Ok(MpiConnection::new(mesh)?.map(|c| c.communicator(options)))
     }
 }
 
-/// The MPI end of one rank: its communicators, notices received, and messages that arrived
-/// before they were wanted.
-pub(crate) struct MpiTransport {
+/// What the launches of one connection share: the communicators, and messages and notices
+/// that arrived before the launch they belong to.
+struct Shared {
     rank: usize,
     n: usize,
     mesh: Arc<DeviceMesh>,
     /// Never freed, nor are the groups' communicators: Open MPI reuses the context id of a
-    /// freed communicator and hands a message still in flight on the old one (a notice
-    /// nobody waited for) to the new one. A launch leaks a few small communicators instead.
+    /// freed communicator and hands a message still in flight on the old one to the new one.
+    /// A connection leaks a few small communicators instead.
     base: ManuallyDrop<SimpleCommunicator>,
     /// The communicator of every group, by the mask of the mesh axes (of size above one) it
     /// spans.
     groups: ManuallyDrop<HashMap<u64, SimpleCommunicator>>,
-    early: HashMap<(usize, Channel), Delivery>,
-    /// Failures announced so far: originating rank and reason.
-    failed: BTreeMap<usize, String>,
-    /// Ranks that said they left, and when this rank learnt it.
-    exited: BTreeMap<usize, Instant>,
-    timeout: Duration,
+    /// Data messages that arrived before they were wanted, by epoch, sender and channel.
+    early: HashMap<(u64, usize, Channel), Delivery>,
+    /// Notices of later epochs than the launch that received them.
+    notices: Vec<(u64, usize, Notice)>,
 }
 
-impl MpiTransport {
-    fn connect(mesh: &DeviceMesh, timeout: Duration) -> Result<Option<MpiTransport>, RuntimeError> {
+impl Shared {
+    fn connect(mesh: &DeviceMesh) -> Result<Option<Shared>, RuntimeError> {
         let n = mesh.num_devices();
         let split = with_world(|world| {
             let (rank, size) = (world.rank() as usize, world.size() as usize);
@@ -225,16 +264,14 @@ impl MpiTransport {
                 .ok_or_else(|| setup_error("a group communicator split gave nothing"))?;
             groups.insert(mask, comm);
         }
-        Ok(Some(MpiTransport {
+        Ok(Some(Shared {
             rank,
             n,
             mesh: Arc::new(mesh.clone()),
             base: ManuallyDrop::new(base),
             groups: ManuallyDrop::new(groups),
             early: HashMap::new(),
-            failed: BTreeMap::new(),
-            exited: BTreeMap::new(),
-            timeout,
+            notices: Vec::new(),
         }))
     }
 
@@ -258,7 +295,7 @@ impl MpiTransport {
                     }
                 }
                 if mask == 0 {
-                    // A group of one: only point-to-point messages to oneself.
+                    // A group of one: only messages to oneself.
                     return Ok((&self.base, peer as i32));
                 }
                 let comm = self.groups.get(&mask).ok_or_else(|| {
@@ -269,28 +306,67 @@ impl MpiTransport {
         }
     }
 
+    fn notify_all(&self, bytes: &[u8]) {
+        for to in (0..self.n).filter(|&r| r != self.rank) {
+            self.base
+                .process_at_rank(to as i32)
+                .buffered_send_with_tag(bytes, NOTICE);
+        }
+    }
+}
+
+/// The MPI end of one rank in one launch: its epoch and the notices of that epoch.
+pub(crate) struct MpiTransport {
+    shared: Rc<RefCell<Shared>>,
+    epoch: u64,
+    rank: usize,
+    /// Failures announced so far: originating rank and reason.
+    failed: BTreeMap<usize, String>,
+    /// Ranks that said they left, and when this rank learnt it.
+    exited: BTreeMap<usize, Instant>,
+    timeout: Duration,
+}
+
+impl MpiTransport {
     /// Files every notice that has arrived.
     fn take_notices(&mut self) {
-        while let Some(msg) = self
-            .base
-            .any_process()
-            .immediate_matched_probe_with_tag(NOTICE)
-        {
-            let (bytes, status) = msg.matched_receive_vec::<u8>();
+        loop {
+            let got = {
+                let shared = self.shared.borrow();
+                shared
+                    .base
+                    .any_process()
+                    .immediate_matched_probe_with_tag(NOTICE)
+                    .map(|msg| msg.matched_receive_vec::<u8>())
+            };
+            let Some((bytes, status)) = got else { break };
             let from = status.source_rank() as usize;
             match decode_notice(&bytes) {
-                Some(Notice::Failed { origin, reason }) => {
-                    self.failed.entry(origin).or_insert(reason);
-                }
-                Some(Notice::Exited) => {
-                    self.exited.entry(from).or_insert_with(Instant::now);
-                }
+                Some((epoch, notice)) => self.file_notice(epoch, from, notice),
                 // A notice this rank cannot read still means something went wrong there.
                 None => {
                     self.failed
                         .entry(from)
                         .or_insert_with(|| "sent an unreadable notice".into());
                 }
+            }
+        }
+    }
+
+    fn file_notice(&mut self, epoch: u64, from: usize, notice: Notice) {
+        if epoch > self.epoch {
+            self.shared.borrow_mut().notices.push((epoch, from, notice));
+            return;
+        }
+        if epoch < self.epoch {
+            return;
+        }
+        match notice {
+            Notice::Failed { origin, reason } => {
+                self.failed.entry(origin).or_insert(reason);
+            }
+            Notice::Exited => {
+                self.exited.entry(from).or_insert_with(Instant::now);
             }
         }
     }
@@ -307,19 +383,13 @@ impl MpiTransport {
     }
 
     fn announce_failure(&self, origin: usize, reason: &str) {
-        let bytes = encode_notice(&Notice::Failed {
+        let notice = Notice::Failed {
             origin,
             reason: reason.to_string(),
-        });
-        self.notify_all(&bytes);
-    }
-
-    fn notify_all(&self, bytes: &[u8]) {
-        for to in (0..self.n).filter(|&r| r != self.rank) {
-            self.base
-                .process_at_rank(to as i32)
-                .buffered_send_with_tag(bytes, NOTICE);
-        }
+        };
+        self.shared
+            .borrow()
+            .notify_all(&encode_notice(self.epoch, &notice));
     }
 }
 
@@ -336,7 +406,7 @@ impl Transport for MpiTransport {
         payload: Data,
         cx: &Context<'_>,
     ) -> Result<(), RuntimeError> {
-        let bytes = encode_data(&channel, call, &payload);
+        let bytes = encode_data(self.epoch, &channel, call, &payload);
         if bytes.len() > MAX_MESSAGE_BYTES {
             return Err(setup_error(format!(
                 "`{}` over ranks {:?}: a message of {} bytes exceeds the MPI communicator's \
@@ -346,7 +416,8 @@ impl Transport for MpiTransport {
                 bytes.len()
             )));
         }
-        let (comm, dest) = self.route(to, &channel)?;
+        let shared = self.shared.borrow();
+        let (comm, dest) = shared.route(to, &channel)?;
         comm.process_at_rank(dest)
             .buffered_send_with_tag(&bytes[..], DATA);
         Ok(())
@@ -358,8 +429,8 @@ impl Transport for MpiTransport {
         channel: &Channel,
         cx: &Context<'_>,
     ) -> Result<Delivery, RuntimeError> {
-        let key = (from, channel.clone());
-        if let Some(d) = self.early.remove(&key) {
+        let key = (self.epoch, from, channel.clone());
+        if let Some(d) = self.shared.borrow_mut().early.remove(&key) {
             return Ok(d);
         }
         let deadline = Instant::now() + self.timeout;
@@ -370,13 +441,14 @@ impl Transport for MpiTransport {
                 return Err(e);
             }
             let received = {
-                let (comm, source) = self.route(from, channel)?;
+                let shared = self.shared.borrow();
+                let (comm, source) = shared.route(from, channel)?;
                 comm.process_at_rank(source)
                     .immediate_matched_probe_with_tag(DATA)
                     .map(|msg| msg.matched_receive_vec::<u8>().0)
             };
             if let Some(bytes) = received {
-                let (ch, d) =
+                let (epoch, ch, d) =
                     decode_data(&bytes).ok_or_else(|| RuntimeError::CollectiveMismatch {
                         op: cx.op,
                         group: cx.group.to_vec(),
@@ -385,10 +457,13 @@ impl Transport for MpiTransport {
                         ours: "a readable message".into(),
                         theirs: format!("{} unreadable bytes", bytes.len()),
                     })?;
-                if ch == *channel {
+                if epoch == self.epoch && ch == *channel {
                     return Ok(d);
                 }
-                self.early.insert((from, ch), d);
+                // Later in this launch, or in a later one; one of an earlier launch is dead.
+                if epoch >= self.epoch {
+                    self.shared.borrow_mut().early.insert((epoch, from, ch), d);
+                }
                 idle = 0;
                 continue;
             }
@@ -434,7 +509,11 @@ impl Drop for MpiTransport {
         if std::thread::panicking() {
             self.announce_failure(self.rank, "the rank panicked");
         }
-        self.notify_all(&encode_notice(&Notice::Exited));
+        let exited = encode_notice(self.epoch, &Notice::Exited);
+        self.shared.borrow().notify_all(&exited);
+        // This launch's leftovers can never be wanted again.
+        let epoch = self.epoch;
+        self.shared.borrow_mut().early.retain(|k, _| k.0 > epoch);
     }
 }
 
@@ -455,8 +534,9 @@ enum Notice {
     Exited,
 }
 
-fn encode_notice(n: &Notice) -> Vec<u8> {
+fn encode_notice(epoch: u64, n: &Notice) -> Vec<u8> {
     let mut w = Writer::default();
+    w.u64(epoch);
     match n {
         Notice::Failed { origin, reason } => {
             w.u8(0);
@@ -468,16 +548,18 @@ fn encode_notice(n: &Notice) -> Vec<u8> {
     w.0
 }
 
-fn decode_notice(bytes: &[u8]) -> Option<Notice> {
+fn decode_notice(bytes: &[u8]) -> Option<(u64, Notice)> {
     let mut r = Reader(bytes);
-    match r.u8()? {
-        0 => Some(Notice::Failed {
+    let epoch = r.u64()?;
+    let notice = match r.u8()? {
+        0 => Notice::Failed {
             origin: r.u64()? as usize,
             reason: r.str()?,
-        }),
-        1 => Some(Notice::Exited),
-        _ => None,
-    }
+        },
+        1 => Notice::Exited,
+        _ => return None,
+    };
+    Some((epoch, notice))
 }
 
 /// How a message's elements are laid out.
@@ -526,8 +608,9 @@ fn float_encoding(v: &[f64], dtype: DType) -> Encoding {
     }
 }
 
-fn encode_data(channel: &Channel, call: &CallSignature, payload: &Data) -> Vec<u8> {
+fn encode_data(epoch: u64, channel: &Channel, call: &CallSignature, payload: &Data) -> Vec<u8> {
     let mut w = Writer(Vec::with_capacity(64 + payload.len() * 8));
+    w.u64(epoch);
     match channel {
         Channel::Collective { members, seq, step } => {
             w.u8(0);
@@ -585,8 +668,9 @@ fn encode_data(channel: &Channel, call: &CallSignature, payload: &Data) -> Vec<u
     w.0
 }
 
-fn decode_data(bytes: &[u8]) -> Option<(Channel, Delivery)> {
+fn decode_data(bytes: &[u8]) -> Option<(u64, Channel, Delivery)> {
     let mut r = Reader(bytes);
+    let epoch = r.u64()?;
     let channel = match r.u8()? {
         0 => {
             let seq = r.u64()?;
@@ -640,7 +724,7 @@ fn decode_data(bytes: &[u8]) -> Option<(Channel, Delivery)> {
         sends,
         operand: TensorType::new(dtype, dims),
     });
-    Some((channel, Delivery { call, payload }))
+    Some((epoch, channel, Delivery { call, payload }))
 }
 
 /// Appends little-endian fields to a byte string.
@@ -720,16 +804,17 @@ mod tests {
         };
         // bf16 values travel in two bytes; a partial sum that bf16 cannot hold in eight.
         for (values, bytes_per) in [(vec![1.0, -0.5, 3.0], 2), (vec![1.0, 1.0 + 1e-9, 0.0], 8)] {
-            let bytes = encode_data(&channel, &call, &Data::Float(values.clone()));
-            let (ch, d) = decode_data(&bytes).expect("decodes");
+            let bytes = encode_data(3, &channel, &call, &Data::Float(values.clone()));
+            let (epoch, ch, d) = decode_data(&bytes).expect("decodes");
+            assert_eq!(epoch, 3);
             assert_eq!(ch, channel);
             assert_eq!(*d.call, call);
             assert_eq!(d.payload, Data::Float(values));
-            let header = encode_data(&channel, &call, &Data::Float(Vec::new())).len();
+            let header = encode_data(3, &channel, &call, &Data::Float(Vec::new())).len();
             assert_eq!(bytes.len() - header, 3 * bytes_per);
         }
         let ints = Data::Int(vec![1, -2, i64::MAX]);
-        let (_, d) = decode_data(&encode_data(&channel, &call, &ints)).expect("decodes");
+        let (_, _, d) = decode_data(&encode_data(0, &channel, &call, &ints)).expect("decodes");
         assert_eq!(d.payload, ints);
         assert!(decode_data(&[0, 1, 2]).is_none());
     }

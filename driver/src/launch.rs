@@ -1,0 +1,146 @@
+//! How the ranks of a run start: as threads of this process, or as the processes of an MPI
+//! job (one rank each, feature `mpi`). [`run_launched`] is [`crate::run_on`] with the chosen
+//! launcher and the CPU backend; [`finish`] and [`abort`] end an MPI process the way its job
+//! needs (cleanly after success; after a failure, taking the whole job down once the error
+//! is reported, so that no rank waits for one that will never come).
+
+use std::time::Duration;
+
+use autopar_runtime::{CommOptions, CpuBackend, ThreadLauncher};
+
+use crate::Error;
+use crate::compile::CompiledStep;
+use crate::run::{RunHooks, RunOptions, RunReport, StepEvent, run_on};
+
+/// Which launcher starts the ranks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum LauncherKind {
+    /// One thread per rank, in this process.
+    #[default]
+    Threads,
+    /// This process's rank of an `mpirun` job.
+    Mpi,
+}
+
+impl std::str::FromStr for LauncherKind {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self, Error> {
+        match s {
+            "threads" => Ok(LauncherKind::Threads),
+            "mpi" => Ok(LauncherKind::Mpi),
+            other => Err(Error::Usage(format!(
+                "unknown launcher `{other}` (threads or mpi)"
+            ))),
+        }
+    }
+}
+
+/// How to start the ranks of a run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Launch {
+    /// The launcher.
+    pub kind: LauncherKind,
+    /// How long a rank waits for any one message of a collective or pipeline transfer
+    /// before it reports the peer it waited for and the run fails.
+    pub collective_timeout: Duration,
+}
+
+impl Default for Launch {
+    fn default() -> Self {
+        Launch {
+            kind: LauncherKind::Threads,
+            collective_timeout: CommOptions::DEFAULT_TIMEOUT,
+        }
+    }
+}
+
+/// Whether this build can launch MPI processes (the `mpi` feature).
+pub const MPI_AVAILABLE: bool = cfg!(feature = "mpi");
+
+/// Runs `step` on CPU ranks started as `launch` says ([`run_on`] with [`CpuBackend`]).
+pub fn run_launched(
+    step: &CompiledStep,
+    launch: &Launch,
+    options: &RunOptions,
+    hooks: RunHooks<'_>,
+    on_step: impl FnMut(&StepEvent),
+) -> Result<RunReport, Error> {
+    let comm = CommOptions {
+        timeout: launch.collective_timeout,
+        ..CommOptions::default()
+    };
+    let backend = CpuBackend::default();
+    match launch.kind {
+        LauncherKind::Threads => run_on(
+            step,
+            &ThreadLauncher { options: comm },
+            &backend,
+            options,
+            hooks,
+            on_step,
+        ),
+        #[cfg(feature = "mpi")]
+        LauncherKind::Mpi => run_on(
+            step,
+            &autopar_runtime::MpiLauncher::new(comm),
+            &backend,
+            options,
+            hooks,
+            on_step,
+        ),
+        #[cfg(not(feature = "mpi"))]
+        LauncherKind::Mpi => Err(Error::Usage(
+            "--launcher mpi: this autopar was built without MPI (the `mpi` feature)".into(),
+        )),
+    }
+}
+
+/// Whether this process was started by `mpirun` (or another MPI launcher).
+pub fn started_by_mpirun() -> bool {
+    #[cfg(feature = "mpi")]
+    {
+        autopar_runtime::comm::mpi::started_by_mpirun()
+    }
+    #[cfg(not(feature = "mpi"))]
+    {
+        false
+    }
+}
+
+/// Ends MPI in this process after a successful run (nothing if it never started).
+pub fn finish() {
+    #[cfg(feature = "mpi")]
+    autopar_runtime::comm::mpi::finalize();
+}
+
+/// Ends the whole job with `code` after this process has reported its failure: first waits
+/// `grace`, so that the ranks the failure was announced to can report theirs, then aborts
+/// the MPI job (or, without MPI, exits this process).
+pub fn abort(code: i32, grace: Duration) -> ! {
+    #[cfg(feature = "mpi")]
+    {
+        std::thread::sleep(grace);
+        autopar_runtime::comm::mpi::abort_job(code)
+    }
+    #[cfg(not(feature = "mpi"))]
+    {
+        let _ = grace;
+        std::process::exit(code)
+    }
+}
+
+/// This process's rank in its MPI job (starting MPI if needed); an error when the process
+/// was not started by `mpirun` or the build has no MPI.
+pub fn world_rank() -> Result<usize, Error> {
+    #[cfg(feature = "mpi")]
+    {
+        Ok(autopar_runtime::comm::mpi::world_rank_and_size()?.0)
+    }
+    #[cfg(not(feature = "mpi"))]
+    {
+        Err(Error::Usage(
+            "--launcher mpi: this autopar was built without MPI (the `mpi` feature)".into(),
+        ))
+    }
+}
