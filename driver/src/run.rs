@@ -275,9 +275,8 @@ where
         let mut inputs: BTreeMap<usize, TensorMap> = BTreeMap::new();
         for &rank in &local {
             let which = which_of(rank);
-            if !inputs.contains_key(&which) {
-                let part = rank_inputs(g, sharded, &batch, &step.spmd_mesh, which)?;
-                inputs.insert(which, part);
+            if let std::collections::btree_map::Entry::Vacant(slot) = inputs.entry(which) {
+                slot.insert(rank_inputs(g, sharded, &batch, &step.spmd_mesh, which)?);
             }
         }
         // The outputs of rank 0 that the run reports (the loss is replicated, or brought to

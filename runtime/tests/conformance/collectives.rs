@@ -521,9 +521,13 @@ pub fn f64_precision_keeps_unrounded_sums<L: Launcher>(make: Make<'_, L>) -> Tes
     Ok(())
 }
 
+/// One check of the suite, for the implementation `L`.
+#[allow(dead_code)]
+pub type Check<L> = fn(Make<'_, L>) -> TestResult;
+
 /// Every check of this suite, by name, for a runner without the test harness.
 #[allow(dead_code)]
-pub fn cases<L: Launcher>() -> Vec<(&'static str, fn(Make<'_, L>) -> TestResult)> {
+pub fn cases<L: Launcher>() -> Vec<(&'static str, Check<L>)> {
     vec![
         (
             "all_reduce_matches_the_direct_reduction",

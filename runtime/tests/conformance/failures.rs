@@ -312,9 +312,13 @@ pub fn a_peer_that_finishes_early_is_noticed<L: Launcher>(make: Make<'_, L>) -> 
     Ok(())
 }
 
+/// One check of the suite, for the implementation `L`.
+#[allow(dead_code)]
+pub type Check<L> = fn(Make<'_, L>) -> TestResult;
+
 /// Every check of this suite, by name, for a runner without the test harness.
 #[allow(dead_code)]
-pub fn cases<L: Launcher>() -> Vec<(&'static str, fn(Make<'_, L>) -> TestResult)> {
+pub fn cases<L: Launcher>() -> Vec<(&'static str, Check<L>)> {
     vec![
         (
             "a_mismatched_collective_is_named",
