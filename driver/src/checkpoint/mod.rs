@@ -625,9 +625,16 @@ fn check_file(ckpt: &Checkpoint, name: &str) -> Result<Vec<u8>, Error> {
     };
     let len = bytes.len() as u64;
     if len < record.bytes {
+        // The tensor the file ends inside, or else the first one wholly lost.
         let cut = shards
             .iter()
-            .find(|(_, s)| s.offsets[1] > len)
+            .find(|(_, s)| s.offsets[0] <= len && len < s.offsets[1])
+            .or_else(|| {
+                shards
+                    .iter()
+                    .filter(|(_, s)| s.offsets[0] > len)
+                    .min_by_key(|(_, s)| s.offsets[0])
+            })
             .map(|(t, _)| format!("`{}` is cut off", t.name))
             .unwrap_or_else(|| "its header is cut off".into());
         return Err(checkpoint_error(
