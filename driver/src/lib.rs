@@ -49,7 +49,7 @@ pub use compile::{CompiledPipeline, CompiledStep, Pass, PassDump, PassTiming, co
 pub use error::Error;
 pub use launch::{Launch, LauncherKind, run_launched};
 pub use model::{
-    DumpFormat, ModelSource, dump, estimate, load_annotations, load_cluster,
+    DumpFormat, ModelSource, dump, estimate, load_annotations, load_cluster, load_cluster_with,
     load_micro_batch_forward, load_model, load_model_shapes, load_train_step, model_config,
 };
 pub use options::{CompileOptions, PipelineSpec, SequenceLayout, sequence_layout, without_pp};

@@ -1,8 +1,8 @@
 //! Where the training state lives: [`StateLayout`] records, for every state tensor of a
 //! compiled step (its parameters: weights, optimizer state, step counters, loss-scaling
 //! state), its global type and sharding and which ranks hold which region. Initialising a
-//! rank, gathering a tensor back for `--verify`, and (later) saving and resharding
-//! checkpoints all read it.
+//! rank, gathering a tensor back for `--verify`, and saving and resharding checkpoints
+//! ([`crate::checkpoint`]) all read it.
 
 use std::collections::BTreeMap;
 use std::ops::Range;
