@@ -45,6 +45,17 @@ impl LauncherArgs {
         matches!(self.launcher, LauncherArg::Mpi)
     }
 
+    /// How long a failed MPI rank lets the others report before it ends the job: the
+    /// collective timeout (by then every rank still alive has timed out or learnt of the
+    /// failure), at most 10 s.
+    pub fn grace(&self) -> Duration {
+        let t = self.collective_timeout;
+        match t.is_finite() && t > 0.0 {
+            true => Duration::from_secs_f64(t.min(10.0)),
+            false => Duration::ZERO,
+        }
+    }
+
     /// The driver's launch options.
     pub fn launch(&self) -> Result<Launch> {
         let t = self.collective_timeout;
@@ -83,10 +94,10 @@ pub fn stdout_is_quiet() -> bool {
     QUIET.load(Ordering::SeqCst)
 }
 
-/// Ends the MPI job after this rank has reported its error, giving the ranks it told of the
-/// failure a moment to report theirs.
-pub fn end_job() -> ! {
-    driver::launch::abort(1, Duration::from_secs(1))
+/// Ends the MPI job after this rank has reported its error, first giving the other ranks
+/// `grace` to report theirs (each learns of the failure at its next wait, or times out).
+pub fn end_job(grace: Duration) -> ! {
+    driver::launch::abort(1, grace)
 }
 
 /// `autopar launch`.

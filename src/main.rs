@@ -326,7 +326,11 @@ enum Format {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let mpi = matches!(&cli.command, Command::Run(args) if args.launch.is_mpi());
+    let grace = match &cli.command {
+        Command::Run(args) if args.launch.is_mpi() => Some(args.launch.grace()),
+        _ => None,
+    };
+    let mpi = grace.is_some();
     let outcome = match mpi {
         true => launch_cmd::as_mpi_rank().and_then(|()| execute(cli)),
         false => execute(cli),
@@ -339,11 +343,13 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(e) => {
-            eprintln!("error: {e:#}");
-            if mpi {
+            // One write, so that the reports of several MPI ranks sharing a terminal or a
+            // pipe do not interleave.
+            let _ = std::io::stderr().write_all(format!("error: {e:#}\n").as_bytes());
+            if let Some(grace) = grace {
                 // Every rank reports its own error, then the job ends: a rank that died or
                 // hangs must not keep the others (or mpirun) waiting.
-                launch_cmd::end_job();
+                launch_cmd::end_job(grace);
             }
             ExitCode::FAILURE
         }

@@ -17,6 +17,8 @@ mod in_process;
 mod mailbox;
 #[cfg(feature = "mpi")]
 pub mod mpi;
+#[cfg(feature = "nccl")]
+pub mod nccl;
 
 use autopar_ir::infer::infer;
 use autopar_ir::{DeviceMesh, IrError, Op, ReduceKind, TensorType};

@@ -16,8 +16,10 @@
 //! once per process), so they complete whatever the receiver does, the way a message is
 //! posted to a thread's inbox. Receives poll (`MPI_Improbe`) for the message they want and
 //! for notices from the other ranks (a failure, or a rank that has left), for at most the
-//! communicator's timeout, and then fail naming the collective, the group and the peer they
-//! waited for. Polling rather than waiting inside MPI lets a rank report and the job end
+//! communicator's timeout, and then fail naming the collective, the group and the rank that
+//! held them up: a rank that has waited a while tells the others whom it waits for, so that
+//! a timeout follows the chain of waiting ranks to the one that waits for nobody (dead, stuck
+//! or computing) instead of blaming a peer that waits too. Polling rather than waiting inside MPI lets a rank report and the job end
 //! within the timeout whether a peer died, diverged or is stuck; it needs no thread and no
 //! `unsafe`.
 //!
@@ -81,7 +83,7 @@ fn setup_error(detail: impl Into<String>) -> RuntimeError {
 
 /// Runs `f` on the world communicator, initialising MPI (with the send buffer attached) the
 /// first time.
-fn with_world<R>(f: impl FnOnce(&SimpleCommunicator) -> R) -> Result<R, RuntimeError> {
+pub(super) fn with_world<R>(f: impl FnOnce(&SimpleCommunicator) -> R) -> Result<R, RuntimeError> {
     let mut guard = UNIVERSE.lock().unwrap_or_else(|p| p.into_inner());
     if guard.is_none() {
         if FINALIZED.load(Ordering::SeqCst) {
@@ -163,6 +165,7 @@ impl MpiConnection {
             rank,
             failed: BTreeMap::new(),
             exited: BTreeMap::new(),
+            waiting: BTreeMap::new(),
             timeout: options.timeout,
         };
         let held = std::mem::take(&mut self.shared.borrow_mut().notices);
@@ -324,10 +327,37 @@ pub(crate) struct MpiTransport {
     failed: BTreeMap<usize, String>,
     /// Ranks that said they left, and when this rank learnt it.
     exited: BTreeMap<usize, Instant>,
+    /// Ranks that said they have been waiting a while, and for which rank.
+    waiting: BTreeMap<usize, usize>,
     timeout: Duration,
 }
 
 impl MpiTransport {
+    /// The rank that holds up a wait for `peer`: `peer`, unless it said it is waiting for
+    /// another rank, and so on along the chain (a rank that died waits for nobody). A cycle
+    /// (ranks waiting for each other: a divergence) blames the direct peer.
+    fn blame(&self, peer: usize) -> usize {
+        let mut blamed = peer;
+        let mut seen = vec![self.rank, peer];
+        while let Some(&next) = self.waiting.get(&blamed) {
+            if seen.contains(&next) {
+                return peer;
+            }
+            seen.push(next);
+            blamed = next;
+        }
+        blamed
+    }
+
+    fn tell_waiting(&self, on: Option<usize>) {
+        let notice = Notice::Waiting {
+            on: on.map_or(u64::MAX, |r| r as u64),
+        };
+        self.shared
+            .borrow()
+            .notify_all(&encode_notice(self.epoch, &notice));
+    }
+
     /// Files every notice that has arrived.
     fn take_notices(&mut self) {
         loop {
@@ -368,6 +398,14 @@ impl MpiTransport {
             Notice::Exited => {
                 self.exited.entry(from).or_insert_with(Instant::now);
             }
+            Notice::Waiting { on } => match usize::try_from(on) {
+                Ok(on) if on < self.shared.borrow().n => {
+                    self.waiting.insert(from, on);
+                }
+                _ => {
+                    self.waiting.remove(&from);
+                }
+            },
         }
     }
 
@@ -433,8 +471,61 @@ impl Transport for MpiTransport {
         if let Some(d) = self.shared.borrow_mut().early.remove(&key) {
             return Ok(d);
         }
-        let deadline = Instant::now() + self.timeout;
+        let started = Instant::now();
+        let deadline = started + self.timeout;
+        // After a while, the others learn whom this rank waits for, so that a timeout names
+        // the rank that holds everyone up rather than a peer that waits too.
+        let tell_after = (self.timeout / 4).min(Duration::from_secs(1));
+        let mut told = false;
         let mut idle = 0u32;
+        let outcome = loop {
+            if !told && started.elapsed() >= tell_after {
+                self.tell_waiting(Some(from));
+                told = true;
+            }
+            match self.poll(from, channel, cx) {
+                Ok(Some(d)) => break Ok(d),
+                Ok(None) => {}
+                Err(e) => break Err(e),
+            }
+            if Instant::now() >= deadline {
+                break Err(RuntimeError::CollectiveTimeout {
+                    op: cx.op,
+                    group: cx.group.to_vec(),
+                    rank: self.rank,
+                    peer: self.blame(from),
+                    timeout: self.timeout,
+                });
+            }
+            back_off(&mut idle);
+        };
+        if told && outcome.is_ok() {
+            self.tell_waiting(None);
+        }
+        outcome
+    }
+
+    fn announce_error(&mut self, error: &RuntimeError) {
+        match error.innermost() {
+            RuntimeError::PeerFailed {
+                failed_rank,
+                reason,
+                ..
+            } => self.announce_failure(*failed_rank, reason),
+            other => self.announce_failure(self.rank, &other.to_string()),
+        }
+    }
+}
+
+impl MpiTransport {
+    /// One look for the message from `from` on `channel`: `Some` when it is here, an error
+    /// when a rank failed or `from` left.
+    fn poll(
+        &mut self,
+        from: usize,
+        channel: &Channel,
+        cx: &Context<'_>,
+    ) -> Result<Option<Delivery>, RuntimeError> {
         loop {
             self.take_notices();
             if let Some(e) = self.failure(cx) {
@@ -458,13 +549,12 @@ impl Transport for MpiTransport {
                         theirs: format!("{} unreadable bytes", bytes.len()),
                     })?;
                 if epoch == self.epoch && ch == *channel {
-                    return Ok(d);
+                    return Ok(Some(d));
                 }
                 // Later in this launch, or in a later one; one of an earlier launch is dead.
                 if epoch >= self.epoch {
                     self.shared.borrow_mut().early.insert((epoch, from, ch), d);
                 }
-                idle = 0;
                 continue;
             }
             if self
@@ -479,27 +569,7 @@ impl Transport for MpiTransport {
                     peer: from,
                 });
             }
-            if Instant::now() >= deadline {
-                return Err(RuntimeError::CollectiveTimeout {
-                    op: cx.op,
-                    group: cx.group.to_vec(),
-                    rank: self.rank,
-                    peer: from,
-                    timeout: self.timeout,
-                });
-            }
-            back_off(&mut idle);
-        }
-    }
-
-    fn announce_error(&mut self, error: &RuntimeError) {
-        match error.innermost() {
-            RuntimeError::PeerFailed {
-                failed_rank,
-                reason,
-                ..
-            } => self.announce_failure(*failed_rank, reason),
-            other => self.announce_failure(self.rank, &other.to_string()),
+            return Ok(None);
         }
     }
 }
@@ -530,8 +600,15 @@ fn back_off(idle: &mut u32) {
 }
 
 enum Notice {
-    Failed { origin: usize, reason: String },
+    Failed {
+        origin: usize,
+        reason: String,
+    },
     Exited,
+    /// The sender has been waiting a while for rank `on` (`u64::MAX`: it no longer waits).
+    Waiting {
+        on: u64,
+    },
 }
 
 fn encode_notice(epoch: u64, n: &Notice) -> Vec<u8> {
@@ -544,6 +621,10 @@ fn encode_notice(epoch: u64, n: &Notice) -> Vec<u8> {
             w.str(reason);
         }
         Notice::Exited => w.u8(1),
+        Notice::Waiting { on } => {
+            w.u8(2);
+            w.u64(*on);
+        }
     }
     w.0
 }
@@ -557,6 +638,7 @@ fn decode_notice(bytes: &[u8]) -> Option<(u64, Notice)> {
             reason: r.str()?,
         },
         1 => Notice::Exited,
+        2 => Notice::Waiting { on: r.u64()? },
         _ => return None,
     };
     Some((epoch, notice))
