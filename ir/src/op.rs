@@ -12,8 +12,9 @@ use serde::{Deserialize, Serialize};
 use crate::placement::ReduceKind;
 use crate::types::{DType, Shape, TensorType};
 
-/// How a parameter is initialised (the reference interpreter draws the values).
-#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+/// How a parameter is initialised (the reference interpreter draws the values, or takes
+/// them as given).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Init {
     /// Normal with mean 0 and the given standard deviation. Text: `normal(0.02)`.
@@ -25,6 +26,56 @@ pub enum Init {
     Zeros,
     /// All ones. Text: `ones`.
     Ones,
+    /// The given values, row-major (weights imported from a checkpoint or an ONNX file).
+    /// Text: `values("3f800000...")`, the bits of each `f32` in 8 hex digits.
+    Values(Values),
+}
+
+/// The row-major `f32` values of an [`Init::Values`] parameter, shared (cloning a graph or a
+/// node does not copy them). Its `Debug` form names only the length, so that debugging
+/// output stays small.
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
+#[serde(from = "Vec<f32>", into = "Vec<f32>")]
+pub struct Values(std::sync::Arc<[f32]>);
+
+impl From<Vec<f32>> for Values {
+    fn from(v: Vec<f32>) -> Self {
+        Values(v.into())
+    }
+}
+
+impl From<Values> for Vec<f32> {
+    fn from(v: Values) -> Self {
+        v.0.to_vec()
+    }
+}
+
+impl Values {
+    /// Wraps `values`.
+    pub fn new(values: impl Into<std::sync::Arc<[f32]>>) -> Self {
+        Values(values.into())
+    }
+
+    /// The values.
+    pub fn as_slice(&self) -> &[f32] {
+        &self.0
+    }
+
+    /// How many there are.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl fmt::Debug for Values {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Values({} x f32)", self.0.len())
+    }
 }
 
 /// What a graph input holds, so that a data loader can feed it.

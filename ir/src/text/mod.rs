@@ -146,7 +146,7 @@ mod schema;
 use std::fmt;
 
 pub use parse::parse;
-pub use print::print;
+pub use print::{Values, print, print_with};
 
 /// Largest value number the parser accepts (`%1048575`).
 pub const MAX_VALUE_NUMBER: u32 = (1 << 20) - 1;

@@ -376,8 +376,29 @@ impl<'a> Parser<'a> {
             }
             "zeros" => Ok(Init::Zeros),
             "ones" => Ok(Init::Ones),
+            "values" => {
+                self.expect(&TokKind::LParen)?;
+                let at = self.tok.pos;
+                if let TokKind::Ident(word) = &self.tok.kind
+                    && word == "elided"
+                {
+                    return Err(at.error(
+                        "the parameter's values were left out of this dump (`values(elided, N)`); \
+                         print the graph with its values to get text that loads"
+                            .to_string(),
+                    ));
+                }
+                let TokKind::Str(hex) = &self.tok.kind else {
+                    return Err(self.expected("the values as a string of hex digits"));
+                };
+                let values = parse_hex_f32(hex).map_err(|e| at.error(e))?;
+                self.advance()?;
+                self.expect(&TokKind::RParen)?;
+                Ok(Init::Values(crate::op::Values::new(values)))
+            }
             _ => Err(pos.error(format!(
-                "unknown initialiser `{}` (expected `normal(std)`, `zeros` or `ones`)",
+                "unknown initialiser `{}` (expected `normal(std)`, `zeros`, `ones` or \
+                 `values(\"...\")`)",
                 shorten(&name)
             ))),
         }
@@ -1023,4 +1044,26 @@ fn check_dim_arithmetic(
         | Op::Send { .. }
         | Op::Recv { .. } => Ok(()),
     }
+}
+
+/// The `f32`s written as 8 hex digits each (their bits, most significant first).
+fn parse_hex_f32(hex: &str) -> Result<Vec<f32>, String> {
+    if !hex.len().is_multiple_of(8) {
+        return Err(format!(
+            "values: {} hex digits is not a whole number of 8-digit f32s",
+            hex.len()
+        ));
+    }
+    hex.as_bytes()
+        .chunks(8)
+        .map(|chunk| {
+            std::str::from_utf8(chunk)
+                .ok()
+                .and_then(|s| u32::from_str_radix(s, 16).ok())
+                .map(f32::from_bits)
+                .ok_or_else(|| {
+                    "values: the string holds a character that is not a hex digit".to_string()
+                })
+        })
+        .collect()
 }

@@ -10,13 +10,28 @@ use crate::placement::{Sharding, ShardingOrigin};
 
 /// Prints `g` in the text format. See the [module docs](super) for the layout.
 pub fn print(g: &Graph) -> String {
+    print_with(g, Values::Full)
+}
+
+/// How [`print_with`] writes the values of an [`Init::Values`] parameter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Values {
+    /// Every value (the text parses back to an equal graph).
+    Full,
+    /// Only their number, `values(elided, 16384)`: a dump for people, which the parser
+    /// refuses to load as a model.
+    Elided,
+}
+
+/// Prints `g` in the text format, with given parameter values written as `values` says.
+pub fn print_with(g: &Graph, values: Values) -> String {
     let mut out = String::new();
     // Writing to a `String` cannot fail, so the `fmt::Result`s below are always `Ok`.
-    let _ = write_graph(&mut out, g);
+    let _ = write_graph(&mut out, g, values);
     out
 }
 
-fn write_graph(out: &mut String, g: &Graph) -> std::fmt::Result {
+fn write_graph(out: &mut String, g: &Graph, values: Values) -> std::fmt::Result {
     writeln!(out, "graph {} {{", quote(g.name()))?;
     if let Some(mesh) = g.mesh().filter(|m| !m.axes().is_empty()) {
         writeln!(out, "  mesh {}", mesh_line(mesh))?;
@@ -38,7 +53,7 @@ fn write_graph(out: &mut String, g: &Graph) -> std::fmt::Result {
             out.push_str(if i == 0 { " " } else { ", " });
             write!(out, "{v}")?;
         }
-        let attrs = attrs(&node.op);
+        let attrs = attrs_with(&node.op, values);
         if !attrs.is_empty() {
             out.push_str(" {");
             for (i, (k, v)) in attrs.iter().enumerate() {
@@ -115,14 +130,19 @@ pub(crate) fn sharding(s: &Sharding) -> String {
 
 /// The attributes of `op` as `(name, printed value)`, in field order. The names are exactly
 /// [`super::schema::attr_names`].
+#[cfg(test)]
 pub(crate) fn attrs(op: &Op) -> Vec<(&'static str, String)> {
+    attrs_with(op, Values::Full)
+}
+
+fn attrs_with(op: &Op, values: Values) -> Vec<(&'static str, String)> {
     let strs = |v: &[String]| {
         let items: Vec<String> = v.iter().map(|s| quote(s)).collect();
         format!("[{}]", items.join(","))
     };
     match op {
         Op::Parameter { name, ty: _, init } => {
-            vec![("name", quote(name)), ("init", init_str(init))]
+            vec![("name", quote(name)), ("init", init_str(init, values))]
         }
         Op::Input { name, ty: _, role } => vec![("name", quote(name)), ("role", role_str(role))],
         Op::Constant { ty: _, value } => vec![("value", float(*value))],
@@ -210,11 +230,23 @@ pub(crate) fn attrs(op: &Op) -> Vec<(&'static str, String)> {
     }
 }
 
-fn init_str(init: &Init) -> String {
+fn init_str(init: &Init, values: Values) -> String {
     match init {
         Init::Normal { std } => format!("normal({})", float(*std)),
         Init::Zeros => "zeros".into(),
         Init::Ones => "ones".into(),
+        Init::Values(v) => match values {
+            Values::Elided => format!("values(elided, {})", v.len()),
+            Values::Full => {
+                let mut hex = String::with_capacity(8 * v.len() + 10);
+                hex.push_str("values(\"");
+                for x in v.as_slice() {
+                    let _ = write!(hex, "{:08x}", x.to_bits());
+                }
+                hex.push_str("\")");
+                hex
+            }
+        },
     }
 }
 
