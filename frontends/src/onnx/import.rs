@@ -10,8 +10,8 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
 
 use autopar_ir::{
-    CompareOp, DType, EinsumSpec, Init, InputRole, LayerId, ReduceOp, Shape, TensorType,
-    UnaryOp, Values, WeightRole,
+    CompareOp, DType, EinsumSpec, Init, InputRole, LayerId, ReduceOp, Shape, TensorType, UnaryOp,
+    Values, WeightRole,
 };
 use prost::Message;
 
@@ -86,7 +86,10 @@ impl NodeRec {
     }
     /// The `i`-th input's name, `None` when absent or empty (an omitted optional input).
     pub fn input(&self, i: usize) -> Option<&str> {
-        self.inputs.get(i).map(String::as_str).filter(|s| !s.is_empty())
+        self.inputs
+            .get(i)
+            .map(String::as_str)
+            .filter(|s| !s.is_empty())
     }
 }
 
@@ -151,7 +154,14 @@ impl Importer {
         let n = &self.nodes[i];
         let layout = matches!(
             n.op.as_str(),
-            "Gather" | "Slice" | "Transpose" | "Reshape" | "Unsqueeze" | "Squeeze" | "Identity" | "Flatten"
+            "Gather"
+                | "Slice"
+                | "Transpose"
+                | "Reshape"
+                | "Unsqueeze"
+                | "Squeeze"
+                | "Identity"
+                | "Flatten"
         );
         layout && n.input(0).is_some_and(|x| self.param_derived(x, depth - 1))
     }
@@ -168,12 +178,59 @@ impl Importer {
 
 /// The ops the importer lowers.
 const SUPPORTED: &[&str] = &[
-    "Add", "Cast", "Concat", "Constant", "ConstantOfShape", "Cos", "Div", "Dropout", "Einsum",
-    "Equal", "Erf", "Exp", "Expand", "Flatten", "Gather", "Gelu", "Gemm", "Greater", "Identity",
-    "LayerNormalization", "Less", "MatMul", "Max", "Min", "Mul", "Neg", "Not", "Pow", "Range",
-    "Reciprocal", "ReduceMax", "ReduceMean", "ReduceSum", "Relu", "Reshape", "Shape", "Sigmoid",
-    "Sin", "Slice", "Softmax", "Split", "Sqrt", "Squeeze", "Sub", "Tanh", "Transpose", "Trilu",
-    "Unsqueeze", "Where", "And", "Or", "Log", "Abs",
+    "Add",
+    "Cast",
+    "Concat",
+    "Constant",
+    "ConstantOfShape",
+    "Cos",
+    "Div",
+    "Dropout",
+    "Einsum",
+    "Equal",
+    "Erf",
+    "Exp",
+    "Expand",
+    "Flatten",
+    "Gather",
+    "Gelu",
+    "Gemm",
+    "Greater",
+    "Identity",
+    "LayerNormalization",
+    "Less",
+    "MatMul",
+    "Max",
+    "Min",
+    "Mul",
+    "Neg",
+    "Not",
+    "Pow",
+    "Range",
+    "Reciprocal",
+    "ReduceMax",
+    "ReduceMean",
+    "ReduceSum",
+    "Relu",
+    "Reshape",
+    "Shape",
+    "Sigmoid",
+    "Sin",
+    "Slice",
+    "Softmax",
+    "Split",
+    "Sqrt",
+    "Squeeze",
+    "Sub",
+    "Tanh",
+    "Transpose",
+    "Trilu",
+    "Unsqueeze",
+    "Where",
+    "And",
+    "Or",
+    "Log",
+    "Abs",
 ];
 
 pub(crate) fn import(
@@ -223,8 +280,7 @@ pub(crate) fn import(
     // Every op is known before anything is computed, so that an unsupported op is reported
     // as such rather than as a consequence.
     for n in &im.nodes {
-        if !(n.domain.is_empty() || n.domain == "ai.onnx") || !SUPPORTED.contains(&n.op.as_str())
-        {
+        if !(n.domain.is_empty() || n.domain == "ai.onnx") || !SUPPORTED.contains(&n.op.as_str()) {
             return Err(OnnxError::UnsupportedOp {
                 file: file.to_string(),
                 node: n.name.clone(),
@@ -294,7 +350,9 @@ pub(crate) fn import(
     }
     for o in &outputs {
         if !im.vals.contains_key(o) {
-            return Err(im.model_error(format!("output `{o}` is not computed by any node")).into());
+            return Err(im
+                .model_error(format!("output `{o}` is not computed by any node"))
+                .into());
         }
     }
 
@@ -350,7 +408,9 @@ pub(crate) fn import(
         check(&im, &m, i)?;
     }
     report.raised = counts.into_iter().collect();
-    report.raised.extend(structure.native.iter().map(|(k, v)| (k.clone(), *v)));
+    report
+        .raised
+        .extend(structure.native.iter().map(|(k, v)| (k.clone(), *v)));
     report.raised.sort();
     m.set_position("", None, None);
     let mut emit = Emitter {
@@ -396,7 +456,9 @@ fn build_loss<'m>(
 ) -> Result<Tensor<'m>, FrontendError> {
     m.set_position("loss", Some(LayerId::Loss), None);
     let Some(ty) = logits.ty() else {
-        return Err(im.model_error(format!("output `{output}` has no type")).into());
+        return Err(im
+            .model_error(format!("output `{output}` has no type"))
+            .into());
     };
     let dims = ty.dims().to_vec();
     let all: Vec<usize> = (0..dims.len()).collect();
@@ -417,7 +479,11 @@ fn build_loss<'m>(
                 InputRole::NextTokens { vocab },
             );
             let dims: Vec<usize> = (0..lead.len()).collect();
-            let logits = if ty.dtype == DType::F32 { logits } else { logits.cast(DType::F32) };
+            let logits = if ty.dtype == DType::F32 {
+                logits
+            } else {
+                logits.cast(DType::F32)
+            };
             Ok(logits.cross_entropy(targets).mean(dims))
         }
         Loss::Mse => {
@@ -467,11 +533,16 @@ fn input_type(
     batch: Option<usize>,
 ) -> Result<TensorType, FrontendError> {
     let Some(type_proto::Value::TensorType(t)) = ty.and_then(|t| t.value.as_ref()) else {
-        return Err(im.model_error(format!("input `{name}` is not a tensor")).into());
+        return Err(im
+            .model_error(format!("input `{name}` is not a tensor"))
+            .into());
     };
     let elem = t.elem_type.unwrap_or(0);
-    let dtype = tensor::dtype_of(elem)
-        .ok_or_else(|| im.model_error(format!("input `{name}`: element type {elem} is not supported")))?;
+    let dtype = tensor::dtype_of(elem).ok_or_else(|| {
+        im.model_error(format!(
+            "input `{name}`: element type {elem} is not supported"
+        ))
+    })?;
     let shape = t
         .shape
         .as_ref()
@@ -522,9 +593,7 @@ impl<'m> Emitter<'_, 'm> {
                 Some(Val::Known { t, init }) => match init {
                     // Initializers reach ops as parameters, except where only their values
                     // matter (shapes, axes).
-                    Some(n) if self.consumes_as_data(i) => {
-                        Operand::Dyn(self.param(n)?)
-                    }
+                    Some(n) if self.consumes_as_data(i) => Operand::Dyn(self.param(n)?),
                     None if self.consumes_as_data(i) && self.im.param_derived(name, 8) => {
                         Operand::Dyn(self.derived(name, env, 8)?)
                     }
@@ -554,18 +623,28 @@ impl<'m> Emitter<'_, 'm> {
         depth: usize,
     ) -> Result<Tensor<'m>, FrontendError> {
         let Some(&i) = self.im.producer.get(name) else {
-            return Err(self.im.model_error(format!("`{name}` has no producer")).into());
+            return Err(self
+                .im
+                .model_error(format!("`{name}` has no producer"))
+                .into());
         };
         let node = &self.im.nodes[i];
         let mut ops = Vec::new();
         for (k, v) in node.inputs.iter().enumerate() {
             ops.push(match (k, self.im.vals.get(v)) {
                 (_, None) => None,
-                (0, Some(Val::Known { init: Some(n), .. })) => Some(Operand::Dyn(self.param(&n.clone())?)),
-                (0, Some(Val::Known { .. })) if depth > 0 => Some(Operand::Dyn(self.derived(v, env, depth - 1)?)),
+                (0, Some(Val::Known { init: Some(n), .. })) => {
+                    Some(Operand::Dyn(self.param(&n.clone())?))
+                }
+                (0, Some(Val::Known { .. })) if depth > 0 => {
+                    Some(Operand::Dyn(self.derived(v, env, depth - 1)?))
+                }
                 (_, Some(Val::Known { t, init })) => Some(Operand::Known(t.clone(), init.clone())),
                 (_, Some(Val::Dyn(_))) => {
-                    return Err(self.im.model_error(format!("`{name}` is computed from the data")).into());
+                    return Err(self
+                        .im
+                        .model_error(format!("`{name}` is computed from the data"))
+                        .into());
                 }
             });
         }
@@ -574,7 +653,10 @@ impl<'m> Emitter<'_, 'm> {
                 check(self.im, self.m, i)?;
                 Ok(t)
             }
-            _ => Err(self.im.node_error(i, "a weight's layout op gave no value").into()),
+            _ => Err(self
+                .im
+                .node_error(i, "a weight's layout op gave no value")
+                .into()),
         }
     }
 
@@ -597,9 +679,14 @@ impl<'m> Emitter<'_, 'm> {
             return Ok(table.transpose([1, 0]));
         }
         let Some(Val::Known { t, .. }) = self.im.vals.get(name) else {
-            return Err(self.im.model_error(format!("`{name}` is not an initializer")).into());
+            return Err(self
+                .im
+                .model_error(format!("`{name}` is not an initializer"))
+                .into());
         };
-        let mut values: Vec<f32> = (0..t.num_elements()).map(|i| t.data.f64(i) as f32).collect();
+        let mut values: Vec<f32> = (0..t.num_elements())
+            .map(|i| t.data.f64(i) as f32)
+            .collect();
         let mut dims = self
             .im
             .param_shapes
@@ -620,12 +707,9 @@ impl<'m> Emitter<'_, 'm> {
         }
         let (scope, layer, part) = self.m.position();
         self.m.set_position("", layer, part);
-        let p = self.m.param_typed(
-            name,
-            DType::F32,
-            dims,
-            Init::Values(Values::new(values)),
-        );
+        let p = self
+            .m
+            .param_typed(name, DType::F32, dims, Init::Values(Values::new(values)));
         self.m.set_position(&scope, layer, part);
         let p = match self.structure.roles.get(name) {
             Some(&role) => megatron(p.role(role), role),
@@ -647,11 +731,13 @@ impl<'m> Emitter<'_, 'm> {
             let t = self.param(&n.clone())?;
             // A parameter declared in another shape is read in the file's.
             let dims = self.im.vals[name].dims();
-            return Ok(if t.shape().dims() != dims.as_slice() && !self.im.tied.contains_key(name) {
-                t.reshape(dims)
-            } else {
-                t
-            });
+            return Ok(
+                if t.shape().dims() != dims.as_slice() && !self.im.tied.contains_key(name) {
+                    t.reshape(dims)
+                } else {
+                    t
+                },
+            );
         }
         match env.get(name) {
             Some(Operand::Dyn(t)) => Ok(*t),
@@ -664,7 +750,10 @@ impl<'m> Emitter<'_, 'm> {
                     let t = t.clone();
                     materialize(self.im, self.m, &t, like, name, Some(self.report))
                 }
-                _ => Err(self.im.model_error(format!("value `{name}` is not computed")).into()),
+                _ => Err(self
+                    .im
+                    .model_error(format!("value `{name}` is not computed"))
+                    .into()),
             },
         }
     }
@@ -793,7 +882,9 @@ fn materialize<'m>(
     if let Some(report) = report {
         report.constant_parameters.push(name.to_string());
     }
-    let values: Vec<f32> = (0..t.num_elements()).map(|i| t.data.f64(i) as f32).collect();
+    let values: Vec<f32> = (0..t.num_elements())
+        .map(|i| t.data.f64(i) as f32)
+        .collect();
     let (scope, layer, part) = m.position();
     m.set_position("", layer, part);
     let p = m.param_typed(
@@ -823,10 +914,9 @@ impl Importer {
             }
             let op = match self.vals.get(name) {
                 Some(Val::Known { t, init }) => Operand::Known(t.clone(), init.clone()),
-                Some(Val::Dyn(_)) => env
-                    .get(name)
-                    .cloned()
-                    .ok_or_else(|| self.node_error(i, format!("input `{name}` is not computed before it")))?,
+                Some(Val::Dyn(_)) => env.get(name).cloned().ok_or_else(|| {
+                    self.node_error(i, format!("input `{name}` is not computed before it"))
+                })?,
                 None => {
                     return Err(self
                         .node_error(i, format!("input `{name}` is not computed before it"))
@@ -856,7 +946,9 @@ impl Importer {
                 continue;
             }
             if self.vals.contains_key(o) {
-                return Err(self.node_error(i, format!("value `{o}` is defined twice")).into());
+                return Err(self
+                    .node_error(i, format!("value `{o}` is defined twice"))
+                    .into());
             }
             let val = match r {
                 Operand::Known(t, init) => Val::Known {
@@ -936,7 +1028,7 @@ impl Importer {
         let axis = |a: i64, rank: usize| -> Result<usize, FrontendError> {
             let r = rank as i64;
             let a2 = if a < 0 { a + r } else { a };
-            if (0..r.max(1)).contains(&a2) || (r == 0 && a2 == 0) {
+            if (0..r).contains(&a2) {
                 Ok(a2 as usize)
             } else {
                 Err(err(format!("axis {a} is out of range for rank {rank}")))
@@ -948,12 +1040,12 @@ impl Importer {
                 Operand::Dyn(t) => Ok(*t),
                 // The typing pass needs only types: any fill will do.
                 Operand::Known(t, _) if typing => {
-                    let ty = like.cloned().unwrap_or_else(|| TensorType::new(t.dtype, t.dims.clone()));
+                    let ty = like
+                        .cloned()
+                        .unwrap_or_else(|| TensorType::new(t.dtype, t.dims.clone()));
                     Ok(m.constant(0.0, ty.dtype, ty.shape))
                 }
-                Operand::Known(t, _) => {
-                    materialize(self, m, t, like, &node.inputs[k], None)
-                }
+                Operand::Known(t, _) => materialize(self, m, t, like, &node.inputs[k], None),
             }
         };
 
@@ -966,16 +1058,21 @@ impl Importer {
                 }
                 if let Operand::Known(t, _) = &out[0] {
                     // An alias of an initializer is still that parameter.
-                    out[0] = Operand::Known(t.clone(), ops[0].as_ref().and_then(|o| match o {
-                        Operand::Known(_, init) => init.clone(),
-                        Operand::Dyn(_) => None,
-                    }));
+                    out[0] = Operand::Known(
+                        t.clone(),
+                        ops[0].as_ref().and_then(|o| match o {
+                            Operand::Known(_, init) => init.clone(),
+                            Operand::Dyn(_) => None,
+                        }),
+                    );
                 }
                 Ok(out)
             }
             "Constant" => {
                 let t = if let Some(a) = node.attr("value") {
-                    let tp = a.t.as_ref().ok_or_else(|| err("`value` is not a tensor".into()))?;
+                    let tp =
+                        a.t.as_ref()
+                            .ok_or_else(|| err("`value` is not a tensor".into()))?;
                     tensor::decode(tp, self.data_dir.as_deref()).map_err(err)?
                 } else if let Some(a) = node.attr("value_float") {
                     HostTensor {
@@ -999,12 +1096,19 @@ impl Importer {
                 known(t)
             }
             "Shape" => {
-                let dims = ty_of(op_at(0)?).map(|t| t.dims().to_vec()).unwrap_or_default();
+                let dims = ty_of(op_at(0)?)
+                    .map(|t| t.dims().to_vec())
+                    .unwrap_or_default();
                 let r = dims.len() as i64;
                 let clamp = |a: i64| (if a < 0 { a + r } else { a }).clamp(0, r) as usize;
                 let start = clamp(node.int("start", 0));
                 let end = clamp(node.int("end", r));
-                let dims: Vec<i64> = dims.get(start..end.max(start)).unwrap_or(&[]).iter().map(|&d| d as i64).collect();
+                let dims: Vec<i64> = dims
+                    .get(start..end.max(start))
+                    .unwrap_or(&[])
+                    .iter()
+                    .map(|&d| d as i64)
+                    .collect();
                 known(HostTensor::ints(vec![dims.len()], dims))
             }
             "ConstantOfShape" => {
@@ -1014,7 +1118,11 @@ impl Importer {
                 let (dtype, v) = match node.attr("value").and_then(|a| a.t.as_ref()) {
                     Some(tp) => {
                         let t = tensor::decode(tp, None).map_err(err)?;
-                        (t.dtype, t.scalar().ok_or_else(|| err("`value` must have one element".into()))?)
+                        (
+                            t.dtype,
+                            t.scalar()
+                                .ok_or_else(|| err("`value` must have one element".into()))?,
+                        )
                     }
                     None => (DType::F32, 0.0),
                 };
@@ -1028,9 +1136,12 @@ impl Importer {
             "Range" => {
                 let (s, l, d) = (known_at(0)?, known_at(1)?, known_at(2)?);
                 let (start, limit, delta) = (
-                    s.scalar().ok_or_else(|| err("start must be a scalar".into()))?,
-                    l.scalar().ok_or_else(|| err("limit must be a scalar".into()))?,
-                    d.scalar().ok_or_else(|| err("delta must be a scalar".into()))?,
+                    s.scalar()
+                        .ok_or_else(|| err("start must be a scalar".into()))?,
+                    l.scalar()
+                        .ok_or_else(|| err("limit must be a scalar".into()))?,
+                    d.scalar()
+                        .ok_or_else(|| err("delta must be a scalar".into()))?,
                 );
                 if delta == 0.0 || !(start.is_finite() && limit.is_finite() && delta.is_finite()) {
                     return Err(err("delta must be finite and non-zero".into()));
@@ -1051,16 +1162,20 @@ impl Importer {
                 })
             }
             "Cast" => {
-                let to = tensor::dtype_of(node.int("to", 1) as i32)
-                    .ok_or_else(|| err(format!("cast to element type {} is not supported", node.int("to", 1))))?;
+                let to = tensor::dtype_of(node.int("to", 1) as i32).ok_or_else(|| {
+                    err(format!(
+                        "cast to element type {} is not supported",
+                        node.int("to", 1)
+                    ))
+                })?;
                 match op_at(0)? {
                     Operand::Known(t, _) => known(cast_host(t, to)),
                     Operand::Dyn(t) if t.ty().map(|t| t.dtype) == Some(to) => dyn1(*t),
                     Operand::Dyn(t) => dyn1(t.cast(to)),
                 }
             }
-            "Add" | "Sub" | "Mul" | "Div" | "Pow" | "Max" | "Min" | "Equal" | "Less" | "Greater"
-            | "And" | "Or" => {
+            "Add" | "Sub" | "Mul" | "Div" | "Pow" | "Max" | "Min" | "Equal" | "Less"
+            | "Greater" | "And" | "Or" => {
                 let (a, b) = (ty_of(op_at(0)?), ty_of(op_at(1)?));
                 let (Some(a), Some(b)) = (a, b) else {
                     return Err(err("operands have no type".into()));
@@ -1070,7 +1185,11 @@ impl Importer {
                 if all_known {
                     return known(binary_host(op, known_at(0)?, known_at(1)?, &out).map_err(err)?);
                 }
-                let dtype = if matches!(op_at(0)?, Operand::Dyn(_)) { a.dtype } else { b.dtype };
+                let dtype = if matches!(op_at(0)?, Operand::Dyn(_)) {
+                    a.dtype
+                } else {
+                    b.dtype
+                };
                 let out_ty = TensorType::new(dtype, out.clone());
                 let x = broadcast(value(0, Some(&out_ty))?, &out);
                 let y = broadcast(value(1, Some(&out_ty))?, &out);
@@ -1085,7 +1204,11 @@ impl Importer {
                     "Equal" => x.compare(CompareOp::Eq, y),
                     "Less" => x.compare(CompareOp::Lt, y),
                     "Greater" => x.compare(CompareOp::Gt, y),
-                    _ => return Err(err("logical ops on computed values are not supported".into())),
+                    _ => {
+                        return Err(err(
+                            "logical ops on computed values are not supported".into()
+                        ));
+                    }
                 })
             }
             "Where" => {
@@ -1100,9 +1223,20 @@ impl Importer {
                     .ok_or_else(|| err("operand shapes do not broadcast".into()))?;
                 if all_known {
                     let (c, a, b) = (known_at(0)?, known_at(1)?, known_at(2)?);
+                    if out
+                        .iter()
+                        .try_fold(1usize, |n, &d| n.checked_mul(d))
+                        .is_none_or(|n| n > MAX_FOLDED_ELEMENTS)
+                    {
+                        return Err(err("the selected constant is too large to fold".into()));
+                    }
                     return known(where_host(c, a, b, &out));
                 }
-                let dtype = if matches!(op_at(1)?, Operand::Dyn(_)) { tys[1].dtype } else { tys[2].dtype };
+                let dtype = if matches!(op_at(1)?, Operand::Dyn(_)) {
+                    tys[1].dtype
+                } else {
+                    tys[2].dtype
+                };
                 let like = TensorType::new(dtype, out.clone());
                 let cond_like = TensorType::new(DType::Bool, out.clone());
                 let c = broadcast(value(0, Some(&cond_like))?, &out);
@@ -1138,11 +1272,15 @@ impl Importer {
                 let x = value(0, None)?;
                 match node.string("approximate").as_deref() {
                     Some("tanh") => dyn1(x.gelu()),
-                    _ => Err(err("exact (erf) GELU has no autopar op; export with approximate='tanh'".into())),
+                    _ => Err(err(
+                        "exact (erf) GELU has no autopar op; export with approximate='tanh'".into(),
+                    )),
                 }
             }
             "Reshape" | "Unsqueeze" | "Squeeze" | "Flatten" => {
-                let dims = ty_of(op_at(0)?).map(|t| t.dims().to_vec()).unwrap_or_default();
+                let dims = ty_of(op_at(0)?)
+                    .map(|t| t.dims().to_vec())
+                    .unwrap_or_default();
                 let out = match op {
                     "Reshape" => {
                         let shape = known_at(1)?.as_i64s();
@@ -1182,12 +1320,18 @@ impl Importer {
                             let ax: Vec<usize> = if axes.is_empty() {
                                 (0..dims.len()).filter(|&k| dims[k] == 1).collect()
                             } else {
-                                axes.iter().map(|&a| axis(a, dims.len())).collect::<Result<_, _>>()?
+                                axes.iter()
+                                    .map(|&a| axis(a, dims.len()))
+                                    .collect::<Result<_, _>>()?
                             };
                             if ax.iter().any(|&k| dims[k] != 1) {
                                 return Err(err("squeezing a dim whose size is not 1".into()));
                             }
-                            dims.iter().enumerate().filter(|(k, _)| !ax.contains(k)).map(|(_, &d)| d).collect()
+                            dims.iter()
+                                .enumerate()
+                                .filter(|(k, _)| !ax.contains(k))
+                                .map(|(_, &d)| d)
+                                .collect()
                         }
                     }
                 };
@@ -1218,7 +1362,9 @@ impl Importer {
                 }
             }
             "Slice" => {
-                let dims = ty_of(op_at(0)?).map(|t| t.dims().to_vec()).unwrap_or_default();
+                let dims = ty_of(op_at(0)?)
+                    .map(|t| t.dims().to_vec())
+                    .unwrap_or_default();
                 let starts = known_at(1)?.as_i64s();
                 let ends = known_at(2)?.as_i64s();
                 let axes = match node.input(3) {
@@ -1229,7 +1375,10 @@ impl Importer {
                     Some(_) => known_at(4)?.as_i64s(),
                     None => vec![1; starts.len()],
                 };
-                if ends.len() != starts.len() || axes.len() != starts.len() || steps.len() != starts.len() {
+                if ends.len() != starts.len()
+                    || axes.len() != starts.len()
+                    || steps.len() != starts.len()
+                {
                     return Err(err("starts, ends, axes and steps differ in length".into()));
                 }
                 let mut ranges = Vec::new();
@@ -1238,12 +1387,16 @@ impl Importer {
                     let size = dims[a] as i64;
                     let step = steps[k];
                     if step != 1 && !matches!(op_at(0)?, Operand::Known(..)) {
-                        return Err(err("only steps of 1 are supported on computed values".into()));
+                        return Err(err(
+                            "only steps of 1 are supported on computed values".into()
+                        ));
                     }
                     if step == 0 {
                         return Err(err("a step of 0".into()));
                     }
-                    let norm = |v: i64, lo: i64, hi: i64| (if v < 0 { v.saturating_add(size) } else { v }).clamp(lo, hi);
+                    let norm = |v: i64, lo: i64, hi: i64| {
+                        (if v < 0 { v.saturating_add(size) } else { v }).clamp(lo, hi)
+                    };
                     let (s, e) = if step > 0 {
                         (norm(starts[k], 0, size), norm(ends[k], 0, size))
                     } else {
@@ -1271,28 +1424,43 @@ impl Importer {
                 let rank = rank_of(0)?;
                 let a = axis(node.int("axis", 0), rank)?;
                 if all_known {
-                    let parts: Vec<&HostTensor> = (0..ops.len()).map(known_at).collect::<Result<_, _>>()?;
+                    let parts: Vec<&HostTensor> =
+                        (0..ops.len()).map(known_at).collect::<Result<_, _>>()?;
                     return known(concat_host(&parts, a).map_err(err)?);
                 }
-                let parts: Vec<Tensor<'m>> = (0..ops.len()).map(|k| value(k, None)).collect::<Result<_, _>>()?;
+                let parts: Vec<Tensor<'m>> = (0..ops.len())
+                    .map(|k| value(k, None))
+                    .collect::<Result<_, _>>()?;
                 dyn1(m.concat(&parts, a))
             }
             "Split" => {
-                let dims = ty_of(op_at(0)?).map(|t| t.dims().to_vec()).unwrap_or_default();
+                let dims = ty_of(op_at(0)?)
+                    .map(|t| t.dims().to_vec())
+                    .unwrap_or_default();
                 let a = axis(node.int("axis", 0), dims.len())?;
                 let n = node.outputs.len();
                 let sizes: Vec<usize> = match node.input(1) {
-                    Some(_) => known_at(1)?.as_i64s().iter().map(|&s| s.max(0) as usize).collect(),
+                    Some(_) => known_at(1)?
+                        .as_i64s()
+                        .iter()
+                        .map(|&s| s.max(0) as usize)
+                        .collect(),
                     None => match node.ints("split") {
                         Some(s) if !s.is_empty() => s.iter().map(|&s| s.max(0) as usize).collect(),
                         _ => {
                             let chunk = dims[a].div_ceil(n.max(1));
-                            (0..n).map(|k| chunk.min(dims[a].saturating_sub(k * chunk))).collect()
+                            (0..n)
+                                .map(|k| chunk.min(dims[a].saturating_sub(k * chunk)))
+                                .collect()
                         }
                     },
                 };
-                if sizes.len() != n || sizes.iter().sum::<usize>() != dims[a] || sizes.contains(&0) {
-                    return Err(err(format!("split sizes {sizes:?} do not divide dim {}", dims[a])));
+                if sizes.len() != n || sizes.iter().sum::<usize>() != dims[a] || sizes.contains(&0)
+                {
+                    return Err(err(format!(
+                        "split sizes {sizes:?} do not divide dim {}",
+                        dims[a]
+                    )));
                 }
                 let mut out = Vec::new();
                 let mut start = 0;
@@ -1300,20 +1468,38 @@ impl Importer {
                     let r = start..start + s;
                     start += s;
                     out.push(match op_at(0)? {
-                        Operand::Known(t, _) => Operand::Known(slice_host(t, &[(a, r.start as i64, r.end as i64, 1)]), None),
+                        Operand::Known(t, _) => Operand::Known(
+                            slice_host(t, &[(a, r.start as i64, r.end as i64, 1)]),
+                            None,
+                        ),
                         Operand::Dyn(t) => Operand::Dyn(t.slice(a, r)),
                     });
                 }
                 Ok(out)
             }
             "Expand" => {
-                let dims = ty_of(op_at(0)?).map(|t| t.dims().to_vec()).unwrap_or_default();
-                let shape: Vec<usize> = known_at(1)?.as_i64s().iter().map(|&d| d.max(0) as usize).collect();
+                let dims = ty_of(op_at(0)?)
+                    .map(|t| t.dims().to_vec())
+                    .unwrap_or_default();
+                let shape: Vec<usize> = known_at(1)?
+                    .as_i64s()
+                    .iter()
+                    .map(|&d| d.max(0) as usize)
+                    .collect();
                 let out = broadcast_dims(&dims, &shape)
                     .ok_or_else(|| err(format!("{dims:?} does not expand to {shape:?}")))?;
                 match op_at(0)? {
                     Operand::Known(t, _) => {
-                        let z = fill(t.dtype, out.clone(), 0.0, tensor::element_count(&out.iter().map(|&d| d as i64).collect::<Vec<_>>()).unwrap_or(usize::MAX).min(MAX_FOLDED_ELEMENTS + 1));
+                        let z = fill(
+                            t.dtype,
+                            out.clone(),
+                            0.0,
+                            tensor::element_count(
+                                &out.iter().map(|&d| d as i64).collect::<Vec<_>>(),
+                            )
+                            .unwrap_or(usize::MAX)
+                            .min(MAX_FOLDED_ELEMENTS + 1),
+                        );
                         if z.num_elements() > MAX_FOLDED_ELEMENTS {
                             return Err(err("the expanded constant is too large".into()));
                         }
@@ -1323,19 +1509,29 @@ impl Importer {
                 }
             }
             "Gather" => {
-                let dims = ty_of(op_at(0)?).map(|t| t.dims().to_vec()).unwrap_or_default();
+                let dims = ty_of(op_at(0)?)
+                    .map(|t| t.dims().to_vec())
+                    .unwrap_or_default();
                 let a = axis(node.int("axis", 0), dims.len())?;
                 match (op_at(0)?, op_at(1)?) {
-                    (Operand::Known(t, _), Operand::Known(idx, _)) => known(gather_host(t, idx, a).map_err(err)?),
+                    (Operand::Known(t, _), Operand::Known(idx, _)) => {
+                        known(gather_host(t, idx, a).map_err(err)?)
+                    }
                     (_, Operand::Known(idx, _)) => {
                         // Constant indices on computed data: a scalar picks a slice, a run of
                         // consecutive indices is a slice.
                         let x = value(0, None)?;
-                        let v: Vec<i64> = idx.as_i64s().iter().map(|&k| if k < 0 { k + dims[a] as i64 } else { k }).collect();
+                        let v: Vec<i64> = idx
+                            .as_i64s()
+                            .iter()
+                            .map(|&k| if k < 0 { k + dims[a] as i64 } else { k })
+                            .collect();
                         let first = *v.first().ok_or_else(|| err("no indices".into()))?;
                         let run = v.iter().enumerate().all(|(j, &k)| k == first + j as i64);
                         if !run || first < 0 || first as usize + v.len() > dims[a] {
-                            return Err(err("constant indices that are not a run of consecutive indices".into()));
+                            return Err(err(
+                                "constant indices that are not a run of consecutive indices".into(),
+                            ));
                         }
                         let y = match first == 0 && v.len() == dims[a] {
                             true => x,
@@ -1353,7 +1549,9 @@ impl Importer {
                     }
                     (_, Operand::Dyn(ids)) => {
                         if a != 0 {
-                            return Err(err("gathering computed indices along an axis other than 0".into()));
+                            return Err(err(
+                                "gathering computed indices along an axis other than 0".into(),
+                            ));
                         }
                         let table = value(0, None)?;
                         dyn1(table.gather(*ids))
@@ -1361,7 +1559,8 @@ impl Importer {
                 }
             }
             "Trilu" => {
-                let t = known_at(0).map_err(|_| err("Trilu on computed values is not supported".into()))?;
+                let t = known_at(0)
+                    .map_err(|_| err("Trilu on computed values is not supported".into()))?;
                 let k = match node.input(1) {
                     Some(_) => known_at(1)?.scalar().unwrap_or(0.0) as i64,
                     None => 0,
@@ -1377,10 +1576,19 @@ impl Importer {
                 let rank = rank_of(0)?;
                 let a = axis(node.int("axis", -1), rank)?;
                 if a + 1 != rank {
-                    return Err(err("layer norm over more than the last dim is not supported".into()));
+                    return Err(err(
+                        "layer norm over more than the last dim is not supported".into(),
+                    ));
                 }
-                if node.outputs.iter().skip(1).any(|o| !o.is_empty() && self.uses.get(o).copied().unwrap_or(0) > 0) {
-                    return Err(err("the mean and inverse-deviation outputs are not supported".into()));
+                if node
+                    .outputs
+                    .iter()
+                    .skip(1)
+                    .any(|o| !o.is_empty() && self.uses.get(o).copied().unwrap_or(0) > 0)
+                {
+                    return Err(err(
+                        "the mean and inverse-deviation outputs are not supported".into(),
+                    ));
                 }
                 let x = value(0, None)?;
                 let h = x.shape().dims().last().copied().unwrap_or(1);
@@ -1390,12 +1598,21 @@ impl Importer {
                     Some(_) => value(2, None)?,
                     None => m.constant(0.0, dtype, [h]),
                 };
-                let mut out = vec![Operand::Dyn(x.layer_norm(g, b, node.float("epsilon", 1e-5)))];
-                out.resize(node.outputs.len(), Operand::Known(HostTensor::ints(vec![], vec![0]), None));
+                let mut out = vec![Operand::Dyn(x.layer_norm(
+                    g,
+                    b,
+                    node.float("epsilon", 1e-5),
+                ))];
+                out.resize(
+                    node.outputs.len(),
+                    Operand::Known(HostTensor::ints(vec![], vec![0]), None),
+                );
                 Ok(out)
             }
             "ReduceMean" | "ReduceSum" | "ReduceMax" => {
-                let dims = ty_of(op_at(0)?).map(|t| t.dims().to_vec()).unwrap_or_default();
+                let dims = ty_of(op_at(0)?)
+                    .map(|t| t.dims().to_vec())
+                    .unwrap_or_default();
                 let axes_in = op == "ReduceSum" || self.opset >= 18;
                 let axes = match (axes_in, node.input(1)) {
                     (true, Some(_)) => Some(known_at(1)?.as_i64s()),
@@ -1403,8 +1620,13 @@ impl Importer {
                     (false, _) => node.ints("axes"),
                 };
                 let mut ax: Vec<usize> = match axes {
-                    Some(a) if !a.is_empty() => a.iter().map(|&a| axis(a, dims.len())).collect::<Result<_, _>>()?,
-                    _ if node.int("noop_with_empty_axes", 0) != 0 => return Ok(vec![op_at(0)?.clone()]),
+                    Some(a) if !a.is_empty() => a
+                        .iter()
+                        .map(|&a| axis(a, dims.len()))
+                        .collect::<Result<_, _>>()?,
+                    _ if node.int("noop_with_empty_axes", 0) != 0 => {
+                        return Ok(vec![op_at(0)?.clone()]);
+                    }
                     _ => (0..dims.len()).collect(),
                 };
                 ax.sort_unstable();
@@ -1454,7 +1676,8 @@ impl Importer {
             "Einsum" => {
                 let eq = node.string("equation").unwrap_or_default().replace(' ', "");
                 if all_known {
-                    let parts: Vec<&HostTensor> = (0..ops.len()).map(known_at).collect::<Result<_, _>>()?;
+                    let parts: Vec<&HostTensor> =
+                        (0..ops.len()).map(known_at).collect::<Result<_, _>>()?;
                     return known(einsum_host(&eq, &parts).map_err(err)?);
                 }
                 let spec: EinsumSpec = eq.parse().map_err(err)?;
@@ -1476,7 +1699,11 @@ impl Importer {
 /// Checks that dims describe a tensor the IR can hold.
 fn check_dims(dims: &[usize]) -> Result<(), String> {
     Shape::from(dims.to_vec()).num_elements();
-    if dims.iter().try_fold(1u64, |n, &d| n.checked_mul(d as u64)).is_none() {
+    if dims
+        .iter()
+        .try_fold(1u64, |n, &d| n.checked_mul(d as u64))
+        .is_none()
+    {
         return Err(format!("shape {dims:?} is too large"));
     }
     Ok(())
@@ -1489,11 +1716,11 @@ fn matmul<'m>(a: Tensor<'m>, b: Tensor<'m>) -> Result<Tensor<'m>, String> {
     match (ad.len(), bd.len()) {
         (0, _) | (_, 0) => Err("MatMul of a scalar".into()),
         (1, 1) => Ok(a.einsum("k,k->", b).reshape(Vec::<usize>::new())),
-        (1, _) => {
+        (1, rb) if rb <= 10 => {
             let lead: String = letters[..bd.len() - 2].iter().collect();
             Ok(a.einsum(&format!("k,{lead}kn->{lead}n"), b))
         }
-        (_, 1) => {
+        (ra, 1) if ra <= 10 => {
             let lead: String = letters[..ad.len() - 2].iter().collect();
             Ok(a.einsum(&format!("{lead}mk,k->{lead}m"), b))
         }
@@ -1549,13 +1776,18 @@ fn broadcast<'m>(t: Tensor<'m>, out: &[usize]) -> Tensor<'m> {
     let off = out.len().saturating_sub(dims.len());
     // Size-1 dims that grow are dropped first, so that every broadcast is the IR's
     // (operand dims equal to their result dims, new dims added).
-    let kept: Vec<usize> = (0..dims.len()).filter(|&k| dims[k] == out[off + k]).collect();
+    let kept: Vec<usize> = (0..dims.len())
+        .filter(|&k| dims[k] == out[off + k])
+        .collect();
     let t = if kept.len() == dims.len() {
         t
     } else {
         t.reshape(kept.iter().map(|&k| dims[k]).collect::<Vec<_>>())
     };
-    t.broadcast_to(out.to_vec(), kept.iter().map(|&k| off + k).collect::<Vec<_>>())
+    t.broadcast_to(
+        out.to_vec(),
+        kept.iter().map(|&k| off + k).collect::<Vec<_>>(),
+    )
 }
 
 fn fill(dtype: DType, dims: Vec<usize>, v: f64, n: usize) -> HostTensor {
@@ -1571,14 +1803,24 @@ fn fill(dtype: DType, dims: Vec<usize>, v: f64, n: usize) -> HostTensor {
 
 fn cast_host(t: &HostTensor, to: DType) -> HostTensor {
     let data = match (to.is_float(), &t.data) {
-        (true, HostData::Float(v)) => HostData::Float(v.iter().map(|&x| f64::from(x as f32)).collect()),
+        (true, HostData::Float(v)) => {
+            HostData::Float(v.iter().map(|&x| f64::from(x as f32)).collect())
+        }
         (true, HostData::Int(v)) => HostData::Float(v.iter().map(|&x| x as f64).collect()),
-        (false, HostData::Float(v)) if to == DType::Bool => HostData::Int(v.iter().map(|&x| i64::from(x != 0.0)).collect()),
+        (false, HostData::Float(v)) if to == DType::Bool => {
+            HostData::Int(v.iter().map(|&x| i64::from(x != 0.0)).collect())
+        }
         (false, HostData::Float(v)) => HostData::Int(v.iter().map(|&x| x as i64).collect()),
-        (false, HostData::Int(v)) if to == DType::Bool => HostData::Int(v.iter().map(|&x| i64::from(x != 0)).collect()),
+        (false, HostData::Int(v)) if to == DType::Bool => {
+            HostData::Int(v.iter().map(|&x| i64::from(x != 0)).collect())
+        }
         (false, HostData::Int(v)) => HostData::Int(v.clone()),
     };
-    HostTensor { dtype: to, dims: t.dims.clone(), data }
+    HostTensor {
+        dtype: to,
+        dims: t.dims.clone(),
+        data,
+    }
 }
 
 /// Row-major strides.
@@ -1610,7 +1852,12 @@ fn broadcast_index(dims: &[usize], out: &[usize]) -> Vec<usize> {
         .collect()
 }
 
-fn binary_host(op: &str, a: &HostTensor, b: &HostTensor, out: &[usize]) -> Result<HostTensor, String> {
+fn binary_host(
+    op: &str,
+    a: &HostTensor,
+    b: &HostTensor,
+    out: &[usize],
+) -> Result<HostTensor, String> {
     let n: usize = out.iter().product();
     if n > MAX_FOLDED_ELEMENTS {
         return Err(format!("a constant of {n} elements is too large to fold"));
@@ -1635,10 +1882,20 @@ fn binary_host(op: &str, a: &HostTensor, b: &HostTensor, out: &[usize]) -> Resul
                 _ => f64::from(u8::from(x != 0.0 || y != 0.0)),
             }
         };
-        let v: Vec<f64> = (0..n).map(|i| f(a.data.f64(ia[i]), b.data.f64(ib[i]))).collect();
+        let v: Vec<f64> = (0..n)
+            .map(|i| f(a.data.f64(ia[i]), b.data.f64(ib[i])))
+            .collect();
         return Ok(match compare {
-            true => HostTensor { dtype: DType::Bool, dims: out.to_vec(), data: HostData::Int(v.iter().map(|&x| x as i64).collect()) },
-            false => HostTensor { dtype: a.dtype, dims: out.to_vec(), data: HostData::Float(v) },
+            true => HostTensor {
+                dtype: DType::Bool,
+                dims: out.to_vec(),
+                data: HostData::Int(v.iter().map(|&x| x as i64).collect()),
+            },
+            false => HostTensor {
+                dtype: a.dtype,
+                dims: out.to_vec(),
+                data: HostData::Float(v),
+            },
         });
     }
     let (HostData::Int(x), HostData::Int(y)) = (&a.data, &b.data) else {
@@ -1658,13 +1915,27 @@ fn binary_host(op: &str, a: &HostTensor, b: &HostTensor, out: &[usize]) -> Resul
             }
         })
         .collect();
-    Ok(HostTensor { dtype: a.dtype, dims: out.to_vec(), data: HostData::Int(v) })
+    Ok(HostTensor {
+        dtype: a.dtype,
+        dims: out.to_vec(),
+        data: HostData::Int(v),
+    })
 }
 
 fn where_host(c: &HostTensor, a: &HostTensor, b: &HostTensor, out: &[usize]) -> HostTensor {
     let n: usize = out.iter().product();
-    let (ic, ia, ib) = (broadcast_index(&c.dims, out), broadcast_index(&a.dims, out), broadcast_index(&b.dims, out));
-    let pick = |i: usize| if c.data.f64(ic[i]) != 0.0 { a.data.f64(ia[i]) } else { b.data.f64(ib[i]) };
+    let (ic, ia, ib) = (
+        broadcast_index(&c.dims, out),
+        broadcast_index(&a.dims, out),
+        broadcast_index(&b.dims, out),
+    );
+    let pick = |i: usize| {
+        if c.data.f64(ic[i]) != 0.0 {
+            a.data.f64(ia[i])
+        } else {
+            b.data.f64(ib[i])
+        }
+    };
     let v: Vec<f64> = (0..n).map(pick).collect();
     HostTensor {
         dtype: a.dtype,
@@ -1684,7 +1955,11 @@ fn unary_host(op: &str, t: &HostTensor) -> Result<HostTensor, String> {
                 "Abs" => x.wrapping_abs(),
                 _ => i64::from(x == 0),
             };
-            return Ok(HostTensor { dtype: t.dtype, dims: t.dims.clone(), data: HostData::Int(v.iter().map(|&x| f(x)).collect()) });
+            return Ok(HostTensor {
+                dtype: t.dtype,
+                dims: t.dims.clone(),
+                data: HostData::Int(v.iter().map(|&x| f(x)).collect()),
+            });
         }
     }
     let f = |x: f64| match op {
@@ -1703,14 +1978,23 @@ fn unary_host(op: &str, t: &HostTensor) -> Result<HostTensor, String> {
         _ => erf(x),
     };
     let v: Vec<f64> = (0..t.num_elements()).map(|i| f(t.data.f64(i))).collect();
-    Ok(HostTensor { dtype: if t.dtype.is_float() { t.dtype } else { DType::F32 }, dims: t.dims.clone(), data: HostData::Float(v) })
+    Ok(HostTensor {
+        dtype: if t.dtype.is_float() {
+            t.dtype
+        } else {
+            DType::F32
+        },
+        dims: t.dims.clone(),
+        data: HostData::Float(v),
+    })
 }
 
 /// The error function (Abramowitz and Stegun 7.1.26, error below 1.5e-7), for folding.
 fn erf(x: f64) -> f64 {
     let t = 1.0 / (1.0 + 0.3275911 * x.abs());
     let y = 1.0
-        - (((((1.061405429 * t - 1.453152027) * t) + 1.421413741) * t - 0.284496736) * t + 0.254829592)
+        - (((((1.061405429 * t - 1.453152027) * t) + 1.421413741) * t - 0.284496736) * t
+            + 0.254829592)
             * t
             * (-x * x).exp();
     y.copysign(x)
@@ -1726,12 +2010,19 @@ fn reshape_dims(dims: &[usize], shape: &[i64], allowzero: bool) -> Result<Vec<us
                 infer = Some(k);
                 out.push(1);
             }
-            0 if !allowzero => out.push(*dims.get(k).ok_or("a 0 in the shape past the input's rank")?),
+            0 if !allowzero => out.push(
+                *dims
+                    .get(k)
+                    .ok_or("a 0 in the shape past the input's rank")?,
+            ),
             s if s >= 0 => out.push(s as usize),
             _ => return Err(format!("invalid shape {shape:?}")),
         }
     }
-    let known: usize = out.iter().try_fold(1usize, |n, &d| n.checked_mul(d)).ok_or("shape overflows")?;
+    let known: usize = out
+        .iter()
+        .try_fold(1usize, |n, &d| n.checked_mul(d))
+        .ok_or("shape overflows")?;
     if let Some(k) = infer {
         if known == 0 || !total.is_multiple_of(known) {
             return Err(format!("cannot reshape {dims:?} to {shape:?}"));
@@ -1749,7 +2040,12 @@ fn transpose_host(t: &HostTensor, perm: &[usize]) -> HostTensor {
     let ost = strides(&out);
     let n = t.num_elements();
     let src: Vec<usize> = (0..n)
-        .map(|i| perm.iter().enumerate().map(|(k, &p)| ((i / ost[k]) % out[k]) * st[p]).sum())
+        .map(|i| {
+            perm.iter()
+                .enumerate()
+                .map(|(k, &p)| ((i / ost[k]) % out[k]) * st[p])
+                .sum()
+        })
         .collect();
     gather_flat(t, out, &src)
 }
@@ -1759,7 +2055,11 @@ fn gather_flat(t: &HostTensor, dims: Vec<usize>, src: &[usize]) -> HostTensor {
         HostData::Float(v) => HostData::Float(src.iter().map(|&i| v[i]).collect()),
         HostData::Int(v) => HostData::Int(src.iter().map(|&i| v[i]).collect()),
     };
-    HostTensor { dtype: t.dtype, dims, data }
+    HostTensor {
+        dtype: t.dtype,
+        dims,
+        data,
+    }
 }
 
 fn slice_host(t: &HostTensor, ranges: &[(usize, i64, i64, i64)]) -> HostTensor {
@@ -1778,7 +2078,11 @@ fn slice_host(t: &HostTensor, ranges: &[(usize, i64, i64, i64)]) -> HostTensor {
     let ost = strides(&out);
     let n: usize = out.iter().product();
     let src: Vec<usize> = (0..n)
-        .map(|i| (0..out.len()).map(|k| idx[k][(i / ost[k]) % out[k]] * st[k]).sum())
+        .map(|i| {
+            (0..out.len())
+                .map(|k| idx[k][(i / ost[k]) % out[k]] * st[k])
+                .sum()
+        })
         .collect();
     gather_flat(t, out, &src)
 }
@@ -1792,9 +2096,15 @@ fn concat_host(parts: &[&HostTensor], a: usize) -> Result<HostTensor, String> {
     out[a] = 0;
     for p in parts {
         if p.dims.len() != first.dims.len()
-            || p.dims.iter().enumerate().any(|(k, &d)| k != a && d != first.dims[k])
+            || p.dims
+                .iter()
+                .enumerate()
+                .any(|(k, &d)| k != a && d != first.dims[k])
         {
-            return Err(format!("operand shapes {:?} and {:?} do not concatenate", first.dims, p.dims));
+            return Err(format!(
+                "operand shapes {:?} and {:?} do not concatenate",
+                first.dims, p.dims
+            ));
         }
         out[a] += p.dims[a];
     }
@@ -1819,7 +2129,11 @@ fn concat_host(parts: &[&HostTensor], a: usize) -> Result<HostTensor, String> {
     Ok(HostTensor {
         dtype: first.dtype,
         dims: out,
-        data: if float { HostData::Float(fv) } else { HostData::Int(iv) },
+        data: if float {
+            HostData::Float(fv)
+        } else {
+            HostData::Int(iv)
+        },
     })
 }
 
@@ -1830,7 +2144,10 @@ fn gather_host(t: &HostTensor, idx: &HostTensor, a: usize) -> Result<HostTensor,
         .iter()
         .map(|&k| {
             let k = if k < 0 { k + size } else { k };
-            (0..size).contains(&k).then_some(k as usize).ok_or_else(|| format!("index {k} out of range 0..{size}"))
+            (0..size)
+                .contains(&k)
+                .then_some(k as usize)
+                .ok_or_else(|| format!("index {k} out of range 0..{size}"))
         })
         .collect::<Result<_, _>>()?;
     let mut out = t.dims[..a].to_vec();
@@ -1838,6 +2155,13 @@ fn gather_host(t: &HostTensor, idx: &HostTensor, a: usize) -> Result<HostTensor,
     out.extend_from_slice(&t.dims[a + 1..]);
     let outer: usize = t.dims[..a].iter().product();
     let inner: usize = t.dims[a + 1..].iter().product();
+    if outer
+        .checked_mul(ids.len())
+        .and_then(|n| n.checked_mul(inner))
+        .is_none_or(|n| n > MAX_FOLDED_ELEMENTS)
+    {
+        return Err("the gathered constant is too large".into());
+    }
     let mut src = Vec::new();
     for o in 0..outer {
         for &k in &ids {
@@ -1861,7 +2185,11 @@ fn trilu_host(t: &HostTensor, k: i64, upper: bool) -> Result<HostTensor, String>
     let mut out = t.clone();
     for i in 0..t.num_elements() {
         let (row, col) = (((i / cols) % rows) as i64, (i % cols) as i64);
-        let keep = if upper { col - row >= k } else { col - row <= k };
+        let keep = if upper {
+            col - row >= k
+        } else {
+            col - row <= k
+        };
         if !keep {
             match &mut out.data {
                 HostData::Float(v) => v[i] = 0.0,
@@ -1872,17 +2200,37 @@ fn trilu_host(t: &HostTensor, k: i64, upper: bool) -> Result<HostTensor, String>
     Ok(out)
 }
 
-fn reduce_host(op: &str, t: &HostTensor, ax: &[usize], out: Vec<usize>) -> Result<HostTensor, String> {
+fn reduce_host(
+    op: &str,
+    t: &HostTensor,
+    ax: &[usize],
+    out: Vec<usize>,
+) -> Result<HostTensor, String> {
     let st = strides(&t.dims);
     let kept: Vec<usize> = (0..t.dims.len()).filter(|k| !ax.contains(k)).collect();
     let kdims: Vec<usize> = kept.iter().map(|&k| t.dims[k]).collect();
     let kst = strides(&kdims);
     let n: usize = kdims.iter().product();
-    let mut acc = vec![if op == "ReduceMax" { f64::NEG_INFINITY } else { 0.0 }; n];
+    let mut acc = vec![
+        if op == "ReduceMax" {
+            f64::NEG_INFINITY
+        } else {
+            0.0
+        };
+        n
+    ];
     for i in 0..t.num_elements() {
-        let j: usize = kept.iter().enumerate().map(|(q, &k)| ((i / st[k]) % t.dims[k]) * kst[q]).sum();
+        let j: usize = kept
+            .iter()
+            .enumerate()
+            .map(|(q, &k)| ((i / st[k]) % t.dims[k]) * kst[q])
+            .sum();
         let x = t.data.f64(i);
-        acc[j] = if op == "ReduceMax" { acc[j].max(x) } else { acc[j] + x };
+        acc[j] = if op == "ReduceMax" {
+            acc[j].max(x)
+        } else {
+            acc[j] + x
+        };
     }
     if op == "ReduceMean" {
         let count: usize = ax.iter().map(|&k| t.dims[k]).product();
@@ -1890,7 +2238,11 @@ fn reduce_host(op: &str, t: &HostTensor, ax: &[usize], out: Vec<usize>) -> Resul
             *a /= count.max(1) as f64;
         }
     }
-    Ok(HostTensor { dtype: t.dtype, dims: out, data: HostData::Float(acc) })
+    Ok(HostTensor {
+        dtype: t.dtype,
+        dims: out,
+        data: HostData::Float(acc),
+    })
 }
 
 /// Einsum of known tensors (any number of operands, no repeated labels within one).
@@ -1913,11 +2265,18 @@ fn einsum_host(eq: &str, parts: &[&HostTensor]) -> Result<HostTensor, String> {
         }
     }
     let all: Vec<char> = size.keys().copied().collect();
-    let total: usize = all.iter().map(|c| size[c]).try_fold(1usize, |n, d| n.checked_mul(d)).ok_or("too large")?;
+    let total: usize = all
+        .iter()
+        .map(|c| size[c])
+        .try_fold(1usize, |n, d| n.checked_mul(d))
+        .ok_or("too large")?;
     if total > MAX_FOLDED_ELEMENTS {
         return Err("the einsum is too large to fold".into());
     }
-    let odims: Vec<usize> = out.iter().map(|c| size.get(c).copied().ok_or("unknown output label")).collect::<Result<_, _>>()?;
+    let odims: Vec<usize> = out
+        .iter()
+        .map(|c| size.get(c).copied().ok_or("unknown output label"))
+        .collect::<Result<_, _>>()?;
     let ost = strides(&odims);
     let mut acc = vec![0.0; odims.iter().product()];
     let dims: Vec<usize> = all.iter().map(|c| size[c]).collect();
@@ -1936,5 +2295,9 @@ fn einsum_host(eq: &str, parts: &[&HostTensor]) -> Result<HostTensor, String> {
         let o: usize = out.iter().enumerate().map(|(k, &c)| at(c) * ost[k]).sum();
         acc[o] += p;
     }
-    Ok(HostTensor { dtype: DType::F32, dims: odims, data: HostData::Float(acc) })
+    Ok(HostTensor {
+        dtype: DType::F32,
+        dims: odims,
+        data: HostData::Float(acc),
+    })
 }

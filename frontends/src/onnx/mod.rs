@@ -107,12 +107,20 @@ impl fmt::Display for ImportReport {
     /// A few `#`-comment lines for the top of a dump.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "# imported from ONNX (opset {})", self.opset)?;
-        let raised: Vec<String> = self.raised.iter().map(|(op, n)| format!("{op} x{n}")).collect();
+        let raised: Vec<String> = self
+            .raised
+            .iter()
+            .map(|(op, n)| format!("{op} x{n}"))
+            .collect();
         writeln!(
             f,
             "# blocks: {}; raised: {}",
             self.blocks,
-            if raised.is_empty() { "nothing".to_string() } else { raised.join(", ") }
+            if raised.is_empty() {
+                "nothing".to_string()
+            } else {
+                raised.join(", ")
+            }
         )?;
         for what in &self.not_understood {
             writeln!(f, "# not understood: {what}")?;
@@ -196,7 +204,10 @@ impl From<OnnxError> for FrontendError {
 }
 
 /// Imports the ONNX file at `path`; external-data files are looked up beside it.
-pub fn import_file(path: impl AsRef<Path>, options: &ImportOptions) -> Result<Imported, FrontendError> {
+pub fn import_file(
+    path: impl AsRef<Path>,
+    options: &ImportOptions,
+) -> Result<Imported, FrontendError> {
     let path = path.as_ref();
     let file = path.display().to_string();
     let bytes = std::fs::read(path).map_err(|e| OnnxError::Io {

@@ -190,14 +190,14 @@ impl Importer {
     }
 
     /// The factors of a product of `Mul` nodes (at most 8, or `None`).
-    fn factors(&self, v: &str, out: &mut Vec<String>) -> Option<()> {
-        if out.len() > 8 {
+    fn factors(&self, v: &str, out: &mut Vec<String>, depth: usize) -> Option<()> {
+        if out.len() > 8 || depth > 8 {
             return None;
         }
         match self.made_by(v, "Mul") {
             Some((_, n)) if n.inputs.len() == 2 => {
-                self.factors(&n.inputs[0].clone(), out)?;
-                self.factors(&n.inputs[1].clone(), out)
+                self.factors(&n.inputs[0].clone(), out, depth + 1)?;
+                self.factors(&n.inputs[1].clone(), out, depth + 1)
             }
             _ => {
                 out.push(v.to_string());
@@ -209,7 +209,7 @@ impl Importer {
     /// The known scalar factors of a product multiplied together, and the others.
     fn product(&self, v: &str) -> Option<(f64, Vec<String>)> {
         let mut fs = Vec::new();
-        self.factors(v, &mut fs)?;
+        self.factors(v, &mut fs, 0)?;
         let mut c = 1.0;
         let mut rest = Vec::new();
         for f in fs {
@@ -340,12 +340,16 @@ impl Importer {
 
     /// `(x, w, b)` when `v` is `x W + b` (or `x W`) with `W` a 2-D initializer.
     fn linear(&self, v: &str) -> Option<(String, String, Option<String>)> {
-        if let Some((_, add)) = self.made_by(v, "Add") {
+        self.linear_at(v, true)
+    }
+
+    fn linear_at(&self, v: &str, bias: bool) -> Option<(String, String, Option<String>)> {
+        if let Some((_, add)) = self.made_by(v, "Add").filter(|_| bias) {
             return Self::pairs(add).into_iter().find_map(|(b, y)| {
                 if !self.is_param(&b) || self.dims_of(&b)?.len() != 1 {
                     return None;
                 }
-                let (x, w, None) = self.linear(&y)? else {
+                let (x, w, None) = self.linear_at(&y, false)? else {
                     return None;
                 };
                 Some((x, w, Some(b)))
@@ -470,7 +474,8 @@ impl Importer {
             for i in 0..d {
                 let angle = p as f64 * base.powf(-2.0 * (i % half) as f64 / d as f64);
                 let k = p * d + i;
-                if (c.data.f64(k) - angle.cos()).abs() > 1e-4 || (s.data.f64(k) - angle.sin()).abs() > 1e-4
+                if (c.data.f64(k) - angle.cos()).abs() > 1e-4
+                    || (s.data.f64(k) - angle.sin()).abs() > 1e-4
                 {
                     return None;
                 }
@@ -478,13 +483,21 @@ impl Importer {
         }
         // Bases are round numbers (10000, 500000): snap to the nearest integer when it fits.
         let round = base.round();
-        Some(if (round - base).abs() <= 1e-3 * base { round } else { base })
+        Some(if (round - base).abs() <= 1e-3 * base {
+            round
+        } else {
+            base
+        })
     }
 
     /// `v` (`[b, n, s, d]`) as an expression in the `[b, s, n, d]` layout.
     fn bsnd(&self, v: &str) -> Expr {
-        if let Some((x, base)) = self.rotary_of(v) {
-            return Expr::Rotary(Box::new(self.bsnd(&x)), base);
+        self.bsnd_at(v, true)
+    }
+
+    fn bsnd_at(&self, v: &str, rotary: bool) -> Expr {
+        if let Some((x, base)) = self.rotary_of(v).filter(|_| rotary) {
+            return Expr::Rotary(Box::new(self.bsnd_at(&x, false)), base);
         }
         if let Some((_, t)) = self.made_by(v, "Transpose")
             && t.ints("perm").as_deref() == Some(&[0, 2, 1, 3])
@@ -506,7 +519,11 @@ impl Importer {
                 None => u.ints("axes")?,
             };
             let x = u.input(0)?.to_string();
-            let (xd, ed, out) = (self.dims_of(&x)?, self.dims_of(e.outputs.first()?)?, self.dims_of(v)?);
+            let (xd, ed, out) = (
+                self.dims_of(&x)?,
+                self.dims_of(e.outputs.first()?)?,
+                self.dims_of(v)?,
+            );
             let [b, kv, s, d] = xd[..] else { return None };
             let ok = axes == [2]
                 && ed.len() == 5
@@ -533,15 +550,24 @@ impl Importer {
         let (_, qk) = self.made_by(&s, "MatMul")?;
         let q = self.bsnd(qk.input(0)?);
         let kt = qk.input(1)?;
-        let k = match self.made_by(kt, "Transpose").and_then(|(_, t)| t.ints("perm")) {
-            Some(p) if p == [0, 2, 3, 1] => Expr::Value(self.producing(kt)?.1.input(0)?.to_string()),
+        let k = match self
+            .made_by(kt, "Transpose")
+            .and_then(|(_, t)| t.ints("perm"))
+        {
+            Some(p) if p == [0, 2, 3, 1] => {
+                Expr::Value(self.producing(kt)?.1.input(0)?.to_string())
+            }
             Some(p) if p == [0, 1, 3, 2] => {
                 self.bsnd(&self.unrepeated(self.producing(kt)?.1.input(0)?))
             }
             _ => Expr::Transpose(Box::new(Expr::Value(kt.to_string())), vec![0, 3, 1, 2]),
         };
         let v = self.bsnd(&self.unrepeated(pv.input(1)?));
-        let (qd, kd, vd) = (self.expr_dims(&q)?, self.expr_dims(&k)?, self.expr_dims(&v)?);
+        let (qd, kd, vd) = (
+            self.expr_dims(&q)?,
+            self.expr_dims(&k)?,
+            self.expr_dims(&v)?,
+        );
         let ok = qd.len() == 4
             && kd.len() == 4
             && vd.len() == 4
@@ -572,7 +598,9 @@ impl Importer {
 
     /// `(y, causal)`: the logits before a causal mask, or `z` itself unmasked.
     fn unmasked(&self, z: &str) -> Option<(String, bool)> {
-        let future = |m: &super::tensor::HostTensor, masked: &dyn Fn(f64) -> bool, open: &dyn Fn(f64) -> bool| {
+        let future = |m: &super::tensor::HostTensor,
+                      masked: &dyn Fn(f64) -> bool,
+                      open: &dyn Fn(f64) -> bool| {
             let r = m.dims.len();
             if r < 2 || m.dims[..r - 2].iter().any(|&k| k != 1) {
                 return false;
@@ -640,7 +668,9 @@ impl Importer {
             let table = g.input(0)?;
             let t = self.vals.get(table)?.known()?;
             let same = t.dims == [wd[1], wd[0]]
-                && (0..wd[0]).all(|a| (0..wd[1]).all(|b| t.data.f64(b * wd[0] + a) == w_vals.data.f64(a * wd[1] + b)));
+                && (0..wd[0]).all(|a| {
+                    (0..wd[1]).all(|b| t.data.f64(b * wd[0] + a) == w_vals.data.f64(a * wd[1] + b))
+                });
             (same && self.is_param(table)).then(|| table.to_string())
         });
         match tied {
@@ -675,7 +705,11 @@ pub(crate) fn find(im: &mut Importer) -> HashMap<usize, Raised> {
     let mut attention_outputs = Vec::new();
     for i in 0..im.nodes.len() {
         let n = im.nodes[i].clone();
-        if !n.outputs.first().is_some_and(|o| matches!(im.vals.get(o), Some(Val::Dyn(_)))) {
+        if !n
+            .outputs
+            .first()
+            .is_some_and(|o| matches!(im.vals.get(o), Some(Val::Dyn(_))))
+        {
             continue;
         }
         let r = im
@@ -727,12 +761,30 @@ pub(crate) fn structure(
                             && im.nodes[k].outputs.iter().any(|o| depends_on(im, i, o))
                     })
                     .unwrap_or(i);
-                norms.push(Norm { start, root: i, x: x.clone(), out, params: vec![gamma.clone()] });
+                norms.push(Norm {
+                    start,
+                    root: i,
+                    x: x.clone(),
+                    out,
+                    params: vec![gamma.clone()],
+                });
             }
             None if n.op == "LayerNormalization" => {
                 *st.native.entry("layer_norm".into()).or_default() += 1;
-                let params = n.inputs.iter().skip(1).filter(|v| im.is_param(v)).cloned().collect();
-                norms.push(Norm { start: i, root: i, x: n.inputs[0].clone(), out, params });
+                let params = n
+                    .inputs
+                    .iter()
+                    .skip(1)
+                    .filter(|v| im.is_param(v))
+                    .cloned()
+                    .collect();
+                norms.push(Norm {
+                    start: i,
+                    root: i,
+                    x: n.inputs[0].clone(),
+                    out,
+                    params,
+                });
             }
             _ => {}
         }
@@ -754,19 +806,28 @@ pub(crate) fn structure(
         if n.op != "Gather" {
             continue;
         }
-        let (Some(table), Some(ids)) = (n.input(0), n.input(1)) else { continue };
+        let (Some(table), Some(ids)) = (n.input(0), n.input(1)) else {
+            continue;
+        };
         if !im.is_param(table) {
             continue;
         }
         if let Some((_, ty)) = inputs.iter().find(|(name, _)| name == ids) {
-            let vocab = im.vals.get(table).map(|v| v.dims()).and_then(|d| d.first().copied());
+            let vocab = im
+                .vals
+                .get(table)
+                .map(|v| v.dims())
+                .and_then(|d| d.first().copied());
             if let Some(vocab) = vocab {
-                st.roles.insert(table.to_string(), WeightRole::TokenEmbedding);
-                st.input_roles.insert(ids.to_string(), InputRole::Tokens { vocab });
+                st.roles
+                    .insert(table.to_string(), WeightRole::TokenEmbedding);
+                st.input_roles
+                    .insert(ids.to_string(), InputRole::Tokens { vocab });
                 st.token_dtype = Some(ty.dtype);
             }
         } else if im.vals.get(ids).and_then(Val::known).is_some() {
-            st.roles.insert(table.to_string(), WeightRole::PositionEmbedding);
+            st.roles
+                .insert(table.to_string(), WeightRole::PositionEmbedding);
         }
     }
     for (&i, r) in raised {
@@ -792,13 +853,16 @@ pub(crate) fn structure(
         match norm_before(a) {
             Some(ni) => starts.push((ni, norms[ni].start)),
             None => {
-                st.not_understood.push(format!("block {k}: no norm before its attention"));
+                st.not_understood
+                    .push(format!("block {k}: no norm before its attention"));
                 return st;
             }
         }
     }
     let last_attention = *attentions.last().unwrap_or(&0);
-    let after: Vec<usize> = (0..norms.len()).filter(|&k| norms[k].root > last_attention).collect();
+    let after: Vec<usize> = (0..norms.len())
+        .filter(|&k| norms[k].root > last_attention)
+        .collect();
     let final_norm = (after.len() >= 2).then(|| after[after.len() - 1]);
     let end = final_norm.map_or(im.nodes.len(), |f| norms[f].start);
     st.blocks = attentions.len();
@@ -815,7 +879,8 @@ pub(crate) fn structure(
         }
         st.layers.push((norms[f].root + 1, Some(LayerId::Head)));
     } else {
-        st.not_understood.push("no final norm after the last block".into());
+        st.not_understood
+            .push("no final norm after the last block".into());
     }
     let _ = outputs;
     st
@@ -823,9 +888,10 @@ pub(crate) fn structure(
 
 /// Whether `value` is read (through computed values) by node `root`, within 16 steps.
 fn depends_on(im: &Importer, root: usize, value: &str) -> bool {
-    let mut frontier: Vec<String> = im.nodes[root].inputs.clone();
+    let mut frontier: std::collections::BTreeSet<String> =
+        im.nodes[root].inputs.iter().cloned().collect();
     for _ in 0..16 {
-        if frontier.iter().any(|v| v == value) {
+        if frontier.contains(value) {
             return true;
         }
         frontier = frontier
@@ -859,7 +925,11 @@ fn block_parts(
     }
     // Q, K and V: the projections whose outputs attention reads.
     if let Some(Raised::Attention { q, k: key, v, .. }) = raised.get(&attention) {
-        for (e, role) in [(q, WeightRole::Query), (key, WeightRole::Key), (v, WeightRole::Value)] {
+        for (e, role) in [
+            (q, WeightRole::Query),
+            (key, WeightRole::Key),
+            (v, WeightRole::Value),
+        ] {
             let mut leaves = Vec::new();
             e.leaves(&mut leaves);
             for leaf in leaves {
@@ -878,7 +948,8 @@ fn block_parts(
         (from..end).find(|&i| im.nodes[i].op == "Add" && im.nodes[i].inputs.iter().any(|v| v == x))
     };
     let Some(r1) = residual(attention + 1, &norm1.x) else {
-        st.not_understood.push(format!("block {k}: no residual add after its attention"));
+        st.not_understood
+            .push(format!("block {k}: no residual add after its attention"));
         return;
     };
     for i in norm1.root + 1..r1 {
@@ -889,15 +960,20 @@ fn block_parts(
     }
     mark_biases(im, norm1.root + 1, r1, WeightRole::AttentionOut, st);
     let r1_out = im.nodes[r1].outputs.first().cloned().unwrap_or_default();
-    let Some(n2) = norms.iter().find(|n| n.start > r1 && n.x == r1_out && n.root < end) else {
-        st.not_understood.push(format!("block {k}: no norm before its MLP"));
+    let Some(n2) = norms
+        .iter()
+        .find(|n| n.start > r1 && n.x == r1_out && n.root < end)
+    else {
+        st.not_understood
+            .push(format!("block {k}: no norm before its MLP"));
         return;
     };
     for i in n2.start..=n2.root {
         st.parts.insert(i, Part::Norm);
     }
     let Some(r2) = residual(n2.root + 1, &r1_out) else {
-        st.not_understood.push(format!("block {k}: no residual add after its MLP"));
+        st.not_understood
+            .push(format!("block {k}: no residual add after its MLP"));
         return;
     };
     let silu_inputs: Vec<&String> = (n2.root + 1..r2)
@@ -913,14 +989,22 @@ fn block_parts(
         if n.op != "MatMul" || raised.contains_key(&i) {
             continue;
         }
-        let (Some(x), Some(w)) = (n.input(0), n.input(1)) else { continue };
+        let (Some(x), Some(w)) = (n.input(0), n.input(1)) else {
+            continue;
+        };
         if !im.is_param(w) {
             continue;
         }
         let out = n.outputs.first().cloned().unwrap_or_default();
         let role = if x == n2.out {
-            let gates = silu_inputs.iter().any(|s| **s == out || bias_of(im, &out).as_ref() == Some(*s));
-            if gates { WeightRole::MlpGate } else { WeightRole::MlpIn }
+            let gates = silu_inputs
+                .iter()
+                .any(|s| **s == out || bias_of(im, &out).as_ref() == Some(*s));
+            if gates {
+                WeightRole::MlpGate
+            } else {
+                WeightRole::MlpIn
+            }
         } else {
             found_out = true;
             WeightRole::MlpOut
@@ -935,7 +1019,8 @@ fn block_parts(
         }
     }
     if !found_out {
-        st.not_understood.push(format!("block {k}: no MLP output projection"));
+        st.not_understood
+            .push(format!("block {k}: no MLP output projection"));
     }
 }
 
@@ -944,7 +1029,9 @@ fn bias_node(im: &Importer, v: &str) -> Option<usize> {
     im.nodes.iter().position(|n| {
         n.op == "Add"
             && n.inputs.iter().any(|x| x == v)
-            && n.inputs.iter().any(|x| im.is_param(x) && im.vals.get(x).is_some_and(|t| t.dims().len() == 1))
+            && n.inputs
+                .iter()
+                .any(|x| im.is_param(x) && im.vals.get(x).is_some_and(|t| t.dims().len() == 1))
     })
 }
 

@@ -75,7 +75,9 @@ impl HostTensor {
     pub fn uniform(&self) -> Option<f64> {
         let first = (self.num_elements() > 0).then(|| self.data.f64(0))?;
         let same = |x: f64| x == first || (x.is_nan() && first.is_nan());
-        (0..self.num_elements()).all(|i| same(self.data.f64(i))).then_some(first)
+        (0..self.num_elements())
+            .all(|i| same(self.data.f64(i)))
+            .then_some(first)
     }
 }
 
@@ -138,13 +140,15 @@ pub(crate) fn decode(t: &TensorProto, data_dir: Option<&Path>) -> Result<HostTen
             return Err(format!("{have} values for {n} elements"));
         }
         match kind {
-            DataType::Float => HostData::Float(t.float_data.iter().map(|&x| f64::from(x)).collect()),
+            DataType::Float => {
+                HostData::Float(t.float_data.iter().map(|&x| f64::from(x)).collect())
+            }
             DataType::Double => HostData::Float(t.double_data.clone()),
             DataType::Int64 => HostData::Int(t.int64_data.clone()),
             // Half floats are stored as their bits in `int32_data`.
-            DataType::Float16 => HostData::Float(
-                t.int32_data.iter().map(|&b| f16_to_f64(b as u16)).collect(),
-            ),
+            DataType::Float16 => {
+                HostData::Float(t.int32_data.iter().map(|&b| f16_to_f64(b as u16)).collect())
+            }
             DataType::Bfloat16 => HostData::Float(
                 t.int32_data
                     .iter()
@@ -170,12 +174,18 @@ fn from_raw(kind: DataType, raw: &[u8]) -> HostData {
                 .map(|c| f64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]))
                 .collect(),
         ),
-        DataType::Float16 => {
-            HostData::Float(chunks(2).map(|c| f16_to_f64(u16::from_le_bytes([c[0], c[1]]))).collect())
-        }
+        DataType::Float16 => HostData::Float(
+            chunks(2)
+                .map(|c| f16_to_f64(u16::from_le_bytes([c[0], c[1]])))
+                .collect(),
+        ),
         DataType::Bfloat16 => HostData::Float(
             chunks(2)
-                .map(|c| f64::from(f32::from_bits(u32::from(u16::from_le_bytes([c[0], c[1]])) << 16)))
+                .map(|c| {
+                    f64::from(f32::from_bits(
+                        u32::from(u16::from_le_bytes([c[0], c[1]])) << 16,
+                    ))
+                })
                 .collect(),
         ),
         DataType::Int64 => HostData::Int(
@@ -188,9 +198,11 @@ fn from_raw(kind: DataType, raw: &[u8]) -> HostData {
                 .map(|c| i64::from(i32::from_le_bytes([c[0], c[1], c[2], c[3]])))
                 .collect(),
         ),
-        DataType::Int16 => {
-            HostData::Int(chunks(2).map(|c| i64::from(i16::from_le_bytes([c[0], c[1]]))).collect())
-        }
+        DataType::Int16 => HostData::Int(
+            chunks(2)
+                .map(|c| i64::from(i16::from_le_bytes([c[0], c[1]])))
+                .collect(),
+        ),
         DataType::Int8 => HostData::Int(raw.iter().map(|&b| i64::from(b as i8)).collect()),
         _ => HostData::Int(raw.iter().map(|&b| i64::from(b)).collect()),
     }
@@ -225,14 +237,23 @@ fn read_external(
     let location = entry("location").ok_or("external data without a `location`")?;
     let number = |key: &str| -> Result<Option<u64>, String> {
         entry(key)
-            .map(|v| v.parse::<u64>().map_err(|_| format!("external data `{key}` is `{v}`")))
+            .map(|v| {
+                v.parse::<u64>()
+                    .map_err(|_| format!("external data `{key}` is `{v}`"))
+            })
             .transpose()
     };
     let offset = number("offset")?.unwrap_or(0);
     let dir = data_dir.ok_or("external data, but the model was not read from a file")?;
     let rel = Path::new(&location);
-    if rel.is_absolute() || rel.components().any(|c| matches!(c, std::path::Component::ParentDir)) {
-        return Err(format!("external data location `{location}` is outside the model's folder"));
+    if rel.is_absolute()
+        || rel
+            .components()
+            .any(|c| matches!(c, std::path::Component::ParentDir))
+    {
+        return Err(format!(
+            "external data location `{location}` is outside the model's folder"
+        ));
     }
     let path = dir.join(rel);
     let size = std::fs::metadata(&path)
@@ -241,7 +262,9 @@ fn read_external(
     let expected = expected.ok_or("the tensor is too large")? as u64;
     let length = number("length")?.unwrap_or(expected);
     if length != expected {
-        return Err(format!("external data length {length} for {expected} bytes of values"));
+        return Err(format!(
+            "external data length {length} for {expected} bytes of values"
+        ));
     }
     if offset.checked_add(length).is_none_or(|end| end > size) {
         return Err(format!(
@@ -252,8 +275,10 @@ fn read_external(
     }
     use std::io::{Read, Seek, SeekFrom};
     let mut f = std::fs::File::open(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-    f.seek(SeekFrom::Start(offset)).map_err(|e| format!("{}: {e}", path.display()))?;
+    f.seek(SeekFrom::Start(offset))
+        .map_err(|e| format!("{}: {e}", path.display()))?;
     let mut buf = vec![0u8; length as usize];
-    f.read_exact(&mut buf).map_err(|e| format!("{}: {e}", path.display()))?;
+    f.read_exact(&mut buf)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
     Ok(buf)
 }
