@@ -28,6 +28,7 @@
 pub mod compile;
 pub mod describe;
 mod error;
+pub mod forward;
 pub mod model;
 pub mod options;
 pub mod run;
@@ -43,9 +44,11 @@ pub use autopar_runtime as runtime;
 pub use autopar_runtime::verify::{Tolerance, VerifyReport};
 pub use compile::{CompiledPipeline, CompiledStep, Pass, PassDump, PassTiming, compile};
 pub use error::Error;
+pub use forward::{ForwardValues, NamedTensor, TensorValues, run_forward};
 pub use model::{
-    DumpFormat, ModelSource, dump, estimate, load_annotations, load_cluster,
-    load_micro_batch_forward, load_model, load_model_shapes, load_train_step, model_config,
+    DumpFormat, ModelSource, dump, estimate, import_onnx, load_annotations, load_cluster,
+    load_micro_batch_forward, load_micro_batch_forward_with_loss, load_model, load_model_shapes,
+    load_model_with_loss, load_train_step, model_config,
 };
 pub use options::{CompileOptions, PipelineSpec, SequenceLayout, sequence_layout, without_pp};
 pub use run::{PipelineRankStats, RankStats, RunOptions, RunReport, StepEvent, run, run_on};

@@ -376,7 +376,15 @@ pub(crate) fn import(
             .get(n)
             .copied()
             .unwrap_or(InputRole::Features);
-        let t = m.input(n.clone(), ty.dtype, ty.shape.clone(), role);
+        // Token ids are i32, as the zoo feeds them, when the vocabulary fits (exporters
+        // write int64 ids).
+        let dtype = match role {
+            InputRole::Tokens { vocab } if ty.dtype == DType::I64 && vocab <= i32::MAX as usize => {
+                DType::I32
+            }
+            _ => ty.dtype,
+        };
+        let t = m.input(n.clone(), dtype, ty.shape.clone(), role);
         env.insert(n.clone(), Operand::Dyn(t));
     }
     let mut counts: BTreeMap<String, usize> = BTreeMap::new();

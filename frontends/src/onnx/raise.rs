@@ -823,7 +823,10 @@ pub(crate) fn structure(
                     .insert(table.to_string(), WeightRole::TokenEmbedding);
                 st.input_roles
                     .insert(ids.to_string(), InputRole::Tokens { vocab });
-                st.token_dtype = Some(ty.dtype);
+                st.token_dtype = Some(match ty.dtype {
+                    DType::I64 if vocab <= i32::MAX as usize => DType::I32,
+                    d => d,
+                });
             }
         } else if im.vals.get(ids).and_then(Val::known).is_some() {
             st.roles
