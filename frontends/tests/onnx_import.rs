@@ -37,8 +37,11 @@ fn count(g: &Graph, kind: OpKind) -> usize {
         .count()
 }
 
-/// Parameter name -> (role, layer, dims).
-fn weights(g: &Graph) -> BTreeMap<String, (Option<WeightRole>, Option<LayerId>, Vec<usize>)> {
+/// What a test reads of a parameter: its role, layer and dims.
+type Weight = (Option<WeightRole>, Option<LayerId>, Vec<usize>);
+
+/// Parameter name -> its role, layer and dims.
+fn weights(g: &Graph) -> BTreeMap<String, Weight> {
     g.parameters()
         .into_iter()
         .map(|(v, name, ty)| {

@@ -603,7 +603,7 @@ impl<'m> Emitter<'_, 'm> {
                     // matter (shapes, axes).
                     Some(n) if self.consumes_as_data(i) => Operand::Dyn(self.param(n)?),
                     None if self.consumes_as_data(i) && self.im.param_derived(name, 8) => {
-                        Operand::Dyn(self.derived(name, env, 8)?)
+                        Operand::Dyn(self.derived(name, 8)?)
                     }
                     _ => Operand::Known(t.clone(), init.clone()),
                 },
@@ -624,12 +624,7 @@ impl<'m> Emitter<'_, 'm> {
 
     /// The value `name`, folded from a weight by layout ops ([`Importer::param_derived`]),
     /// computed from the weight's parameter so that it is trained as that weight.
-    fn derived(
-        &mut self,
-        name: &str,
-        env: &mut HashMap<String, Operand<'m>>,
-        depth: usize,
-    ) -> Result<Tensor<'m>, FrontendError> {
+    fn derived(&mut self, name: &str, depth: usize) -> Result<Tensor<'m>, FrontendError> {
         let Some(&i) = self.im.producer.get(name) else {
             return Err(self
                 .im
@@ -645,7 +640,7 @@ impl<'m> Emitter<'_, 'm> {
                     Some(Operand::Dyn(self.param(&n.clone())?))
                 }
                 (0, Some(Val::Known { .. })) if depth > 0 => {
-                    Some(Operand::Dyn(self.derived(v, env, depth - 1)?))
+                    Some(Operand::Dyn(self.derived(v, depth - 1)?))
                 }
                 (_, Some(Val::Known { t, init })) => Some(Operand::Known(t.clone(), init.clone())),
                 (_, Some(Val::Dyn(_))) => {
@@ -1221,7 +1216,7 @@ impl Importer {
             }
             "Where" => {
                 let tys: Vec<TensorType> = (0..3)
-                    .map(|k| op_at(k).map(|o| ty_of(o)))
+                    .map(|k| op_at(k).map(&ty_of))
                     .collect::<Result<Vec<_>, _>>()?
                     .into_iter()
                     .collect::<Option<Vec<_>>>()
@@ -1956,19 +1951,19 @@ fn where_host(c: &HostTensor, a: &HostTensor, b: &HostTensor, out: &[usize]) -> 
 }
 
 fn unary_host(op: &str, t: &HostTensor) -> Result<HostTensor, String> {
-    if op == "Neg" || op == "Abs" || op == "Not" {
-        if let HostData::Int(v) = &t.data {
-            let f = |x: i64| match op {
-                "Neg" => x.wrapping_neg(),
-                "Abs" => x.wrapping_abs(),
-                _ => i64::from(x == 0),
-            };
-            return Ok(HostTensor {
-                dtype: t.dtype,
-                dims: t.dims.clone(),
-                data: HostData::Int(v.iter().map(|&x| f(x)).collect()),
-            });
-        }
+    if matches!(op, "Neg" | "Abs" | "Not")
+        && let HostData::Int(v) = &t.data
+    {
+        let f = |x: i64| match op {
+            "Neg" => x.wrapping_neg(),
+            "Abs" => x.wrapping_abs(),
+            _ => i64::from(x == 0),
+        };
+        return Ok(HostTensor {
+            dtype: t.dtype,
+            dims: t.dims.clone(),
+            data: HostData::Int(v.iter().map(|&x| f(x)).collect()),
+        });
     }
     let f = |x: f64| match op {
         "Neg" => -x,
