@@ -12,6 +12,7 @@ use autopar_driver::{self as driver, DumpFormat, LossScaling, Optimizer, Recompu
 
 mod auto_cmd;
 mod calibrate_cmd;
+mod checkpoint_cmd;
 mod plan_cmd;
 mod report;
 mod report_cmd;
@@ -69,7 +70,7 @@ enum Command {
     ///
     /// Prints `step <i> loss: <value>` for each step, then `peak memory: <bytes>`, the largest
     /// total size of the tensors the interpreter held at once.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Predict step time, throughput and memory of a training plan on a cluster.
     Estimate(EstimateArgs),
     /// Search the training plans of a model on a cluster and rank those that fit.
@@ -80,6 +81,8 @@ enum Command {
     /// Estimate every expressible row of the reference tables and report the errors against
     /// their measurements (median, worst, sign) per table and overall.
     Calibrate(calibrate_cmd::CalibrateArgs),
+    /// Inspect a sharded checkpoint, or export its weights (Hugging Face safetensors).
+    Checkpoint(checkpoint_cmd::CheckpointArgs),
     /// Describe a cluster: devices, memory, fabrics and link bandwidths.
     Topo {
         /// A preset (dgx-a100:nodes=N, dgx-h100:nodes=N, hgx-h200:nodes=N, cpu:ranks=N) or a TOML file.
@@ -97,6 +100,12 @@ struct EstimateArgs {
     /// A preset (dgx-a100:nodes=N, dgx-h100:nodes=N, hgx-h200:nodes=N, cpu:ranks=N) or a TOML file.
     #[arg(long)]
     cluster: String,
+    /// The training stack whose speed is modelled: autopar (default), megatron-lm-2021,
+    /// megatron-core, nemo, deepspeed, fsdp or torchtitan, with knobs overridden as
+    /// `NAME,knob=value` (attention=flash|unfused, overlap_grad_reduce, tp_backward_overlap,
+    /// overlap_param_gather, param_gather=layer|tensor). Replaces a cluster file's [software].
+    #[arg(long, value_name = "PROFILE")]
+    software: Option<String>,
     /// Global batch size in sequences.
     #[arg(long)]
     batch: usize,
@@ -136,7 +145,12 @@ struct RunArgs {
     forward: bool,
     /// With --forward: write every input fed and every output computed to DIR as `.npy`
     /// files (`inputs.NAME.npy`, `outputs.NAME.npy`), e.g. to compare with ONNX Runtime.
-    #[arg(long, value_name = "DIR", requires = "forward")]
+    #[arg(
+        long,
+        value_name = "DIR",
+        requires = "forward",
+        conflicts_with_all = ["checkpoint", "resume", "init_from", "data"]
+    )]
     outputs: Option<String>,
     /// Number of training steps.
     #[arg(long, default_value_t = 1)]
@@ -144,9 +158,10 @@ struct RunArgs {
     /// Batch size for zoo models (the global batch, split into the micro-batches) [default: 8].
     #[arg(long)]
     batch: Option<usize>,
-    /// Seed of the parameter initialisation and the synthetic data.
-    #[arg(long, default_value_t = 0)]
-    seed: u64,
+    /// Seed of the parameter initialisation and the synthetic data [default: 0; a resumed
+    /// run keeps its checkpoint's].
+    #[arg(long)]
+    seed: Option<u64>,
     #[command(flatten)]
     train: TrainArgs,
     #[command(flatten)]
@@ -177,6 +192,8 @@ struct RunArgs {
     plan_file: Option<String>,
     #[command(flatten)]
     diag: run_cmd::CompileDiagArgs,
+    #[command(flatten)]
+    checkpoint: checkpoint_cmd::CheckpointRunArgs,
 }
 
 /// Options of a pipeline-parallel run or dump.
@@ -380,6 +397,7 @@ fn execute(cli: Cli) -> Result<()> {
         Command::Plan(args) => plan_cmd::plan(args),
         Command::Report(args) => report_cmd::report(args),
         Command::Calibrate(args) => calibrate_cmd::calibrate_cmd(args),
+        Command::Checkpoint(args) => checkpoint_cmd::run(&args),
         Command::Topo { cluster, toml } => topo(&cluster, toml),
     }
 }
@@ -387,7 +405,7 @@ fn execute(cli: Cli) -> Result<()> {
 fn estimate(args: EstimateArgs) -> Result<()> {
     use driver::cost_model::Plan;
     use driver::ir::DType;
-    let cluster = driver::load_cluster(&args.cluster)?;
+    let cluster = driver::load_cluster_with(&args.cluster, args.software.as_deref())?;
     let cluster_desc = format!("{} ({} devices)", args.cluster, cluster.num_devices());
     let mut plan = if args.plan.trim().is_empty() {
         Plan::default()

@@ -11,6 +11,7 @@ use autopar_driver::{self as driver, CompileOptions, CompiledStep, Pass, RunRepo
 use driver::ir::DeviceMesh;
 use driver::ir::schedule::{Schedule, ScheduleKind};
 
+use crate::checkpoint_cmd::Session;
 use crate::{PipelineArgs, RunArgs, Stage, TrainArgs, print_stdout, spmd_cmd};
 
 /// Compiler diagnostics of `autopar run`.
@@ -77,7 +78,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
     )?;
     options.reference = args.verify;
     if let Some(dir) = &args.outputs {
-        return write_forward(&options, args.seed, dir);
+        return write_forward(&options, args.seed.unwrap_or(0), dir);
     }
     run_options(args, options)
 }
@@ -174,14 +175,42 @@ pub fn run_options(args: &RunArgs, mut options: CompileOptions) -> Result<()> {
     if args.diag.timings {
         print_stdout(&timings(&step))?;
     }
+    let session = Session::new(&args.checkpoint, &options, &step, args.seed)?;
     let run_options = driver::RunOptions {
-        seed: args.seed,
-        steps: if args.forward { 1 } else { args.steps },
+        seed: session.seed,
+        steps: match args.forward {
+            true => 1,
+            false => session.steps_to_run(args.steps)?,
+        },
         verify: args.verify,
+        first_step: session.first_step,
+    };
+    let initial = session
+        .initial
+        .as_ref()
+        .map(|states| move |rank: usize| Ok(states[rank].clone()));
+    let batch = session.data.as_ref().map(|d| move |i: u64| d.batch(i));
+    let compiled = &step;
+    let mut save = session.save.as_ref().map(|target| {
+        let (seed, first) = (session.seed, session.first_step);
+        (
+            target.every(),
+            move |done: u64, states: &[driver::TensorMap]| {
+                target.save(compiled, done, seed, first, states)
+            },
+        )
+    });
+    let hooks = driver::RunHooks {
+        initial_state: initial.as_ref().map(|f| f as &driver::StateFn),
+        batch: batch.as_ref().map(|f| f as &driver::BatchFn),
+        save: save.as_mut().map(|(every, f)| driver::SaveHook {
+            every: *every,
+            save: f,
+        }),
     };
     let single_forward = args.forward && options.mesh.is_none();
     let mut printed = Ok(());
-    let report = driver::run(&step, &run_options, |e| {
+    let report = driver::run_with(&step, &run_options, hooks, |e| {
         let line = match single_forward {
             true => format!("loss: {:.6}\n", e.loss),
             false => format!("step {} loss: {:.6}\n", e.step + 1, e.loss),

@@ -217,6 +217,7 @@ fn pipeline_ranks_hold_only_their_stages_state() {
         seed: 7,
         steps: 2,
         verify: true,
+        first_step: 0,
     };
     let summary = autopar_driver::run(&program, &two_steps, |_| {}).expect("runs");
     assert!(summary.verify.expect("verified").ok());

@@ -43,6 +43,7 @@ fn run_steps(step: &CompiledStep, seed: u64, steps: u64, verify: bool) -> RunRep
         seed,
         steps,
         verify,
+        first_step: 0,
     };
     run(step, &o, |_| {}).expect("runs")
 }

@@ -55,6 +55,15 @@ pub enum Error {
     /// A mesh, placement or graph is malformed.
     #[error(transparent)]
     Ir(#[from] autopar_ir::IrError),
+    /// A checkpoint (or a weights file) is missing, incomplete, corrupt or does not fit the
+    /// model.
+    #[error("{path} {detail}")]
+    Checkpoint {
+        /// The file or directory at fault.
+        path: String,
+        /// What is wrong, naming the tensor.
+        detail: String,
+    },
     /// An option does not apply, or options contradict each other.
     #[error("{0}")]
     Usage(String),

@@ -25,7 +25,9 @@
 //! The workspace's libraries are re-exported, so that one dependency gives the whole
 //! compiler.
 
+pub mod checkpoint;
 pub mod compile;
+pub mod data;
 pub mod describe;
 mod error;
 pub mod forward;
@@ -42,16 +44,20 @@ pub use autopar_passes as passes;
 pub use autopar_runtime as runtime;
 
 pub use autopar_runtime::verify::{Tolerance, VerifyReport};
+pub use autopar_runtime::{Tensor, TensorMap};
 pub use compile::{CompiledPipeline, CompiledStep, Pass, PassDump, PassTiming, compile};
 pub use error::Error;
 pub use forward::{ForwardValues, NamedTensor, TensorValues, run_forward};
 pub use model::{
     DumpFormat, ModelSource, dump, estimate, import_onnx, load_annotations, load_cluster,
-    load_micro_batch_forward, load_micro_batch_forward_with_loss, load_model, load_model_shapes,
-    load_model_with_loss, load_train_step, model_config,
+    load_cluster_with, load_micro_batch_forward, load_micro_batch_forward_with_loss, load_model,
+    load_model_shapes, load_model_with_loss, load_train_step, model_config,
 };
 pub use options::{CompileOptions, PipelineSpec, SequenceLayout, sequence_layout, without_pp};
-pub use run::{PipelineRankStats, RankStats, RunOptions, RunReport, StepEvent, run, run_on};
+pub use run::{
+    BatchFn, PipelineRankStats, RankStats, RunHooks, RunOptions, RunReport, SaveFn, SaveHook,
+    StateFn, StepEvent, run, run_on, run_with,
+};
 pub use state::{Shard, StateLayout, StateTensor};
 
 pub use autopar_passes::parallelize::{Annotation, ParallelOptions};

@@ -33,6 +33,10 @@ pub struct RunOptions {
     pub steps: u64,
     /// Run the single-device reference beside the ranks and compare.
     pub verify: bool,
+    /// Index of the first step: how many steps the state has already taken (a resumed run
+    /// starts after its checkpoint's). It selects each step's data, so that a resumed run
+    /// is fed what the uninterrupted one was.
+    pub first_step: u64,
 }
 
 impl Default for RunOptions {
@@ -41,9 +45,43 @@ impl Default for RunOptions {
             seed: 0,
             steps: 1,
             verify: false,
+            first_step: 0,
         }
     }
 }
+
+/// Where a run's state and data come from, and what it does with its state between steps.
+/// The default draws the state from the seed, feeds [`rt::synthetic_batch`] and saves
+/// nothing.
+#[derive(Default)]
+pub struct RunHooks<'a> {
+    /// The state rank `rank` (of the whole mesh) starts from, instead of the one drawn from
+    /// the seed ([`crate::StateLayout::init_rank`]): a checkpoint's, or loaded weights. With
+    /// `verify`, the reference starts from these states too, gathered.
+    pub initial_state: Option<&'a StateFn<'a>>,
+    /// The global batch of step `i` (0-based, counting from the start of training), instead
+    /// of the synthetic one.
+    pub batch: Option<&'a BatchFn<'a>>,
+    /// What to do with the state every so many steps.
+    pub save: Option<SaveHook<'a>>,
+}
+
+/// A callback that receives every rank's state after every `every` steps and after the
+/// last one.
+pub struct SaveHook<'a> {
+    /// Steps between saves (counted from the start of training, at least one).
+    pub every: u64,
+    /// Called with the number of steps the state has taken and every rank's state, in rank
+    /// order.
+    pub save: &'a mut SaveFn<'a>,
+}
+
+/// The initial state of a rank, by rank of the whole mesh.
+pub type StateFn<'a> = dyn Fn(usize) -> Result<TensorMap, Error> + Sync + 'a;
+/// The global batch of a step, by step index.
+pub type BatchFn<'a> = dyn Fn(u64) -> Result<TensorMap, Error> + Sync + 'a;
+/// A save callback: steps taken and every rank's state.
+pub type SaveFn<'a> = dyn FnMut(u64, &[TensorMap]) -> Result<(), Error> + 'a;
 
 /// What one step reported, as soon as it ended.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -99,22 +137,36 @@ pub fn run(
     options: &RunOptions,
     on_step: impl FnMut(&StepEvent),
 ) -> Result<RunReport, Error> {
+    run_with(step, options, RunHooks::default(), on_step)
+}
+
+/// Like [`run`], with the state and data from `hooks`, and the state handed to its save
+/// callback as the run goes.
+pub fn run_with(
+    step: &CompiledStep,
+    options: &RunOptions,
+    hooks: RunHooks<'_>,
+    on_step: impl FnMut(&StepEvent),
+) -> Result<RunReport, Error> {
     run_on(
         step,
         &ThreadLauncher::default(),
         &CpuBackend::default(),
         options,
+        hooks,
         on_step,
     )
 }
 
-/// Like [`run`], with the ranks started by `launcher` and their programs run by `backend`.
-/// Pipelines run only on the CPU backend, whose interpreter the pipeline executor drives.
+/// Like [`run_with`], with the ranks started by `launcher` and their programs run by
+/// `backend`. Pipelines run only on the CPU backend, whose interpreter the pipeline executor
+/// drives.
 pub fn run_on<L, B>(
     step: &CompiledStep,
     launcher: &L,
     backend: &B,
     options: &RunOptions,
+    mut hooks: RunHooks<'_>,
     mut on_step: impl FnMut(&StepEvent),
 ) -> Result<RunReport, Error>
 where
@@ -133,26 +185,36 @@ where
             "--steps 0 runs nothing (and would verify nothing)".into(),
         ));
     }
+    if hooks.save.as_ref().is_some_and(|s| s.every == 0) {
+        return Err(Error::Usage("a save every 0 steps never saves".into()));
+    }
     let n = step.mesh.num_devices();
     let g = &step.global;
+    let initial: Vec<TensorMap> = (0..n)
+        .map(|rank| match hooks.initial_state {
+            Some(f) => f(rank),
+            None => step.state.init_rank(rank, options.seed),
+        })
+        .collect::<Result<_, _>>()?;
+    let mut reference = match options.verify {
+        true => Some(Reference::new(
+            step,
+            options.seed,
+            hooks.initial_state.map(|_| &initial[..]),
+        )?),
+        false => None,
+    };
     let mut ranks = match &step.pipeline {
-        None => Ranks::Spmd(SpmdRanks::load(step, backend, options.seed)?),
+        None => Ranks::Spmd(SpmdRanks::load(step, backend, &initial)?),
         Some(_) => {
             let cpu = (backend as &dyn Any)
                 .downcast_ref::<CpuBackend>()
                 .ok_or_else(|| Error::Usage("pipelines run on the CPU backend only".into()))?;
-            let states = (0..n)
-                .map(|rank| step.state.init_rank(rank, options.seed))
-                .collect::<Result<_, _>>()?;
             Ranks::Pipelined {
-                states,
+                states: initial,
                 backend: *cpu,
             }
         }
-    };
-    let mut reference = match options.verify {
-        true => Some(Reference::new(step, options.seed)?),
-        false => None,
     };
     let mut report = RunReport {
         losses: Vec::new(),
@@ -164,8 +226,12 @@ where
     let mut peaks = vec![0u64; n];
     let mut pipeline_stats = vec![None; n];
     let sharded = step.strategies.is_some();
-    for i in 0..options.steps {
-        let batch = rt::synthetic_batch(g, options.seed, i)?;
+    let last = options.first_step + options.steps;
+    for i in options.first_step..last {
+        let batch = match hooks.batch {
+            Some(f) => f(i)?,
+            None => rt::synthetic_batch(g, options.seed, i)?,
+        };
         let inputs: Vec<TensorMap> = (0..step.locals.len())
             .map(|which| rank_inputs(g, sharded, &batch, &step.spmd_mesh, which))
             .collect::<Result<_, _>>()?;
@@ -215,6 +281,16 @@ where
         report.peak_bytes = report
             .peak_bytes
             .max(peaks.iter().copied().max().unwrap_or(0));
+        let done = i + 1;
+        if let Some(save) = hooks.save.as_mut()
+            && (done.is_multiple_of(save.every) || done == last)
+        {
+            let states = match &ranks {
+                Ranks::Spmd(s) => s.download(backend)?,
+                Ranks::Pipelined { states, .. } => states.clone(),
+            };
+            (save.save)(done, &states)?;
+        }
     }
     let states = match ranks {
         Ranks::Spmd(s) => s.download(backend)?,
@@ -268,7 +344,7 @@ where
     for<'g> B::Executable<'g>: Sync,
 {
     /// Loads every rank's program with its execution plan and uploads its state.
-    fn load(step: &'s CompiledStep, backend: &B, seed: u64) -> Result<Self, Error> {
+    fn load(step: &'s CompiledStep, backend: &B, initial: &[TensorMap]) -> Result<Self, Error> {
         let executables = step
             .locals
             .iter()
@@ -281,8 +357,9 @@ where
                 backend.load(g, plan)
             })
             .collect::<Result<_, _>>()?;
-        let states = (0..step.locals.len())
-            .map(|rank| upload(backend, &step.state.init_rank(rank, seed)?))
+        let states = initial
+            .iter()
+            .map(|state| upload(backend, state))
             .collect::<Result<_, _>>()?;
         Ok(SpmdRanks {
             executables,
@@ -336,7 +413,7 @@ where
     }
 
     /// Every rank's state, read back from the backend.
-    fn download(self, backend: &B) -> Result<Vec<TensorMap>, Error> {
+    fn download(&self, backend: &B) -> Result<Vec<TensorMap>, Error> {
         self.states
             .iter()
             .map(|s| {
@@ -418,7 +495,13 @@ struct Reference<'a> {
 }
 
 impl<'a> Reference<'a> {
-    fn new(step: &'a CompiledStep, seed: u64) -> Result<Self, Error> {
+    /// The reference of `step`, starting from the state drawn from `seed`, or from the
+    /// ranks' `initial` states gathered.
+    fn new(
+        step: &'a CompiledStep,
+        seed: u64,
+        initial: Option<&[TensorMap]>,
+    ) -> Result<Self, Error> {
         let graph = step.reference.as_ref().ok_or_else(|| {
             Error::Usage(
                 "--verify: the step was laid out for its mesh and compiled without the original \
@@ -426,9 +509,15 @@ impl<'a> Reference<'a> {
                     .into(),
             )
         })?;
+        let mut state = rt::init_parameters(graph, seed)?;
+        if let Some(ranks) = initial {
+            for (name, slot) in state.iter_mut() {
+                *slot = step.state.gather(name, ranks)?;
+            }
+        }
         Ok(Reference {
             graph,
-            state: rt::init_parameters(graph, seed)?,
+            state,
             comparison: Comparison::new(Tolerance::for_compute(step.compute_dtype)),
         })
     }

@@ -1,9 +1,10 @@
 //! Where the training state lives: [`StateLayout`] records, for every state tensor of a
 //! compiled step (its parameters: weights, optimizer state, step counters, loss-scaling
 //! state), its global type and sharding and which ranks hold which region. Initialising a
-//! rank, gathering a tensor back for `--verify`, and (later) saving and resharding
-//! checkpoints all read it.
+//! rank, gathering a tensor back for `--verify`, and saving and resharding checkpoints
+//! ([`crate::checkpoint`]) all read it.
 
+use std::collections::BTreeMap;
 use std::ops::Range;
 
 use autopar_ir::sharding_algebra::local_region;
@@ -110,6 +111,54 @@ impl StateLayout {
             state.insert(t.name.clone(), value);
         }
         Ok(state)
+    }
+
+    /// Like [`StateLayout::init_rank`], with the tensors of `given` (whole, at their global
+    /// types) taking the place of drawn ones: the rank keeps its region of each.
+    pub fn init_rank_with(
+        &self,
+        rank: usize,
+        seed: u64,
+        given: &TensorMap,
+    ) -> Result<TensorMap, Error> {
+        let mut state = TensorMap::new();
+        for t in &self.tensors {
+            let Some(shard) = t.shards.iter().find(|s| s.ranks.contains(&rank)) else {
+                continue;
+            };
+            let value = match given.get(&t.name) {
+                Some(whole) if *whole.ty() == t.ty => {
+                    crate::checkpoint::slice(whole, &shard.region)?
+                }
+                Some(whole) => {
+                    return Err(Error::Usage(format!(
+                        "`{}` is given as {} but the model's is {}",
+                        t.name,
+                        whole.ty(),
+                        t.ty
+                    )));
+                }
+                None => dist::init_region(&t.name, &t.ty, &t.init, &shard.region, seed)?,
+            };
+            state.insert(t.name.clone(), value);
+        }
+        Ok(state)
+    }
+
+    /// The model's weights among the state (parameters with a weight role, not optimizer
+    /// state or counters), by name, at their global types.
+    pub fn weights(&self, step: &CompiledStep) -> BTreeMap<String, TensorType> {
+        let g = &step.global;
+        g.nodes_in_order()
+            .into_iter()
+            .filter_map(|n| {
+                let Op::Parameter { name, ty, .. } = &g.node(n).op else {
+                    return None;
+                };
+                g.meta(n).role.map(|_| (name.clone(), ty.clone()))
+            })
+            .filter(|(name, _)| self.tensors.iter().any(|t| t.name == *name))
+            .collect()
     }
 
     /// Bytes rank `rank` holds.
