@@ -80,6 +80,14 @@ pub fn run(args: &RunArgs) -> Result<()> {
     if let Some(dir) = &args.outputs {
         return write_forward(&options, args.seed.unwrap_or(0), dir);
     }
+    if let driver::ModelSource::OnnxFile(path) = driver::ModelSource::classify(&args.model)
+        && options.loss.is_none()
+    {
+        bail!(
+            "`{path}` is a forward without a loss: add --loss ce|mse, or write its outputs with \
+             --forward --outputs DIR"
+        );
+    }
     run_options(args, options)
 }
 

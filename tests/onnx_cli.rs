@@ -52,6 +52,11 @@ fn gpt2_forward_matches_onnx_runtime() {
 }
 
 #[test]
+fn gpt2_opset14_forward_matches_onnx_runtime() {
+    check_against_onnx_runtime("gpt2-tiny-opset14.onnx", "2");
+}
+
+#[test]
 fn llama_forward_matches_onnx_runtime() {
     check_against_onnx_runtime("llama-tiny.onnx", "3");
 }
@@ -127,6 +132,10 @@ fn gpt2_trains_on_dp2_tp2_and_verifies() {
 fn an_onnx_forward_needs_a_loss_to_train() {
     let err = autopar_err(&["run", &model("gpt2-tiny.onnx"), "--steps", "1"]);
     assert!(err.contains("--loss ce"), "{err}");
+    let err = autopar_err(&["run", &model("gpt2-tiny.onnx"), "--forward"]);
+    assert!(err.contains("--outputs DIR"), "{err}");
+    let out = autopar_ok(&["run", &model("gpt2-tiny.onnx"), "--forward", "--loss", "ce"]);
+    assert!(out.starts_with("loss: "), "{out}");
 }
 
 /// The best plan of `plan --json`, without the model's name.

@@ -150,6 +150,28 @@ fn gpt2_export_is_raised_to_the_zoo_ops() {
 }
 
 #[test]
+fn decomposed_layer_norms_of_opset_14_are_raised() {
+    let im = import("gpt2-tiny-opset14.onnx", 2, None);
+    let g = &im.graph;
+    assert_eq!(im.report.opset, 14);
+    assert!(im.report.not_understood.is_empty(), "{}", im.report);
+    assert_eq!(count(g, OpKind::LayerNorm), 5);
+    assert_eq!(
+        count(g, OpKind::Reduce),
+        0,
+        "no reduction of the decomposition is left"
+    );
+    assert_eq!(count(g, OpKind::Attention), 2);
+    for i in 0..2 {
+        let norms = roles_in(g, LayerId::Block(i))
+            .iter()
+            .filter(|r| **r == WeightRole::Norm)
+            .count();
+        assert_eq!(norms, 4);
+    }
+}
+
+#[test]
 fn llama_export_raises_rms_norm_rotary_gqa_and_swiglu() {
     // The weights are in the external-data file beside the model.
     let im = import("llama-tiny.onnx", 3, None);

@@ -774,6 +774,17 @@ impl<'m> Emitter<'_, 'm> {
                 let g = self.dyn_value(gamma, env, None)?;
                 x.rms_norm(g, *eps)
             }
+            Raised::LayerNorm {
+                x,
+                gamma,
+                beta,
+                eps,
+            } => {
+                let x = self.dyn_value(x, env, None)?;
+                let g = self.dyn_value(gamma, env, None)?;
+                let b = self.dyn_value(beta, env, None)?;
+                x.layer_norm(g, b, *eps)
+            }
             Raised::Gelu { x } => self.dyn_value(x, env, None)?.gelu(),
             Raised::Silu { x } => self.dyn_value(x, env, None)?.silu(),
             Raised::Projection { x, w, b } => {

@@ -44,6 +44,18 @@ pub enum Raised {
         /// The epsilon.
         eps: f64,
     },
+    /// `gamma * (x - mean(x)) / sqrt(var(x) + eps) + beta`, decomposed (opsets before 17
+    /// have no `LayerNormalization`).
+    LayerNorm {
+        /// The normalised value.
+        x: String,
+        /// The scale.
+        gamma: String,
+        /// The shift.
+        beta: String,
+        /// The epsilon.
+        eps: f64,
+    },
     /// `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`.
     Gelu {
         /// The argument.
@@ -99,6 +111,7 @@ impl Raised {
     pub fn op_name(&self) -> &'static str {
         match self {
             Raised::RmsNorm { .. } => "rms_norm",
+            Raised::LayerNorm { .. } => "layer_norm",
             Raised::Gelu { .. } => "gelu",
             Raised::Silu { .. } => "silu",
             Raised::Projection { .. } => "qkv_projection",
@@ -112,6 +125,9 @@ impl Raised {
     pub fn leaves(&self) -> Vec<String> {
         match self {
             Raised::RmsNorm { x, gamma, .. } => vec![x.clone(), gamma.clone()],
+            Raised::LayerNorm { x, gamma, beta, .. } => {
+                vec![x.clone(), gamma.clone(), beta.clone()]
+            }
             Raised::Gelu { x } | Raised::Silu { x } => vec![x.clone()],
             Raised::Projection { x, w, b } | Raised::OutProjection { x, w, b } => {
                 let mut v = vec![x.clone(), w.clone()];
@@ -286,6 +302,47 @@ impl Importer {
                 x,
                 gamma: g,
                 eps,
+            })
+        })
+    }
+
+    /// `x` when `v` is `x - mean(x)` over the last dim.
+    fn centered(&self, v: &str) -> Option<String> {
+        let (_, sub) = self.made_by(v, "Sub")?;
+        let x = sub.input(0)?.to_string();
+        (self.reduce_mean_last(sub.input(1)?)? == x).then_some(x)
+    }
+
+    fn try_layer_norm(&self, n: &NodeRec) -> Option<Raised> {
+        if n.op != "Add" {
+            return None;
+        }
+        let one_d = |v: &str| self.is_param(v) && self.dims_of(v).is_some_and(|d| d.len() == 1);
+        Self::pairs(n).into_iter().find_map(|(y, beta)| {
+            if !one_d(&beta) {
+                return None;
+            }
+            let (_, mul) = self.made_by(&y, "Mul")?;
+            Self::pairs(mul).into_iter().find_map(|(z, gamma)| {
+                if !one_d(&gamma) {
+                    return None;
+                }
+                let (_, div) = self.made_by(&z, "Div")?;
+                let d = div.input(0)?;
+                let x = self.centered(d)?;
+                // The variance is the mean square of the same centred value.
+                let (_, sqrt) = self.made_by(div.input(1)?, "Sqrt")?;
+                let (_, add) = self.made_by(sqrt.input(0)?, "Add")?;
+                let eps = Self::pairs(add).into_iter().find_map(|(a, b)| {
+                    let eps = self.scalar(&b)?;
+                    (self.square_of(&self.reduce_mean_last(&a)?)? == d).then_some(eps)
+                })?;
+                Some(Raised::LayerNorm {
+                    x,
+                    gamma,
+                    beta: beta.clone(),
+                    eps,
+                })
             })
         })
     }
@@ -714,6 +771,7 @@ pub(crate) fn find(im: &mut Importer) -> HashMap<usize, Raised> {
         }
         let r = im
             .try_rms(&n)
+            .or_else(|| im.try_layer_norm(&n))
             .or_else(|| im.try_gelu(&n))
             .or_else(|| im.try_silu(&n))
             .or_else(|| im.try_attention(&n))
@@ -753,7 +811,7 @@ pub(crate) fn structure(
     for (i, n) in im.nodes.iter().enumerate() {
         let out = n.outputs.first().cloned().unwrap_or_default();
         match raised.get(&i) {
-            Some(Raised::RmsNorm { x, gamma, .. }) => {
+            Some(Raised::RmsNorm { x, gamma, .. } | Raised::LayerNorm { x, gamma, .. }) => {
                 // The norm starts at the first node that reads `x` on the way to the root.
                 let start = (0..i)
                     .find(|&k| {
@@ -761,12 +819,16 @@ pub(crate) fn structure(
                             && im.nodes[k].outputs.iter().any(|o| depends_on(im, i, o))
                     })
                     .unwrap_or(i);
+                let mut params = vec![gamma.clone()];
+                if let Some(Raised::LayerNorm { beta, .. }) = raised.get(&i) {
+                    params.push(beta.clone());
+                }
                 norms.push(Norm {
                     start,
                     root: i,
                     x: x.clone(),
                     out,
-                    params: vec![gamma.clone()],
+                    params,
                 });
             }
             None if n.op == "LayerNormalization" => {

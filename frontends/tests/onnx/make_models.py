@@ -7,8 +7,9 @@ an imported model and the zoo model of the same shape can be compared plan for p
 
     python3 frontends/tests/onnx/make_models.py [OUT_DIR]
 
-writes `gpt2-tiny.onnx` (weights inside the file) and `llama-tiny.onnx` with its weights in
-the external-data file `llama-tiny.onnx.data`. The batch dim is symbolic (`batch`).
+writes `gpt2-tiny.onnx` (weights inside the file), `llama-tiny.onnx` with its weights in
+the external-data file `llama-tiny.onnx.data`, and `gpt2-tiny-opset14.onnx`, whose layer
+norms the exporter decomposes (opset 14 has no `LayerNormalization`). The batch dim is symbolic (`batch`).
 Needs torch and onnx; the weights are drawn from a fixed seed, so the files are reproducible
 on one PyTorch version.
 """
@@ -176,7 +177,7 @@ class Llama(nn.Module):
         return self.lm_head(self.norm(x))
 
 
-def export(model, path, external_data):
+def export(model, path, external_data, opset=17):
     import onnx
 
     model.eval()
@@ -193,7 +194,7 @@ def export(model, path, external_data):
         input_names=["tokens"],
         output_names=["logits"],
         dynamic_axes={"tokens": {0: "batch"}, "logits": {0: "batch"}},
-        opset_version=17,
+        opset_version=opset,
         do_constant_folding=True,
         dynamo=False,
     )
@@ -212,6 +213,9 @@ def main():
     export(Gpt2(), os.path.join(out, "gpt2-tiny.onnx"), external_data=False)
     torch.manual_seed(1)
     export(Llama(), os.path.join(out, "llama-tiny.onnx"), external_data=True)
+    # Opset 14 has no LayerNormalization: the exporter decomposes it into reductions.
+    torch.manual_seed(2)
+    export(Gpt2(), os.path.join(out, "gpt2-tiny-opset14.onnx"), external_data=False, opset=14)
 
 
 if __name__ == "__main__":
