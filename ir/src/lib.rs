@@ -29,7 +29,8 @@ pub use graph::{Graph, Node, NodeId, Value, ValueId};
 pub use mesh::{DeviceMesh, MeshAxis};
 pub use meta::{LayerId, NodeMeta, Part, Phase, WeightRole};
 pub use op::{
-    BinaryOp, CompareOp, EinsumSpec, Init, InputRole, Op, OpKind, ReduceOp, UnaryOp, Values,
+    BinaryOp, CompareOp, EinsumSpec, FusedInstr, FusionBody, Init, InputRole, Op, OpKind, ReduceOp,
+    UnaryOp, Values,
 };
 pub use placement::{Placement, ReduceKind, Sharding, ShardingOrigin};
 pub use types::{DType, Shape, TensorType};
