@@ -62,6 +62,10 @@ enum Command {
         /// With --stage partitioned, the rank whose program to show.
         #[arg(long, default_value_t = 0)]
         rank: usize,
+        /// Print the values of parameters imported with given values (ONNX initializers) in
+        /// full, so that the text loads back; by default only their count is printed.
+        #[arg(long)]
+        values: bool,
     },
     /// Train a model on the reference interpreter (or run one forward pass with --forward).
     ///
@@ -144,6 +148,15 @@ struct RunArgs {
     /// Run one forward pass and print `loss: <value>` instead of training.
     #[arg(long, conflicts_with = "steps")]
     forward: bool,
+    /// With --forward: write every input fed and every output computed to DIR as `.npy`
+    /// files (`inputs.NAME.npy`, `outputs.NAME.npy`), e.g. to compare with ONNX Runtime.
+    #[arg(
+        long,
+        value_name = "DIR",
+        requires = "forward",
+        conflicts_with_all = ["checkpoint", "resume", "init_from", "data"]
+    )]
+    outputs: Option<String>,
     /// Number of training steps.
     #[arg(long, default_value_t = 1)]
     steps: u64,
@@ -236,6 +249,14 @@ struct TrainArgs {
     /// finite steps).
     #[arg(long, default_value_t = 65536.0)]
     loss_scale: f64,
+    /// The loss of an ONNX model (a forward): `ce`, cross-entropy of its last output's
+    /// logits against a new `targets` input of next tokens, or `mse`.
+    #[arg(long, value_parser = parse_loss)]
+    loss: Option<driver::frontends::onnx::Loss>,
+}
+
+fn parse_loss(v: &str) -> Result<driver::frontends::onnx::Loss, String> {
+    v.parse()
 }
 
 impl TrainArgs {
@@ -369,17 +390,25 @@ fn execute(cli: Cli) -> Result<()> {
             pipeline,
             spmd,
             rank,
+            values,
         } => {
             let text = match run_cmd::dump(&model, batch, stage, &train, &pipeline, &spmd, rank)? {
                 run_cmd::Dumped::Text(text) => text,
-                run_cmd::Dumped::Graph(g) => driver::dump(
-                    &g,
-                    match format {
-                        Format::Text => DumpFormat::Text,
-                        Format::Dot => DumpFormat::Dot,
-                        Format::Json => DumpFormat::Json,
-                    },
-                ),
+                run_cmd::Dumped::Graph(g) => {
+                    let text = driver::dump(
+                        &g,
+                        match format {
+                            Format::Text if values => DumpFormat::TextWithValues,
+                            Format::Text => DumpFormat::Text,
+                            Format::Dot => DumpFormat::Dot,
+                            Format::Json => DumpFormat::Json,
+                        },
+                    );
+                    match (format, run_cmd::import_report(&model, batch, &train)?) {
+                        (Format::Text, Some(report)) => format!("{report}{text}"),
+                        _ => text,
+                    }
+                }
             };
             match output {
                 Some(path) => {

@@ -53,6 +53,7 @@ pub fn compile_options(
     o.batch = batch;
     o.train = train.options();
     o.forward_only = forward;
+    o.loss = train.loss;
     if let Some(mesh) = &pipeline.mesh {
         o = o.on_mesh(mesh)?;
         o.parallel = spmd.options()?;
@@ -76,7 +77,83 @@ pub fn run(args: &RunArgs) -> Result<()> {
         args.forward,
     )?;
     options.reference = args.verify;
+    if let Some(dir) = &args.outputs {
+        return write_forward(&options, args.seed.unwrap_or(0), dir);
+    }
+    if let driver::ModelSource::OnnxFile(path) = driver::ModelSource::classify(&args.model)
+        && options.loss.is_none()
+    {
+        bail!(
+            "`{path}` is a forward without a loss: add --loss ce|mse, or write its outputs with \
+             --forward --outputs DIR"
+        );
+    }
     run_options(args, options)
+}
+
+/// `run --forward --outputs DIR`: one forward pass on one device, its inputs and outputs
+/// written as `.npy` files.
+fn write_forward(options: &CompileOptions, seed: u64, dir: &str) -> Result<()> {
+    if options.mesh.is_some() {
+        bail!("--outputs runs the forward on one device; leave out --mesh");
+    }
+    let step = driver::compile(options)?;
+    let values = driver::run_forward(&step, seed)?;
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create `{dir}`"))?;
+    let mut n = 0;
+    for (kind, tensors) in [("inputs", &values.inputs), ("outputs", &values.outputs)] {
+        for t in tensors {
+            let path = std::path::Path::new(dir).join(format!("{kind}.{}.npy", t.name));
+            std::fs::write(&path, npy(t))
+                .with_context(|| format!("cannot write `{}`", path.display()))?;
+            n += 1;
+        }
+    }
+    print_stdout(&format!("wrote {n} files to {dir}/\n"))
+}
+
+/// A tensor in NumPy's `.npy` format (version 1.0): float outputs as `<f4`, integers as `<i8`.
+fn npy(t: &driver::NamedTensor) -> Vec<u8> {
+    let (descr, data): (&str, Vec<u8>) = match &t.values {
+        driver::TensorValues::Float(v) => (
+            "<f4",
+            v.iter().flat_map(|&x| (x as f32).to_le_bytes()).collect(),
+        ),
+        driver::TensorValues::Int(v) => ("<i8", v.iter().flat_map(|x| x.to_le_bytes()).collect()),
+    };
+    let shape: Vec<String> = t.dims.iter().map(usize::to_string).collect();
+    let shape = match shape.len() {
+        1 => format!("({},)", shape[0]),
+        _ => format!("({})", shape.join(", ")),
+    };
+    let mut header = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape}, }}");
+    // Magic (6) + version (2) + length (2) + header + newline, padded to a multiple of 64.
+    while (10 + header.len() + 1) % 64 != 0 {
+        header.push(' ');
+    }
+    header.push('\n');
+    let mut out = b"\x93NUMPY\x01\x00".to_vec();
+    out.extend_from_slice(&(header.len() as u16).to_le_bytes());
+    out.extend_from_slice(header.as_bytes());
+    out.extend_from_slice(&data);
+    out
+}
+
+/// The import report of an ONNX model argument (what raising recognised), for the top of a
+/// text dump; `None` for other models.
+pub fn import_report(
+    model: &str,
+    batch: Option<usize>,
+    train: &TrainArgs,
+) -> Result<Option<String>> {
+    match driver::ModelSource::classify(model) {
+        driver::ModelSource::OnnxFile(path) => Ok(Some(
+            driver::import_onnx(&path, batch, train.loss)?
+                .report
+                .to_string(),
+        )),
+        _ => Ok(None),
+    }
 }
 
 /// Compiles `options`, runs it as `args` asks and prints the report.

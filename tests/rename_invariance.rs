@@ -85,7 +85,7 @@ fn rewritten(g: &Graph, seed: u64, parameters: bool) -> Graph {
             Op::Parameter { ty, init, .. } if parameters => Op::Parameter {
                 name: names.next(),
                 ty: ty.clone(),
-                init: *init,
+                init: init.clone(),
             },
             op => op.clone(),
         };
@@ -125,7 +125,7 @@ fn anonymous(g: &Graph) -> String {
                 Op::Parameter {
                     name: format!("p{k}"),
                     ty: ty.clone(),
-                    init: *init,
+                    init: init.clone(),
                 }
             }
             op => op.clone(),

@@ -18,7 +18,7 @@ use autopar_runtime::{ExecutionPlan, PipelinePlans};
 
 use crate::options::{CompileOptions, sequence_layout, without_pp};
 use crate::state::StateLayout;
-use crate::{Error, load_micro_batch_forward, load_model};
+use crate::{Error, load_micro_batch_forward_with_loss, load_model_with_loss};
 
 /// The passes of [`compile`], in the order they run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -203,8 +203,10 @@ pub fn compile(options: &CompileOptions) -> Result<CompiledStep, Error> {
     let layout = sequence_layout(&mesh, &o.parallel.layer)?;
 
     let forward = log.run(Pass::Model, || match o.forward_only {
-        true => load_model(&o.model, o.batch),
-        false => load_micro_batch_forward(&o.model, o.batch, o.train.micro_batches),
+        true => load_model_with_loss(&o.model, o.batch, o.loss),
+        false => {
+            load_micro_batch_forward_with_loss(&o.model, o.batch, o.train.micro_batches, o.loss)
+        }
     })?;
     let laid_out = match layout {
         Some(l) if !stops_before(o, Pass::SequenceLayout) => {

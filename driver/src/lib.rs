@@ -30,6 +30,7 @@ pub mod compile;
 pub mod data;
 pub mod describe;
 mod error;
+pub mod forward;
 pub mod launch;
 pub mod model;
 pub mod options;
@@ -47,10 +48,12 @@ pub use autopar_runtime::verify::{Tolerance, VerifyReport};
 pub use autopar_runtime::{Tensor, TensorMap};
 pub use compile::{CompiledPipeline, CompiledStep, Pass, PassDump, PassTiming, compile};
 pub use error::Error;
+pub use forward::{ForwardValues, NamedTensor, TensorValues, run_forward};
 pub use launch::{Launch, LauncherKind, run_launched};
 pub use model::{
-    DumpFormat, ModelSource, dump, estimate, load_annotations, load_cluster, load_cluster_with,
-    load_micro_batch_forward, load_model, load_model_shapes, load_train_step, model_config,
+    DumpFormat, ModelSource, dump, estimate, import_onnx, load_annotations, load_cluster,
+    load_cluster_with, load_micro_batch_forward, load_micro_batch_forward_with_loss, load_model,
+    load_model_shapes, load_model_with_loss, load_train_step, model_config,
 };
 pub use options::{CompileOptions, PipelineSpec, SequenceLayout, sequence_layout, without_pp};
 pub use run::{

@@ -19,6 +19,8 @@ pub enum ModelSource {
     AirFile(String),
     /// A JSON graph file.
     JsonFile(String),
+    /// An ONNX model (its batch dim set at load time, a loss built on request).
+    OnnxFile(String),
 }
 
 impl ModelSource {
@@ -28,6 +30,8 @@ impl ModelSource {
         let lower = arg.to_ascii_lowercase();
         if lower.ends_with(".json") {
             ModelSource::JsonFile(arg.to_string())
+        } else if lower.ends_with(".onnx") {
+            ModelSource::OnnxFile(arg.to_string())
         } else if lower.ends_with(".air") || (Path::new(arg).is_file() && !arg.contains(':')) {
             ModelSource::AirFile(arg.to_string())
         } else {
@@ -36,11 +40,23 @@ impl ModelSource {
     }
 }
 
-/// Loads the graph a model argument names. `batch` applies to zoo models only (default
-/// [`autopar_frontends::zoo::DEFAULT_BATCH`]); a file's shapes are fixed, so giving a batch
-/// size with a file is an error rather than silently ignored.
+/// Loads the graph a model argument names. `batch` applies to zoo and ONNX models only
+/// (default [`autopar_frontends::zoo::DEFAULT_BATCH`]); the shapes of an IR file are fixed,
+/// so giving a batch size with one is an error rather than silently ignored. An ONNX model
+/// is its forward, without a loss (see [`load_model_with_loss`]).
 pub fn load_model(arg: &str, batch: Option<usize>) -> Result<Graph, Error> {
+    load_model_with_loss(arg, batch, None)
+}
+
+/// [`load_model`], with `loss` built over an ONNX model's last output (ignored for other
+/// models, which have theirs).
+pub fn load_model_with_loss(
+    arg: &str,
+    batch: Option<usize>,
+    loss: Option<autopar_frontends::onnx::Loss>,
+) -> Result<Graph, Error> {
     match ModelSource::classify(arg) {
+        ModelSource::OnnxFile(path) => Ok(import_onnx(&path, batch, loss)?.graph),
         ModelSource::Zoo(name) => {
             let batch = batch.unwrap_or(autopar_frontends::zoo::DEFAULT_BATCH);
             Ok(autopar_frontends::zoo::build(&name, batch)?)
@@ -58,24 +74,59 @@ pub fn load_model(arg: &str, batch: Option<usize>) -> Result<Graph, Error> {
     }
 }
 
-/// The forward graph of one micro-batch: a zoo model built at `batch / micro_batches`
-/// (`batch` defaults to [`autopar_frontends::zoo::DEFAULT_BATCH`] and must be a multiple of
-/// `micro_batches`), or a file, whose shapes are taken as one micro-batch's.
+/// Imports an ONNX model at a global batch (default
+/// [`autopar_frontends::zoo::DEFAULT_BATCH`]), with `loss` over its last output.
+pub fn import_onnx(
+    path: &str,
+    batch: Option<usize>,
+    loss: Option<autopar_frontends::onnx::Loss>,
+) -> Result<autopar_frontends::onnx::Imported, Error> {
+    let options = autopar_frontends::onnx::ImportOptions {
+        batch: Some(batch.unwrap_or(autopar_frontends::zoo::DEFAULT_BATCH)),
+        loss,
+    };
+    Ok(autopar_frontends::onnx::import_file(path, &options)?)
+}
+
+/// The forward graph of one micro-batch: a zoo or ONNX model built at
+/// `batch / micro_batches` (`batch` defaults to [`autopar_frontends::zoo::DEFAULT_BATCH`] and
+/// must be a multiple of `micro_batches`), or an IR file, whose shapes are taken as one
+/// micro-batch's. An ONNX model gets `loss`; training one needs it.
 pub fn load_micro_batch_forward(
     arg: &str,
     batch: Option<usize>,
     micro_batches: usize,
 ) -> Result<Graph, Error> {
-    match ModelSource::classify(arg) {
-        ModelSource::Zoo(name) => {
-            let batch = batch.unwrap_or(autopar_frontends::zoo::DEFAULT_BATCH);
-            let m = micro_batches;
-            if m == 0 || !batch.is_multiple_of(m) {
+    load_micro_batch_forward_with_loss(arg, batch, micro_batches, None)
+}
+
+/// [`load_micro_batch_forward`] with the loss of an ONNX model.
+pub fn load_micro_batch_forward_with_loss(
+    arg: &str,
+    batch: Option<usize>,
+    micro_batches: usize,
+    loss: Option<autopar_frontends::onnx::Loss>,
+) -> Result<Graph, Error> {
+    let source = ModelSource::classify(arg);
+    let micro = |batch: Option<usize>| -> Result<usize, Error> {
+        let batch = batch.unwrap_or(autopar_frontends::zoo::DEFAULT_BATCH);
+        let m = micro_batches;
+        if m == 0 || !batch.is_multiple_of(m) {
+            return Err(Error::Usage(format!(
+                "--micro-batches {m} must divide the batch size {batch}"
+            )));
+        }
+        Ok(batch / m)
+    };
+    match source {
+        ModelSource::Zoo(name) => Ok(autopar_frontends::zoo::build(&name, micro(batch)?)?),
+        ModelSource::OnnxFile(path) => {
+            if loss.is_none() {
                 return Err(Error::Usage(format!(
-                    "--micro-batches {m} must divide the batch size {batch}"
+                    "`{path}` is a forward: training it needs --loss ce or --loss mse"
                 )));
             }
-            Ok(autopar_frontends::zoo::build(&name, batch / m)?)
+            Ok(import_onnx(&path, Some(micro(batch)?), loss)?.graph)
         }
         ModelSource::AirFile(_) | ModelSource::JsonFile(_) => load_model(arg, batch),
     }
@@ -159,6 +210,7 @@ pub fn model_config(model: &str) -> Result<autopar_cost_model::TransformerConfig
 pub fn load_model_shapes(model: &str) -> Result<Graph, Error> {
     match ModelSource::classify(model) {
         ModelSource::Zoo(_) => load_model(model, Some(1)),
+        ModelSource::OnnxFile(_) => load_model(model, Some(1)),
         ModelSource::AirFile(_) | ModelSource::JsonFile(_) => load_model(model, None),
     }
 }
@@ -179,8 +231,10 @@ pub fn estimate(
 /// Output formats of a graph dump.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DumpFormat {
-    /// The `.air` text IR.
+    /// The `.air` text IR, given parameter values elided (`values(elided, N)`).
     Text,
+    /// The `.air` text IR with every given parameter value (text that loads back).
+    TextWithValues,
     /// Graphviz DOT.
     Dot,
     /// JSON (schema in `autopar_ir::json`).
@@ -190,7 +244,8 @@ pub enum DumpFormat {
 /// Renders a graph in a dump format.
 pub fn dump(g: &Graph, format: DumpFormat) -> String {
     match format {
-        DumpFormat::Text => autopar_ir::text::print(g),
+        DumpFormat::Text => autopar_ir::text::print_with(g, autopar_ir::text::Values::Elided),
+        DumpFormat::TextWithValues => autopar_ir::text::print(g),
         DumpFormat::Dot => autopar_ir::dot::to_dot(g),
         DumpFormat::Json => autopar_ir::json::to_json(g),
     }

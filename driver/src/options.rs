@@ -24,6 +24,8 @@ pub struct CompileOptions {
     pub train: TrainOptions,
     /// Compile the forward pass only (its loss), not a training step.
     pub forward_only: bool,
+    /// The loss built over an ONNX model's last output (zoo and `.air` models have theirs).
+    pub loss: Option<autopar_frontends::onnx::Loss>,
     /// The device mesh; `None` runs on one device. A `pp` axis above 1 makes a pipeline,
     /// cut from every rank's local program on the other axes.
     pub mesh: Option<DeviceMesh>,
@@ -70,6 +72,7 @@ impl CompileOptions {
             batch: None,
             train: TrainOptions::default(),
             forward_only: false,
+            loss: None,
             mesh: None,
             parallel: ParallelOptions::default(),
             pipeline: PipelineSpec::default(),

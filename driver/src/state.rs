@@ -87,7 +87,7 @@ impl StateLayout {
             tensors.push(StateTensor {
                 name: name.clone(),
                 ty: ty.clone(),
-                init: *init,
+                init: init.clone(),
                 sharding,
                 shards,
             });
@@ -107,7 +107,7 @@ impl StateLayout {
             let Some(shard) = t.shards.iter().find(|s| s.ranks.contains(&rank)) else {
                 continue;
             };
-            let value = dist::init_region(&t.name, &t.ty, t.init, &shard.region, seed)?;
+            let value = dist::init_region(&t.name, &t.ty, &t.init, &shard.region, seed)?;
             state.insert(t.name.clone(), value);
         }
         Ok(state)
@@ -138,7 +138,7 @@ impl StateLayout {
                         t.ty
                     )));
                 }
-                None => dist::init_region(&t.name, &t.ty, t.init, &shard.region, seed)?,
+                None => dist::init_region(&t.name, &t.ty, &t.init, &shard.region, seed)?,
             };
             state.insert(t.name.clone(), value);
         }

@@ -164,6 +164,22 @@ impl ModelBuilder {
         result
     }
 
+    /// Sets the scope, layer and part every node added from now on gets, without a closure:
+    /// for importers, which walk a graph rather than nest model code.
+    pub(crate) fn set_position(&self, scope: &str, layer: Option<LayerId>, part: Option<Part>) {
+        let mut st = self.state.borrow_mut();
+        st.scope = scope.to_string();
+        st.scope_marks.clear();
+        st.layer = layer;
+        st.part = part;
+    }
+
+    /// The scope, layer and part nodes get now (see [`ModelBuilder::set_position`]).
+    pub(crate) fn position(&self) -> (String, Option<LayerId>, Option<Part>) {
+        let st = self.state.borrow();
+        (st.scope.clone(), st.layer, st.part)
+    }
+
     /// The current scope path (empty at the top level).
     pub fn current_scope(&self) -> String {
         self.state.borrow().scope.clone()

@@ -55,6 +55,9 @@ pub enum FrontendError {
         /// What is wrong.
         detail: String,
     },
+    /// An ONNX file that cannot be imported (see [`crate::onnx::OnnxError`]).
+    #[error(transparent)]
+    Onnx(Box<crate::onnx::OnnxError>),
     /// The finished graph does not verify. This is a bug in the builder, not in model code.
     #[error("the built graph does not verify: {0}")]
     Verify(Box<IrError>),

@@ -1,5 +1,5 @@
 //! Model frontends for autopar: a Rust model-building API with semi-automatic sharding
-//! annotations, and the model zoo written with it.
+//! annotations, the model zoo written with it, and the import of ONNX files ([`onnx`]).
 //!
 //! Model code talks to a [`ModelBuilder`] and to copyable [`Tensor`] handles. Operators and
 //! methods add IR ops; [`ModelBuilder::scope`] records where in the model each op comes from;
@@ -28,6 +28,7 @@
 
 pub mod builder;
 pub mod error;
+pub mod onnx;
 pub mod tensor;
 pub mod zoo;
 

@@ -43,7 +43,7 @@ fn shard(axis: &str, dim: usize) -> Vec<(String, Placement)> {
 
 fn init(g: &Graph, name: &str) -> Init {
     match &param(g, name).op {
-        Op::Parameter { init, .. } => *init,
+        Op::Parameter { init, .. } => init.clone(),
         op => panic!("`{name}` is a {op}"),
     }
 }

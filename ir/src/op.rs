@@ -12,8 +12,9 @@ use serde::{Deserialize, Serialize};
 use crate::placement::ReduceKind;
 use crate::types::{DType, Shape, TensorType};
 
-/// How a parameter is initialised (the reference interpreter draws the values).
-#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+/// How a parameter is initialised (the reference interpreter draws the values, or takes
+/// them as given).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Init {
     /// Normal with mean 0 and the given standard deviation. Text: `normal(0.02)`.
@@ -25,6 +26,56 @@ pub enum Init {
     Zeros,
     /// All ones. Text: `ones`.
     Ones,
+    /// The given values, row-major (weights imported from a checkpoint or an ONNX file).
+    /// Text: `values("3f800000...")`, the bits of each `f32` in 8 hex digits.
+    Values(Values),
+}
+
+/// The row-major `f32` values of an [`Init::Values`] parameter, shared (cloning a graph or a
+/// node does not copy them). Its `Debug` form names only the length, so that debugging
+/// output stays small.
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
+#[serde(from = "Vec<f32>", into = "Vec<f32>")]
+pub struct Values(std::sync::Arc<[f32]>);
+
+impl From<Vec<f32>> for Values {
+    fn from(v: Vec<f32>) -> Self {
+        Values(v.into())
+    }
+}
+
+impl From<Values> for Vec<f32> {
+    fn from(v: Values) -> Self {
+        v.0.to_vec()
+    }
+}
+
+impl Values {
+    /// Wraps `values`.
+    pub fn new(values: impl Into<std::sync::Arc<[f32]>>) -> Self {
+        Values(values.into())
+    }
+
+    /// The values.
+    pub fn as_slice(&self) -> &[f32] {
+        &self.0
+    }
+
+    /// How many there are.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl fmt::Debug for Values {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Values({} x f32)", self.0.len())
+    }
 }
 
 /// What a graph input holds, so that a data loader can feed it.
@@ -580,6 +631,66 @@ pub enum Op {
         /// Type of the received value.
         ty: TensorType,
     },
+
+    // ---- fusion --------------------------------------------------------------------------
+    /// A fused region: its results are its body evaluated on its operands, in one kernel.
+    /// Fusions are made from rank programs after partitioning, so they have no sharding rule
+    /// and no derivative. See [`FusionBody`].
+    Fusion {
+        /// The expression the fusion computes.
+        body: FusionBody,
+    },
+}
+
+/// The body of an [`Op::Fusion`]: a small dataflow graph of element-wise, broadcast,
+/// reduction, cast, select, reshape and constant ops over the fusion's operands.
+///
+/// Body values are numbered: `0..params.len()` are the operands (of types `params`), and
+/// instruction `i` defines value `params.len() + i`. An instruction reads only earlier
+/// values; `results` lists the values the fusion returns. The text format writes values as
+/// `^N` inside `body={...}`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct FusionBody {
+    /// The operand types, in order.
+    pub params: Vec<TensorType>,
+    /// The instructions, in evaluation order.
+    pub instrs: Vec<FusedInstr>,
+    /// The body values the fusion returns, in order.
+    pub results: Vec<usize>,
+}
+
+/// One instruction of a [`FusionBody`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct FusedInstr {
+    /// The op (one [`FusionBody::admits`]).
+    pub op: Op,
+    /// Body values it reads.
+    pub operands: Vec<usize>,
+}
+
+impl FusionBody {
+    /// True for the ops a body may hold: element-wise arithmetic and functions, comparisons,
+    /// `select`, casts, reductions, broadcasts, reshapes and constants: what one kernel
+    /// computes in registers and shared memory.
+    pub fn admits(op: &Op) -> bool {
+        matches!(
+            op,
+            Op::Unary { .. }
+                | Op::Binary { .. }
+                | Op::Compare { .. }
+                | Op::Select
+                | Op::Cast { .. }
+                | Op::Reduce { .. }
+                | Op::Broadcast { .. }
+                | Op::Reshape { .. }
+                | Op::Constant { .. }
+        )
+    }
+
+    /// Number of body values (operands and instruction results).
+    pub fn num_values(&self) -> usize {
+        self.params.len() + self.instrs.len()
+    }
 }
 
 /// Discriminant-only view of [`Op`], for tables and exhaustive test loops.
@@ -620,11 +731,12 @@ pub enum OpKind {
     CollectiveBroadcast,
     Send,
     Recv,
+    Fusion,
 }
 
 impl OpKind {
     /// Every op kind, so that tests can loop over the whole op set.
-    pub const ALL: [OpKind; 34] = [
+    pub const ALL: [OpKind; 35] = [
         OpKind::Parameter,
         OpKind::Input,
         OpKind::Constant,
@@ -659,6 +771,7 @@ impl OpKind {
         OpKind::CollectiveBroadcast,
         OpKind::Send,
         OpKind::Recv,
+        OpKind::Fusion,
     ];
 }
 
@@ -700,6 +813,7 @@ impl Op {
             Op::CollectiveBroadcast { .. } => OpKind::CollectiveBroadcast,
             Op::Send { .. } => OpKind::Send,
             Op::Recv { .. } => OpKind::Recv,
+            Op::Fusion { .. } => OpKind::Fusion,
         }
     }
 
@@ -745,6 +859,7 @@ impl Op {
             Op::CollectiveBroadcast { .. } => "collective_broadcast",
             Op::Send { .. } => "send",
             Op::Recv { .. } => "recv",
+            Op::Fusion { .. } => "fusion",
         }
     }
 
@@ -856,6 +971,7 @@ mod tests {
             "collective_broadcast",
             "send",
             "recv",
+            "fusion",
         ]);
         let n = names.len();
         names.sort_unstable();

@@ -232,7 +232,7 @@ fn attribute_errors() {
         "  %2: f32[4] = parameter {name=\"c\", init=uniform(1.0)}\n",
         4,
         42,
-        "unknown initialiser `uniform` (expected `normal(std)`, `zeros` or `ones`)",
+        "unknown initialiser `uniform` (expected `normal(std)`, `zeros`, `ones` or `values(\"...\")`)",
     );
     assert_err(
         "  %2: f32[2,2] = einsum %0, %1 {spec=\"ab,b2->a\"}\n",

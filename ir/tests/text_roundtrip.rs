@@ -302,3 +302,45 @@ fn metadata_round_trips_through_text_and_json() {
         assert!(parse(&text).is_err(), "accepted {why}");
     }
 }
+
+#[test]
+fn given_values_round_trip_bit_for_bit_and_elide_in_dumps() {
+    let mut g = Graph::new("values");
+    let values = vec![
+        0.1f32,
+        -0.0,
+        f32::INFINITY,
+        1e-40,
+        -3.5,
+        f32::from_bits(0x7fc0_0001),
+    ];
+    g.add(
+        Op::Parameter {
+            name: "w".into(),
+            ty: TensorType::new(DType::F32, [2, 3]),
+            init: Init::Values(autopar_ir::Values::new(values.clone())),
+        },
+        &[],
+    )
+    .unwrap();
+    let text = print(&g);
+    assert!(text.contains("init=values(\"3dcccccd80000000"), "{text}");
+    let back = parse(&text).unwrap();
+    let Op::Parameter {
+        init: Init::Values(v),
+        ..
+    } = &back.node(back.node_ids()[0]).op
+    else {
+        panic!("not a parameter with values");
+    };
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(v.as_slice()), bits(&values));
+    assert_eq!(print(&back), text);
+
+    let dump = autopar_ir::text::print_with(&g, autopar_ir::text::Values::Elided);
+    assert!(dump.contains("init=values(elided, 6)"), "{dump}");
+    let err = parse(&dump).unwrap_err().to_string();
+    assert!(err.contains("left out of this dump"), "{err}");
+    assert!(parse(&text.replace("3dcccccd", "3dcccccz")).is_err());
+    assert!(parse(&text.replace("3dcccccd", "3dccccc")).is_err());
+}

@@ -67,7 +67,7 @@ pub fn init_rank_state(
             continue;
         };
         let region = local_region(ty.dims(), sharding_of(g, v)?, mesh, &coords)?;
-        state.insert(name.clone(), init_region(name, ty, *init, &region, seed)?);
+        state.insert(name.clone(), init_region(name, ty, init, &region, seed)?);
     }
     Ok(state)
 }
@@ -79,11 +79,14 @@ pub fn init_rank_state(
 pub fn init_region(
     name: &str,
     ty: &TensorType,
-    init: Init,
+    init: &Init,
     region: &[Range<usize>],
     seed: u64,
 ) -> Result<Tensor, RuntimeError> {
     let local = TensorType::new(ty.dtype, region.iter().map(|r| r.len()).collect::<Vec<_>>());
+    if let Init::Values(values) = init {
+        crate::init::check_values(name, ty, values)?;
+    }
     if !ty.dtype.is_float() {
         return init_parameter(name, &local, init, seed);
     }

@@ -303,7 +303,7 @@ fn two_params(names: [&str; 2]) -> Graph {
     let normal = Init::Normal { std: 0.02 };
     for name in names {
         let dims: &[usize] = if name == "w1" { &[4, 3] } else { &[5] };
-        let p = param(&mut g, name, DType::F32, dims, normal);
+        let p = param(&mut g, name, DType::F32, dims, normal.clone());
         g.add_output(name, p).expect("output");
     }
     g
@@ -334,7 +334,7 @@ fn init_depends_only_on_seed_name_and_index() -> TestResult {
     assert_ne!(a, init_parameters(&two_params(["w1", "w2"]), 43)?);
 
     // A rank holding elements 6..12 of w1 draws just those.
-    let draw = element_init("w1", Init::Normal { std: 0.02 }, 42);
+    let draw = element_init("w1", &Init::Normal { std: 0.02 }, 42);
     let shard: Vec<f64> = (6..12)
         .map(|i| round_to_dtype(draw(i), DType::F32))
         .collect();

@@ -5,18 +5,33 @@ use std::fmt::Write;
 
 use crate::graph::{Graph, ValueId};
 use crate::mesh::{DeviceMesh, is_identifier};
-use crate::op::{Init, InputRole, Op};
+use crate::op::{FusionBody, Init, InputRole, Op};
 use crate::placement::{Sharding, ShardingOrigin};
 
 /// Prints `g` in the text format. See the [module docs](super) for the layout.
 pub fn print(g: &Graph) -> String {
+    print_with(g, Values::Full)
+}
+
+/// How [`print_with`] writes the values of an [`Init::Values`] parameter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Values {
+    /// Every value (the text parses back to an equal graph).
+    Full,
+    /// Only their number, `values(elided, 16384)`: a dump for people, which the parser
+    /// refuses to load as a model.
+    Elided,
+}
+
+/// Prints `g` in the text format, with given parameter values written as `values` says.
+pub fn print_with(g: &Graph, values: Values) -> String {
     let mut out = String::new();
     // Writing to a `String` cannot fail, so the `fmt::Result`s below are always `Ok`.
-    let _ = write_graph(&mut out, g);
+    let _ = write_graph(&mut out, g, values);
     out
 }
 
-fn write_graph(out: &mut String, g: &Graph) -> std::fmt::Result {
+fn write_graph(out: &mut String, g: &Graph, values: Values) -> std::fmt::Result {
     writeln!(out, "graph {} {{", quote(g.name()))?;
     if let Some(mesh) = g.mesh().filter(|m| !m.axes().is_empty()) {
         writeln!(out, "  mesh {}", mesh_line(mesh))?;
@@ -38,7 +53,7 @@ fn write_graph(out: &mut String, g: &Graph) -> std::fmt::Result {
             out.push_str(if i == 0 { " " } else { ", " });
             write!(out, "{v}")?;
         }
-        let attrs = attrs(&node.op);
+        let attrs = attrs_with(&node.op, values);
         if !attrs.is_empty() {
             out.push_str(" {");
             for (i, (k, v)) in attrs.iter().enumerate() {
@@ -116,13 +131,17 @@ pub(crate) fn sharding(s: &Sharding) -> String {
 /// The attributes of `op` as `(name, printed value)`, in field order. The names are exactly
 /// [`super::schema::attr_names`].
 pub(crate) fn attrs(op: &Op) -> Vec<(&'static str, String)> {
+    attrs_with(op, Values::Full)
+}
+
+fn attrs_with(op: &Op, values: Values) -> Vec<(&'static str, String)> {
     let strs = |v: &[String]| {
         let items: Vec<String> = v.iter().map(|s| quote(s)).collect();
         format!("[{}]", items.join(","))
     };
     match op {
         Op::Parameter { name, ty: _, init } => {
-            vec![("name", quote(name)), ("init", init_str(init))]
+            vec![("name", quote(name)), ("init", init_str(init, values))]
         }
         Op::Input { name, ty: _, role } => vec![("name", quote(name)), ("role", role_str(role))],
         Op::Constant { ty: _, value } => vec![("value", float(*value))],
@@ -207,14 +226,72 @@ pub(crate) fn attrs(op: &Op) -> Vec<(&'static str, String)> {
         Op::Send { axis, shift } | Op::Recv { axis, shift, ty: _ } => {
             vec![("axis", quote(axis)), ("shift", shift.to_string())]
         }
+        Op::Fusion { body } => vec![("body", fusion_body(body))],
     }
 }
 
-fn init_str(init: &Init) -> String {
+/// `{^2: f32[8] = exp ^0; ^3: f32[8] = add ^2, ^1; yield ^3}`: the instructions of a fusion
+/// body on one line, each with its result type, then the values it returns. The parameters
+/// `^0..` are the fusion's operands, whose types the graph gives.
+fn fusion_body(body: &FusionBody) -> String {
+    let mut out = String::from("{");
+    // The body admits no op without a result, and no result types are missing: every
+    // instruction's type is inferred from the parameters.
+    let types = body_types(body);
+    for (i, instr) in body.instrs.iter().enumerate() {
+        let at = body.params.len() + i;
+        let ty = types
+            .get(at)
+            .map_or("<ill-typed>".to_string(), |t| t.to_string());
+        let _ = write!(out, "^{at}: {ty} = {}", instr.op.name());
+        for (k, v) in instr.operands.iter().enumerate() {
+            out.push_str(if k == 0 { " " } else { ", " });
+            let _ = write!(out, "^{v}");
+        }
+        let attrs = attrs(&instr.op);
+        if !attrs.is_empty() {
+            let items: Vec<String> = attrs.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            let _ = write!(out, " {{{}}}", items.join(", "));
+        }
+        out.push_str("; ");
+    }
+    let results: Vec<String> = body.results.iter().map(|r| format!("^{r}")).collect();
+    let _ = write!(out, "yield {}}}", results.join(", "));
+    out
+}
+
+/// The type of every body value, as far as the body type-checks (a broken body prints,
+/// unparsably, rather than panicking).
+fn body_types(body: &FusionBody) -> Vec<crate::types::TensorType> {
+    let mut types = body.params.clone();
+    for instr in &body.instrs {
+        let operands: Option<Vec<_>> = instr.operands.iter().map(|&v| types.get(v)).collect();
+        let Some(operands) = operands else { break };
+        match crate::infer::infer(&instr.op, &operands, None) {
+            Ok(mut t) if t.len() == 1 => types.push(t.remove(0)),
+            _ => break,
+        }
+    }
+    types
+}
+
+fn init_str(init: &Init, values: Values) -> String {
     match init {
         Init::Normal { std } => format!("normal({})", float(*std)),
         Init::Zeros => "zeros".into(),
         Init::Ones => "ones".into(),
+        Init::Values(v) => match values {
+            Values::Elided => format!("values(elided, {})", v.len()),
+            Values::Full => {
+                let mut hex = String::with_capacity(8 * v.len() + 10);
+                hex.push_str("values(\"");
+                for x in v.as_slice() {
+                    let _ = write!(hex, "{:08x}", x.to_bits());
+                }
+                hex.push_str("\")");
+                hex
+            }
+        },
     }
 }
 

@@ -144,8 +144,8 @@ pub fn gpt(c: GptConfig) -> Result<Graph, IrError> {
         },
         &[],
     )?;
-    let wte = param(&mut g, "wte", &[v, h], normal)?;
-    let wpe = param(&mut g, "wpe", &[s, h], normal)?;
+    let wte = param(&mut g, "wte", &[v, h], normal.clone())?;
+    let wpe = param(&mut g, "wpe", &[s, h], normal.clone())?;
     let tok = g.add(Op::Gather, &[wte, tokens])?;
     let pos = g.add(
         Op::Broadcast {
@@ -175,7 +175,7 @@ pub fn gpt(c: GptConfig) -> Result<Graph, IrError> {
         let p = format!("h.{l}");
         let a = layer_norm(&mut g, x, &format!("{p}.ln1"))?;
         let heads_of = |g: &mut Graph, which: &str| -> Result<ValueId, IrError> {
-            let w = param(g, &format!("{p}.attn.{which}"), &[h, h], normal)?;
+            let w = param(g, &format!("{p}.attn.{which}"), &[h, h], normal.clone())?;
             let y = matmul(g, a, w)?;
             g.add(
                 Op::Reshape {
@@ -202,12 +202,12 @@ pub fn gpt(c: GptConfig) -> Result<Graph, IrError> {
             },
             &[att],
         )?;
-        let wo = param(&mut g, &format!("{p}.attn.wo"), &[h, h], normal)?;
+        let wo = param(&mut g, &format!("{p}.attn.wo"), &[h, h], normal.clone())?;
         let att = matmul(&mut g, att, wo)?;
         x = g.add(add.clone(), &[x, att])?;
         let m = layer_norm(&mut g, x, &format!("{p}.ln2"))?;
-        let w1 = param(&mut g, &format!("{p}.mlp.w1"), &[h, 4 * h], normal)?;
-        let w2 = param(&mut g, &format!("{p}.mlp.w2"), &[4 * h, h], normal)?;
+        let w1 = param(&mut g, &format!("{p}.mlp.w1"), &[h, 4 * h], normal.clone())?;
+        let w2 = param(&mut g, &format!("{p}.mlp.w2"), &[4 * h, h], normal.clone())?;
         let m = matmul(&mut g, m, w1)?;
         let m = g.add(
             Op::Unary {
