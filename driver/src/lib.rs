@@ -30,6 +30,7 @@ pub mod compile;
 pub mod data;
 pub mod describe;
 mod error;
+pub mod host;
 pub mod model;
 pub mod options;
 pub mod run;
