@@ -160,7 +160,7 @@ pub fn run_options(args: &RunArgs, mut options: CompileOptions) -> Result<()> {
     if options.mesh.is_some() {
         print_stdout(&ranks_summary(&step, &report))?;
     } else if !single_forward {
-        print_stdout(&format!("peak memory: {}\n", report.peak_bytes))?;
+        print_stdout(&format!("peak memory: {}\n", bytes(report.peak_bytes)))?;
     }
     if let Some((path, mut file)) = trace_file {
         let text = driver::describe::pipeline_trace(&step, &report.pipeline_reports)?;
@@ -193,7 +193,7 @@ fn ranks_summary(step: &CompiledStep, report: &RunReport) -> String {
         let _ = writeln!(
             out,
             "ranks: {n} ({mesh}), peak memory per rank: {}",
-            report.peak_bytes
+            bytes(report.peak_bytes)
         );
         return out;
     };
@@ -235,11 +235,18 @@ fn ranks_summary(step: &CompiledStep, report: &RunReport) -> String {
     let stages = pipeline.split.num_stages();
     let _ = writeln!(
         out,
-        "ranks: {n} ({mesh}), {} pipelines of {stages} stages, peak memory per rank: {peak}, \
-         state per rank: {state}",
+        "ranks: {n} ({mesh}), {} pipelines of {stages} stages, peak memory per rank: {}, \
+         state per rank: {}",
         pipeline.pipelines.len(),
+        bytes(peak),
+        bytes(state),
     );
     out
+}
+
+/// A byte count with its unit, exact and for people: `2008072 bytes (1.9 MiB)`.
+fn bytes(n: u64) -> String {
+    format!("{n} bytes ({})", driver::host::human_bytes(n))
 }
 
 /// The `--timings` table.
