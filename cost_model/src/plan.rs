@@ -500,7 +500,24 @@ mod tests {
             }
         }
         assert!(Plan::parse("dp=2").is_ok());
-        assert_eq!(Plan::parse("dp=2,mbs=2,gbs=6").unwrap().micro_batches(), 2);
+        assert_eq!(Plan::parse("dp=2,mbs=2,gbs=8").unwrap().micro_batches(), 2);
+        // A batch that is not whole micro-batches on every rank would be padded silently.
+        assert!(matches!(
+            Plan::parse("dp=2,mbs=2,gbs=6"),
+            Err(CostError::PlanMismatch(_))
+        ));
+        for s in [
+            "dp=2,dp=4",
+            "mbs=2,micro_batch=2",
+            "gbs=8,batch=8",
+            ",,,",
+            "dp=2,,tp=2",
+        ] {
+            assert!(
+                matches!(Plan::parse(s), Err(CostError::PlanSyntax { .. })),
+                "{s}"
+            );
+        }
         assert!(matches!(
             Plan::parse("vpp=2,schedule=1f1b"),
             Err(CostError::PlanMismatch(_))
