@@ -296,7 +296,7 @@ fn write_dumps(step: &CompiledStep, dir: &str) -> Result<()> {
 /// of `--stage pipeline|schedule`.
 pub enum Dumped {
     /// A graph, to print in the chosen format.
-    Graph(driver::ir::Graph),
+    Graph(Box<driver::ir::Graph>),
     /// A description.
     Text(String),
 }
@@ -312,7 +312,7 @@ pub fn dump(
     rank: usize,
 ) -> Result<Dumped> {
     if let Stage::Forward = stage {
-        return Ok(Dumped::Graph(driver::load_model(model, batch)?));
+        return Ok(Dumped::Graph(Box::new(driver::load_model(model, batch)?)));
     }
     let mut options = compile_options(model, batch, train, pipeline, spmd, false)?;
     options.reference = false;
@@ -322,7 +322,7 @@ pub fn dump(
             options.mesh = None;
             options.parallel = Default::default();
             options.stop_after = Some(Pass::TrainStep);
-            Ok(Dumped::Graph(driver::compile(&options)?.global))
+            Ok(Dumped::Graph(Box::new(driver::compile(&options)?.global)))
         }
         Stage::Sharded | Stage::Partitioned => {
             if options.mesh.is_none() {
@@ -336,13 +336,13 @@ pub fn dump(
             });
             let step = driver::compile(&options)?;
             if !partitioned {
-                return Ok(Dumped::Graph(step.global));
+                return Ok(Dumped::Graph(Box::new(step.global)));
             }
             let n = step.locals.len();
             step.locals
                 .into_iter()
                 .nth(rank)
-                .map(Dumped::Graph)
+                .map(|g| Dumped::Graph(Box::new(g)))
                 .with_context(|| {
                     format!("--rank {rank}: the mesh `{mesh_text}` has {n} ranks besides `pp`")
                 })

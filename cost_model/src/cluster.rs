@@ -262,10 +262,10 @@ impl Cluster {
         if self.gpus_per_node == 0 {
             return bad("gpus_per_node", "must be at least 1");
         }
-        if !self
+        if self
             .nodes
             .checked_mul(self.gpus_per_node)
-            .is_some_and(|n| n <= crate::plan::MAX_DEVICES)
+            .is_none_or(|n| n > crate::plan::MAX_DEVICES)
         {
             return bad(
                 "nodes",

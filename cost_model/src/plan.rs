@@ -341,7 +341,7 @@ impl Plan {
         let world = [self.dp, self.tp, self.pp, self.cp]
             .iter()
             .try_fold(1usize, |acc, &d| acc.checked_mul(d));
-        if !world.is_some_and(|w| w <= MAX_DEVICES) {
+        if world.is_none_or(|w| w > MAX_DEVICES) {
             return mis(format!(
                 "dp x tp x pp x cp is above {MAX_DEVICES} devices, the most a plan may use"
             ));

@@ -362,7 +362,7 @@ impl Eq for Entry {}
 
 impl PartialOrd for Entry {
     fn partial_cmp(&self, other: &Entry) -> Option<Ordering> {
-        Some(Entry::rank_order(self, other))
+        Some(self.cmp(other))
     }
 }
 
