@@ -69,6 +69,7 @@ pub struct SaveTarget {
     keep: Option<usize>,
     model: String,
     plan: checkpoint::PlanRecord,
+    initial_loss_scale: Option<f64>,
     forward: bool,
     fault_step: Option<u64>,
 }
@@ -141,6 +142,7 @@ impl Session {
                 keep: args.keep,
                 model: options.model.clone(),
                 plan: checkpoint::plan_record(options, step),
+                initial_loss_scale: options.train.loss_scaling.map(|l| l.initial_scale),
                 forward: options.forward_only,
                 fault_step,
             });
@@ -183,6 +185,7 @@ impl SaveTarget {
             seed,
             model: self.model.clone(),
             plan: self.plan.clone(),
+            initial_loss_scale: self.initial_loss_scale,
         };
         let options = SaveOptions {
             keep: self.keep,

@@ -96,6 +96,12 @@ struct EstimateArgs {
     /// A preset (dgx-a100:nodes=N, dgx-h100:nodes=N, hgx-h200:nodes=N, cpu:ranks=N) or a TOML file.
     #[arg(long)]
     cluster: String,
+    /// The training stack whose speed is modelled: autopar (default), megatron-lm-2021,
+    /// megatron-core, nemo, deepspeed, fsdp or torchtitan, with knobs overridden as
+    /// `NAME,knob=value` (attention=flash|unfused, overlap_grad_reduce, tp_backward_overlap,
+    /// overlap_param_gather, param_gather=layer|tensor). Replaces a cluster file's [software].
+    #[arg(long, value_name = "PROFILE")]
+    software: Option<String>,
     /// Global batch size in sequences.
     #[arg(long, value_parser = crate::parse_batch)]
     batch: usize,
@@ -486,7 +492,7 @@ fn execute(cli: Cli) -> Result<()> {
 fn estimate(args: EstimateArgs) -> Result<()> {
     use driver::cost_model::Plan;
     use driver::ir::DType;
-    let cluster = driver::load_cluster(&args.cluster)?;
+    let cluster = driver::load_cluster_with(&args.cluster, args.software.as_deref())?;
     let cluster_desc = format!("{} ({} devices)", args.cluster, cluster.num_devices());
     let mut plan = if args.plan.trim().is_empty() {
         Plan::default()

@@ -28,6 +28,12 @@ pub struct PlanArgs {
     /// Global batch size in sequences.
     #[arg(long, value_parser = crate::parse_batch)]
     batch: usize,
+    /// The training stack whose speed is modelled: autopar (default), megatron-lm-2021,
+    /// megatron-core, nemo, deepspeed, fsdp or torchtitan, with knobs overridden as
+    /// `NAME,knob=value` (attention=flash|unfused, overlap_grad_reduce, tp_backward_overlap,
+    /// overlap_param_gather, param_gather=layer|tensor). Replaces a cluster file's [software].
+    #[arg(long, value_name = "PROFILE")]
+    software: Option<String>,
     /// Compute dtype.
     #[arg(long, value_enum, default_value_t = PlanDtype::Bf16)]
     dtype: PlanDtype,
@@ -88,7 +94,7 @@ enum ExportTarget {
 const PROGRESS_EVERY: Duration = Duration::from_secs(5);
 
 pub fn plan(args: PlanArgs) -> Result<()> {
-    let cluster = driver::load_cluster(&args.cluster)?;
+    let cluster = driver::load_cluster_with(&args.cluster, args.software.as_deref())?;
     let devices = cluster.num_devices();
     let gpu = cluster.gpu.model.clone();
     let model = CostModel::new(cluster);

@@ -316,3 +316,49 @@ fn weights_that_do_not_fit_are_refused_by_name() {
     assert!(out.status.success());
     assert_eq!(losses(&String::from_utf8_lossy(&out.stdout)).len(), 1);
 }
+
+#[test]
+fn dynamic_loss_scaling_state_is_saved_and_must_match() {
+    let dir = scratch("ckpt-f16");
+    let root = dir.join("c");
+    autopar_ok(&[
+        "run",
+        "gpt-tiny",
+        "--mesh",
+        "dp=2",
+        "--dtype",
+        "f16",
+        "--steps",
+        "2",
+        "--checkpoint",
+        s(&root),
+    ]);
+    let inspect = autopar_ok(&["checkpoint", "inspect", s(&root)]);
+    assert!(inspect.contains("loss scale: 65536"), "{inspect}");
+    let resumed = autopar_ok(&[
+        "run",
+        "gpt-tiny",
+        "--mesh",
+        "dp=2",
+        "--dtype",
+        "f16",
+        "--steps",
+        "3",
+        "--resume",
+        s(&root),
+        "--verify",
+    ]);
+    assert!(resumed.contains("OK"), "{resumed}");
+    // An f32 run has no loss-scaling state to take it.
+    let err = autopar_err(&[
+        "run",
+        "gpt-tiny",
+        "--mesh",
+        "dp=2",
+        "--steps",
+        "3",
+        "--resume",
+        s(&root),
+    ]);
+    assert!(err.contains("`loss_scale`"), "{err}");
+}

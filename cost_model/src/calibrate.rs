@@ -23,56 +23,33 @@ use autopar_ir::DType;
 
 use crate::cluster::Cluster;
 use crate::comm::Collective;
-use crate::compute::{AttentionKernel, GemmShape};
+use crate::compute::GemmShape;
 use crate::error::CostError;
 use crate::estimate::CostModel;
 use crate::mapping::GroupInfo;
 use crate::model::TransformerConfig;
 use crate::plan::{Plan, Recompute};
+use crate::software::Software;
 
-/// The software settings a table's measurements ran under, as far as the cost model can say
-/// them; `None` keeps the cost model's default (what `autopar estimate` uses).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Software {
-    name: &'static str,
-    attention: Option<AttentionKernel>,
-    overlap_grad_reduce: Option<bool>,
-}
-
-/// The cost model's defaults: what `autopar estimate` prices.
-const DEFAULTS: Software = Software {
-    name: "autopar defaults (fused attention, overlapped gradient reduction)",
-    attention: None,
-    overlap_grad_reduce: None,
-};
+/// The cost model's defaults: what `autopar estimate` prices (the `autopar` profile).
+const DEFAULTS: &str = "autopar";
 
 /// Megatron-LM of 2021-2022: attention as two batched GEMMs around a fused softmax (before
 /// FlashAttention), and its own ("local") DDP, which reduces gradients after the backward.
-const MEGATRON_2021: Software = Software {
-    name: "Megatron-LM 2021-22 (unfused attention, gradient reduction after the backward)",
-    attention: Some(AttentionKernel::Unfused),
-    overlap_grad_reduce: Some(false),
-};
+const MEGATRON_2021: &str = "megatron-lm-2021";
 
-/// Megatron-LM of 2021 with PyTorch DDP (`--DDP-impl torch`), or DeepSpeed
-/// (`overlap_comm`): unfused attention, gradient reduction overlapping the backward.
-const MEGATRON_2021_OVERLAP: Software = Software {
-    name: "Megatron-LM 2021 with overlapped reduction (unfused attention, PyTorch DDP or DeepSpeed)",
-    attention: Some(AttentionKernel::Unfused),
-    overlap_grad_reduce: Some(true),
-};
+/// Megatron-LM of 2021 with PyTorch DDP (`--DDP-impl torch`): gradient reduction overlapping
+/// the backward.
+const MEGATRON_2021_OVERLAP: &str = "megatron-lm-2021,overlap_grad_reduce=true";
 
-impl Software {
-    fn apply(self, cluster: Cluster) -> CostModel {
-        let mut m = CostModel::new(cluster);
-        if let Some(a) = self.attention {
-            m.compute.attention = a;
-        }
-        if let Some(o) = self.overlap_grad_reduce {
-            m.comm.overlap_grad_reduce = o;
-        }
-        m
-    }
+/// DeepSpeed ZeRO-3 integrated into Megatron-LM (SC'21 Table 2).
+const DEEPSPEED_2021: &str = "deepspeed";
+
+/// The cost model of `cluster` under the software profile `spec` (as `--software` takes it).
+fn with_software(cluster: Cluster, spec: &str) -> Result<CostModel, CostError> {
+    let mut m = CostModel::new(cluster);
+    Software::parse(spec)?.apply(&mut m);
+    Ok(m)
 }
 
 /// What a row compares.
@@ -91,7 +68,8 @@ struct Case {
     cluster_spec: String,
     cluster: Cluster,
     plan: Plan,
-    software: Software,
+    /// The software profile, as `--software` takes it.
+    software: &'static str,
     figure: Figure,
     measured: f64,
 }
@@ -307,7 +285,7 @@ fn figure_note(table: &str, figures: &[String]) -> String {
 }
 
 fn estimate_case(c: &Case) -> Result<RowResult, CostError> {
-    let model = c.software.apply(c.cluster.clone());
+    let model = with_software(c.cluster.clone(), c.software)?;
     let e = model.estimate(&c.cfg, &c.plan)?;
     let (figure, predicted) = match c.figure {
         Figure::StepTime => ("step time s", e.iter_time_s),
@@ -319,7 +297,7 @@ fn estimate_case(c: &Case) -> Result<RowResult, CostError> {
         model: c.model.clone(),
         cluster: c.cluster_spec.clone(),
         plan: c.plan.to_string(),
-        software: c.software.name.to_string(),
+        software: c.software.to_string(),
         figure: figure.to_string(),
         measured: c.measured,
         predicted,
@@ -535,7 +513,7 @@ fn sc21_table2(rows: &[Line]) -> Read {
             let (text, software) = match r.get("scheme") {
                 "ZeRO-3" if mp == 1 => (
                     format!("dp={gpus},mbs={mbs},gbs={gbs},zero=3,recompute=full,dtype=f16"),
-                    MEGATRON_2021_OVERLAP,
+                    DEEPSPEED_2021,
                 ),
                 "PTD-P" if mp.is_multiple_of(8) => (
                     format!(
@@ -842,7 +820,7 @@ fn mamf_gemm(rows: &[Line]) -> Vec<Result<Reading, &'static str>> {
                 model: format!("GEMM {m}x{n}x{k} bf16"),
                 cluster: preset.to_string(),
                 plan: "-".into(),
-                software: DEFAULTS.name.to_string(),
+                software: DEFAULTS.to_string(),
                 figure: "GEMM TFLOP/s".into(),
                 measured,
                 predicted,
@@ -900,7 +878,7 @@ fn mlengineering_allreduce(rows: &[Line]) -> Vec<Result<Reading, &'static str>> 
                 model: format!("all-reduce of {bytes} bytes over {gpus} GPUs"),
                 cluster: preset.to_string(),
                 plan: "-".into(),
-                software: DEFAULTS.name.to_string(),
+                software: DEFAULTS.to_string(),
                 figure: "all-reduce bus GB/s".into(),
                 measured,
                 predicted,

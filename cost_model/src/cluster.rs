@@ -41,11 +41,15 @@
 //! An optional top-level `runtime` names the software that executes plans on the cluster,
 //! as far as memory is concerned: `"mixed-precision-gpu"` (the default; a Megatron-LM-style
 //! stack, see [`crate::memory`]) or `"autopar-cpu"` (this project's CPU runtime, what the
-//! `cpu:ranks=N` preset describes).
+//! `cpu:ranks=N` preset describes). An optional `[software]` table names the training stack
+//! whose speed is modelled: `profile = "deepspeed"` and any of its knobs
+//! (`overlap_param_gather = true`, ...), as `--software` takes them ([`crate::software`]).
 //!
 //! `cost_model/clusters/dgx-a100.toml` is a complete example.
 
 use serde::{Deserialize, Serialize};
+
+use crate::software::SoftwareSpec;
 
 use autopar_ir::DType;
 
@@ -159,6 +163,10 @@ pub struct Cluster {
     /// What executes plans here (default: a mixed-precision GPU stack).
     #[serde(default, skip_serializing_if = "Runtime::is_default")]
     pub runtime: Runtime,
+    /// The training stack's profile (`[software]`, see [`crate::software`]); `None` is the
+    /// default profile, `autopar`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub software: Option<SoftwareSpec>,
 }
 
 const GB: f64 = 1e9;
@@ -249,6 +257,14 @@ impl Cluster {
                 message: message.to_string(),
             })
         };
+        if let Some(spec) = &self.software
+            && let Err(e) = spec.resolve()
+        {
+            return Err(CostError::ClusterValue {
+                key: "software".into(),
+                message: e.to_string(),
+            });
+        }
         let positive = |key: &str, v: f64| {
             if v.is_finite() && v > 0.0 {
                 Ok(())
@@ -444,6 +460,7 @@ pub fn dgx_a100(nodes: usize) -> Cluster {
             gpu_to_nic: None,
         },
         runtime: Runtime::MixedPrecisionGpu,
+        software: None,
     }
 }
 
@@ -487,6 +504,7 @@ pub fn dgx_h100(nodes: usize) -> Cluster {
             gpu_to_nic: None,
         },
         runtime: Runtime::MixedPrecisionGpu,
+        software: None,
     }
 }
 
@@ -540,6 +558,7 @@ pub fn cpu(ranks: usize) -> Cluster {
             gpu_to_nic: None,
         },
         runtime: Runtime::AutoparCpu,
+        software: None,
     }
 }
 

@@ -338,6 +338,26 @@ impl ComputeParams {
                 class: OpClass::Communication,
                 ..OpCost::FREE
             },
+            // One kernel: the body's arithmetic, but only the operands read and the results
+            // written (the intermediate values never leave registers or shared memory).
+            Op::Fusion { body } => {
+                let mut types: Vec<TensorType> = body.params.clone();
+                let mut flops = 0.0;
+                for instr in &body.instrs {
+                    let ins: Option<Vec<&TensorType>> =
+                        instr.operands.iter().map(|&v| types.get(v)).collect();
+                    let Some(ins) = ins else { break };
+                    let Ok(mut out) = autopar_ir::infer::infer(&instr.op, &ins, None) else {
+                        break;
+                    };
+                    let Some(out) = out.pop() else { break };
+                    flops += self
+                        .op_cost(&instr.op, &ins, &[&out], cluster, comm, mapping)
+                        .flops;
+                    types.push(out);
+                }
+                memory(flops, in_bytes + out_bytes)
+            }
         }
     }
 
@@ -589,5 +609,46 @@ mod tests {
         .op_cost(&a, &[&q, &q, &q], &[&q], &c, &comm, None);
         assert_eq!(flash.flops * 2.0, unfused.flops);
         assert!(OpKind::ALL.len() >= seen.len());
+    }
+
+    #[test]
+    fn a_fusion_moves_only_its_operands_and_results() {
+        use autopar_ir::{BinaryOp, FusedInstr, FusionBody, UnaryOp};
+        let c = cluster::dgx_a100(1);
+        let p = ComputeParams::default();
+        let comm = CommParams::default();
+        let x = TensorType::new(DType::BF16, [4096, 4096]);
+        let (add, gelu) = (
+            Op::Binary {
+                func: BinaryOp::Add,
+            },
+            Op::Unary {
+                func: UnaryOp::Gelu,
+            },
+        );
+        let fused = Op::Fusion {
+            body: FusionBody {
+                params: vec![x.clone(), x.clone()],
+                instrs: vec![
+                    FusedInstr {
+                        op: add.clone(),
+                        operands: vec![0, 1],
+                    },
+                    FusedInstr {
+                        op: gelu.clone(),
+                        operands: vec![2],
+                    },
+                ],
+                results: vec![3],
+            },
+        };
+        let f = p.op_cost(&fused, &[&x, &x], &[&x], &c, &comm, None);
+        let a = p.op_cost(&add, &[&x, &x], &[&x], &c, &comm, None);
+        let g = p.op_cost(&gelu, &[&x], &[&x], &c, &comm, None);
+        // The same arithmetic, one intermediate fewer written and read.
+        assert_eq!(f.flops, a.flops + g.flops);
+        assert_eq!(f.bytes, 3.0 * x.size_bytes() as f64);
+        assert_eq!(a.bytes + g.bytes, 5.0 * x.size_bytes() as f64);
+        assert!(f.time < a.time + g.time);
     }
 }

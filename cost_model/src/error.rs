@@ -33,6 +33,9 @@ pub enum CostError {
         /// What is wrong.
         message: String,
     },
+    /// A software profile or option that does not exist or has a bad value.
+    #[error("--software: {0}")]
+    Software(String),
     /// A plan string with an unknown key or a bad value.
     #[error("plan: `{key}`: {message}")]
     PlanSyntax {

@@ -29,6 +29,7 @@ use crate::memory::{
 };
 use crate::model::TransformerConfig;
 use crate::plan::{Plan, Recompute};
+use crate::software::{GatherUnit, Software};
 
 const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
 
@@ -56,6 +57,9 @@ pub struct CostModel {
     pub comm: CommParams,
     /// Memory parameters.
     pub memory: MemoryParams,
+    /// The training stack's behaviour (already written into `compute` and `comm`, and
+    /// read directly for how ZeRO-3 gathers weights).
+    pub software: Software,
 }
 
 impl OpCostModel for CostModel {
@@ -240,12 +244,21 @@ impl CostModel {
                 MemoryParams::autopar_cpu(),
             ),
         };
-        CostModel {
+        let software = cluster.software.clone();
+        let mut model = CostModel {
             cluster,
             compute,
             comm: CommParams::default(),
             memory,
+            software: Software::default(),
+        };
+        if let Some(spec) = software {
+            // A cluster's software table was checked when the cluster was read.
+            if let Ok(s) = spec.resolve() {
+                s.apply(&mut model);
+            }
         }
+        model
     }
 
     /// Over how many ranks ZeRO shards dense and expert state under `plan`: every
@@ -970,12 +983,34 @@ impl<'a> Ctx<'a> {
         t
     }
 
-    /// ZeRO-3 all-gather of one layer's weights (prefetched under the previous layer).
-    fn zero3_gather(&self) -> f64 {
+    /// ZeRO-3 all-gather of one layer's weights in one pass, cut as the software cuts it.
+    fn zero3_gather_pass(&self) -> f64 {
         if self.plan.zero_stage < 3 {
             return 0.0;
         }
-        self.layer_zero_collective(Collective::AllGather, self.e)
+        self.zero3_collective(Collective::AllGather, self.e)
+    }
+
+    /// `c` over one layer's ZeRO-3 state at `bytes` per parameter, cut into collectives as the
+    /// software does: one for the layer, or one per weight tensor (the same bytes, a latency
+    /// per tensor).
+    fn zero3_collective(&self, c: Collective, bytes: f64) -> f64 {
+        match self.m.software.param_gather {
+            GatherUnit::Layer => self.layer_zero_collective(c, bytes),
+            GatherUnit::Tensor => {
+                let tensors = layer_weight_tensors(self.cfg) as f64;
+                tensors * self.layer_zero_collective(c, bytes / tensors)
+            }
+        }
+    }
+
+    /// Exposed time of the ZeRO-3 collectives `z3` of a pass whose own work is `under`: hidden
+    /// under it when the software prefetches them, on the critical path otherwise.
+    fn zero3_exposed(&self, z3: f64, under: f64) -> f64 {
+        match self.m.software.overlap_param_gather {
+            true => self.m.comm.exposed(z3, under),
+            false => z3,
+        }
     }
 
     /// What the MLP's element-wise kernels touch per layer: the local MLP width times the
@@ -1018,9 +1053,9 @@ impl<'a> Ctx<'a> {
         p.overlapped(CommKind::Context, cp, self.m.comm.exposed(cp, t_attn));
         let a2a = self.moe_all_to_all();
         p.exposed(CommKind::Expert, 2.0 * a2a);
-        let z3 = self.zero3_gather();
+        let z3 = self.zero3_gather_pass();
         let hidden_under = p.total_s();
-        p.overlapped(CommKind::Zero, z3, self.m.comm.exposed(z3, hidden_under));
+        p.overlapped(CommKind::Zero, z3, self.zero3_exposed(z3, hidden_under));
         (p, flops)
     }
 
@@ -1074,15 +1109,19 @@ impl<'a> Ctx<'a> {
         // gradients (that is what their memory is charged for), so there is no full-size
         // buffer to accumulate micro-batches into: each micro-batch's gradients are
         // reduce-scattered as its backward produces them.
-        let z3 = self.zero3_gather();
-        let rs = if self.plan.zero_stage >= 2 {
-            self.layer_zero_collective(Collective::ReduceScatter, self.e)
-        } else {
-            0.0
+        let z3 = self.zero3_gather_pass();
+        let rs = match self.plan.zero_stage {
+            3 => self.zero3_collective(Collective::ReduceScatter, self.e),
+            2 => self.layer_zero_collective(Collective::ReduceScatter, self.e),
+            _ => 0.0,
         };
         if z3 + rs > 0.0 {
             let under = p.total_s();
-            p.overlapped(CommKind::Zero, z3 + rs, self.m.comm.exposed(z3 + rs, under));
+            // The gradient reduce-scatter is issued after the layer's backward (it overlaps
+            // as the gradient reduction does); the gathers follow the profile.
+            let exposed =
+                self.zero3_exposed(z3, under) + self.m.comm.exposed(rs, (under - z3).max(0.0));
+            p.overlapped(CommKind::Zero, z3 + rs, exposed.min(z3 + rs));
         }
         match self.plan.recompute {
             Recompute::None => {}
@@ -1711,6 +1750,24 @@ impl Ctx<'_> {
             capacity: self.cl().gpu.hbm_capacity_gib * GIB,
         }
     }
+}
+
+/// Weight tensors of one transformer layer as training stacks hold them, for which a
+/// per-tensor ZeRO-3 gather issues one collective each: a GPT-style layer has two norms
+/// (scale and shift), a fused QKV weight and bias, the output projection's weight and bias
+/// and the MLP's two weights and biases (12); a gated (Llama-style) layer two norm scales,
+/// the fused QKV, the output projection and the gate, up and down weights (7). With experts,
+/// the MLP is the router plus every expert's two (three when gated) weights.
+fn layer_weight_tensors(cfg: &TransformerConfig) -> usize {
+    let (attention, norms, mlp) = match cfg.gated_mlp {
+        true => (2, 2, 3),
+        false => (4, 4, 4),
+    };
+    let mlp = match cfg.experts > 1 {
+        true => 1 + cfg.experts * if cfg.gated_mlp { 3 } else { 4 },
+        false => mlp,
+    };
+    attention + norms + mlp
 }
 
 #[cfg(test)]

@@ -20,6 +20,7 @@ pub mod mapping;
 pub mod memory;
 pub mod model;
 pub mod plan;
+pub mod software;
 
 pub use calibrate::{CalibrationReport, calibrate};
 pub use cluster::Cluster;
@@ -36,3 +37,4 @@ pub use mapping::{GroupInfo, MeshMapping};
 pub use memory::{MemoryBreakdown, MemoryParams, ZeroShards};
 pub use model::TransformerConfig;
 pub use plan::{Plan, Recompute};
+pub use software::{GatherUnit, Software, SoftwareSpec};

@@ -48,7 +48,7 @@ pub use autopar_runtime::{Tensor, TensorMap};
 pub use compile::{CompiledPipeline, CompiledStep, Pass, PassDump, PassTiming, compile};
 pub use error::Error;
 pub use model::{
-    DumpFormat, ModelSource, dump, estimate, load_annotations, load_cluster,
+    DumpFormat, ModelSource, dump, estimate, load_annotations, load_cluster, load_cluster_with,
     load_micro_batch_forward, load_model, load_model_shapes, load_train_step, model_config,
 };
 pub use options::{CompileOptions, PipelineSpec, SequenceLayout, sequence_layout, without_pp};

@@ -110,6 +110,21 @@ pub fn read(path: &str) -> Result<String, Error> {
     })
 }
 
+/// [`load_cluster`], with the training stack `software` (as `--software` takes it:
+/// `deepspeed,overlap_param_gather=true`) in place of the cluster's own `[software]`.
+pub fn load_cluster_with(
+    arg: &str,
+    software: Option<&str>,
+) -> Result<autopar_cost_model::Cluster, Error> {
+    let mut cluster = load_cluster(arg)?;
+    if let Some(spec) = software {
+        let spec = autopar_cost_model::SoftwareSpec::parse(spec)?;
+        spec.resolve()?;
+        cluster.software = Some(spec);
+    }
+    Ok(cluster)
+}
+
 /// Loads a cluster: a preset with options (`dgx-a100:nodes=4`, `cpu:ranks=8`) or a TOML file
 /// (any argument ending in `.toml`, or naming an existing file).
 pub fn load_cluster(arg: &str) -> Result<autopar_cost_model::Cluster, Error> {

@@ -93,6 +93,7 @@ fn train(
                     ranks: step.mesh.num_devices(),
                     options: format!("zero={}", plan.zero),
                 },
+                initial_loss_scale: None,
             };
             checkpoint::save(root, &step.state, states, &info, &SaveOptions::default())?;
         }
@@ -257,6 +258,7 @@ fn keep_removes_the_oldest_checkpoints() -> Result<(), Error> {
                 ranks: 1,
                 options: String::new(),
             },
+            initial_loss_scale: None,
         };
         let options = SaveOptions {
             keep: Some(2),

@@ -5,7 +5,7 @@
 
 use crate::error::IrError;
 use crate::mesh::DeviceMesh;
-use crate::op::{Op, ReduceOp};
+use crate::op::{FusionBody, Op, ReduceOp};
 use crate::types::{DType, TensorType};
 
 /// Result types of `op` applied to operands of types `inputs`.
@@ -42,6 +42,7 @@ pub fn infer(
             mesh_group(name, mesh, std::slice::from_ref(axis))?;
             one(ty.clone())
         }
+        Op::Fusion { body } => fusion_types(body, inputs),
         Op::Einsum { spec } => {
             arity(name, inputs, 2)?;
             let (a, b) = (float(name, inputs[0])?, inputs[1]);
@@ -612,6 +613,7 @@ pub fn num_results(op: &Op) -> usize {
         Op::MoeRoute { .. } | Op::SgdUpdate { .. } => 2,
         Op::AttentionBackward { .. } => 3,
         Op::AdamWUpdate { .. } => 3,
+        Op::Fusion { body } => body.results.len(),
         _ => 1,
     }
 }
@@ -734,4 +736,63 @@ fn mesh_group(
         ));
     }
     mesh.group_size(axes)
+}
+
+/// The result types of a fusion: its operands must have the body's parameter types, every
+/// instruction must be one a body admits, read only earlier values and type-check, and the
+/// results must name body values.
+fn fusion_types(body: &FusionBody, inputs: &[&TensorType]) -> Result<Vec<TensorType>, IrError> {
+    let name = "fusion";
+    arity(name, inputs, body.params.len())?;
+    for (i, (got, want)) in inputs.iter().zip(&body.params).enumerate() {
+        if *got != want {
+            return Err(IrError::ty(
+                name,
+                format!("operand {i} is {got} but the body's parameter ^{i} is {want}"),
+            ));
+        }
+    }
+    if body.results.is_empty() {
+        return Err(IrError::ty(name, "the body returns no value"));
+    }
+    let mut types: Vec<TensorType> = body.params.clone();
+    for (i, instr) in body.instrs.iter().enumerate() {
+        let at = body.params.len() + i;
+        if !FusionBody::admits(&instr.op) {
+            return Err(IrError::ty(
+                name,
+                format!(
+                    "^{at}: `{}` cannot be part of a fusion body",
+                    instr.op.name()
+                ),
+            ));
+        }
+        let mut operands = Vec::with_capacity(instr.operands.len());
+        for &v in &instr.operands {
+            let t = types.get(v).filter(|_| v < at).ok_or_else(|| {
+                IrError::ty(
+                    name,
+                    format!("^{at} reads ^{v}, which is not defined before it"),
+                )
+            })?;
+            operands.push(t);
+        }
+        let mut out = infer(&instr.op, &operands, None)
+            .map_err(|e| IrError::ty(name, format!("^{at}: {e}")))?;
+        if out.len() != 1 {
+            return Err(IrError::ty(name, format!("^{at} must give one value")));
+        }
+        types.push(out.remove(0));
+    }
+    body.results
+        .iter()
+        .map(|&r| {
+            types.get(r).cloned().ok_or_else(|| {
+                IrError::ty(
+                    name,
+                    format!("the body returns ^{r}, which it does not define"),
+                )
+            })
+        })
+        .collect()
 }

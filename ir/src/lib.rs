@@ -28,7 +28,10 @@ pub use error::IrError;
 pub use graph::{Graph, Node, NodeId, Value, ValueId};
 pub use mesh::{DeviceMesh, MeshAxis};
 pub use meta::{LayerId, NodeMeta, Part, Phase, WeightRole};
-pub use op::{BinaryOp, CompareOp, EinsumSpec, Init, InputRole, Op, OpKind, ReduceOp, UnaryOp};
+pub use op::{
+    BinaryOp, CompareOp, EinsumSpec, FusedInstr, FusionBody, Init, InputRole, Op, OpKind, ReduceOp,
+    UnaryOp,
+};
 pub use placement::{Placement, ReduceKind, Sharding, ShardingOrigin};
 pub use types::{DType, Shape, TensorType};
 pub use verify::verify;

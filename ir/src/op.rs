@@ -580,6 +580,66 @@ pub enum Op {
         /// Type of the received value.
         ty: TensorType,
     },
+
+    // ---- fusion --------------------------------------------------------------------------
+    /// A fused region: its results are its body evaluated on its operands, in one kernel.
+    /// Fusions are made from rank programs after partitioning, so they have no sharding rule
+    /// and no derivative. See [`FusionBody`].
+    Fusion {
+        /// The expression the fusion computes.
+        body: FusionBody,
+    },
+}
+
+/// The body of an [`Op::Fusion`]: a small dataflow graph of element-wise, broadcast,
+/// reduction, cast, select, reshape and constant ops over the fusion's operands.
+///
+/// Body values are numbered: `0..params.len()` are the operands (of types `params`), and
+/// instruction `i` defines value `params.len() + i`. An instruction reads only earlier
+/// values; `results` lists the values the fusion returns. The text format writes values as
+/// `^N` inside `body={...}`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct FusionBody {
+    /// The operand types, in order.
+    pub params: Vec<TensorType>,
+    /// The instructions, in evaluation order.
+    pub instrs: Vec<FusedInstr>,
+    /// The body values the fusion returns, in order.
+    pub results: Vec<usize>,
+}
+
+/// One instruction of a [`FusionBody`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct FusedInstr {
+    /// The op (one [`FusionBody::admits`]).
+    pub op: Op,
+    /// Body values it reads.
+    pub operands: Vec<usize>,
+}
+
+impl FusionBody {
+    /// True for the ops a body may hold: element-wise arithmetic and functions, comparisons,
+    /// `select`, casts, reductions, broadcasts, reshapes and constants: what one kernel
+    /// computes in registers and shared memory.
+    pub fn admits(op: &Op) -> bool {
+        matches!(
+            op,
+            Op::Unary { .. }
+                | Op::Binary { .. }
+                | Op::Compare { .. }
+                | Op::Select
+                | Op::Cast { .. }
+                | Op::Reduce { .. }
+                | Op::Broadcast { .. }
+                | Op::Reshape { .. }
+                | Op::Constant { .. }
+        )
+    }
+
+    /// Number of body values (operands and instruction results).
+    pub fn num_values(&self) -> usize {
+        self.params.len() + self.instrs.len()
+    }
 }
 
 /// Discriminant-only view of [`Op`], for tables and exhaustive test loops.
@@ -620,11 +680,12 @@ pub enum OpKind {
     CollectiveBroadcast,
     Send,
     Recv,
+    Fusion,
 }
 
 impl OpKind {
     /// Every op kind, so that tests can loop over the whole op set.
-    pub const ALL: [OpKind; 34] = [
+    pub const ALL: [OpKind; 35] = [
         OpKind::Parameter,
         OpKind::Input,
         OpKind::Constant,
@@ -659,6 +720,7 @@ impl OpKind {
         OpKind::CollectiveBroadcast,
         OpKind::Send,
         OpKind::Recv,
+        OpKind::Fusion,
     ];
 }
 
@@ -700,6 +762,7 @@ impl Op {
             Op::CollectiveBroadcast { .. } => OpKind::CollectiveBroadcast,
             Op::Send { .. } => OpKind::Send,
             Op::Recv { .. } => OpKind::Recv,
+            Op::Fusion { .. } => OpKind::Fusion,
         }
     }
 
@@ -745,6 +808,7 @@ impl Op {
             Op::CollectiveBroadcast { .. } => "collective_broadcast",
             Op::Send { .. } => "send",
             Op::Recv { .. } => "recv",
+            Op::Fusion { .. } => "fusion",
         }
     }
 
@@ -856,6 +920,7 @@ mod tests {
             "collective_broadcast",
             "send",
             "recv",
+            "fusion",
         ]);
         let n = names.len();
         names.sort_unstable();

@@ -481,6 +481,52 @@ fn case(kind: OpKind) -> Case {
             bad_inputs: vec![],
             bad_msg: vec!["mesh axis `pp`"],
         },
+        // exp(x) + broadcast(b), and its sum over the last dim: two results.
+        OpKind::Fusion => {
+            let body = |bcast_dims: Vec<usize>| FusionBody {
+                params: vec![f32t(&[3, 4]), f32t(&[4])],
+                instrs: vec![
+                    FusedInstr {
+                        op: Op::Unary { func: UnaryOp::Exp },
+                        operands: vec![0],
+                    },
+                    FusedInstr {
+                        op: Op::Broadcast {
+                            shape: Shape::new(vec![3, 4]),
+                            dims: bcast_dims,
+                        },
+                        operands: vec![1],
+                    },
+                    FusedInstr {
+                        op: Op::Binary {
+                            func: BinaryOp::Add,
+                        },
+                        operands: vec![2, 3],
+                    },
+                    FusedInstr {
+                        op: Op::Reduce {
+                            func: ReduceOp::Sum,
+                            dims: vec![1],
+                        },
+                        operands: vec![4],
+                    },
+                ],
+                results: vec![4, 5],
+            };
+            Case {
+                op: Op::Fusion {
+                    body: body(vec![1]),
+                },
+                inputs: vec![f32t(&[3, 4]), f32t(&[4])],
+                expect: vec![f32t(&[3, 4]), f32t(&[3])],
+                // The broadcast puts the bias on the wrong dim.
+                bad_op: Op::Fusion {
+                    body: body(vec![0]),
+                },
+                bad_inputs: vec![f32t(&[3, 4]), f32t(&[4])],
+                bad_msg: vec!["`fusion`", "^3"],
+            }
+        }
     }
 }
 

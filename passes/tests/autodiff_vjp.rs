@@ -644,6 +644,21 @@ fn cases(kind: OpKind) -> Vec<Case> {
             assert!(!has_vjp(&op));
             Vec::new()
         }
+        // Fusions are made after the step is differentiated and partitioned.
+        OpKind::Fusion => {
+            let op = Op::Fusion {
+                body: autopar_ir::FusionBody {
+                    params: vec![f32_ty(&[4, 2])],
+                    instrs: vec![autopar_ir::FusedInstr {
+                        op: Op::Unary { func: UnaryOp::Exp },
+                        operands: vec![0],
+                    }],
+                    results: vec![1],
+                },
+            };
+            assert_refused("fusion", op, |b| vec![b.float(&[4, 2], |x| x)], false);
+            Vec::new()
+        }
     }
 }
 

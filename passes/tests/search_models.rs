@@ -2,8 +2,6 @@
 //! fast as the hand-tuned Megatron-LM configuration, with an explanation naming the deciding
 //! term), Llama 3 70B on 64 H100s and Mixtral 8x7B on 32 H100s (fitting plans).
 
-use std::time::Instant;
-
 use autopar_cost_model::{Cluster, CostModel, Plan, TransformerConfig};
 use autopar_passes::search::explain::{Comparison, Term};
 use autopar_passes::search::{SearchOptions, search};
@@ -55,11 +53,11 @@ fn gpt3_175b_on_1024_a100s_beats_the_hand_tuned_plan() {
     let m = model("dgx-a100:nodes=128");
     let cfg = TransformerConfig::gpt3_175b();
     let opts = SearchOptions::new(1536);
-    let t = Instant::now();
     let r = search(&m, &cfg, &opts).unwrap();
-    // The budget is 10 s on two cores in release; this holds in test builds too.
-    assert!(t.elapsed().as_secs_f64() < 10.0, "{:?}", r.stats);
+    // Speed is measured by `benches/search.rs`; here, that the bounds do the work: of the
+    // millions of candidates, only about a thousand need a full estimate.
     assert!(r.stats.complete);
+    assert!(r.stats.estimated <= 5_000, "{:?}", r.stats);
     let best = &r.plans[0];
     assert!(best.estimate.fits);
     let hand =
@@ -104,9 +102,7 @@ fn llama3_70b_on_64_h100s_and_mixtral_on_32_h100s_fit() {
         (mixtral_8x7b(), "dgx-h100:nodes=4", 256),
     ] {
         let m = model(preset);
-        let t = Instant::now();
         let r = search(&m, &cfg, &SearchOptions::new(batch)).unwrap();
-        assert!(t.elapsed().as_secs_f64() < 10.0, "{:?}", r.stats);
         assert!(r.stats.complete);
         assert!(!r.plans.is_empty(), "{}", cfg.name);
         for p in &r.plans {

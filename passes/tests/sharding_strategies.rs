@@ -74,6 +74,8 @@ enum Cases {
     Source(Op),
     /// Communication: must have no strategies.
     Communication(Op),
+    /// Fusions: made after partitioning, so they have no strategies either.
+    Fusion(Op),
 }
 
 fn einsum(spec: &str) -> Op {
@@ -469,6 +471,20 @@ fn cases(kind: OpKind, rng: &mut Rng) -> Cases {
                 ty: f32_ty(&[4]),
             });
         }
+        OpKind::Fusion => {
+            return Cases::Fusion(Op::Fusion {
+                body: autopar_ir::FusionBody {
+                    params: vec![f32_ty(&[4])],
+                    instrs: vec![autopar_ir::FusedInstr {
+                        op: Op::Unary {
+                            func: autopar_ir::UnaryOp::Exp,
+                        },
+                        operands: vec![0],
+                    }],
+                    results: vec![1],
+                },
+            });
+        }
     })
 }
 
@@ -745,6 +761,10 @@ fn every_strategy_of_every_op_matches_the_reference() {
                     strategies(&op, &[&t], 2),
                     Err(ShardingError::Communication { op: op.name() })
                 );
+            }
+            Cases::Fusion(op) => {
+                let t = f32_ty(&[4]);
+                assert_eq!(strategies(&op, &[&t], 2), Err(ShardingError::Fusion));
             }
             Cases::Source(op) => {
                 let st = strategies(&op, &[], 2).unwrap();

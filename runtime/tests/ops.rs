@@ -53,6 +53,7 @@ fn every_op_kind_has_a_hand_checked_case() -> TestResult {
             | OpKind::CollectiveBroadcast
             | OpKind::Send
             | OpKind::Recv => communication(kind)?,
+            OpKind::Fusion => fusion()?,
         }
     }
     Ok(())
@@ -374,6 +375,59 @@ fn layer_norm() -> TestResult {
         ],
     )?;
     assert_close(&y, &[2, 3], &[-s, 1.0, s, -r, 1.0 - 2.0 * r, 2.0 * r], 1e-6);
+    Ok(())
+}
+
+/// A softmax over the last dim written as a fusion body (max, subtract, exp, sum, divide,
+/// with the broadcasts between), returning the probabilities and the row sums: equal to
+/// `softmax` and to the same ops run one by one, in f32 and in bf16.
+fn fusion() -> TestResult {
+    let bcast = |dims: Vec<usize>| Op::Broadcast {
+        shape: Shape::new(vec![2, 3]),
+        dims,
+    };
+    let instr = |op: Op, operands: Vec<usize>| autopar_ir::FusedInstr { op, operands };
+    let reduce = |func| Op::Reduce {
+        func,
+        dims: vec![1],
+    };
+    let bin = |func| Op::Binary { func };
+    let body = |dtype: DType| autopar_ir::FusionBody {
+        params: vec![TensorType::new(dtype, [2, 3])],
+        instrs: vec![
+            instr(reduce(ReduceOp::Max), vec![0]),
+            instr(bcast(vec![0]), vec![1]),
+            instr(bin(BinaryOp::Sub), vec![0, 2]),
+            instr(Op::Unary { func: UnaryOp::Exp }, vec![3]),
+            instr(reduce(ReduceOp::Sum), vec![4]),
+            instr(bcast(vec![0]), vec![5]),
+            instr(bin(BinaryOp::Div), vec![4, 6]),
+        ],
+        results: vec![7, 5],
+    };
+    let values = [0.5, -1.0, 2.0, 3.0, 3.0, -0.25];
+    for dtype in [DType::F32, DType::BF16] {
+        let x = typed(dtype, &[2, 3], &values);
+        let fused = run_op(Op::Fusion { body: body(dtype) }, std::slice::from_ref(&x))?;
+        assert_eq!(fused.len(), 2);
+        let softmax = run_one(Op::Softmax { dim: 1 }, std::slice::from_ref(&x))?;
+        let tol = if dtype == DType::F32 { 1e-6 } else { 2e-2 };
+        assert_close(&fused[0], &[2, 3], &softmax.to_f64_vec(), tol);
+        // The same instructions as separate nodes give the same bits.
+        let mut vals = vec![x.clone()];
+        for i in &body(dtype).instrs {
+            let args: Vec<Tensor> = i.operands.iter().map(|&v| vals[v].clone()).collect();
+            vals.push(run_one(i.op.clone(), &args)?);
+        }
+        assert_eq!(fused[0], vals[7], "{dtype}");
+        assert_eq!(fused[1], vals[5], "{dtype}");
+    }
+    // A body that reads a value before defining it is refused.
+    let mut bad = body(DType::F32);
+    bad.instrs[0].operands = vec![3];
+    let x = typed(DType::F32, &[2, 3], &values);
+    let err = run_op(Op::Fusion { body: bad }, &[x]).expect_err("ill-formed body");
+    assert!(err.to_string().contains("^1 reads ^3"), "{err}");
     Ok(())
 }
 

@@ -26,7 +26,7 @@ pub struct Index {
     pub seed: u64,
     /// Where the data stream stands: the index of the next step's batch.
     pub data_position: u64,
-    /// The dynamic loss scale (f16 training), read off the saved state.
+    /// The dynamic loss scale (f16 training) the next step uses.
     pub loss_scale: Option<f64>,
     /// The model argument it was trained as (zoo name, spec or file).
     pub model: String,

@@ -87,6 +87,9 @@ pub struct SaveInfo {
     pub model: String,
     /// The plan the state is laid out for.
     pub plan: PlanRecord,
+    /// With dynamic loss scaling, the initial scale (`--loss-scale`): the state holds the
+    /// scale relative to it, the index the scale itself.
+    pub initial_loss_scale: Option<f64>,
 }
 
 /// How a save treats the checkpoints around it.
@@ -245,7 +248,8 @@ pub fn save(
         .find(|t| t.name == LOSS_SCALE)
         .and_then(|t| t.shards.first())
         .and_then(|s| states.get(*s.ranks.first()?)?.get(LOSS_SCALE))
-        .and_then(Tensor::scalar_value);
+        .and_then(Tensor::scalar_value)
+        .map(|relative| relative * info.initial_loss_scale.unwrap_or(1.0));
     let index = Index {
         format: FORMAT.into(),
         version: VERSION,

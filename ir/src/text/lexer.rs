@@ -14,6 +14,8 @@ pub(crate) enum TokKind {
     Ident(String),
     /// `%N`: a value number.
     Value(u32),
+    /// `^N`: a value of a fusion body.
+    BodyValue(u32),
     /// A number literal, kept as written: `12`, `0.02`, `1e-5`, `0x7ff8000000000001`. A
     /// leading minus sign is a separate [`TokKind::Minus`].
     Number(String),
@@ -39,6 +41,8 @@ pub(crate) enum TokKind {
     Eq,
     /// `-`
     Minus,
+    /// `;` (between the instructions of a fusion body)
+    Semicolon,
     /// The end of the source.
     Eof,
 }
@@ -57,8 +61,10 @@ impl TokKind {
             TokKind::Colon => ":",
             TokKind::Eq => "=",
             TokKind::Minus => "-",
+            TokKind::Semicolon => ";",
             TokKind::Ident(_)
             | TokKind::Value(_)
+            | TokKind::BodyValue(_)
             | TokKind::Number(_)
             | TokKind::Str(_)
             | TokKind::Eof => return None,
@@ -190,8 +196,10 @@ impl<'a> Lexer<'a> {
             ':' => TokKind::Colon,
             '=' => TokKind::Eq,
             '-' => TokKind::Minus,
+            ';' => TokKind::Semicolon,
             '"' => TokKind::Str(self.string(pos)?),
             '%' => TokKind::Value(self.value_number(pos)?),
+            '^' => TokKind::BodyValue(self.value_number(pos)?),
             c if c.is_ascii_digit() => TokKind::Number(self.number(c)?),
             c if c.is_ascii_alphabetic() || c == '_' => {
                 let mut s = String::from(c);

@@ -100,6 +100,12 @@
 //! | initialisers | `init=normal(0.02)`, `init=zeros`, `init=ones` |
 //! | input roles | `role=tokens(256)`, `role=next_tokens(256)`, `role=features`, `role=regression_targets` |
 //!
+//! A fusion's one attribute is its body, on one line: `body={^2: f32[4,8] = broadcast ^1
+//! {shape=[4,8], dims=[1]}; ^3: f32[4,8] = add ^0, ^2; yield ^3}`. Body values are `^N`:
+//! `^0..` are the fusion's operands (with their types), and each instruction defines the
+//! next number, with its declared type checked as a node's is; `yield` names the results.
+//! Only the ops [`FusionBody::admits`](crate::FusionBody::admits) may appear.
+//!
 //! A NaN other than the canonical [`f64::NAN`] (another sign or payload) has no `{:?}` text
 //! of its own, so it is printed with its bits, `NaN(0xfff8000000000000)`, and read back to
 //! exactly those bits. Note that a graph holding a NaN attribute is not `==` to its own copy,

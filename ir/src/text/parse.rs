@@ -7,9 +7,10 @@ use super::lexer::{Lexer, Pos, TokKind, Token, shorten};
 use super::schema::{attr_names, prototypes};
 use super::{MAX_DEVICES, MAX_LIST_LEN, MAX_VALUE_NUMBER, ParseError};
 use crate::graph::{Graph, ValueId};
+use crate::infer::infer;
 use crate::mesh::{DeviceMesh, MeshAxis};
 use crate::meta::NodeMeta;
-use crate::op::{EinsumSpec, Init, InputRole, Op};
+use crate::op::{EinsumSpec, FusedInstr, FusionBody, Init, InputRole, Op};
 use crate::placement::{Placement, ReduceKind, Sharding, ShardingOrigin};
 use crate::types::{DType, Shape, TensorType};
 use crate::verify::{check_sharding, verify};
@@ -39,6 +40,9 @@ struct Parser<'a> {
     /// Where each parameter and each input name was first used.
     param_names: HashMap<String, Pos>,
     input_names: HashMap<String, Pos>,
+    /// The operand types of the fusion whose attributes are being read (its body's
+    /// parameters).
+    fusion_params: Vec<TensorType>,
 }
 
 impl<'a> Parser<'a> {
@@ -52,6 +56,7 @@ impl<'a> Parser<'a> {
             defs: HashMap::new(),
             param_names: HashMap::new(),
             input_names: HashMap::new(),
+            fusion_params: Vec::new(),
         })
     }
 
@@ -132,6 +137,103 @@ impl<'a> Parser<'a> {
             return Ok((ValueId(n), pos));
         }
         Err(self.expected("a value like `%3`"))
+    }
+
+    /// A fusion body value `^N`.
+    fn body_value(&mut self) -> Result<(usize, Pos), ParseError> {
+        if let TokKind::BodyValue(n) = self.tok.kind {
+            let pos = self.advance()?.pos;
+            return Ok((n as usize, pos));
+        }
+        Err(self.expected("a body value like `^2`"))
+    }
+
+    /// `{^K: type = op ^a, ^b {attrs}; ...; yield ^r, ...}`: the body of a fusion whose
+    /// operands have the types `self.fusion_params`; every instruction is type-checked as it
+    /// is read.
+    fn fusion_body(&mut self) -> Result<FusionBody, ParseError> {
+        let params = std::mem::take(&mut self.fusion_params);
+        self.expect(&TokKind::LBrace)?;
+        let mut types = params.clone();
+        let mut instrs = Vec::new();
+        let defined = |v: usize, pos: Pos, types: &[TensorType]| {
+            if v < types.len() {
+                Ok(v)
+            } else {
+                Err(pos.error(format!("^{v} is not defined in the body before it is used")))
+            }
+        };
+        loop {
+            if self.at_word("yield") {
+                self.advance()?;
+                let mut results = Vec::new();
+                loop {
+                    let (v, pos) = self.body_value()?;
+                    results.push(defined(v, pos, &types)?);
+                    if !self.eat(&TokKind::Comma)? {
+                        break;
+                    }
+                }
+                self.expect(&TokKind::RBrace)?;
+                return Ok(FusionBody {
+                    params,
+                    instrs,
+                    results,
+                });
+            }
+            let start = self.tok.pos;
+            let (id, id_pos) = self.body_value()?;
+            if id != types.len() {
+                return Err(id_pos.error(format!(
+                    "expected ^{}: body values are numbered in order, after the {} operands",
+                    types.len(),
+                    params.len()
+                )));
+            }
+            self.expect(&TokKind::Colon)?;
+            let ty_pos = self.tok.pos;
+            let ty = self.tensor_type()?;
+            self.expect(&TokKind::Eq)?;
+            let (mnemonic, op_pos) = self.ident("an op mnemonic")?;
+            let Some(mut op) = self.protos.iter().find(|p| p.name() == mnemonic).cloned() else {
+                return Err(op_pos.error(format!("unknown op `{}`", shorten(&mnemonic))));
+            };
+            if !FusionBody::admits(&op) {
+                return Err(op_pos.error(format!("`{mnemonic}` cannot be part of a fusion body")));
+            }
+            let mut operands = Vec::new();
+            if let TokKind::BodyValue(_) = self.tok.kind {
+                loop {
+                    let (v, pos) = self.body_value()?;
+                    operands.push(defined(v, pos, &types)?);
+                    if !self.eat(&TokKind::Comma)? {
+                        break;
+                    }
+                }
+            }
+            let mut seen: Vec<&'static str> = Vec::new();
+            if self.tok.kind == TokKind::LBrace {
+                self.attrs(&mut op, &mut seen)?;
+            }
+            if let Some(missing) = attr_names(&op).iter().find(|a| !seen.contains(a)) {
+                return Err(op_pos.error(format!("`{mnemonic}` is missing attribute `{missing}`")));
+            }
+            if let Some(t) = op.source_type_mut() {
+                *t = ty.clone();
+            }
+            let tys: Vec<&TensorType> = operands.iter().map(|&v| &types[v]).collect();
+            check_dim_arithmetic(&op, &tys, None).map_err(|m| start.error(m))?;
+            let out = infer(&op, &tys, None).map_err(|e| start.error(e.to_string()))?;
+            if out.first() != Some(&ty) || out.len() != 1 {
+                return Err(ty_pos.error(format!(
+                    "^{id} is declared as {ty}, but `{mnemonic}` gives {}",
+                    out.first().map_or("nothing".to_string(), |t| t.to_string())
+                )));
+            }
+            types.push(ty);
+            instrs.push(FusedInstr { op, operands });
+            self.expect(&TokKind::Semicolon)?;
+        }
     }
 
     /// A non-negative decimal integer.
@@ -659,6 +761,12 @@ impl<'a> Parser<'a> {
         }
 
         let mut seen: Vec<&'static str> = Vec::new();
+        if let Op::Fusion { .. } = op {
+            self.fusion_params = operands
+                .iter()
+                .filter_map(|&v| g.value_checked(v).ok().map(|x| x.ty.clone()))
+                .collect();
+        }
         if self.tok.kind == TokKind::LBrace {
             self.attrs(&mut op, &mut seen)?;
         }
@@ -933,6 +1041,10 @@ impl<'a> Parser<'a> {
                 "shift" => *shift = p.i64()?,
                 _ => return Ok(false),
             },
+            Op::Fusion { body } => match key {
+                "body" => *body = p.fusion_body()?,
+                _ => return Ok(false),
+            },
         }
         Ok(true)
     }
@@ -1021,6 +1133,7 @@ fn check_dim_arithmetic(
         | Op::ReduceScatter { .. }
         | Op::CollectiveBroadcast { .. }
         | Op::Send { .. }
-        | Op::Recv { .. } => Ok(()),
+        | Op::Recv { .. }
+        | Op::Fusion { .. } => Ok(()),
     }
 }

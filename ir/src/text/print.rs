@@ -5,7 +5,7 @@ use std::fmt::Write;
 
 use crate::graph::{Graph, ValueId};
 use crate::mesh::{DeviceMesh, is_identifier};
-use crate::op::{Init, InputRole, Op};
+use crate::op::{FusionBody, Init, InputRole, Op};
 use crate::placement::{Sharding, ShardingOrigin};
 
 /// Prints `g` in the text format. See the [module docs](super) for the layout.
@@ -207,7 +207,53 @@ pub(crate) fn attrs(op: &Op) -> Vec<(&'static str, String)> {
         Op::Send { axis, shift } | Op::Recv { axis, shift, ty: _ } => {
             vec![("axis", quote(axis)), ("shift", shift.to_string())]
         }
+        Op::Fusion { body } => vec![("body", fusion_body(body))],
     }
+}
+
+/// `{^2: f32[8] = exp ^0; ^3: f32[8] = add ^2, ^1; yield ^3}`: the instructions of a fusion
+/// body on one line, each with its result type, then the values it returns. The parameters
+/// `^0..` are the fusion's operands, whose types the graph gives.
+fn fusion_body(body: &FusionBody) -> String {
+    let mut out = String::from("{");
+    // The body admits no op without a result, and no result types are missing: every
+    // instruction's type is inferred from the parameters.
+    let types = body_types(body);
+    for (i, instr) in body.instrs.iter().enumerate() {
+        let at = body.params.len() + i;
+        let ty = types
+            .get(at)
+            .map_or("<ill-typed>".to_string(), |t| t.to_string());
+        let _ = write!(out, "^{at}: {ty} = {}", instr.op.name());
+        for (k, v) in instr.operands.iter().enumerate() {
+            out.push_str(if k == 0 { " " } else { ", " });
+            let _ = write!(out, "^{v}");
+        }
+        let attrs = attrs(&instr.op);
+        if !attrs.is_empty() {
+            let items: Vec<String> = attrs.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            let _ = write!(out, " {{{}}}", items.join(", "));
+        }
+        out.push_str("; ");
+    }
+    let results: Vec<String> = body.results.iter().map(|r| format!("^{r}")).collect();
+    let _ = write!(out, "yield {}}}", results.join(", "));
+    out
+}
+
+/// The type of every body value, as far as the body type-checks (a broken body prints,
+/// unparsably, rather than panicking).
+fn body_types(body: &FusionBody) -> Vec<crate::types::TensorType> {
+    let mut types = body.params.clone();
+    for instr in &body.instrs {
+        let operands: Option<Vec<_>> = instr.operands.iter().map(|&v| types.get(v)).collect();
+        let Some(operands) = operands else { break };
+        match crate::infer::infer(&instr.op, &operands, None) {
+            Ok(mut t) if t.len() == 1 => types.push(t.remove(0)),
+            _ => break,
+        }
+    }
+    types
 }
 
 fn init_str(init: &Init) -> String {

@@ -1,7 +1,9 @@
 //! The op table shared by the printer and the parser: one prototype op per mnemonic, and
 //! the attribute names each op variant prints, in field order.
 
-use crate::op::{BinaryOp, CompareOp, EinsumSpec, Init, InputRole, Op, OpKind, ReduceOp, UnaryOp};
+use crate::op::{
+    BinaryOp, CompareOp, EinsumSpec, FusionBody, Init, InputRole, Op, OpKind, ReduceOp, UnaryOp,
+};
 use crate::placement::ReduceKind;
 use crate::types::{DType, Shape, TensorType};
 
@@ -117,6 +119,13 @@ fn prototypes_of(kind: OpKind) -> Vec<Op> {
             shift: 0,
             ty,
         },
+        OpKind::Fusion => Op::Fusion {
+            body: FusionBody {
+                params: Vec::new(),
+                instrs: Vec::new(),
+                results: Vec::new(),
+            },
+        },
     };
     vec![op]
 }
@@ -160,6 +169,7 @@ pub(crate) fn attr_names(op: &Op) -> &'static [&'static str] {
         Op::AllToAll { .. } => &["axes", "split_dim", "concat_dim"],
         Op::CollectiveBroadcast { .. } => &["axes", "root"],
         Op::Send { .. } | Op::Recv { .. } => &["axis", "shift"],
+        Op::Fusion { .. } => &["body"],
     }
 }
 

@@ -4,9 +4,9 @@
 #![allow(dead_code, clippy::unwrap_used)]
 
 use autopar_ir::{
-    BinaryOp, CompareOp, DType, DeviceMesh, EinsumSpec, Graph, Init, InputRole, MeshAxis, NodeId,
-    Op, OpKind, Placement, ReduceKind, ReduceOp, Sharding, ShardingOrigin, TensorType, UnaryOp,
-    ValueId,
+    BinaryOp, CompareOp, DType, DeviceMesh, EinsumSpec, FusedInstr, FusionBody, Graph, Init,
+    InputRole, MeshAxis, NodeId, Op, OpKind, Placement, ReduceKind, ReduceOp, Shape, Sharding,
+    ShardingOrigin, TensorType, UnaryOp, ValueId,
 };
 
 pub fn f32t(dims: &[usize]) -> TensorType {
@@ -281,6 +281,57 @@ fn add_examples(g: &mut Graph, kind: OpKind, c: &Ctx) -> Vec<NodeId> {
             },
             &[],
         )],
+        // gelu(x + broadcast(gamma)) and its row maximum, with a constant and a cast.
+        OpKind::Fusion => {
+            let instr = |op: Op, operands: Vec<usize>| FusedInstr { op, operands };
+            let body = FusionBody {
+                params: vec![f32t(&[4, 8]), f32t(&[8])],
+                instrs: vec![
+                    instr(
+                        Op::Broadcast {
+                            shape: Shape::new(vec![4, 8]),
+                            dims: vec![1],
+                        },
+                        vec![1],
+                    ),
+                    instr(
+                        Op::Binary {
+                            func: BinaryOp::Add,
+                        },
+                        vec![0, 2],
+                    ),
+                    instr(
+                        Op::Unary {
+                            func: UnaryOp::Gelu,
+                        },
+                        vec![3],
+                    ),
+                    instr(
+                        Op::Constant {
+                            ty: f32t(&[4, 8]),
+                            value: 0.5,
+                        },
+                        vec![],
+                    ),
+                    instr(
+                        Op::Binary {
+                            func: BinaryOp::Mul,
+                        },
+                        vec![4, 5],
+                    ),
+                    instr(
+                        Op::Reduce {
+                            func: ReduceOp::Max,
+                            dims: vec![1],
+                        },
+                        vec![6],
+                    ),
+                    instr(Op::Cast { to: DType::BF16 }, vec![7]),
+                ],
+                results: vec![6, 8],
+            };
+            vec![add(g, Op::Fusion { body }, &[c.x, c.gamma])]
+        }
     }
 }
 

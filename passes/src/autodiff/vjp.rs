@@ -54,7 +54,9 @@ pub(super) fn has_rule(op: &Op) -> bool {
         | Op::AllToAll { .. }
         | Op::CollectiveBroadcast { .. }
         | Op::Send { .. }
-        | Op::Recv { .. } => false,
+        | Op::Recv { .. }
+        // Fusions are made after the step is built and partitioned.
+        | Op::Fusion { .. } => false,
     }
 }
 
@@ -300,7 +302,8 @@ pub(super) fn vjp(
         | Op::AllToAll { .. }
         | Op::CollectiveBroadcast { .. }
         | Op::Send { .. }
-        | Op::Recv { .. } => Err(no_rule()),
+        | Op::Recv { .. }
+        | Op::Fusion { .. } => Err(no_rule()),
     }
 }
 

@@ -13,6 +13,10 @@ pub enum ShardingError {
         /// Text name of the op.
         op: &'static str,
     },
+    /// Fusions are made from rank programs after partitioning: finding one in a graph being
+    /// sharded is a compiler bug.
+    #[error("`fusion` is made after partitioning; it has no sharding strategies")]
+    Fusion,
     /// A strategy or lowering that does not fit the op it was applied to.
     #[error("`{op}`: {detail}")]
     Mismatch {

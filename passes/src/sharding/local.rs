@@ -123,6 +123,7 @@ pub fn local_op(
         | Op::CollectiveBroadcast { .. }
         | Op::Send { .. }
         | Op::Recv { .. } => return Err(ShardingError::Communication { op: op.name() }),
+        Op::Fusion { .. } => return Err(ShardingError::Fusion),
     }
     Ok(local)
 }

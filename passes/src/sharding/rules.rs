@@ -133,6 +133,7 @@ fn candidates(
         | Op::CollectiveBroadcast { .. }
         | Op::Send { .. }
         | Op::Recv { .. } => return Err(ShardingError::Communication { op: op.name() }),
+        Op::Fusion { .. } => return Err(ShardingError::Fusion),
         // Sources: each device creates its own shard (the runtime draws parameters and feeds
         // inputs per shard; a constant's shard is a smaller constant).
         Op::Parameter { .. } | Op::Input { .. } | Op::Constant { .. } => {

@@ -14,7 +14,7 @@ mod optim;
 mod reduction;
 
 use autopar_ir::infer::infer;
-use autopar_ir::{Op, TensorType};
+use autopar_ir::{FusionBody, Op, TensorType};
 
 use crate::error::RuntimeError;
 use crate::tensor::{Precision, Tensor};
@@ -36,6 +36,11 @@ pub fn eval_op(
     }
     let types: Vec<&TensorType> = operands.iter().map(|t| t.ty()).collect();
     let result_types = infer(op, &types, None)?;
+    if let Op::Fusion { body } = op {
+        // A fusion means its body: each instruction evaluated and rounded as an unfused
+        // node would be, so that a fused program equals its unfused self.
+        return fusion(body, operands, precision);
+    }
     let results = dispatch(op, operands, &result_types)?;
     debug_assert!(
         results.iter().map(Tensor::ty).eq(result_types.iter()),
@@ -128,7 +133,25 @@ fn dispatch(
         | Op::CollectiveBroadcast { .. }
         | Op::Send { .. }
         | Op::Recv { .. } => Err(RuntimeError::NeedsMultiRank { op: name }),
+        // [`eval_op`] evaluates fusions itself (it knows the precision).
+        Op::Fusion { body } => fusion(body, x, Precision::Declared),
     }
+}
+
+/// The results of a fusion body on `operands` (which its typing rule has checked).
+fn fusion(
+    body: &FusionBody,
+    operands: &[&Tensor],
+    precision: Precision,
+) -> Result<Vec<Tensor>, RuntimeError> {
+    let mut values: Vec<Tensor> = Vec::with_capacity(body.num_values());
+    values.extend(operands.iter().map(|t| (*t).clone()));
+    for instr in &body.instrs {
+        let args: Vec<&Tensor> = instr.operands.iter().map(|&v| &values[v]).collect();
+        let mut out = eval_op(&instr.op, &args, precision)?;
+        values.push(out.remove(0));
+    }
+    Ok(body.results.iter().map(|&r| values[r].clone()).collect())
 }
 
 /// The float elements of an operand, or an error naming the op.

@@ -1,0 +1,270 @@
+//! Software profiles: what the training stack a measurement (or a plan) runs on does, as
+//! far as the step time depends on it. The same hardware and plan run at different speeds
+//! under Megatron-LM of 2021, Megatron-Core, DeepSpeed or PyTorch FSDP, because they differ in
+//! their attention kernel, in which communication they overlap with computation, and in how
+//! ZeRO-3 / FSDP gather the sharded weights.
+//!
+//! A profile is named (`--software megatron-core`, or `[software] name = "..."` in a cluster
+//! file) and any knob can be overridden (`--software deepspeed,overlap_param_gather=true`).
+//! [`Software::apply`] writes it into a [`CostModel`]'s compute and communication
+//! parameters; everything else in the model is hardware.
+
+use serde::{Deserialize, Serialize};
+
+use crate::compute::AttentionKernel;
+use crate::error::CostError;
+use crate::estimate::CostModel;
+
+/// How ZeRO-3 / FSDP gather a layer's sharded weights.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GatherUnit {
+    /// One collective per layer (FSDP's flat parameter of a wrapped block, Megatron's
+    /// distributed-optimizer buckets): one latency per layer and direction.
+    Layer,
+    /// One collective per weight tensor (DeepSpeed ZeRO-3 gathers parameter by parameter
+    /// from its module hooks): a ring latency per tensor, which grows with the number of
+    /// ranks and dominates small tensors (biases, norm scales).
+    Tensor,
+}
+
+/// A training stack's behaviour, as the cost model sees it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Software {
+    /// The profile's name.
+    pub name: String,
+    /// The attention kernel.
+    pub attention: AttentionKernel,
+    /// Data-parallel gradient reduction runs bucket by bucket under the backward.
+    pub overlap_grad_reduce: bool,
+    /// Tensor-parallel collectives of the backward run under the weight-gradient GEMMs.
+    pub tp_backward_overlap: bool,
+    /// ZeRO-3 / FSDP weight all-gathers are prefetched under the previous layer's compute.
+    pub overlap_param_gather: bool,
+    /// How the ZeRO-3 / FSDP gathers and reduce-scatters are cut into collectives.
+    pub param_gather: GatherUnit,
+}
+
+/// The names of the built-in profiles.
+pub const PROFILES: [&str; 7] = [
+    "autopar",
+    "megatron-lm-2021",
+    "megatron-core",
+    "nemo",
+    "deepspeed",
+    "fsdp",
+    "torchtitan",
+];
+
+impl Default for Software {
+    fn default() -> Self {
+        Software {
+            name: "autopar".into(),
+            attention: AttentionKernel::Flash,
+            overlap_grad_reduce: true,
+            tp_backward_overlap: true,
+            overlap_param_gather: true,
+            param_gather: GatherUnit::Layer,
+        }
+    }
+}
+
+impl Software {
+    /// A built-in profile by name:
+    ///
+    /// - `autopar` (the default): this project's GPU stack as designed: FlashAttention-style
+    ///   attention, gradient reduction, tensor-parallel backward collectives and ZeRO-3
+    ///   gathers all overlapped, gathers one per layer.
+    /// - `megatron-lm-2021`: Megatron-LM as measured in SC'21 and Korthikanti et al. 2022:
+    ///   attention as two batched GEMMs around a fused softmax, its "local" DDP reducing
+    ///   gradients after the backward, the asynchronous tensor-parallel all-reduce of the
+    ///   backward.
+    /// - `megatron-core` and `nemo` (which builds on it): fused attention (cuDNN /
+    ///   FlashAttention), `--overlap-grad-reduce` and `--overlap-param-gather` of the
+    ///   distributed optimizer, bucketed per layer.
+    /// - `deepspeed`: DeepSpeed ZeRO-3 as in SC'21 Table 2: unfused attention, `overlap_comm`
+    ///   for the gradient reduction, and weights gathered parameter by parameter from module
+    ///   hooks, each gather awaited before its module runs.
+    /// - `fsdp` and `torchtitan`: PyTorch FSDP (1 and 2): scaled-dot-product attention
+    ///   (FlashAttention), one all-gather per wrapped block prefetched under the previous
+    ///   block (`forward_prefetch`, `backward_prefetch`), reduce-scatter overlapped.
+    pub fn preset(name: &str) -> Result<Software, CostError> {
+        let base = Software::default();
+        let s = match name {
+            "autopar" | "megatron-core" | "nemo" | "fsdp" | "torchtitan" => base,
+            "megatron-lm-2021" => Software {
+                attention: AttentionKernel::Unfused,
+                overlap_grad_reduce: false,
+                ..base
+            },
+            "deepspeed" => Software {
+                attention: AttentionKernel::Unfused,
+                overlap_param_gather: false,
+                param_gather: GatherUnit::Tensor,
+                ..base
+            },
+            other => {
+                return Err(CostError::Software(format!(
+                    "unknown software profile `{other}` (known: {})",
+                    PROFILES.join(", ")
+                )));
+            }
+        };
+        Ok(Software {
+            name: name.to_string(),
+            ..s
+        })
+    }
+
+    /// A profile with overrides, as `--software` takes it: `NAME[,knob=value...]`, e.g.
+    /// `deepspeed,overlap_param_gather=true` or `megatron-core,attention=unfused`.
+    pub fn parse(spec: &str) -> Result<Software, CostError> {
+        SoftwareSpec::parse(spec)?.resolve()
+    }
+
+    /// Writes the profile into `model`'s parameters.
+    pub fn apply(&self, model: &mut CostModel) {
+        model.compute.attention = self.attention;
+        model.comm.overlap_grad_reduce = self.overlap_grad_reduce;
+        model.comm.overlap_tp_backward = self.tp_backward_overlap;
+        model.software = self.clone();
+    }
+}
+
+/// A profile and its overrides: the `[software]` table of a cluster file
+/// (`profile = "deepspeed"`, `overlap_param_gather = true`, ...) and the parsed form of
+/// `--software`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SoftwareSpec {
+    /// The built-in profile ([`PROFILES`]).
+    pub profile: String,
+    /// `flash` or `unfused`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attention: Option<String>,
+    /// See [`Software::overlap_grad_reduce`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub overlap_grad_reduce: Option<bool>,
+    /// See [`Software::tp_backward_overlap`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tp_backward_overlap: Option<bool>,
+    /// See [`Software::overlap_param_gather`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub overlap_param_gather: Option<bool>,
+    /// See [`Software::param_gather`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub param_gather: Option<GatherUnit>,
+}
+
+impl SoftwareSpec {
+    /// Parses `NAME[,knob=value...]`; each knob may be given once.
+    pub fn parse(spec: &str) -> Result<SoftwareSpec, CostError> {
+        let bad = |m: String| CostError::Software(m);
+        let mut parts = spec.split(',').map(str::trim);
+        let mut out = SoftwareSpec {
+            profile: parts.next().unwrap_or_default().to_string(),
+            ..SoftwareSpec::default()
+        };
+        for part in parts {
+            let (key, value) = part
+                .split_once('=')
+                .ok_or_else(|| bad(format!("software option `{part}` is not KEY=VALUE")))?;
+            let flag = || match value {
+                "true" => Ok(true),
+                "false" => Ok(false),
+                _ => Err(bad(format!(
+                    "software option `{key}` is true or false, not `{value}`"
+                ))),
+            };
+            let fresh = match key {
+                "attention" => out.attention.replace(value.to_string()).is_none(),
+                "overlap_grad_reduce" => out.overlap_grad_reduce.replace(flag()?).is_none(),
+                "tp_backward_overlap" => out.tp_backward_overlap.replace(flag()?).is_none(),
+                "overlap_param_gather" => out.overlap_param_gather.replace(flag()?).is_none(),
+                "param_gather" => {
+                    let unit = match value {
+                        "layer" => GatherUnit::Layer,
+                        "tensor" => GatherUnit::Tensor,
+                        _ => {
+                            return Err(bad(format!(
+                                "software option `param_gather` is layer or tensor, not `{value}`"
+                            )));
+                        }
+                    };
+                    out.param_gather.replace(unit).is_none()
+                }
+                other => {
+                    return Err(bad(format!(
+                        "unknown software option `{other}` (attention, overlap_grad_reduce, \
+                         tp_backward_overlap, overlap_param_gather, param_gather)"
+                    )));
+                }
+            };
+            if !fresh {
+                return Err(bad(format!("software option `{key}` is given twice")));
+            }
+        }
+        Ok(out)
+    }
+
+    /// The profile with the overrides applied.
+    pub fn resolve(&self) -> Result<Software, CostError> {
+        let mut s = Software::preset(&self.profile)?;
+        if let Some(a) = &self.attention {
+            s.attention = match a.as_str() {
+                "flash" | "fused" => AttentionKernel::Flash,
+                "unfused" => AttentionKernel::Unfused,
+                other => {
+                    return Err(CostError::Software(format!(
+                        "software option `attention` is flash or unfused, not `{other}`"
+                    )));
+                }
+            };
+        }
+        if let Some(v) = self.overlap_grad_reduce {
+            s.overlap_grad_reduce = v;
+        }
+        if let Some(v) = self.tp_backward_overlap {
+            s.tp_backward_overlap = v;
+        }
+        if let Some(v) = self.overlap_param_gather {
+            s.overlap_param_gather = v;
+        }
+        if let Some(v) = self.param_gather {
+            s.param_gather = v;
+        }
+        Ok(s)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_profile_resolves_and_knobs_override_it() -> Result<(), CostError> {
+        for name in PROFILES {
+            assert_eq!(Software::preset(name)?.name, name);
+        }
+        let s = Software::parse("deepspeed,overlap_param_gather=true,attention=flash")?;
+        assert!(s.overlap_param_gather);
+        assert_eq!(s.attention, AttentionKernel::Flash);
+        assert_eq!(s.param_gather, GatherUnit::Tensor);
+        assert_eq!(Software::default(), Software::preset("autopar")?);
+        let spec: SoftwareSpec = toml::from_str("profile = \"fsdp\"\nparam_gather = \"tensor\"\n")
+            .map_err(|e| CostError::Software(e.to_string()))?;
+        assert_eq!(spec.resolve()?.param_gather, GatherUnit::Tensor);
+        Ok(())
+    }
+
+    #[test]
+    fn bad_profiles_and_knobs_are_named() {
+        let err = |spec: &str| Software::parse(spec).expect_err(spec).to_string();
+        assert!(err("megatron").contains("unknown software profile `megatron`"));
+        assert!(err("fsdp,overlap_grad_reduce").contains("KEY=VALUE"));
+        assert!(err("fsdp,overlap_grad_reduce=yes").contains("true or false"));
+        assert!(err("fsdp,speed=11").contains("unknown software option `speed`"));
+        assert!(err("fsdp,param_gather=layer,param_gather=tensor").contains("twice"));
+    }
+}
