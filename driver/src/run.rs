@@ -188,6 +188,8 @@ where
     if hooks.save.as_ref().is_some_and(|s| s.every == 0) {
         return Err(Error::Usage("a save every 0 steps never saves".into()));
     }
+    // Every rank's state is drawn in this process: refuse before allocating any of it.
+    crate::host::check_fits(step, crate::host::available_bytes())?;
     let n = step.mesh.num_devices();
     let g = &step.global;
     let initial: Vec<TensorMap> = (0..n)
