@@ -56,20 +56,37 @@ pub fn run(args: &RunArgs) -> Result<()> {
             plan.global_batch
         );
     }
-    let cfg = driver::model_config(&args.model)?;
-    let unsupported = cpu_unsupported(&cfg, &plan);
-    if !unsupported.is_empty() {
-        bail!(
-            "plan `{plan}` cannot run on the CPU runtime: {} not supported",
-            unsupported.join(", ")
-        );
-    }
-    let mut options = CompileOptions::from_plan(&args.model, &plan, &args.train.options())?;
-    if let Some(scaling) = options.train.loss_scaling.as_mut() {
-        *scaling = LossScaling {
-            initial_scale: args.train.loss_scale,
-            ..*scaling
-        };
+    let checked = || -> Result<CompileOptions> {
+        let cfg = driver::model_config(&args.model)?;
+        let unsupported = cpu_unsupported(&cfg, &plan);
+        if !unsupported.is_empty() {
+            bail!(
+                "plan `{plan}` cannot run on the CPU runtime: {} not supported",
+                unsupported.join(", ")
+            );
+        }
+        let options = CompileOptions::from_plan(&args.model, &plan, &args.train.options())?;
+        // The rules the estimate holds a plan to (layers of each stage among them).
+        plan.check_model(&cfg)
+            .with_context(|| format!("plan `{plan}` does not fit `{}`", args.model))?;
+        Ok(options)
+    };
+    let mut options = match &args.plan_file {
+        Some(path) => checked().with_context(|| format!("plan file `{path}`"))?,
+        None => checked()?,
+    };
+    match (options.train.loss_scaling.as_mut(), args.train.loss_scale) {
+        (Some(scaling), Some(initial_scale)) => {
+            *scaling = LossScaling {
+                initial_scale,
+                ..*scaling
+            }
+        }
+        (None, Some(_)) => bail!(
+            "--loss-scale applies to f16 plans only, and plan `{plan}` computes in {}",
+            plan.dtype
+        ),
+        (_, None) => {}
     }
     options.reference = args.verify;
     run_cmd::run_options(args, options)

@@ -3,8 +3,8 @@
 use std::io::Write;
 use std::process::ExitCode;
 
-use anyhow::{Context, Result};
-use clap::{Parser, Subcommand, ValueEnum};
+use anyhow::{Context, Result, bail};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 
 use autopar_driver::frontends::zoo::{self, EntryKind};
 use autopar_driver::ir::DType;
@@ -47,7 +47,7 @@ enum Command {
         #[arg(short, long, value_name = "FILE")]
         output: Option<String>,
         /// Batch size for zoo models (the global batch of a training step) [default: 8].
-        #[arg(long)]
+        #[arg(long, value_parser = crate::parse_batch)]
         batch: Option<usize>,
         /// Which graph: the model's forward, or the whole training step (forward, backward
         /// and optimizer update, shaped by the training options).
@@ -112,7 +112,7 @@ struct EstimateArgs {
     #[arg(long, value_name = "PROFILE")]
     software: Option<String>,
     /// Global batch size in sequences.
-    #[arg(long)]
+    #[arg(long, value_parser = crate::parse_batch)]
     batch: usize,
     /// The plan, e.g. "dp=8,tp=8,pp=16,vpp=2,mbs=1,zero=1,recompute=selective,sp=true,schedule=interleaved".
     /// Keys: dp tp pp vpp cp ep mbs zero recompute sp schedule dtype order stages attn mlp (attn/mlp: each op split over tp, `t`, or on sequence shards, `s`: attn=ttt|sts|sss..., mlp=tt|ss...); omitted keys are 1/none/false/1f1b/Megatron-LM placement.
@@ -161,7 +161,7 @@ struct RunArgs {
     #[arg(long, default_value_t = 1)]
     steps: u64,
     /// Batch size for zoo models (the global batch, split into the micro-batches) [default: 8].
-    #[arg(long)]
+    #[arg(long, value_parser = crate::parse_batch)]
     batch: Option<usize>,
     /// Seed of the parameter initialisation and the synthetic data [default: 0; a resumed
     /// run keeps its checkpoint's].
@@ -215,7 +215,7 @@ struct PipelineArgs {
     #[arg(long, default_value = "1f1b")]
     schedule: String,
     /// Model chunks per pipeline rank (virtual stages; needs --schedule interleaved).
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = parse_positive)]
     vpp: usize,
     /// Layers that must start a stage, by name or index (e.g. `h.2` or `3,5`).
     #[arg(long, value_delimiter = ',')]
@@ -246,9 +246,9 @@ struct TrainArgs {
     #[arg(long, default_value_t = 1.0)]
     clip_norm: f64,
     /// Initial loss scale with --dtype f16 (halved after an overflow, doubled after 2000
-    /// finite steps).
-    #[arg(long, default_value_t = 65536.0)]
-    loss_scale: f64,
+    /// finite steps) [default: 65536].
+    #[arg(long)]
+    loss_scale: Option<f64>,
     /// The loss of an ONNX model (a forward): `ce`, cross-entropy of its last output's
     /// logits against a new `targets` input of next tokens, or `mse`.
     #[arg(long, value_parser = parse_loss)]
@@ -260,6 +260,16 @@ fn parse_loss(v: &str) -> Result<driver::frontends::onnx::Loss, String> {
 }
 
 impl TrainArgs {
+    /// Options that contradict each other.
+    fn check(&self) -> Result<()> {
+        if self.loss_scale.is_some() && !matches!(self.dtype, DTypeArg::F16) {
+            anyhow::bail!(
+                "--loss-scale applies to --dtype f16 only (bf16 and f32 need no loss scaling)"
+            );
+        }
+        Ok(())
+    }
+
     fn options(&self) -> TrainOptions {
         let optimizer = match self.optimizer {
             OptimizerArg::Adamw => Optimizer::adamw(self.lr.unwrap_or(Optimizer::DEFAULT_ADAMW_LR)),
@@ -275,7 +285,9 @@ impl TrainArgs {
             clip_norm: (self.clip_norm != 0.0).then_some(self.clip_norm),
             compute_dtype,
             loss_scaling: (compute_dtype == DType::F16).then_some(LossScaling {
-                initial_scale: self.loss_scale,
+                initial_scale: self
+                    .loss_scale
+                    .unwrap_or(LossScaling::default().initial_scale),
                 ..LossScaling::default()
             }),
             micro_batches: self.micro_batches,
@@ -346,7 +358,18 @@ enum Format {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let matches = Cli::command().get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    let given = |sub: &str, ids: &[&'static str]| -> Vec<&'static str> {
+        matches
+            .subcommand_matches(sub)
+            .map(|m| ignored_options(m, ids))
+            .unwrap_or_default()
+    };
+    if let Err(e) = check_options(&cli, &given) {
+        eprintln!("error: {e:#}");
+        return ExitCode::FAILURE;
+    }
     let grace = match &cli.command {
         Command::Run(args) if args.launch.is_mpi() => Some(args.launch.grace()),
         _ => None,
@@ -374,6 +397,99 @@ fn main() -> ExitCode {
             }
             ExitCode::FAILURE
         }
+    }
+}
+
+/// The options among `ids` given on the command line (not defaults).
+fn ignored_options(m: &clap::ArgMatches, ids: &[&'static str]) -> Vec<&'static str> {
+    ids.iter()
+        .copied()
+        .filter(|id| {
+            m.try_get_raw(id).is_ok_and(|v| v.is_some())
+                && m.value_source(id) == Some(clap::parser::ValueSource::CommandLine)
+        })
+        .collect()
+}
+
+/// Options that the command as given would silently ignore: each is an error, so that
+/// nobody reads a dump or a run believing an option shaped it. `given(subcommand, ids)`
+/// returns the ids among `ids` that were on the command line.
+fn check_options(
+    cli: &Cli,
+    given: &dyn Fn(&str, &[&'static str]) -> Vec<&'static str>,
+) -> Result<()> {
+    const TRAIN: &[&str] = &[
+        "optimizer",
+        "lr",
+        "dtype",
+        "micro_batches",
+        "recompute",
+        "clip_norm",
+        "loss_scale",
+    ];
+    const SPMD: &[&str] = &["mesh", "zero", "annotate", "sp", "attn", "mlp"];
+    const PIPELINE: &[&str] = &["schedule", "vpp", "stage_boundaries"];
+    let refuse = |ids: Vec<&str>, context: &str| -> Result<()> {
+        match ids.first() {
+            Some(id) => anyhow::bail!(
+                "--{} does not apply to {context}, which would ignore it",
+                id.replace('_', "-")
+            ),
+            None => Ok(()),
+        }
+    };
+    match &cli.command {
+        Command::Dump {
+            stage,
+            format,
+            train,
+            ..
+        } => {
+            let mut ignored: Vec<&'static str> = Vec::new();
+            let (name, graph) = match stage {
+                Stage::Forward => {
+                    ignored.extend(TRAIN.iter().chain(SPMD).chain(PIPELINE));
+                    ignored.push("rank");
+                    ("forward", true)
+                }
+                Stage::Train => {
+                    ignored.extend(SPMD.iter().chain(PIPELINE));
+                    ignored.push("rank");
+                    ("train", true)
+                }
+                Stage::Sharded => {
+                    ignored.extend(PIPELINE);
+                    ignored.push("rank");
+                    ("sharded", true)
+                }
+                Stage::Partitioned => {
+                    ignored.extend(PIPELINE);
+                    ("partitioned", true)
+                }
+                Stage::Pipeline => {
+                    ignored.push("rank");
+                    ("pipeline", false)
+                }
+                Stage::Schedule => {
+                    ignored.extend(["rank", "zero", "annotate", "sp", "attn", "mlp"]);
+                    ignored.extend(TRAIN.iter().filter(|&&id| id != "micro_batches"));
+                    ignored.push("stage_boundaries");
+                    ("schedule", false)
+                }
+            };
+            if !graph && !matches!(format, Format::Text) {
+                anyhow::bail!(
+                    "--format does not apply to `dump --stage {name}`, which prints a text \
+                     description, not a graph"
+                );
+            }
+            refuse(given("dump", &ignored), &format!("`dump --stage {name}`"))?;
+            train.check()
+        }
+        // A plan file or a search sets the dtype; `auto_cmd` checks --loss-scale against it.
+        Command::Run(args) if args.auto || args.plan_file.is_some() => Ok(()),
+        Command::Run(args) => args.train.check(),
+        _ => Ok(()),
     }
 }
 
@@ -441,7 +557,18 @@ fn estimate(args: EstimateArgs) -> Result<()> {
     } else {
         Plan::parse(&args.plan)?
     };
+    let gives_batch = driver::cost_model::plan::key_values(&args.plan)?
+        .iter()
+        .any(|(k, _)| matches!(*k, "gbs" | "batch" | "global_batch"));
+    if gives_batch && plan.global_batch != args.batch {
+        bail!(
+            "--plan gives a global batch of {}, --batch {}: give it once",
+            plan.global_batch,
+            args.batch
+        );
+    }
     plan.global_batch = args.batch;
+    plan.check()?;
     if let Some(d) = args.dtype {
         plan.dtype = match d {
             ComputeDtype::Bf16 => DType::BF16,
@@ -706,6 +833,36 @@ fn models(json: bool) -> Result<()> {
         out += &format!("  {}\n      {}\n", e.name, e.description);
     }
     print_stdout(&out)
+}
+
+/// `--max-seconds`: a non-negative number of seconds that a `Duration` holds.
+fn parse_seconds(s: &str) -> Result<std::time::Duration, String> {
+    let secs: f64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{s}` is not a number of seconds"))?;
+    std::time::Duration::try_from_secs_f64(secs)
+        .map_err(|_| format!("`{s}` is not a number of seconds from 0 to about 1.8e19"))
+}
+
+/// A count that must be at least 1.
+fn parse_positive(s: &str) -> Result<usize, String> {
+    match s.trim().parse::<usize>() {
+        Ok(n) if n > 0 => Ok(n),
+        _ => Err(format!("`{s}` is not a positive integer")),
+    }
+}
+
+/// `--batch`: a global batch of 1 to [`driver::cost_model::plan::MAX_GLOBAL_BATCH`]
+/// sequences, the range every command (and the search) accepts.
+fn parse_batch(s: &str) -> Result<usize, String> {
+    let max = driver::cost_model::plan::MAX_GLOBAL_BATCH;
+    match s.trim().parse::<usize>() {
+        Ok(n) if (1..=max).contains(&n) => Ok(n),
+        _ => Err(format!(
+            "`{s}` is not a batch size from 1 to {max} sequences"
+        )),
+    }
 }
 
 /// Writes to stdout; a closed pipe (`autopar dump ... | head`) ends the program, successfully.

@@ -26,7 +26,7 @@ pub struct PlanArgs {
     #[arg(long)]
     cluster: String,
     /// Global batch size in sequences.
-    #[arg(long)]
+    #[arg(long, value_parser = crate::parse_batch)]
     batch: usize,
     /// The training stack whose speed is modelled: autopar (default), megatron-lm-2021,
     /// megatron-core, nemo, deepspeed, fsdp or torchtitan, with knobs overridden as
@@ -47,8 +47,8 @@ pub struct PlanArgs {
     #[arg(long, value_enum)]
     export: Option<ExportTarget>,
     /// Stop searching after this many seconds and rank what was found.
-    #[arg(long, value_name = "S")]
-    max_seconds: Option<f64>,
+    #[arg(long, value_name = "S", value_parser = crate::parse_seconds)]
+    max_seconds: Option<Duration>,
     /// Pin values, e.g. "tp=8,recompute=full,attn=ulysses" (keys of --plan in `estimate`, and
     /// stages=L0-L1-... for the layers of each virtual stage, runtime=cpu for only the plans
     /// `autopar run --plan-file` executes on CPU ranks).
@@ -90,6 +90,9 @@ enum ExportTarget {
     Torchtitan,
 }
 
+/// How often a search off a terminal prints its progress.
+const PROGRESS_EVERY: Duration = Duration::from_secs(5);
+
 pub fn plan(args: PlanArgs) -> Result<()> {
     let cluster = driver::load_cluster_with(&args.cluster, args.software.as_deref())?;
     let devices = cluster.num_devices();
@@ -108,12 +111,7 @@ pub fn plan(args: PlanArgs) -> Result<()> {
     if let Some(path) = &args.annotate {
         opts.constraints = annotation_constraints(&args.model, path, &args.pin)?;
     }
-    if let Some(s) = args.max_seconds {
-        if !(s.is_finite() && s >= 0.0) {
-            bail!("--max-seconds must be a non-negative number of seconds, not {s}");
-        }
-        opts.max_time = Some(Duration::from_secs_f64(s));
-    }
+    opts.max_time = args.max_seconds;
 
     let result = if std::io::stderr().is_terminal() {
         let last = Mutex::new(Instant::now());
@@ -132,13 +130,26 @@ pub fn plan(args: PlanArgs) -> Result<()> {
         eprint!("\r\x1b[K");
         r?
     } else {
-        search_with_progress(&model, &cfg, &opts, &|_| {})?
+        // Off a terminal (a log, CI), a line every few seconds says the search is alive.
+        let last = Mutex::new(Instant::now());
+        let report = |p: &Progress| {
+            let Ok(mut last) = last.lock() else { return };
+            if last.elapsed() < PROGRESS_EVERY || p.shapes_done == p.shapes_total {
+                return;
+            }
+            *last = Instant::now();
+            eprintln!(
+                "searching: {}/{} mesh shapes, {} plans estimated",
+                p.shapes_done, p.shapes_total, p.estimated
+            );
+        };
+        search_with_progress(&model, &cfg, &opts, &report)?
     };
 
     if result.stats.mesh_shapes == 0 {
         bail!(
             "no mesh shape (dp x tp x pp x cp = {devices}) divides the model, the global batch \
-             {} and the pins: tp must divide the heads, the key/value heads and the MLP width, \
+             {} and the pins: tp must divide the heads, the key/value heads, the MLP width and the vocabulary, \
              dp the global batch, pp be at most the {} layers",
             args.batch,
             cfg.layers

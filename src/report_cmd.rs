@@ -3,6 +3,8 @@
 //! writes after a run on CPU ranks, its measured timeline beside the predicted one. The
 //! pictures are drawn by [`crate::report`].
 
+use std::time::Duration;
+
 use anyhow::{Context, Result, bail};
 use clap::ValueEnum;
 
@@ -22,7 +24,7 @@ pub struct ReportArgs {
     #[arg(long)]
     cluster: String,
     /// Global batch size in sequences.
-    #[arg(long)]
+    #[arg(long, value_parser = crate::parse_batch)]
     batch: usize,
     /// Report on this plan (keys of `estimate --plan`) instead of searching.
     #[arg(long, conflicts_with = "plan_file")]
@@ -40,8 +42,8 @@ pub struct ReportArgs {
     #[arg(long, default_value = "")]
     pin: String,
     /// Stop searching after this many seconds.
-    #[arg(long, value_name = "S")]
-    max_seconds: Option<f64>,
+    #[arg(long, value_name = "S", value_parser = crate::parse_seconds)]
+    max_seconds: Option<Duration>,
     /// Search threads (0: all cores).
     #[arg(long, default_value_t = 0)]
     threads: usize,
@@ -135,12 +137,7 @@ fn search(
     opts.top_k = args.top.max(1);
     opts.threads = args.threads;
     opts.constraints = Constraints::parse(&args.pin).context("--pin")?;
-    if let Some(s) = args.max_seconds {
-        if !(s.is_finite() && s >= 0.0) {
-            bail!("--max-seconds must be a non-negative number of seconds, not {s}");
-        }
-        opts.max_time = Some(std::time::Duration::from_secs_f64(s));
-    }
+    opts.max_time = args.max_seconds;
     let result = search_with_progress(model, cfg, &opts, &|_| {})?;
     let s = &result.stats;
     let provenance = format!(

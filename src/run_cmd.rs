@@ -249,7 +249,7 @@ pub fn run_options(args: &RunArgs, mut options: CompileOptions) -> Result<()> {
     if options.mesh.is_some() {
         print_stdout(&ranks_summary(&step, &report))?;
     } else if !single_forward {
-        print_stdout(&format!("peak memory: {}\n", report.peak_bytes))?;
+        print_stdout(&format!("peak memory: {}\n", bytes(report.peak_bytes)))?;
     }
     if let Some((path, mut file)) = trace_file {
         let text = driver::describe::pipeline_trace(&step, &report.pipeline_reports)?;
@@ -282,7 +282,7 @@ fn ranks_summary(step: &CompiledStep, report: &RunReport) -> String {
         let _ = writeln!(
             out,
             "ranks: {n} ({mesh}), peak memory per rank: {}",
-            report.peak_bytes
+            bytes(report.peak_bytes)
         );
         return out;
     };
@@ -324,11 +324,18 @@ fn ranks_summary(step: &CompiledStep, report: &RunReport) -> String {
     let stages = pipeline.split.num_stages();
     let _ = writeln!(
         out,
-        "ranks: {n} ({mesh}), {} pipelines of {stages} stages, peak memory per rank: {peak}, \
-         state per rank: {state}",
+        "ranks: {n} ({mesh}), {} pipelines of {stages} stages, peak memory per rank: {}, \
+         state per rank: {}",
         pipeline.pipelines.len(),
+        bytes(peak),
+        bytes(state),
     );
     out
+}
+
+/// A byte count with its unit, exact and for people: `2008072 bytes (1.9 MiB)`.
+fn bytes(n: u64) -> String {
+    format!("{n} bytes ({})", driver::host::human_bytes(n))
 }
 
 /// The `--timings` table.
@@ -378,7 +385,7 @@ fn write_dumps(step: &CompiledStep, dir: &str) -> Result<()> {
 /// of `--stage pipeline|schedule`.
 pub enum Dumped {
     /// A graph, to print in the chosen format.
-    Graph(driver::ir::Graph),
+    Graph(Box<driver::ir::Graph>),
     /// A description.
     Text(String),
 }
@@ -394,7 +401,7 @@ pub fn dump(
     rank: usize,
 ) -> Result<Dumped> {
     if let Stage::Forward = stage {
-        return Ok(Dumped::Graph(driver::load_model(model, batch)?));
+        return Ok(Dumped::Graph(Box::new(driver::load_model(model, batch)?)));
     }
     let mut options = compile_options(model, batch, train, pipeline, spmd, false)?;
     options.reference = false;
@@ -404,7 +411,7 @@ pub fn dump(
             options.mesh = None;
             options.parallel = Default::default();
             options.stop_after = Some(Pass::TrainStep);
-            Ok(Dumped::Graph(driver::compile(&options)?.global))
+            Ok(Dumped::Graph(Box::new(driver::compile(&options)?.global)))
         }
         Stage::Sharded | Stage::Partitioned => {
             if options.mesh.is_none() {
@@ -418,13 +425,13 @@ pub fn dump(
             });
             let step = driver::compile(&options)?;
             if !partitioned {
-                return Ok(Dumped::Graph(step.global));
+                return Ok(Dumped::Graph(Box::new(step.global)));
             }
             let n = step.locals.len();
             step.locals
                 .into_iter()
                 .nth(rank)
-                .map(Dumped::Graph)
+                .map(|g| Dumped::Graph(Box::new(g)))
                 .with_context(|| {
                     format!("--rank {rank}: the mesh `{mesh_text}` has {n} ranks besides `pp`")
                 })

@@ -303,7 +303,7 @@ fn estimate_reports_fit_and_json_fields() {
         "--cluster",
         "dgx-a100:nodes=128",
         "--batch",
-        "1536",
+        "2048",
         "--plan",
         "dp=1024,tp=1,pp=1,mbs=1,recompute=full",
     ]);

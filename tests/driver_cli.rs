@@ -258,7 +258,7 @@ fn plan_files_run_as_written_or_not_at_all() {
         (
             "mbs3",
             serde_json::json!({"micro_batch_size": 3}),
-            "not a whole number of micro-batches",
+            "is not whole micro-batches of mbs=3 on dp=2 ranks",
         ),
         (
             "order",
@@ -308,4 +308,348 @@ fn plan_files_run_as_written_or_not_at_all() {
     // The plan as written runs.
     let out = autopar_ok(&["run", "gpt-tiny", "--plan-file", &good, "--verify"]);
     assert!(out.contains(" OK"), "{out}");
+}
+
+/// A step too large for the machine is refused before anything is allocated, with what it
+/// needs and what the machine has; a tensor too large to count is refused where the graph is
+/// built.
+#[test]
+fn runs_larger_than_the_machine_are_refused_before_allocating() {
+    let err = autopar_err(&["run", "gpt3-175b", "--forward"]);
+    let first = err.lines().next().unwrap_or_default();
+    assert!(
+        first.contains("the step needs at least")
+            && first.contains("GiB")
+            && first.contains("available"),
+        "{err}"
+    );
+    let dir = scratch("driver-huge");
+    let huge = dir.join("huge.air");
+    std::fs::write(
+        &huge,
+        "graph \"huge\" {\n  %0: f32[4294967296,4294967296] = input {name=\"x\", role=features}\n  \
+         %1: f32[] = reduce_mean %0 {dims=[0,1]}\n  output \"loss\" = %1\n}\n",
+    )
+    .expect("written");
+    let err = autopar_err(&["run", huge.to_str().expect("UTF-8"), "--forward"]);
+    assert!(
+        err.contains("huge.air:line 2") && err.contains("2^52 elements"),
+        "{err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+/// A hand-written safetensors file of `i64` tensors.
+fn safetensors_i64(tensors: &[(&str, &[usize], &[i64])]) -> Vec<u8> {
+    let mut header = String::from("{");
+    let mut data = Vec::new();
+    for (i, (name, shape, values)) in tensors.iter().enumerate() {
+        let start = data.len();
+        for v in *values {
+            data.extend_from_slice(&v.to_le_bytes());
+        }
+        let dims: Vec<String> = shape.iter().map(usize::to_string).collect();
+        header += &format!(
+            "{}\"{name}\":{{\"dtype\":\"I64\",\"shape\":[{}],\"data_offsets\":[{start},{}]}}",
+            if i > 0 { "," } else { "" },
+            dims.join(","),
+            data.len()
+        );
+    }
+    header.push('}');
+    while header.len() % 8 != 0 {
+        header.push(' ');
+    }
+    let mut out = (header.len() as u64).to_le_bytes().to_vec();
+    out.extend_from_slice(header.as_bytes());
+    out.extend_from_slice(&data);
+    out
+}
+
+/// Token ids outside the vocabulary are refused on every mesh, as a single device refuses
+/// them: a vocabulary split over `tp` would otherwise mask them and report a plausible loss.
+#[test]
+fn token_ids_outside_the_vocabulary_are_refused_on_every_mesh() {
+    let dir = scratch("driver-tokens");
+    let ok: Vec<i64> = (0..256).map(|i| i % 256).collect();
+    for (input, bad) in [("tokens", 256i64), ("targets", -1)] {
+        let mut ids = ok.clone();
+        ids[77] = bad;
+        let (tokens, targets) = match input {
+            "tokens" => (&ids, &ok),
+            _ => (&ok, &ids),
+        };
+        let file = dir.join(format!("{input}.safetensors"));
+        std::fs::write(
+            &file,
+            safetensors_i64(&[("tokens", &[8, 32], tokens), ("targets", &[8, 32], targets)]),
+        )
+        .expect("written");
+        let file = file.to_str().expect("UTF-8");
+        for mesh in [None, Some("tp=2"), Some("dp=2,tp=2")] {
+            let mut args = vec!["run", "gpt-tiny", "--steps", "1", "--data", file];
+            if let Some(m) = mesh {
+                args.extend(["--mesh", m]);
+            }
+            let err = autopar_err(&args);
+            assert!(
+                err.contains(&format!("batch input `{input}`"))
+                    && err.contains(&format!("token id {bad}, outside the vocabulary 0..256")),
+                "{mesh:?}: {err}"
+            );
+        }
+    }
+}
+
+/// Numbers at the edge of their type are refused by name, never overflowed.
+#[test]
+fn edge_values_are_refused_by_name() {
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &[
+                "plan",
+                "gpt-tiny",
+                "--cluster",
+                "cpu:ranks=4",
+                "--batch",
+                "8",
+                "--max-seconds",
+                "1e300",
+            ],
+            "--max-seconds",
+        ),
+        (
+            &[
+                "estimate",
+                "gpt-tiny",
+                "--cluster",
+                "cpu:ranks=4",
+                "--batch",
+                "18446744073709551615",
+            ],
+            "--batch",
+        ),
+        (
+            &[
+                "estimate",
+                "gpt-tiny",
+                "--cluster",
+                "dgx-h100:nodes=18446744073709551615",
+                "--batch",
+                "8",
+            ],
+            "`nodes` must be 1 to",
+        ),
+        (
+            &[
+                "plan",
+                "gpt-tiny",
+                "--cluster",
+                "dgx-h100:nodes=18446744073709551615",
+                "--batch",
+                "8",
+            ],
+            "`nodes` must be 1 to",
+        ),
+        (
+            &["topo", "dgx-h100:nodes=18446744073709551615"],
+            "`nodes` must be 1 to",
+        ),
+        (
+            &["topo", "dgx-h100:nodes=8388608"],
+            "devices, the most a cluster may have",
+        ),
+    ];
+    for (args, needle) in cases {
+        let err = autopar_err(args);
+        assert!(
+            err.lines().next().unwrap_or_default().contains(needle),
+            "{args:?}: {err}"
+        );
+    }
+    // The largest cluster the bound allows is described, and searched promptly.
+    let out = autopar_ok(&["topo", "dgx-h100:nodes=2097152"]);
+    assert!(out.contains("16777216"), "{out}");
+}
+
+/// `estimate` prices only what could run: whole micro-batches on every data-parallel rank,
+/// each key once, no empty items; the search and the estimate refuse a vocabulary that `tp`
+/// does not divide, as the compiler does, and GPT-3's is padded as Megatron-LM pads it.
+#[test]
+fn estimates_refuse_impossible_plans() {
+    let est = |batch: &str, plan: &str| {
+        autopar_err(&[
+            "estimate",
+            "gpt-tiny",
+            "--cluster",
+            "cpu:ranks=8",
+            "--batch",
+            batch,
+            "--plan",
+            plan,
+        ])
+    };
+    assert!(est("8", "dp=3").contains("multiple of dp x mbs = 3"));
+    assert!(est("8", "mbs=3").contains("multiple of dp x mbs = 3"));
+    assert!(est("1", "dp=8").contains("multiple of dp x mbs = 8"));
+    assert!(est("8", "dp=8,dp=4").contains("`dp`: given twice"));
+    assert!(est("8", "mbs=2,micro_batch=4").contains("`micro_batch`: given twice"));
+    assert!(est("8", ",,,").contains("item 1 is empty"));
+    let err = autopar_err(&[
+        "plan",
+        "gpt-tiny",
+        "--cluster",
+        "cpu:ranks=8",
+        "--batch",
+        "8",
+        "--pin",
+        "tp=2,tp=4",
+    ]);
+    assert!(err.contains("`tp`: pinned twice"), "{err}");
+    let err = autopar_err(&["topo", "cpu:ranks=2,ranks=4"]);
+    assert!(err.contains("`ranks` is given twice"), "{err}");
+
+    let megatron = "dp=8,tp=8,pp=16,vpp=2,mbs=1,recompute=full,schedule=interleaved";
+    let cluster = "dgx-a100:nodes=128";
+    let out = autopar_ok(&[
+        "estimate",
+        "gpt3-175b",
+        "--cluster",
+        cluster,
+        "--batch",
+        "1536",
+        "--plan",
+        megatron,
+    ]);
+    assert!(out.contains("iteration time"), "{out}");
+    let err = autopar_err(&[
+        "estimate",
+        "gpt3-175b:vocab=50257",
+        "--cluster",
+        cluster,
+        "--batch",
+        "1536",
+        "--plan",
+        megatron,
+    ]);
+    assert!(
+        err.contains("tp=8 does not divide the vocabulary (50257)"),
+        "{err}"
+    );
+    let out = autopar_ok(&[
+        "plan",
+        "gpt:layers=2,hidden=64,heads=4,seq=32,vocab=257",
+        "--cluster",
+        "cpu:ranks=4",
+        "--batch",
+        "8",
+        "--json",
+    ]);
+    let json: serde_json::Value = serde_json::from_str(&out).expect("JSON");
+    let plans = json["plans"].as_array().expect("plans");
+    assert!(!plans.is_empty(), "{out}");
+    assert!(plans.iter().all(|p| p["config"]["tp"] == 1), "{out}");
+    let models = autopar_ok(&["models"]);
+    assert!(models.contains("vocab 50257 padded to 50304"), "{models}");
+}
+
+/// Options a command would ignore are errors naming the option.
+#[test]
+fn ignored_options_are_refused() {
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &["dump", "gpt-tiny", "--mesh", "dp=2", "--zero", "3"],
+            "--mesh does not apply to `dump --stage forward`",
+        ),
+        (
+            &["dump", "gpt-tiny", "--dtype", "bf16"],
+            "--dtype does not apply to `dump --stage forward`",
+        ),
+        (
+            &[
+                "dump", "gpt-tiny", "--stage", "train", "--mesh", "tp=2", "--sp",
+            ],
+            "--mesh does not apply to `dump --stage train`",
+        ),
+        (
+            &[
+                "dump", "gpt-tiny", "--stage", "sharded", "--mesh", "tp=2", "--rank", "1",
+            ],
+            "--rank does not apply",
+        ),
+        (
+            &[
+                "dump", "gpt-tiny", "--stage", "schedule", "--mesh", "pp=2", "--format", "json",
+            ],
+            "--format does not apply",
+        ),
+        (
+            &[
+                "dump", "gpt-tiny", "--stage", "pipeline", "--mesh", "pp=2", "--format", "dot",
+            ],
+            "--format does not apply",
+        ),
+        (
+            &["run", "gpt-tiny", "--loss-scale", "1024"],
+            "--loss-scale applies to --dtype f16 only",
+        ),
+        (
+            &[
+                "dump",
+                "gpt-tiny",
+                "--stage",
+                "train",
+                "--dtype",
+                "bf16",
+                "--loss-scale",
+                "8",
+            ],
+            "--loss-scale applies",
+        ),
+    ];
+    for (args, needle) in cases {
+        let err = autopar_err(args);
+        assert!(err.contains(needle), "{args:?}: {err}");
+    }
+    // What does apply still works.
+    autopar_ok(&[
+        "dump",
+        "gpt-tiny",
+        "--stage",
+        "train",
+        "--dtype",
+        "f16",
+        "--loss-scale",
+        "8",
+    ]);
+    autopar_ok(&[
+        "dump",
+        "gpt-tiny",
+        "--stage",
+        "schedule",
+        "--mesh",
+        "pp=2",
+        "--micro-batches",
+        "2",
+    ]);
+}
+
+/// Memory figures carry their unit.
+#[test]
+fn memory_figures_have_units() {
+    let out = autopar_ok(&["run", "gpt-tiny", "--mesh", "dp=2", "--steps", "1"]);
+    let line = out
+        .lines()
+        .find(|l| l.contains("peak memory per rank:"))
+        .expect("a summary");
+    assert!(
+        line.contains(" bytes (") && (line.ends_with("KiB)") || line.ends_with("MiB)")),
+        "{out}"
+    );
+    let out = autopar_ok(&["run", "gpt-tiny", "--steps", "1"]);
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("peak memory: ") && l.contains(" bytes (")),
+        "{out}"
+    );
 }

@@ -37,6 +37,87 @@ fn gpt_tiny_verifies_under_1f1b() {
     );
 }
 
+/// f16 training keeps its loss scale in a parameter and multiplies every backward's seed by
+/// it: each stage's sub-programs recompute that scale, so f16 pipelines run and verify, with
+/// a skipped step (an overflowing scale) too, and a plan the search offers for the CPU
+/// runtime runs.
+#[test]
+fn f16_pipelines_run_with_their_loss_scale() {
+    for mesh in ["pp=2", "dp=2,tp=2,pp=2"] {
+        let (ok, out) = autopar(&[
+            "run",
+            "gpt-tiny",
+            "--mesh",
+            mesh,
+            "--micro-batches",
+            "2",
+            "--dtype",
+            "f16",
+            "--steps",
+            "3",
+            "--verify",
+        ]);
+        assert!(ok, "{mesh}: {out}");
+        assert!(out.trim_end().ends_with("OK"), "{mesh}: {out}");
+    }
+    let (ok, out) = autopar(&[
+        "run",
+        SMALL,
+        "--mesh",
+        "pp=2",
+        "--micro-batches",
+        "4",
+        "--schedule",
+        "interleaved",
+        "--vpp",
+        "2",
+        "--dtype",
+        "f16",
+        "--loss-scale",
+        "1e30",
+        "--steps",
+        "2",
+        "--verify",
+    ]);
+    assert!(ok, "{out}");
+    assert!(
+        out.contains("gradients are not finite; update skipped"),
+        "{out}"
+    );
+    assert!(out.contains("max_rel_err=0.000e0 OK"), "{out}");
+
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("pipeline_f16");
+    std::fs::create_dir_all(&dir).expect("scratch dir");
+    let plan = dir.join("plan.json");
+    let plan = plan.to_str().expect("a UTF-8 path");
+    let (ok, out) = autopar(&[
+        "plan",
+        "gpt-tiny",
+        "--cluster",
+        "cpu:ranks=2",
+        "--batch",
+        "8",
+        "--dtype",
+        "f16",
+        "--pin",
+        "runtime=cpu,pp=2",
+        "--save",
+        plan,
+    ]);
+    assert!(ok, "{out}");
+    let (ok, out) = autopar(&[
+        "run",
+        "gpt-tiny",
+        "--plan-file",
+        plan,
+        "--steps",
+        "2",
+        "--verify",
+    ]);
+    assert!(ok, "{out}");
+    assert!(out.trim_end().ends_with("OK"), "{out}");
+}
+
 #[test]
 fn interleaved_verifies_and_its_trace_follows_the_schedule() {
     let dir = std::env::temp_dir().join(format!("autopar-pipe-{}", std::process::id()));

@@ -36,6 +36,8 @@ fn parse_run(text: &str) -> (Vec<f64>, u64) {
         .collect();
     let peak = last
         .strip_prefix("peak memory: ")
+        .and_then(|rest| rest.strip_suffix(')'))
+        .and_then(|rest| rest.split(" bytes (").next())
         .unwrap_or_else(|| panic!("unexpected last line `{last}`"))
         .parse()
         .unwrap();

@@ -170,6 +170,8 @@ pub struct Cluster {
 }
 
 const GB: f64 = 1e9;
+/// More NICs than any node holds.
+const MAX_NICS_PER_NODE: usize = 1024;
 const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
 
 impl Cluster {
@@ -208,10 +210,11 @@ impl Cluster {
         } else {
             "nodes"
         };
-        for opt in opts.split(',').map(str::trim).filter(|o| !o.is_empty()) {
-            let (k, v) = opt
-                .split_once('=')
-                .ok_or_else(|| err(format!("option `{opt}` is not key=value")))?;
+        let opts = crate::plan::key_values(opts).map_err(|e| err(e.to_string()))?;
+        for (k, v) in opts {
+            if count.is_some() {
+                return Err(err(format!("`{allowed}` is given twice")));
+            }
             if k.trim() != allowed {
                 return Err(err(format!(
                     "unknown option `{}` (expected `{allowed}`)",
@@ -222,8 +225,11 @@ impl Cluster {
                 .trim()
                 .parse()
                 .map_err(|_| err(format!("`{allowed}` must be a positive integer, not `{v}`")))?;
-            if n == 0 {
-                return Err(err(format!("`{allowed}` must be at least 1")));
+            if n == 0 || n > crate::plan::MAX_DEVICES {
+                return Err(err(format!(
+                    "`{allowed}` must be 1 to {}, not {n}",
+                    crate::plan::MAX_DEVICES
+                )));
             }
             count = Some(n);
         }
@@ -239,7 +245,7 @@ impl Cluster {
                 )));
             }
         };
-        c.validate()?;
+        c.validate().map_err(|e| err(e.to_string()))?;
         Ok(c)
     }
 
@@ -271,6 +277,31 @@ impl Cluster {
         }
         if self.gpus_per_node == 0 {
             return bad("gpus_per_node", "must be at least 1");
+        }
+        if self
+            .nodes
+            .checked_mul(self.gpus_per_node)
+            .is_none_or(|n| n > crate::plan::MAX_DEVICES)
+        {
+            return bad(
+                "nodes",
+                &format!(
+                    "{} nodes of {} devices is above {} devices, the most a cluster may have",
+                    self.nodes,
+                    self.gpus_per_node,
+                    crate::plan::MAX_DEVICES
+                ),
+            );
+        }
+        // Bounded so that a device's NIC (`local * nics / gpus`) cannot overflow.
+        if self.network.nics_per_node > MAX_NICS_PER_NODE {
+            return bad(
+                "network.nics_per_node",
+                &format!(
+                    "{} NICs per node is above {MAX_NICS_PER_NODE}",
+                    self.network.nics_per_node
+                ),
+            );
         }
         let p = &self.gpu.peak_tflops;
         positive("gpu.peak_tflops.f32", p.f32)?;

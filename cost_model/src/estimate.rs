@@ -271,27 +271,29 @@ impl CostModel {
 
     /// Checks that `plan` divides `cfg` and fits on the cluster.
     pub fn check_plan(&self, cfg: &TransformerConfig, plan: &Plan) -> Result<(), CostError> {
+        plan.check_model(cfg)?;
+        let world = plan.world_size();
+        if world > self.cluster.num_devices() {
+            return Err(CostError::PlanMismatch(format!(
+                "the plan needs {world} devices (dp x tp x pp x cp), the cluster has {}",
+                self.cluster.num_devices()
+            )));
+        }
+        Ok(())
+    }
+}
+
+impl Plan {
+    /// Checks that the plan is consistent ([`Plan::check`]) and divides `cfg`: the rules
+    /// the compiler holds a plan to, whatever the cluster (a plan file is checked with them
+    /// before it is compiled).
+    pub fn check_model(&self, cfg: &TransformerConfig) -> Result<(), CostError> {
+        let plan = self;
         cfg.validate()?;
         plan.check()?;
         let mis = |m: String| Err(CostError::PlanMismatch(m));
-        let world = plan.world_size();
-        if world > self.cluster.num_devices() {
-            return mis(format!(
-                "the plan needs {world} devices (dp x tp x pp x cp), the cluster has {}",
-                self.cluster.num_devices()
-            ));
-        }
-        if !cfg.heads.is_multiple_of(plan.tp) {
-            return mis(format!(
-                "tp={} does not divide {} heads",
-                plan.tp, cfg.heads
-            ));
-        }
-        if !cfg.ffn.is_multiple_of(plan.tp) {
-            return mis(format!(
-                "tp={} does not divide the MLP width {}",
-                plan.tp, cfg.ffn
-            ));
+        if let Some(why) = cfg.tp_split_error(plan.tp) {
+            return mis(why);
         }
         if !cfg
             .seq
@@ -333,7 +335,9 @@ impl CostModel {
         }
         Ok(())
     }
+}
 
+impl CostModel {
     /// Estimates one training step of `cfg` under `plan`.
     pub fn estimate(&self, cfg: &TransformerConfig, plan: &Plan) -> Result<Estimate, CostError> {
         let schedule = Schedule::new(plan.schedule, plan.pp, plan.vpp, plan.micro_batches())?;

@@ -122,6 +122,24 @@ impl TransformerConfig {
         layer * self.layers as u64 + self.embedding_params() + head + 2 * self.hidden as u64
     }
 
+    /// Why `tp` tensor-parallel ranks cannot split this model, or `None` when they can: the
+    /// compiler splits the heads (query and key/value), the MLP width and the vocabulary (the
+    /// vocab-parallel embedding and output layer) over `tp`, and refuses uneven splits, so
+    /// the estimate and the search refuse them too.
+    pub fn tp_split_error(&self, tp: usize) -> Option<String> {
+        [
+            ("heads", self.heads),
+            ("key/value heads", self.kv_heads),
+            ("the MLP width", self.ffn),
+            ("the vocabulary", self.vocab),
+        ]
+        .into_iter()
+        .find(|(_, n)| !n.is_multiple_of(tp.max(1)))
+        .map(|(what, n)| {
+            format!("tp={tp} does not divide {what} ({n}): the compiler splits it over tp")
+        })
+    }
+
     /// Checks that the sizes are consistent.
     pub fn validate(&self) -> Result<(), CostError> {
         let bad = |m: String| Err(CostError::ModelShape(m));

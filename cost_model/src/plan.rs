@@ -82,6 +82,57 @@ pub struct Plan {
     pub layer: LayerPlacement,
 }
 
+/// The most devices a plan or a cluster may have, the bound of a device mesh: beyond every
+/// machine built, and small enough that products of degrees and device counts cannot
+/// overflow.
+pub const MAX_DEVICES: usize = autopar_ir::mesh::MAX_DEVICES;
+
+/// The largest global batch, in sequences, a plan or a search accepts.
+pub const MAX_GLOBAL_BATCH: usize = 1 << 24;
+
+/// The `key=value` items of a comma-separated list, trimmed: an empty list is no items, but
+/// an empty item inside a list (`dp=2,,tp=2`, `,,,`) or one without `=` is an error naming
+/// it. Plans, pins and cluster options are all read with it.
+pub fn key_values(s: &str) -> Result<Vec<(&str, &str)>, KeyValueError> {
+    if s.trim().is_empty() {
+        return Ok(Vec::new());
+    }
+    s.split(',')
+        .map(str::trim)
+        .enumerate()
+        .map(|(i, part)| {
+            if part.is_empty() {
+                return Err(KeyValueError {
+                    item: s.to_string(),
+                    message: format!("item {} is empty", i + 1),
+                });
+            }
+            let (k, v) = part.split_once('=').ok_or_else(|| KeyValueError {
+                item: part.to_string(),
+                message: "expected key=value".into(),
+            })?;
+            Ok((k.trim(), v.trim()))
+        })
+        .collect()
+}
+
+/// A malformed item of a `key=value` list.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeyValueError {
+    /// The item (or the whole list for an empty item).
+    pub item: String,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl fmt::Display for KeyValueError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "`{}`: {}", self.item, self.message)
+    }
+}
+
+impl std::error::Error for KeyValueError {}
+
 impl Default for Plan {
     fn default() -> Self {
         Plan {
@@ -131,16 +182,26 @@ impl Plan {
         let mut p = Plan::default();
         let mut gbs = None;
         let mut schedule = None;
-        for part in s.split(',').map(str::trim).filter(|x| !x.is_empty()) {
-            let (k, v) = part.split_once('=').ok_or_else(|| CostError::PlanSyntax {
-                key: part.to_string(),
-                message: "expected key=value".into(),
-            })?;
-            let (k, v) = (k.trim(), v.trim());
+        let mut seen: Vec<&str> = Vec::new();
+        let items = key_values(s).map_err(|e| CostError::PlanSyntax {
+            key: e.item,
+            message: e.message,
+        })?;
+        for part in items {
+            let (k, v) = part;
             let err = |message: String| CostError::PlanSyntax {
                 key: k.to_string(),
                 message,
             };
+            let canonical = match k {
+                "micro_batch" => "mbs",
+                "batch" | "global_batch" => "gbs",
+                k => k,
+            };
+            if seen.contains(&canonical) {
+                return Err(err("given twice".into()));
+            }
+            seen.push(canonical);
             let num = || -> Result<usize, CostError> {
                 match v.parse::<usize>() {
                     Ok(n) if n > 0 => Ok(n),
@@ -251,9 +312,60 @@ impl Plan {
         Ok(p)
     }
 
-    /// Consistency of the plan on its own (not against a model or cluster).
+    /// Consistency of the plan on its own (not against a model or cluster): degrees whose
+    /// product is a device count, a global batch of whole micro-batches on every
+    /// data-parallel rank, and keys that agree with each other.
     pub fn check(&self) -> Result<(), CostError> {
         let mis = |m: String| Err(CostError::PlanMismatch(m));
+        let degrees = [
+            (axis::DP, self.dp),
+            (axis::TP, self.tp),
+            (axis::PP, self.pp),
+            ("vpp", self.vpp),
+            (axis::CP, self.cp),
+            (axis::EP, self.ep),
+            ("mbs", self.micro_batch_size),
+        ];
+        if let Some((key, _)) = degrees.iter().find(|(_, d)| *d == 0) {
+            return Err(CostError::PlanSyntax {
+                key: key.to_string(),
+                message: "must be at least 1".into(),
+            });
+        }
+        if self.zero_stage > 3 {
+            return Err(CostError::PlanSyntax {
+                key: "zero".into(),
+                message: format!("stage {} does not exist (0, 1, 2 or 3)", self.zero_stage),
+            });
+        }
+        let world = [self.dp, self.tp, self.pp, self.cp]
+            .iter()
+            .try_fold(1usize, |acc, &d| acc.checked_mul(d));
+        if world.is_none_or(|w| w > MAX_DEVICES) {
+            return mis(format!(
+                "dp x tp x pp x cp is above {MAX_DEVICES} devices, the most a plan may use"
+            ));
+        }
+        if self.pp.saturating_mul(self.vpp) > MAX_DEVICES {
+            return mis(format!("pp x vpp is above {MAX_DEVICES} virtual stages"));
+        }
+        if self.global_batch == 0 || self.global_batch > MAX_GLOBAL_BATCH {
+            return Err(CostError::PlanSyntax {
+                key: "gbs".into(),
+                message: format!(
+                    "the global batch must be 1 to {MAX_GLOBAL_BATCH} sequences, not {}",
+                    self.global_batch
+                ),
+            });
+        }
+        let replicas = self.dp.saturating_mul(self.micro_batch_size);
+        if !self.global_batch.is_multiple_of(replicas) {
+            return mis(format!(
+                "a global batch of {} sequences is not whole micro-batches of mbs={} on dp={} \
+                 ranks (it must be a multiple of dp x mbs = {replicas})",
+                self.global_batch, self.micro_batch_size, self.dp
+            ));
+        }
         if !self.dp.is_multiple_of(self.ep) {
             return mis(format!("ep={} does not divide dp={}", self.ep, self.dp));
         }
@@ -283,9 +395,8 @@ impl Plan {
         self.dp * self.tp * self.pp * self.cp
     }
 
-    /// Micro-batches per pipeline per step. A global batch that `dp * mbs` does not divide is
-    /// rounded up: some ranks run a padded last micro-batch, which the estimate charges in
-    /// full.
+    /// Micro-batches per pipeline per step ([`Plan::check`] refuses a global batch that
+    /// `dp * mbs` does not divide; such a batch is rounded up here).
     pub fn micro_batches(&self) -> usize {
         self.global_batch
             .div_ceil((self.dp * self.micro_batch_size).max(1))
@@ -389,7 +500,24 @@ mod tests {
             }
         }
         assert!(Plan::parse("dp=2").is_ok());
-        assert_eq!(Plan::parse("dp=2,mbs=2,gbs=6").unwrap().micro_batches(), 2);
+        assert_eq!(Plan::parse("dp=2,mbs=2,gbs=8").unwrap().micro_batches(), 2);
+        // A batch that is not whole micro-batches on every rank would be padded silently.
+        assert!(matches!(
+            Plan::parse("dp=2,mbs=2,gbs=6"),
+            Err(CostError::PlanMismatch(_))
+        ));
+        for s in [
+            "dp=2,dp=4",
+            "mbs=2,micro_batch=2",
+            "gbs=8,batch=8",
+            ",,,",
+            "dp=2,,tp=2",
+        ] {
+            assert!(
+                matches!(Plan::parse(s), Err(CostError::PlanSyntax { .. })),
+                "{s}"
+            );
+        }
         assert!(matches!(
             Plan::parse("vpp=2,schedule=1f1b"),
             Err(CostError::PlanMismatch(_))

@@ -26,8 +26,8 @@ fn gpt3_on_1024_a100s_fits_and_the_pure_data_parallel_plan_does_not() {
     assert!(e.mfu > 0.2 && e.mfu < 0.7, "{}", e.mfu);
     assert!(e.hardware_tflops_per_gpu > e.model_tflops_per_gpu);
     assert!(e.cost.is_feasible());
-    // 1536 is not a multiple of 1024: the last micro-batch is padded, and memory decides.
-    let dp_only = Plan::parse("dp=1024,tp=1,pp=1,mbs=1,recompute=full,gbs=1536").unwrap();
+    // Pure data parallelism over 1024 ranks: memory decides.
+    let dp_only = Plan::parse("dp=1024,tp=1,pp=1,mbs=1,recompute=full,gbs=2048").unwrap();
     let e = m.estimate(&cfg, &dp_only).unwrap();
     assert!(!e.fits);
     assert!(!e.cost.is_feasible());
@@ -260,7 +260,7 @@ fn a_beaten_layer_placement_is_never_faster_or_smaller() {
     let cfg = gqa();
     for text in [
         "dp=2,tp=8,mbs=1,gbs=16,sp=true",
-        "tp=16,mbs=2,gbs=16,sp=true",
+        "dp=2,tp=8,mbs=2,gbs=16,sp=true",
         "dp=4,tp=4,mbs=1,gbs=16",
         "dp=2,tp=4,pp=2,mbs=1,gbs=16,sp=true",
     ] {

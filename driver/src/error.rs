@@ -64,6 +64,29 @@ pub enum Error {
         /// What is wrong, naming the tensor.
         detail: String,
     },
+    /// A batch fed to the step does not fit its inputs (a token id outside the vocabulary).
+    #[error("batch input `{input}`: {detail}")]
+    BadBatch {
+        /// The input.
+        input: String,
+        /// What is wrong.
+        detail: String,
+    },
+    /// The step's ranks need more memory than the machine has available.
+    #[error(
+        "the step needs at least {needed} bytes ({}) of memory over its {ranks} rank(s), \
+         the machine has {available} bytes ({}) available",
+        crate::host::human_bytes(*needed),
+        crate::host::human_bytes(*available)
+    )]
+    HostMemory {
+        /// The planned bytes of every rank together.
+        needed: u64,
+        /// What the machine reports available.
+        available: u64,
+        /// Ranks in this process.
+        ranks: usize,
+    },
     /// An option does not apply, or options contradict each other.
     #[error("{0}")]
     Usage(String),

@@ -31,6 +31,7 @@ pub mod data;
 pub mod describe;
 mod error;
 pub mod forward;
+pub mod host;
 pub mod launch;
 pub mod model;
 pub mod options;

@@ -200,6 +200,8 @@ where
     if hooks.save.as_ref().is_some_and(|s| s.every == 0) {
         return Err(Error::Usage("a save every 0 steps never saves".into()));
     }
+    // Every rank's state is drawn in this process: refuse before allocating any of it.
+    crate::host::check_fits(step, crate::host::available_bytes())?;
     let n = step.mesh.num_devices();
     let g = &step.global;
     let local = launcher.local_ranks(&step.mesh)?;

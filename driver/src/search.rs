@@ -52,14 +52,27 @@ pub fn annotation_constraints(
             if let Some(vb) = b.get(key)
                 && !va.is_null()
                 && !vb.is_null()
+                // A flag such as `runtime=cpu` is either side's `true`.
+                && !va.is_boolean()
                 && va != vb
             {
                 return Err(usage(format!("{path} pins {key} to {va}, --pin to {vb}")));
             }
         }
     }
-    let mut c =
-        Constraints::parse(&format!("{pin},{file_pins}")).map_err(|e| usage(e.to_string()))?;
+    // The union of the two (they agree where both pin a key).
+    let mut merged = b.clone();
+    if let (Some(a), Some(m)) = (a.as_object(), merged.as_object_mut()) {
+        for (key, va) in a {
+            let unset = m
+                .get(key)
+                .is_none_or(|v| v.is_null() || *v == serde_json::Value::Bool(false));
+            if unset {
+                m.insert(key.clone(), va.clone());
+            }
+        }
+    }
+    let mut c: Constraints = serde_json::from_value(merged).map_err(|e| usage(e.to_string()))?;
     let annotations = autopar_passes::parallelize::parse_annotations(&tensors)
         .map_err(|e| usage(format!("{path}: {e}")))?;
     for a in &annotations {

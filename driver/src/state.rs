@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::ops::Range;
 
 use autopar_ir::sharding_algebra::local_region;
-use autopar_ir::{DeviceMesh, Graph, Init, Op, Sharding, TensorType};
+use autopar_ir::{DeviceMesh, Graph, Init, InputRole, Op, Sharding, TensorType};
 use autopar_runtime::dist;
 use autopar_runtime::{self as rt, Tensor, TensorMap};
 
@@ -216,7 +216,8 @@ fn region_dims(region: &[Range<usize>]) -> Vec<usize> {
 
 /// The part of the global `batch` that coordinate `which` of `mesh` is fed: each input of
 /// `g` sliced to its region when `g` is sharded ([`dist::rank_inputs`]), the whole batch
-/// when it is not.
+/// when it is not. The batch is checked first ([`check_batch`]), so that every mesh refuses
+/// what a single device refuses.
 pub fn rank_inputs(
     g: &Graph,
     sharded: bool,
@@ -224,8 +225,41 @@ pub fn rank_inputs(
     mesh: &DeviceMesh,
     which: usize,
 ) -> Result<TensorMap, Error> {
+    check_batch(g, batch)?;
     match sharded {
         true => Ok(dist::rank_inputs(g, batch, mesh, which)?),
         false => Ok(batch.clone()),
     }
+}
+
+/// Checks the token ids of `batch` against the vocabulary of the inputs of `g` that carry
+/// them ([`InputRole::Tokens`], [`InputRole::NextTokens`]). A single device would fail in its
+/// embedding gather, but a vocabulary split over `tp` masks the ids outside each rank's rows
+/// and would train on a plausible loss: the check belongs where the batch enters, before it
+/// is split.
+pub fn check_batch(g: &Graph, batch: &TensorMap) -> Result<(), Error> {
+    for (_, name, op) in g.inputs() {
+        let Op::Input {
+            role: InputRole::Tokens { vocab } | InputRole::NextTokens { vocab },
+            ..
+        } = op
+        else {
+            continue;
+        };
+        let Some(ids) = batch.get(name).and_then(|t| t.ints()) else {
+            continue;
+        };
+        let bound = i64::try_from(*vocab).unwrap_or(i64::MAX);
+        if let Some((at, id)) = ids
+            .iter()
+            .enumerate()
+            .find(|(_, id)| !(0..bound).contains(*id))
+        {
+            return Err(Error::BadBatch {
+                input: name.to_string(),
+                detail: format!("element {at} is token id {id}, outside the vocabulary 0..{vocab}"),
+            });
+        }
+    }
+    Ok(())
 }

@@ -134,7 +134,7 @@ fn every_config_prints_a_spec_that_resolves_back_to_it() -> Result<(), FrontendE
     }
     assert_eq!(
         zoo::resolve("gpt3-175b")?.config.to_string(),
-        "gpt:layers=96,hidden=12288,heads=96,seq=2048,vocab=50257"
+        "gpt:layers=96,hidden=12288,heads=96,seq=2048,vocab=50304"
     );
     assert_eq!(
         zoo::resolve("mixtral-8x7b")?.config.to_string(),

@@ -7,7 +7,7 @@
 //! module.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap, HashSet};
+use std::collections::{BTreeMap, BinaryHeap, HashMap, HashSet};
 use std::fmt;
 
 use petgraph::Direction;
@@ -79,6 +79,9 @@ pub struct Graph {
     graph: StableDiGraph<Node, usize>,
     values: Vec<Option<Value>>,
     outputs: Vec<(String, ValueId)>,
+    /// Where each output name is in `outputs`: declaring and finding an output is a lookup,
+    /// not a scan (a step of a large model has thousands of named outputs).
+    output_index: HashMap<String, usize>,
     /// Typed metadata of the nodes that have any (see [`crate::meta`]).
     meta: BTreeMap<NodeId, NodeMeta>,
 }
@@ -159,6 +162,18 @@ impl Graph {
             }
             infer(&op, &tys, self.mesh.as_ref())?
         };
+        if let Some(ty) = types
+            .iter()
+            .find(|t| t.num_elements() > crate::types::MAX_TENSOR_ELEMENTS)
+        {
+            return Err(IrError::ty(
+                op.name(),
+                format!(
+                    "gives {ty}, more than the 2^52 elements a tensor may have (sizes and \
+                     byte counts of larger tensors would overflow)"
+                ),
+            ));
+        }
         let ids: Vec<ValueId> = match ids {
             Some(ids) => {
                 if ids.len() != types.len() {
@@ -289,9 +304,10 @@ impl Graph {
     pub fn add_output(&mut self, name: impl Into<String>, v: ValueId) -> Result<(), IrError> {
         let name = name.into();
         self.value_checked(v)?;
-        if self.outputs.iter().any(|(n, _)| *n == name) {
+        if self.output_index.contains_key(&name) {
             return Err(IrError::Verify(format!("output `{name}` is defined twice")));
         }
+        self.output_index.insert(name.clone(), self.outputs.len());
         self.outputs.push((name, v));
         Ok(())
     }
@@ -303,10 +319,7 @@ impl Graph {
 
     /// The output called `name`.
     pub fn output(&self, name: &str) -> Option<ValueId> {
-        self.outputs
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|&(_, v)| v)
+        self.output_index.get(name).map(|&i| self.outputs[i].1)
     }
 
     /// Number of live nodes.

@@ -4,6 +4,11 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+/// The most elements a tensor may have (2^52, 4.5e15): far above any model's tensor, and
+/// small enough that products of its dims and its size in bytes (at most 2^55) never
+/// overflow. The graph's typing rule refuses larger results.
+pub const MAX_TENSOR_ELEMENTS: u64 = 1 << 52;
+
 /// Element type of a tensor.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]

@@ -298,30 +298,42 @@ fn integer_overflow_in_dims_is_an_error() {
         11,
         "integer `99999999999999999999` is too large (the maximum is 18446744073709551615)",
     );
-    // Dims that fit but whose product or sum would not: shape inference must not overflow.
+    // Dims that fit but whose product would not are refused where the value is declared,
+    // and so is a result that grows past the bound (an all-gather of the largest tensor).
     let max = usize::MAX;
     let src = format!(
-        "graph \"g\" {{\n  mesh dp=2\n  %0: f32[{max}] = parameter {{name=\"a\", init=zeros}}\n  %1: f32[{max}] = all_gather %0 {{axes=[\"dp\"], dim=0}}\n}}"
-    );
-    let e = err(&src);
-    assert_eq!((e.line, e.col), (4, 3));
-    assert_eq!(
-        e.message,
-        format!("`all_gather`: dim 0 of f32[{max}] times the group size 2 overflows")
-    );
-    let src = format!(
-        "graph \"g\" {{\n  %0: f32[{max}] = parameter {{name=\"a\", init=zeros}}\n  %1: f32[{max}] = concat %0, %0 {{dim=0}}\n}}"
+        "graph \"g\" {{\n  mesh dp=2\n  %0: f32[{max}] = parameter {{name=\"a\", init=zeros}}\n}}"
     );
     let e = err(&src);
     assert_eq!((e.line, e.col), (3, 3));
-    assert_eq!(e.message, "`concat`: the total size of dim 0 overflows");
-    let src = format!(
-        "graph \"g\" {{\n  mesh dp=2\n  %0: f32[{max},2] = parameter {{name=\"a\", init=zeros}}\n  %1: f32[{max},1] = all_to_all %0 {{axes=[\"dp\"], split_dim=1, concat_dim=0}}\n}}"
+    assert!(
+        e.message.contains("more than the 2^52 elements"),
+        "{}",
+        e.message
     );
-    assert!(err(&src).message.contains("overflows"));
-    // Splitting and joining the same dim does not grow it, even when it is huge.
+    let top = 1u64 << 52;
     let src = format!(
-        "graph \"g\" {{\n  mesh dp=3\n  %0: f32[{max}] = parameter {{name=\"a\", init=zeros}}\n  %1: f32[{max}] = all_to_all %0 {{axes=[\"dp\"], split_dim=0, concat_dim=0}}\n}}\n"
+        "graph \"g\" {{\n  mesh dp=2\n  %0: f32[{top}] = parameter {{name=\"a\", init=zeros}}\n  %1: f32[{}] = all_gather %0 {{axes=[\"dp\"], dim=0}}\n}}",
+        2 * top
+    );
+    let e = err(&src);
+    assert_eq!((e.line, e.col), (4, 3));
+    assert!(
+        e.message
+            .contains("`all_gather`: gives f32[9007199254740992]"),
+        "{}",
+        e.message
+    );
+    let src = format!(
+        "graph \"g\" {{\n  %0: f32[{top}] = parameter {{name=\"a\", init=zeros}}\n  %1: f32[{}] = concat %0, %0 {{dim=0}}\n}}",
+        2 * top
+    );
+    let e = err(&src);
+    assert_eq!((e.line, e.col), (3, 3));
+    assert!(e.message.contains("`concat`: gives"), "{}", e.message);
+    // Splitting and joining the same dim does not grow it, even at the largest size.
+    let src = format!(
+        "graph \"g\" {{\n  mesh dp=4\n  %0: f32[{top}] = parameter {{name=\"a\", init=zeros}}\n  %1: f32[{top}] = all_to_all %0 {{axes=[\"dp\"], split_dim=0, concat_dim=0}}\n}}\n"
     );
     assert_eq!(autopar_ir::text::print(&parse(&src).unwrap()), src);
 }

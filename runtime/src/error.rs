@@ -95,6 +95,14 @@ pub enum RuntimeError {
         /// Text name of the op.
         op: &'static str,
     },
+    /// A program too large to plan or hold.
+    #[error("graph `{graph}` is too large to run: {detail}")]
+    TooLarge {
+        /// The program.
+        graph: String,
+        /// What is too large.
+        detail: String,
+    },
     /// A tensor's element data does not fit its declared type.
     #[error("tensor of type {ty}: {detail}")]
     BadTensor {

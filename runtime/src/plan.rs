@@ -110,6 +110,17 @@ impl ExecutionPlan {
             frees.push(here);
         }
         let spans: Vec<Interval> = intervals.iter().map(|&(_, i)| i).collect();
+        // No offset exceeds the sum of the aligned sizes: bounding it once keeps every
+        // offset and end of the placement below from overflowing.
+        let total = spans.iter().try_fold(0u64, |sum, i| {
+            sum.checked_add(i.bytes.checked_next_multiple_of(ARENA_ALIGN)?)
+        });
+        if total.is_none_or(|t| t > u64::MAX / 2) {
+            return Err(RuntimeError::TooLarge {
+                graph: graph.name().to_string(),
+                detail: "its tensors total more than 2^63 bytes".into(),
+            });
+        }
         let (offsets, arena_bytes) = assign_offsets(&spans);
         let peak_bytes = peak_live_bytes(&spans, order.len());
         let slots = intervals

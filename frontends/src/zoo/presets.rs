@@ -12,20 +12,27 @@ pub(crate) struct Preset {
 
 /// GPT-3 sizes from Brown et al. 2020, "Language Models are Few-Shot Learners", Table 2.1
 /// (n_layers, d_model, n_heads; n_ctx = 2048 for all) and the GPT-2 BPE vocabulary of 50257
-/// tokens. `ffn` is 4 * d_model, as in the paper. The paper alternates dense and locally
-/// banded sparse attention; these presets use dense attention throughout, which changes
-/// no parameter count.
+/// tokens, padded to [`GPT3_PADDED_VOCAB`] as Megatron-LM pads it. `ffn` is 4 * d_model, as
+/// in the paper. The paper alternates dense and locally banded sparse attention; these
+/// presets use dense attention throughout, which changes no parameter count.
 const fn gpt3(n_layers: usize, hidden: usize, n_heads: usize) -> ModelConfig {
     ModelConfig::Gpt(GptConfig {
         n_layers,
         hidden,
         n_heads,
         seq_len: 2048,
-        vocab: 50257,
+        vocab: GPT3_PADDED_VOCAB,
         ffn: None,
         moe: None,
     })
 }
+
+/// The GPT-2 BPE vocabulary (50257 tokens) padded to the next multiple of 128, Megatron-LM's
+/// default `--make-vocab-size-divisible-by`: an odd vocabulary cannot be split over
+/// tensor-parallel ranks, and 50304 splits over any power of two up to 128. The 47 extra rows
+/// are never a target; `gpt3-175b:vocab=50257` is the unpadded model (which no `tp` above 1
+/// splits).
+pub(crate) const GPT3_PADDED_VOCAB: usize = 50304;
 
 /// Llama 3 sizes from Meta's "The Llama 3 Herd of Models" (2024), Table 3 (layers, model
 /// dimension, FFN dimension, attention heads, 8 key/value heads, RoPE base 500000), with the
@@ -104,27 +111,27 @@ pub(crate) static PRESETS: &[Preset] = &[
     },
     Preset {
         name: "gpt3-125m",
-        description: "GPT-3 Small (125M): 12 layers, hidden 768, 12 heads, seq 2048",
+        description: "GPT-3 Small (125M): 12 layers, hidden 768, 12 heads, seq 2048, vocab 50257 padded to 50304",
         config: gpt3(12, 768, 12),
     },
     Preset {
         name: "gpt3-1.3b",
-        description: "GPT-3 XL (1.3B): 24 layers, hidden 2048, 16 heads, seq 2048",
+        description: "GPT-3 XL (1.3B): 24 layers, hidden 2048, 16 heads, seq 2048, vocab 50257 padded to 50304",
         config: gpt3(24, 2048, 16),
     },
     Preset {
         name: "gpt3-6.7b",
-        description: "GPT-3 6.7B: 32 layers, hidden 4096, 32 heads, seq 2048",
+        description: "GPT-3 6.7B: 32 layers, hidden 4096, 32 heads, seq 2048, vocab 50257 padded to 50304",
         config: gpt3(32, 4096, 32),
     },
     Preset {
         name: "gpt3-13b",
-        description: "GPT-3 13B: 40 layers, hidden 5120, 40 heads, seq 2048",
+        description: "GPT-3 13B: 40 layers, hidden 5120, 40 heads, seq 2048, vocab 50257 padded to 50304",
         config: gpt3(40, 5120, 40),
     },
     Preset {
         name: "gpt3-175b",
-        description: "GPT-3 175B: 96 layers, hidden 12288, 96 heads, seq 2048",
+        description: "GPT-3 175B: 96 layers, hidden 12288, 96 heads, seq 2048, vocab 50257 padded to 50304",
         config: gpt3(96, 12288, 96),
     },
     Preset {

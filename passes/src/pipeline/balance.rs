@@ -137,7 +137,9 @@ pub fn layer_sequence(step: &Graph) -> Result<Vec<Layer>, PassError> {
     if layers.is_empty() {
         return Err(PassError::BadGraph {
             graph: step.name().to_string(),
-            detail: "no forward node of micro-batch 0 has a layer in its metadata                      (`meta{phase=forward, mb=0, layer=...}`), so there is no layer sequence to                      cut into pipeline stages"
+            detail: "no forward node of micro-batch 0 has a layer in its metadata \
+             (`meta{phase=forward, mb=0, layer=...}`), so there is no layer sequence to \
+             cut into pipeline stages"
                 .into(),
         });
     }

@@ -19,7 +19,9 @@
 //!
 //! Forward and backward nodes computed by collectives from parameters and constants alone
 //! (with the local ops on the way, `derived_nodes`) are copied in the same way: every
-//! sub-program recomputes them where it needs them. This is what makes ZeRO-3 (FSDP)
+//! sub-program recomputes them where it needs them; so are nodes outside every micro-batch
+//! computed from parameters and constants that a forward or backward reads (the loss scale
+//! of f16 training, which multiplies every backward's seed). This is what makes ZeRO-3 (FSDP)
 //! pipeline: the partitioner all-gathers a sharded weight once and lets every
 //! micro-batch, stage and the backward read that copy, which no cut into sub-programs could
 //! carry; recomputed, the gather runs in each (virtual stage, micro-batch, forward or
@@ -171,7 +173,8 @@ pub fn split_pipeline(
                     return Err(PassError::BadGraph {
                         graph: g.name().to_string(),
                         detail: format!(
-                            "{n} belongs to layer `{layer}`, which has no forward nodes in                              micro-batch 0"
+                            "{n} belongs to layer `{layer}`, which has no forward nodes in \
+             micro-batch 0"
                         ),
                     });
                 };
@@ -549,11 +552,32 @@ fn describe(p: Phase) -> String {
 /// backward nodes computed from parameters and constants alone, none of whose results is a
 /// graph output, that are a collective or lie on a chain of such nodes through one (a
 /// ZeRO-3 weight's all-gather, the cast of the gathered weight), and those computed from
-/// constants alone (the global positions of context parallelism, read by every stage). Local values of parameters
+/// constants alone (the global positions of context parallelism, read by every stage). A
+/// node outside every micro-batch computed from parameters and constants and read by a
+/// forward or backward (with loss scaling, the scale each micro-batch's backward seed is
+/// multiplied by) is derived too: the optimizer phase runs after every forward and backward,
+/// and the parameters do not change before it. Local values of parameters
 /// alone (a cast of a replicated weight) are not recomputed: they stay where the step
 /// computes them, so a pipeline without such collectives is cut as if this rule did not
 /// exist.
 fn derived_nodes(g: &Graph, order: &[NodeId], graph_outputs: &HashSet<ValueId>) -> HashSet<NodeId> {
+    // Optimizer-phase nodes whose results a forward or backward reads, directly or through
+    // other such nodes (the loss scale the backward seed is multiplied by): they cannot run
+    // in the optimizer phase, which comes after every forward and backward.
+    let mut read_early: HashSet<NodeId> = HashSet::new();
+    for &n in order.iter().rev() {
+        if !matches!(classify(g, n).0, Phase::Optimizer) {
+            continue;
+        }
+        let early = g.node(n).outputs.iter().any(|&v| {
+            g.users(v).iter().any(|&(u, _)| {
+                read_early.contains(&u) || !matches!(classify(g, u).0, Phase::Optimizer)
+            })
+        });
+        if early {
+            read_early.insert(n);
+        }
+    }
     // Computed from parameters and constants alone, and whether a collective is among the
     // node and its ancestors.
     let mut from_parameters: HashMap<NodeId, bool> = HashMap::new();
@@ -565,7 +589,7 @@ fn derived_nodes(g: &Graph, order: &[NodeId], graph_outputs: &HashSet<ValueId>) 
         // their partner's: never recomputed.
         if node.inputs.is_empty()
             || matches!(node.op, Op::Send { .. } | Op::Recv { .. })
-            || matches!(classify(g, n).0, Phase::Optimizer)
+            || (matches!(classify(g, n).0, Phase::Optimizer) && !read_early.contains(&n))
             || node.outputs.iter().any(|v| graph_outputs.contains(v))
         {
             continue;
@@ -609,7 +633,7 @@ fn derived_nodes(g: &Graph, order: &[NodeId], graph_outputs: &HashSet<ValueId>) 
             .outputs
             .iter()
             .any(|&v| g.users(v).iter().any(|(u, _)| derived.contains(u)));
-        if collective || feeds || from_constants.contains(&n) {
+        if collective || feeds || from_constants.contains(&n) || read_early.contains(&n) {
             derived.insert(n);
         }
     }

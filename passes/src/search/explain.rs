@@ -411,12 +411,7 @@ pub fn megatron_reference(
     let per_node = model.cluster.gpus_per_node.max(1);
     let tp = (1..=per_node.min(devices))
         .rev()
-        .find(|&t| {
-            devices.is_multiple_of(t)
-                && cfg.heads.is_multiple_of(t)
-                && cfg.kv_heads.is_multiple_of(t)
-                && cfg.ffn.is_multiple_of(t)
-        })
+        .find(|&t| devices.is_multiple_of(t) && cfg.tp_split_error(t).is_none())
         .unwrap_or(1);
     for pp in 1..=cfg.layers.min(devices / tp) {
         if !(devices / tp).is_multiple_of(pp) || !cfg.layers.is_multiple_of(pp) {

@@ -60,7 +60,7 @@ pub mod export;
 mod space;
 
 use std::cmp::Ordering;
-use std::collections::HashMap;
+use std::collections::{BinaryHeap, HashMap};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering as AtomicOrdering};
 use std::time::{Duration, Instant};
@@ -196,10 +196,11 @@ pub fn search_with_progress(
 ) -> Result<SearchResult, SearchError> {
     let start = Instant::now();
     cfg.validate()?;
-    if opts.global_batch == 0 {
+    let max_batch = autopar_cost_model::plan::MAX_GLOBAL_BATCH;
+    if opts.global_batch == 0 || opts.global_batch > max_batch {
         return Err(SearchError::Option {
             option: "global_batch",
-            message: "must be at least 1".into(),
+            message: format!("must be 1 to {max_batch}, not {}", opts.global_batch),
         });
     }
     if opts.top_k == 0 {
@@ -281,9 +282,9 @@ pub fn search_with_progress(
         stats.estimated += s.estimated;
         stats.fitting += s.fitting;
         stats.schedules_built += s.schedules_built;
-        entries.extend(w.top.entries);
+        entries.extend(w.top.entries.into_vec());
     }
-    entries.sort_by(Entry::cmp);
+    entries.sort_by(Entry::rank_order);
     entries.truncate(opts.top_k);
     stats.complete = !shared.stop.load(AtomicOrdering::Relaxed);
     stats.elapsed_s = start.elapsed().as_secs_f64();
@@ -343,7 +344,7 @@ struct Entry {
 }
 
 impl Entry {
-    fn cmp(a: &Entry, b: &Entry) -> Ordering {
+    fn rank_order(a: &Entry, b: &Entry) -> Ordering {
         a.time
             .total_cmp(&b.time)
             .then(a.memory.total_cmp(&b.memory))
@@ -351,9 +352,31 @@ impl Entry {
     }
 }
 
+impl PartialEq for Entry {
+    fn eq(&self, other: &Entry) -> bool {
+        Entry::rank_order(self, other) == Ordering::Equal
+    }
+}
+
+impl Eq for Entry {}
+
+impl PartialOrd for Entry {
+    fn partial_cmp(&self, other: &Entry) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Entry {
+    fn cmp(&self, other: &Entry) -> Ordering {
+        Entry::rank_order(self, other)
+    }
+}
+
+/// The best `top_k` plans a worker has seen: a max-heap whose top is the worst kept, so
+/// that offering a plan costs `O(log top_k)` however many are kept.
 #[derive(Default)]
 struct TopK {
-    entries: Vec<Entry>,
+    entries: BinaryHeap<Entry>,
 }
 
 #[derive(Default)]
@@ -691,26 +714,21 @@ impl Worker {
         let k = sh.opts.top_k;
         let entries = &mut self.top.entries;
         let time = estimate.iter_time_s;
-        if entries.len() == k && entries.last().is_some_and(|last| time > last.time) {
+        if entries.len() == k && entries.peek().is_some_and(|worst| time > worst.time) {
             return;
         }
-        let entry = Entry {
+        entries.push(Entry {
             time,
             memory: estimate.peak_memory_gib,
             key: plan.to_string(),
             plan,
             estimate,
-        };
-        let at = entries
-            .binary_search_by(|e| Entry::cmp(e, &entry))
-            .unwrap_or_else(|i| i);
-        if at >= k {
-            return;
+        });
+        if entries.len() > k {
+            entries.pop();
         }
-        entries.insert(at, entry);
-        entries.truncate(k);
         if entries.len() == k
-            && let Some(last) = entries.last()
+            && let Some(last) = entries.peek()
         {
             sh.threshold
                 .fetch_min(last.time.to_bits(), AtomicOrdering::Relaxed);

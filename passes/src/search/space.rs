@@ -86,18 +86,24 @@ impl Constraints {
     /// ```
     pub fn parse(s: &str) -> Result<Constraints, SearchError> {
         let mut c = Constraints::default();
-        for part in s.split(',').map(str::trim).filter(|x| !x.is_empty()) {
-            let (k, v) = part
-                .split_once('=')
-                .map(|(k, v)| (k.trim(), v.trim()))
-                .ok_or_else(|| SearchError::Constraint {
-                    key: part.to_string(),
-                    message: "expected key=value".into(),
-                })?;
+        let items =
+            autopar_cost_model::plan::key_values(s).map_err(|e| SearchError::Constraint {
+                key: s.to_string(),
+                message: e.to_string(),
+            })?;
+        let mut seen: Vec<&str> = Vec::new();
+        for (k, v) in items {
+            let part = format!("{k}={v}");
+            let part = part.as_str();
             let err = |message: String| SearchError::Constraint {
                 key: k.to_string(),
                 message,
             };
+            let canonical = if k == "micro_batch" { "mbs" } else { k };
+            if seen.contains(&canonical) {
+                return Err(err("pinned twice".into()));
+            }
+            seen.push(canonical);
             // The plan parser knows every plan key and its values; reuse it on one pair.
             let one = || Plan::parse(part).map_err(|e| err(e.to_string()));
             match k {
@@ -298,9 +304,7 @@ pub(crate) fn mesh_shapes(
 ) -> Vec<Shape> {
     let mut out = Vec::new();
     for tp in divisors(devices) {
-        let tp_ok = cfg.heads.is_multiple_of(tp)
-            && cfg.kv_heads.is_multiple_of(tp)
-            && cfg.ffn.is_multiple_of(tp);
+        let tp_ok = cfg.tp_split_error(tp).is_none();
         if !tp_ok || c.tp.is_some_and(|p| p != tp) || !c.allows_degree(axis::TP, tp) {
             continue;
         }
