@@ -458,6 +458,9 @@ fn unary_flops(f: UnaryOp) -> f64 {
         UnaryOp::Exp | UnaryOp::Log | UnaryOp::Sigmoid | UnaryOp::Tanh => 4.0,
         UnaryOp::Silu => 5.0,
         UnaryOp::Gelu => 8.0,
+        // erf as a rational approximation: about twice a tanh.
+        UnaryOp::Erf => 8.0,
+        UnaryOp::GeluErf => 11.0,
     }
 }
 

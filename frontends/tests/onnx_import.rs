@@ -461,3 +461,56 @@ fn truncated_and_mutated_models_fail_cleanly() {
     assert!(ok > 0 && failed > 1000, "ok {ok}, failed {failed}");
     assert!(start.elapsed().as_secs() < 60, "took {:?}", start.elapsed());
 }
+
+/// The unary functions of a graph's nodes.
+fn unaries(g: &autopar_ir::Graph) -> Vec<autopar_ir::UnaryOp> {
+    g.nodes_in_order()
+        .into_iter()
+        .filter_map(|n| match g.node(n).op {
+            Op::Unary { func } => Some(func),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn exact_gelu_is_raised_from_its_op_and_from_its_erf_form() {
+    use autopar_ir::UnaryOp;
+    // ONNX `Gelu` (opset 20) without `approximate`.
+    let im = import_model(&mlp_model("Gelu", 20)).unwrap();
+    assert_eq!(unaries(&im.graph), [UnaryOp::GeluErf]);
+    // What exporters write before opset 20: 0.5 * x * (1 + erf(x / sqrt 2)).
+    let mut m = mlp_model("Relu", 13);
+    let g = m.graph.as_mut().unwrap();
+    let scalar = |name: &str, v: f32| TensorProto {
+        name: Some(name.into()),
+        data_type: Some(1),
+        float_data: vec![v],
+        ..Default::default()
+    };
+    g.initializer.extend([
+        scalar("sqrt2", std::f32::consts::SQRT_2),
+        scalar("one", 1.0),
+        scalar("half", 0.5),
+    ]);
+    let at = g
+        .node
+        .iter()
+        .position(|n| n.op_type.as_deref() == Some("Relu"))
+        .unwrap();
+    g.node.splice(
+        at..=at,
+        [
+            node("Div", "/mlp/act/div", &["h", "sqrt2"], &["d"]),
+            node("Erf", "/mlp/act/erf", &["d"], &["e"]),
+            node("Add", "/mlp/act/add", &["e", "one"], &["f"]),
+            node("Mul", "/mlp/act/mul", &["h", "f"], &["p"]),
+            node("Mul", "/mlp/act/half", &["p", "half"], &["a"]),
+        ],
+    );
+    let im = import_model(&m).unwrap();
+    assert_eq!(unaries(&im.graph), [UnaryOp::GeluErf]);
+    // A lone Erf on computed values is the IR's erf.
+    let im = import_model(&mlp_model("Erf", 13)).unwrap();
+    assert_eq!(unaries(&im.graph), [UnaryOp::Erf]);
+}

@@ -128,11 +128,16 @@ pub enum UnaryOp {
     Gelu,
     /// `x * sigmoid(x)` (SwiGLU's gate)
     Silu,
+    /// The error function.
+    Erf,
+    /// GELU in its exact form, `x Phi(x) = 0.5 x (1 + erf(x / sqrt 2))` (PyTorch's default,
+    /// BERT's and ONNX `Gelu` without `approximate`).
+    GeluErf,
 }
 
 impl UnaryOp {
     /// Every unary op.
-    pub const ALL: [UnaryOp; 13] = [
+    pub const ALL: [UnaryOp; 15] = [
         UnaryOp::Neg,
         UnaryOp::Abs,
         UnaryOp::Exp,
@@ -146,6 +151,8 @@ impl UnaryOp {
         UnaryOp::Relu,
         UnaryOp::Gelu,
         UnaryOp::Silu,
+        UnaryOp::Erf,
+        UnaryOp::GeluErf,
     ];
 
     /// Text name.
@@ -164,6 +171,8 @@ impl UnaryOp {
             UnaryOp::Relu => "relu",
             UnaryOp::Gelu => "gelu",
             UnaryOp::Silu => "silu",
+            UnaryOp::Erf => "erf",
+            UnaryOp::GeluErf => "gelu_erf",
         }
     }
 

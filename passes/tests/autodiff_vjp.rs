@@ -254,7 +254,9 @@ fn unary_domain(func: UnaryOp) -> Domain {
         | UnaryOp::Tanh
         | UnaryOp::Sigmoid
         | UnaryOp::Gelu
-        | UnaryOp::Silu => |x| x,
+        | UnaryOp::Silu
+        | UnaryOp::Erf
+        | UnaryOp::GeluErf => |x| x,
     }
 }
 

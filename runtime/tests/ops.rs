@@ -185,6 +185,8 @@ fn unary() -> TestResult {
                         0.5 * v * (1.0 + inner.tanh())
                     }
                     UnaryOp::Silu => v * sigmoid(v),
+                    UnaryOp::Erf => libm::erf(v),
+                    UnaryOp::GeluErf => 0.5 * v * (1.0 + libm::erf(v / 2f64.sqrt())),
                 };
                 f64::from(r as f32)
             })
@@ -192,6 +194,19 @@ fn unary() -> TestResult {
         let y = run_one(Op::Unary { func }, std::slice::from_ref(&x))?;
         assert_close(&y, &[5], &expected, 0.0);
     }
+    // Exact GELU at 1 is Phi(1) = 0.841344746...; erf(0.5) = 0.520499877...
+    let y = run_one(
+        Op::Unary {
+            func: UnaryOp::GeluErf,
+        },
+        &[typed(DType::F32, &[1], &[1.0])],
+    )?;
+    assert_close(&y, &[1], &[0.841_344_746_068_542_9], 1e-7);
+    let y = run_one(
+        Op::Unary { func: UnaryOp::Erf },
+        &[typed(DType::F32, &[1], &[0.5])],
+    )?;
+    assert_close(&y, &[1], &[0.520_499_877_813_046_5], 1e-7);
     // Published values of the tanh-approximated GELU and of SiLU.
     let y = run_one(
         Op::Unary {

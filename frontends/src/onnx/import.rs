@@ -786,6 +786,7 @@ impl<'m> Emitter<'_, 'm> {
                 x.layer_norm(g, b, *eps)
             }
             Raised::Gelu { x } => self.dyn_value(x, env, None)?.gelu(),
+            Raised::GeluErf { x } => self.dyn_value(x, env, None)?.unary(UnaryOp::GeluErf),
             Raised::Silu { x } => self.dyn_value(x, env, None)?.silu(),
             Raised::Projection { x, w, b } => {
                 let x = self.dyn_value(x, env, None)?;
@@ -1274,6 +1275,7 @@ impl Importer {
                     "Relu" => UnaryOp::Relu,
                     "Log" => UnaryOp::Log,
                     "Abs" => UnaryOp::Abs,
+                    "Erf" => UnaryOp::Erf,
                     _ => {
                         return Err(err(format!(
                             "`{op}` on computed values has no autopar op (only on constants)"
@@ -1286,9 +1288,8 @@ impl Importer {
                 let x = value(0, None)?;
                 match node.string("approximate").as_deref() {
                     Some("tanh") => dyn1(x.gelu()),
-                    _ => Err(err(
-                        "exact (erf) GELU has no autopar op; export with approximate='tanh'".into(),
-                    )),
+                    Some("none") | None => dyn1(x.unary(UnaryOp::GeluErf)),
+                    Some(other) => Err(err(format!("GELU with approximate='{other}'"))),
                 }
             }
             "Reshape" | "Unsqueeze" | "Squeeze" | "Flatten" => {
@@ -1989,7 +1990,7 @@ fn unary_host(op: &str, t: &HostTensor) -> Result<HostTensor, String> {
         "Cos" => x.cos(),
         "Sin" => x.sin(),
         "Not" => f64::from(u8::from(x == 0.0)),
-        _ => erf(x),
+        _ => libm::erf(x),
     };
     let v: Vec<f64> = (0..t.num_elements()).map(|i| f(t.data.f64(i))).collect();
     Ok(HostTensor {
@@ -2001,17 +2002,6 @@ fn unary_host(op: &str, t: &HostTensor) -> Result<HostTensor, String> {
         dims: t.dims.clone(),
         data: HostData::Float(v),
     })
-}
-
-/// The error function (Abramowitz and Stegun 7.1.26, error below 1.5e-7), for folding.
-fn erf(x: f64) -> f64 {
-    let t = 1.0 / (1.0 + 0.3275911 * x.abs());
-    let y = 1.0
-        - (((((1.061405429 * t - 1.453152027) * t) + 1.421413741) * t - 0.284496736) * t
-            + 0.254829592)
-            * t
-            * (-x * x).exp();
-    y.copysign(x)
 }
 
 fn reshape_dims(dims: &[usize], shape: &[i64], allowzero: bool) -> Result<Vec<usize>, String> {

@@ -61,6 +61,11 @@ pub enum Raised {
         /// The argument.
         x: String,
     },
+    /// `0.5 x (1 + erf(x / sqrt 2))`.
+    GeluErf {
+        /// The argument.
+        x: String,
+    },
     /// `x * sigmoid(x)`.
     Silu {
         /// The argument.
@@ -113,6 +118,7 @@ impl Raised {
             Raised::RmsNorm { .. } => "rms_norm",
             Raised::LayerNorm { .. } => "layer_norm",
             Raised::Gelu { .. } => "gelu",
+            Raised::GeluErf { .. } => "gelu_erf",
             Raised::Silu { .. } => "silu",
             Raised::Projection { .. } => "qkv_projection",
             Raised::OutProjection { .. } => "out_projection",
@@ -128,7 +134,7 @@ impl Raised {
             Raised::LayerNorm { x, gamma, beta, .. } => {
                 vec![x.clone(), gamma.clone(), beta.clone()]
             }
-            Raised::Gelu { x } | Raised::Silu { x } => vec![x.clone()],
+            Raised::Gelu { x } | Raised::GeluErf { x } | Raised::Silu { x } => vec![x.clone()],
             Raised::Projection { x, w, b } | Raised::OutProjection { x, w, b } => {
                 let mut v = vec![x.clone(), w.clone()];
                 v.extend(b.clone());
@@ -362,6 +368,11 @@ impl Importer {
                 let (_, add) = self.made_by(a, "Add")?;
                 Self::pairs(add).into_iter().find_map(|(one, t)| {
                     (self.scalar(&one)? == 1.0).then_some(())?;
+                    if let Some((_, erf)) = self.made_by(&t, "Erf") {
+                        return self
+                            .over_sqrt2(erf.input(0)?, x)
+                            .then(|| Raised::GeluErf { x: x.clone() });
+                    }
                     let (_, tanh) = self.made_by(&t, "Tanh")?;
                     let (c1, inner) = self.product(tanh.input(0)?)?;
                     if !close(c1, (2.0 / std::f64::consts::PI).sqrt()) || inner.len() != 1 {
@@ -383,6 +394,21 @@ impl Importer {
                     })
                 })
             })
+    }
+
+    /// True when `v` is `x / sqrt 2` (a division, or a product with `1 / sqrt 2`).
+    fn over_sqrt2(&self, v: &str, x: &str) -> bool {
+        let close = |a: f64, b: f64| (a - b).abs() <= 1e-5 * b.abs();
+        if let Some((_, div)) = self.made_by(v, "Div") {
+            return div.input(0) == Some(x)
+                && div
+                    .input(1)
+                    .and_then(|d| self.scalar(d))
+                    .is_some_and(|d| close(d, std::f64::consts::SQRT_2));
+        }
+        self.product(v).is_some_and(|(c, rest)| {
+            rest.len() == 1 && rest[0] == x && close(c, std::f64::consts::FRAC_1_SQRT_2)
+        })
     }
 
     fn try_silu(&self, n: &NodeRec) -> Option<Raised> {

@@ -391,6 +391,30 @@ fn unary(
             let d = e.add(left, right)?;
             e.mul(g, d)
         }
+        // `d = 2 / sqrt(pi) e^(-x^2)`.
+        UnaryOp::Erf => {
+            let x2 = e.mul(x, x)?;
+            let minus_x2 = e.neg(x2)?;
+            let ex = e.unary(UnaryOp::Exp, minus_x2)?;
+            let d = e.scale(ex, std::f64::consts::FRAC_2_SQRT_PI)?;
+            e.mul(g, d)
+        }
+        // `d = Phi(x) + x phi(x)`, with `Phi(x) = (1 + erf(x / sqrt 2)) / 2` and
+        // `phi(x) = e^(-x^2 / 2) / sqrt(2 pi)`.
+        UnaryOp::GeluErf => {
+            let u = e.scale(x, std::f64::consts::FRAC_1_SQRT_2)?;
+            let erf = e.unary(UnaryOp::Erf, u)?;
+            let one = e.full_like(erf, 1.0)?;
+            let cdf = e.add(one, erf)?;
+            let cdf = e.scale(cdf, 0.5)?;
+            let x2 = e.mul(x, x)?;
+            let h = e.scale(x2, -0.5)?;
+            let ex = e.unary(UnaryOp::Exp, h)?;
+            let pdf = e.scale(ex, 1.0 / (2.0 * std::f64::consts::PI).sqrt())?;
+            let x_pdf = e.mul(x, pdf)?;
+            let d = e.add(cdf, x_pdf)?;
+            e.mul(g, d)
+        }
         // With `s = sigmoid(x)`: `d = s (1 + x (1 - s))`.
         UnaryOp::Silu => {
             let s = e.unary(UnaryOp::Sigmoid, x)?;

@@ -168,7 +168,9 @@ fn candidates(
                     v.push(same(vec![PMAX], vec![PMIN]));
                     v.push(same(vec![PMIN], vec![PMAX]));
                 }
-                UnaryOp::Exp | UnaryOp::Tanh | UnaryOp::Sigmoid | UnaryOp::Relu => monotone(&mut v),
+                UnaryOp::Exp | UnaryOp::Tanh | UnaryOp::Sigmoid | UnaryOp::Relu | UnaryOp::Erf => {
+                    monotone(&mut v)
+                }
                 // Not monotone over all reals (or undefined on part of them): no partials.
                 UnaryOp::Abs
                 | UnaryOp::Log
@@ -177,6 +179,7 @@ fn candidates(
                 | UnaryOp::Recip
                 | UnaryOp::Square
                 | UnaryOp::Gelu
+                | UnaryOp::GeluErf
                 | UnaryOp::Silu => {}
             }
         }

@@ -11,6 +11,11 @@ pub(crate) fn gelu(x: f64) -> f64 {
     0.5 * x * (1.0 + (SQRT_2_OVER_PI * (x + 0.044_715 * x * x * x)).tanh())
 }
 
+/// Exact GELU, `x Phi(x) = 0.5 x (1 + erf(x / sqrt 2))`.
+pub(crate) fn gelu_erf(x: f64) -> f64 {
+    0.5 * x * (1.0 + libm::erf(x * std::f64::consts::FRAC_1_SQRT_2))
+}
+
 /// The logistic function, written so that neither branch overflows.
 pub(crate) fn sigmoid(x: f64) -> f64 {
     if x >= 0.0 {
@@ -37,6 +42,8 @@ fn unary_float(func: UnaryOp) -> fn(f64) -> f64 {
         UnaryOp::Relu => |x| if x < 0.0 { 0.0 } else { x },
         UnaryOp::Gelu => gelu,
         UnaryOp::Silu => |x| x * sigmoid(x),
+        UnaryOp::Erf => libm::erf,
+        UnaryOp::GeluErf => gelu_erf,
     }
 }
 
@@ -55,7 +62,9 @@ fn unary_int(func: UnaryOp) -> Option<fn(i64) -> i64> {
         | UnaryOp::Sigmoid
         | UnaryOp::Relu
         | UnaryOp::Gelu
-        | UnaryOp::Silu => None,
+        | UnaryOp::Silu
+        | UnaryOp::Erf
+        | UnaryOp::GeluErf => None,
     }
 }
 
