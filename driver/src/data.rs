@@ -11,7 +11,7 @@ use autopar_runtime::{Tensor, TensorMap};
 use safetensors::SafeTensors;
 
 use crate::Error;
-use crate::checkpoint::slice;
+use crate::checkpoint::{checkpoint_error, slice};
 use crate::compile::CompiledStep;
 
 /// The batches of a data file, checked against a step's inputs.
@@ -30,10 +30,7 @@ pub struct DataFile {
 impl DataFile {
     /// Reads `path` for the inputs of `step`.
     pub fn open(path: &Path, step: &CompiledStep) -> Result<DataFile, Error> {
-        let bad = |detail: String| Error::Checkpoint {
-            path: path.display().to_string(),
-            detail,
-        };
+        let bad = |detail: String| checkpoint_error(path, detail);
         let bytes = std::fs::read(path).map_err(|source| Error::Io {
             path: path.display().to_string(),
             source,

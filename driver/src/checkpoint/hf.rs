@@ -19,6 +19,7 @@ use autopar_runtime::{Tensor, TensorMap};
 use safetensors::SafeTensors;
 use safetensors::tensor::TensorView;
 
+use super::checkpoint_error as bad;
 use super::encode;
 use crate::Error;
 
@@ -493,11 +494,4 @@ pub fn write(path: &Path, tensors: &[HfTensor]) -> Result<(), Error> {
         path: path.display().to_string(),
         source,
     })
-}
-
-fn bad(path: &Path, detail: String) -> Error {
-    Error::Checkpoint {
-        path: path.display().to_string(),
-        detail,
-    }
 }

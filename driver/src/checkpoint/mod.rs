@@ -707,7 +707,8 @@ fn io(path: &Path, source: std::io::Error) -> Error {
     }
 }
 
-fn checkpoint_error(path: &Path, detail: String) -> Error {
+/// The error of a checkpoint, weights or data file `path`.
+pub(crate) fn checkpoint_error(path: &Path, detail: String) -> Error {
     Error::Checkpoint {
         path: path.display().to_string(),
         detail,
