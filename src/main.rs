@@ -66,6 +66,12 @@ enum Command {
         /// full, so that the text loads back; by default only their count is printed.
         #[arg(long)]
         values: bool,
+        /// With --format dot, only the nodes of these layers (a training step has thousands
+        /// of nodes): block indices `N`, ranges `A..B` (end excluded) or `A..=B`, `embedding`,
+        /// `final_norm`, `head`, `loss`, and `none` for nodes of no layer; e.g. `--layers 0`.
+        /// Operands from elsewhere are drawn as placeholders naming their producer.
+        #[arg(long, value_name = "LAYERS", value_parser = parse_layers)]
+        layers: Option<driver::ir::dot::LayerSelection>,
     },
     /// Train a model on the reference interpreter (or run one forward pass with --forward).
     ///
@@ -443,8 +449,15 @@ fn check_options(
             stage,
             format,
             train,
+            layers,
             ..
         } => {
+            if layers.is_some() && !matches!(format, Format::Dot) {
+                anyhow::bail!(
+                    "--layers applies to `--format dot` only: a text or JSON dump of part of \
+                     a graph would not load back"
+                );
+            }
             let mut ignored: Vec<&'static str> = Vec::new();
             let (name, graph) = match stage {
                 Stage::Forward => {
@@ -507,11 +520,19 @@ fn execute(cli: Cli) -> Result<()> {
             spmd,
             rank,
             values,
+            layers,
         } => {
             let text = match run_cmd::dump(&model, batch, stage, &train, &pipeline, &spmd, rank)? {
                 run_cmd::Dumped::Text(text) => text,
                 run_cmd::Dumped::Graph(g) => {
-                    let text = driver::dump(
+                    if matches!(format, Format::Dot) && layers.is_none() && g.num_nodes() > 1000 {
+                        eprintln!(
+                            "note: {} nodes are more than a drawing shows legibly; `--layers 0` \
+                             draws block 0 only",
+                            g.num_nodes()
+                        );
+                    }
+                    let text = driver::dump_with(
                         &g,
                         match format {
                             Format::Text if values => DumpFormat::TextWithValues,
@@ -519,6 +540,7 @@ fn execute(cli: Cli) -> Result<()> {
                             Format::Dot => DumpFormat::Dot,
                             Format::Json => DumpFormat::Json,
                         },
+                        layers,
                     );
                     match (format, run_cmd::import_report(&model, batch, &train)?) {
                         (Format::Text, Some(report)) => format!("{report}{text}"),
@@ -545,6 +567,11 @@ fn execute(cli: Cli) -> Result<()> {
         Command::Topo { cluster, toml } => topo(&cluster, toml),
         Command::Launch(args) => launch_cmd::launch(&args),
     }
+}
+
+/// `--layers` of `dump`.
+fn parse_layers(s: &str) -> Result<driver::ir::dot::LayerSelection, String> {
+    s.parse()
 }
 
 fn estimate(args: EstimateArgs) -> Result<()> {

@@ -137,10 +137,8 @@ fn models_lists_published_parameter_counts() {
     );
 }
 
-#[test]
-fn dot_dump_renders_with_graphviz() {
-    let dot = autopar_ok(&["dump", "gpt-tiny", "--format", "dot"]);
-    assert!(dot.starts_with("digraph"));
+/// Renders `dot` with Graphviz, failing on any error; the SVG.
+fn render_svg(dot: &str) -> String {
     let mut child = std::process::Command::new("dot")
         .arg("-Tsvg")
         .stdin(std::process::Stdio::piped())
@@ -160,8 +158,55 @@ fn dot_dump_renders_with_graphviz() {
         "dot failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let svg = String::from_utf8_lossy(&out.stdout);
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn dot_dump_renders_with_graphviz() {
+    let dot = autopar_ok(&["dump", "gpt-tiny", "--format", "dot"]);
+    assert!(dot.starts_with("digraph"));
+    let svg = render_svg(&dot);
     assert!(svg.contains("<svg") && svg.contains("einsum bsh,hnd"));
+}
+
+/// Training steps and partitioned programs are clustered by phase and layer, and render
+/// (Graphviz failed on them with "trouble in init_rank"); `--layers` draws part of them.
+#[test]
+fn dot_dumps_of_steps_render_by_layer() {
+    let dot = autopar_ok(&[
+        "dump", "gpt-tiny", "--stage", "train", "--format", "dot", "--layers", "0",
+    ]);
+    assert!(dot.contains("label=\"backward mb=0\"") && dot.contains("label=\"block(0)\""));
+    assert!(!dot.contains("label=\"block(1)\""), "only block 0 is drawn");
+    assert!(
+        dot.contains("from embedding"),
+        "operands from elsewhere are placeholders"
+    );
+    assert!(render_svg(&dot).contains("<svg"));
+    let dot = autopar_ok(&[
+        "dump",
+        "gpt-tiny",
+        "--stage",
+        "partitioned",
+        "--mesh",
+        "tp=2",
+        "--rank",
+        "1",
+        "--format",
+        "dot",
+        "--layers",
+        "head,loss",
+    ]);
+    assert!(dot.contains("all_reduce") && dot.contains("label=\"loss\""));
+    assert!(render_svg(&dot).contains("<svg"));
+
+    let err = autopar_err(&["dump", "gpt-tiny", "--layers", "0"]);
+    assert!(
+        err.contains("--layers applies to `--format dot` only"),
+        "{err}"
+    );
+    let err = autopar_err(&["dump", "gpt-tiny", "--format", "dot", "--layers", "3..1"]);
+    assert!(err.contains("layer range `3..1` is empty"), "{err}");
 }
 
 #[test]

@@ -243,10 +243,20 @@ pub enum DumpFormat {
 
 /// Renders a graph in a dump format.
 pub fn dump(g: &Graph, format: DumpFormat) -> String {
+    dump_with(g, format, None)
+}
+
+/// Renders a graph in a dump format; `layers` selects what a DOT dump draws (every node when
+/// `None`; the text and JSON dumps always hold the whole graph).
+pub fn dump_with(
+    g: &Graph,
+    format: DumpFormat,
+    layers: Option<autopar_ir::dot::LayerSelection>,
+) -> String {
     match format {
         DumpFormat::Text => autopar_ir::text::print_with(g, autopar_ir::text::Values::Elided),
         DumpFormat::TextWithValues => autopar_ir::text::print(g),
-        DumpFormat::Dot => autopar_ir::dot::to_dot(g),
+        DumpFormat::Dot => autopar_ir::dot::to_dot_with(g, &autopar_ir::dot::DotOptions { layers }),
         DumpFormat::Json => autopar_ir::json::to_json(g),
     }
 }
