@@ -149,10 +149,10 @@ fn render_svg(dot: &str) -> String {
     child
         .stdin
         .take()
-        .unwrap()
+        .expect("piped stdin")
         .write_all(dot.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
+        .expect("dot reads its input");
+    let out = child.wait_with_output().expect("dot runs");
     assert!(
         out.status.success(),
         "dot failed: {}",

@@ -110,6 +110,9 @@ pub fn to_dot(g: &Graph) -> String {
 /// The cluster a node is drawn in: its phase and micro-batch outside, its layer inside.
 type ClusterKey = (Option<Phase>, Option<u32>, Option<LayerId>);
 
+/// The nodes of one phase cluster, by layer.
+type LayerClusters = BTreeMap<Option<LayerId>, Vec<NodeId>>;
+
 fn cluster_key(meta: &NodeMeta) -> ClusterKey {
     (meta.phase, meta.micro_batch, meta.layer)
 }
@@ -151,10 +154,7 @@ pub fn to_dot_with(g: &Graph, options: &DotOptions) -> String {
         })
         .collect();
     // Phase (and micro-batch) clusters, each holding layer clusters, in first-use order.
-    let mut clusters: BTreeMap<
-        (Option<Phase>, Option<u32>),
-        BTreeMap<Option<LayerId>, Vec<NodeId>>,
-    > = BTreeMap::new();
+    let mut clusters: BTreeMap<(Option<Phase>, Option<u32>), LayerClusters> = BTreeMap::new();
     for &n in order.iter().filter(|n| shown.contains(n)) {
         let (phase, mb, layer) = cluster_key(&g.meta(n));
         clusters
