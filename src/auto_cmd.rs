@@ -41,7 +41,8 @@ pub fn run(args: &RunArgs) -> Result<()> {
     if args.train.micro_batches != 1 {
         bail!("--micro-batches: the plan sets the micro-batches; drop the flag");
     }
-    if args.plan_file.is_some() && args.train.options().compute_dtype != DType::F32 {
+    if args.plan_file.is_some() && args.train.options(Some(args.steps))?.compute_dtype != DType::F32
+    {
         bail!("--dtype: the plan file sets the dtype; drop the flag");
     }
     let plan = match &args.plan_file {
@@ -65,7 +66,8 @@ pub fn run(args: &RunArgs) -> Result<()> {
                 unsupported.join(", ")
             );
         }
-        let options = CompileOptions::from_plan(&args.model, &plan, &args.train.options())?;
+        let options =
+            CompileOptions::from_plan(&args.model, &plan, &args.train.options(Some(args.steps))?)?;
         // The rules the estimate holds a plan to (layers of each stage among them).
         plan.check_model(&cfg)
             .with_context(|| format!("plan `{plan}` does not fit `{}`", args.model))?;
@@ -102,7 +104,7 @@ fn search(args: &RunArgs) -> Result<Plan> {
     let cfg = driver::model_config(&args.model)?;
     let batch = args.batch.unwrap_or(8);
     let mut opts = SearchOptions::new(batch);
-    opts.dtype = args.train.options().compute_dtype;
+    opts.dtype = args.train.options(Some(args.steps))?.compute_dtype;
     opts.top_k = 1;
     opts.constraints = Constraints {
         cpu_executable: true,

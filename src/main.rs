@@ -15,6 +15,7 @@ mod calibrate_cmd;
 mod checkpoint_cmd;
 mod launch_cmd;
 mod plan_cmd;
+mod progress;
 mod report;
 mod report_cmd;
 mod run_cmd;
@@ -234,9 +235,23 @@ struct TrainArgs {
     /// Optimizer: AdamW (betas 0.9/0.95, weight decay 0.01) or SGD with momentum 0.9.
     #[arg(long, value_enum, default_value_t = OptimizerArg::Adamw)]
     optimizer: OptimizerArg,
-    /// Learning rate [default: 3e-3 with AdamW, 0.1 with SGD].
+    /// Learning rate [default: 3e-3 with AdamW, 0.1 with SGD]: the peak rate of a schedule.
     #[arg(long)]
     lr: Option<f64>,
+    /// Learning-rate decay after the warmup: constant, cosine or linear, from --lr down to
+    /// --min-lr at step --lr-decay-steps.
+    #[arg(long, value_enum, default_value_t = LrScheduleArg::Constant)]
+    lr_schedule: LrScheduleArg,
+    /// Steps of linear learning-rate warmup from lr/N up to --lr.
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    warmup: u64,
+    /// The step at which a cosine or linear decay ends, counted from the start of training
+    /// [default: --steps of `run`].
+    #[arg(long, value_name = "N")]
+    lr_decay_steps: Option<u64>,
+    /// The learning rate a decay ends at [default: a tenth of --lr].
+    #[arg(long, value_name = "X")]
+    min_lr: Option<f64>,
     /// Compute dtype; bf16 and f16 keep fp32 master weights and optimizer state, and f16
     /// uses dynamic loss scaling.
     #[arg(long, value_enum, default_value_t = DTypeArg::F32)]
@@ -276,18 +291,22 @@ impl TrainArgs {
         Ok(())
     }
 
-    fn options(&self) -> TrainOptions {
+    /// The training options; `steps` is the length of the run, where the learning-rate
+    /// decay ends unless --lr-decay-steps says otherwise.
+    fn options(&self, steps: Option<u64>) -> Result<TrainOptions> {
         let optimizer = match self.optimizer {
             OptimizerArg::Adamw => Optimizer::adamw(self.lr.unwrap_or(Optimizer::DEFAULT_ADAMW_LR)),
             OptimizerArg::Sgd => Optimizer::sgd(self.lr.unwrap_or(Optimizer::DEFAULT_SGD_LR)),
         };
+        let lr_schedule = self.lr_schedule(optimizer.lr(), steps)?;
         let compute_dtype = match self.dtype {
             DTypeArg::F32 => DType::F32,
             DTypeArg::Bf16 => DType::BF16,
             DTypeArg::F16 => DType::F16,
         };
-        TrainOptions {
+        Ok(TrainOptions {
             optimizer,
+            lr_schedule,
             clip_norm: (self.clip_norm != 0.0).then_some(self.clip_norm),
             compute_dtype,
             loss_scaling: (compute_dtype == DType::F16).then_some(LossScaling {
@@ -302,7 +321,54 @@ impl TrainArgs {
                 RecomputeArg::Selective => Recompute::Selective,
                 RecomputeArg::Full => Recompute::Full,
             },
-        }
+        })
+    }
+
+    /// The learning-rate schedule the flags give, with peak rate `lr`.
+    fn lr_schedule(&self, lr: f64, steps: Option<u64>) -> Result<driver::LrSchedule> {
+        use driver::LrDecay;
+        let decay = match self.lr_schedule {
+            LrScheduleArg::Constant => {
+                if self.lr_decay_steps.is_some() || self.min_lr.is_some() {
+                    anyhow::bail!(
+                        "--lr-decay-steps and --min-lr apply to --lr-schedule cosine or linear"
+                    );
+                }
+                LrDecay::Constant
+            }
+            kind => {
+                let steps = self.lr_decay_steps.or(steps).ok_or_else(|| {
+                    anyhow::anyhow!(
+                        "--lr-schedule {} needs --lr-decay-steps (the step its decay ends at)",
+                        if kind == LrScheduleArg::Cosine {
+                            "cosine"
+                        } else {
+                            "linear"
+                        }
+                    )
+                })?;
+                let min_lr = self.min_lr.unwrap_or(lr / 10.0);
+                if !(min_lr.is_finite() && lr > 0.0) {
+                    anyhow::bail!("--min-lr {min_lr} is not a learning rate");
+                }
+                let min_ratio = min_lr / lr;
+                match kind {
+                    LrScheduleArg::Cosine => LrDecay::Cosine { steps, min_ratio },
+                    _ => LrDecay::Linear { steps, min_ratio },
+                }
+            }
+        };
+        let schedule = driver::LrSchedule {
+            warmup: self.warmup,
+            decay,
+        };
+        schedule.check().map_err(|e| match self.min_lr {
+            Some(m) if e.contains("final learning rate") => {
+                anyhow::anyhow!("--min-lr {m} must lie between 0 and --lr {lr}")
+            }
+            _ => anyhow::anyhow!("{e} (--lr-decay-steps, --warmup)"),
+        })?;
+        Ok(schedule)
     }
 }
 
@@ -344,6 +410,16 @@ enum DTypeArg {
     /// float16 compute with dynamic loss scaling.
     #[value(alias = "fp16")]
     F16,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum LrScheduleArg {
+    /// The rate stays at --lr after the warmup.
+    Constant,
+    /// Half a cosine down to --min-lr (GPT-3's and LLaMA's schedule).
+    Cosine,
+    /// A straight line down to --min-lr.
+    Linear,
 }
 
 #[derive(Clone, Copy, ValueEnum)]

@@ -3,13 +3,13 @@
 //! wins (against the runner-up and a reference configuration), as JSON, or exported as
 //! Megatron-LM arguments or torchtitan TOML.
 
-use std::io::IsTerminal;
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use clap::ValueEnum;
 
+use crate::progress::Ticker;
 use autopar_cost_model::{CostModel, LayerPlacement, Plan, TransformerConfig};
 use autopar_driver as driver;
 use autopar_driver::ir::DType;
@@ -113,38 +113,31 @@ pub fn plan(args: PlanArgs) -> Result<()> {
     }
     opts.max_time = args.max_seconds;
 
-    let result = if std::io::stderr().is_terminal() {
-        let last = Mutex::new(Instant::now());
-        let report = |p: &Progress| {
-            let Ok(mut last) = last.lock() else { return };
-            if last.elapsed() < Duration::from_millis(100) && p.shapes_done < p.shapes_total {
-                return;
-            }
-            *last = Instant::now();
-            eprint!(
-                "\r\x1b[Ksearching: {}/{} mesh shapes, {} plans estimated",
-                p.shapes_done, p.shapes_total, p.estimated
-            );
+    // A status line on a terminal; off one (a log, CI), a line every few seconds.
+    let ticker = Mutex::new(Ticker::with_interval(PROGRESS_EVERY));
+    let report = |p: &Progress| {
+        let Ok(mut ticker) = ticker.lock() else {
+            return;
         };
-        let r = search_with_progress(&model, &cfg, &opts, &report);
-        eprint!("\r\x1b[K");
-        r?
-    } else {
-        // Off a terminal (a log, CI), a line every few seconds says the search is alive.
-        let last = Mutex::new(Instant::now());
-        let report = |p: &Progress| {
-            let Ok(mut last) = last.lock() else { return };
-            if last.elapsed() < PROGRESS_EVERY || p.shapes_done == p.shapes_total {
-                return;
-            }
-            *last = Instant::now();
-            eprintln!(
-                "searching: {}/{} mesh shapes, {} plans estimated",
-                p.shapes_done, p.shapes_total, p.estimated
-            );
-        };
-        search_with_progress(&model, &cfg, &opts, &report)?
+        let done = p.shapes_done == p.shapes_total;
+        if done && !ticker.is_live() {
+            return;
+        }
+        ticker.tick(
+            || {
+                format!(
+                    "searching: {}/{} mesh shapes, {} plans estimated",
+                    p.shapes_done, p.shapes_total, p.estimated
+                )
+            },
+            done,
+        );
     };
+    let result = search_with_progress(&model, &cfg, &opts, &report);
+    if let Ok(mut ticker) = ticker.lock() {
+        ticker.finish();
+    }
+    let result = result?;
 
     if result.stats.mesh_shapes == 0 {
         bail!(

@@ -3,7 +3,7 @@
 //! reports (losses, memory per rank, `--verify`, `--timings`, `--dump-after` files, traces).
 
 use std::fmt::Write as _;
-use std::io::Write as _;
+use std::io::{IsTerminal, Write as _};
 
 use anyhow::{Context, Result, bail};
 
@@ -12,6 +12,7 @@ use driver::ir::DeviceMesh;
 use driver::ir::schedule::{Schedule, ScheduleKind};
 
 use crate::checkpoint_cmd::Session;
+use crate::progress::{Ticker, training_status};
 use crate::{PipelineArgs, RunArgs, Stage, TrainArgs, print_stdout, spmd_cmd};
 
 /// Compiler diagnostics of `autopar run`.
@@ -48,10 +49,11 @@ pub fn compile_options(
     pipeline: &PipelineArgs,
     spmd: &spmd_cmd::SpmdArgs,
     forward: bool,
+    steps: Option<u64>,
 ) -> Result<CompileOptions> {
     let mut o = CompileOptions::new(model);
     o.batch = batch;
-    o.train = train.options();
+    o.train = train.options(steps)?;
     o.forward_only = forward;
     o.loss = train.loss;
     if let Some(mesh) = &pipeline.mesh {
@@ -75,6 +77,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
         &args.pipeline,
         &args.spmd,
         args.forward,
+        Some(args.steps),
     )?;
     options.reference = args.verify;
     if let Some(dir) = &args.outputs {
@@ -226,8 +229,20 @@ pub fn run_options(args: &RunArgs, mut options: CompileOptions) -> Result<()> {
         }),
     };
     let single_forward = args.forward && options.mesh.is_none();
+    // When the step lines go to a file or a pipe, standard error shows how far the run is.
+    let mut ticker = match std::io::stdout().is_terminal() || args.forward {
+        true => Ticker::disabled(),
+        false => Ticker::new(),
+    };
+    let (first_step, total_steps) = (run_options.first_step, run_options.steps);
     let mut printed = Ok(());
     let report = driver::run_launched(&step, &launch, &run_options, hooks, |e| {
+        let done = (e.step + 1).saturating_sub(first_step);
+        let elapsed = ticker.elapsed();
+        ticker.tick(
+            || training_status(done, total_steps, elapsed, e.loss),
+            false,
+        );
         let line = match single_forward {
             true => format!("loss: {:.6}\n", e.loss),
             false => format!("step {} loss: {:.6}\n", e.step + 1, e.loss),
@@ -403,7 +418,7 @@ pub fn dump(
     if let Stage::Forward = stage {
         return Ok(Dumped::Graph(Box::new(driver::load_model(model, batch)?)));
     }
-    let mut options = compile_options(model, batch, train, pipeline, spmd, false)?;
+    let mut options = compile_options(model, batch, train, pipeline, spmd, false, None)?;
     options.reference = false;
     let mesh_text = pipeline.mesh.as_deref().unwrap_or("");
     match stage {

@@ -399,3 +399,28 @@ fn recompute_on_a_model_without_layers_is_refused() {
     let err = autopar_err(&["run", "mlp-tiny", "--recompute", "selective"]);
     assert!(err.contains("no attention core"), "{err}");
 }
+
+/// A run whose step lines go to a pipe reports its progress on standard error, every
+/// `AUTOPAR_PROGRESS_EVERY` seconds off a terminal; short runs print nothing there.
+#[test]
+fn training_progress_goes_to_stderr_off_a_terminal() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_autopar"))
+        .args(["run", "gpt-tiny", "--steps", "3"])
+        .env("AUTOPAR_PROGRESS_EVERY", "0")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("training: step 3/3, "), "{stderr}");
+    assert!(
+        stderr.contains("steps/s, loss ") && stderr.contains(", eta "),
+        "{stderr}"
+    );
+    let out = autopar(&["run", "gpt-tiny", "--steps", "3"]);
+    assert!(out.status.success());
+    assert!(
+        out.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

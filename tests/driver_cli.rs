@@ -653,3 +653,31 @@ fn memory_figures_have_units() {
         "{out}"
     );
 }
+
+/// A learning-rate schedule runs the same on every mesh: the partitioned and pipelined steps
+/// compute its factor from their replicated step count, and `--verify` holds them to one
+/// device.
+#[test]
+fn lr_schedules_verify_on_meshes() {
+    for mesh in ["dp=2,tp=2", "pp=2"] {
+        let out = autopar_ok(&[
+            "run",
+            "gpt-tiny",
+            "--mesh",
+            mesh,
+            "--micro-batches",
+            "2",
+            "--steps",
+            "4",
+            "--lr-schedule",
+            "cosine",
+            "--warmup",
+            "2",
+            "--verify",
+        ]);
+        assert!(
+            out.contains("step 4 loss") && out.contains("OK"),
+            "{mesh}: {out}"
+        );
+    }
+}

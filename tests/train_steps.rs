@@ -7,8 +7,8 @@ use autopar_driver::ir::{DType, Op, text, verify};
 use autopar_driver::load_train_step;
 use autopar_driver::passes::recompute::Recompute;
 use autopar_driver::passes::train::{
-    GOOD_STEPS, GRAD_NORM, GRADS_FINITE, LOSS_SCALE, LossScaling, Optimizer, STEP_COUNT,
-    TrainOptions, TrainStep, adam_m_name, has_tag,
+    GOOD_STEPS, GRAD_NORM, GRADS_FINITE, LOSS_SCALE, LossScaling, LrDecay, LrSchedule, Optimizer,
+    STEP_COUNT, TrainOptions, TrainStep, adam_m_name, has_tag,
 };
 use autopar_driver::runtime::{RunOptions, StepReport, Tensor, TensorMap, Trainer};
 
@@ -337,4 +337,118 @@ fn recompute_is_exact_and_saves_memory() {
             "{model}: peaks none {none_peak}, selective {sel_peak}, full {full_peak}"
         );
     }
+}
+
+/// With plain SGD (no momentum, decay or clipping) an update moves the weights by exactly
+/// `lr * factor(t) * |gradient|`: the step graph's schedule, computed from its step count,
+/// matches `LrSchedule::factor` through warmup, cosine decay and the flat end, for SGD and
+/// AdamW alike (AdamW's own step count drives it).
+#[test]
+fn lr_schedule_scales_every_update_by_its_factor() {
+    for decay in [
+        LrDecay::Cosine {
+            steps: 8,
+            min_ratio: 0.1,
+        },
+        LrDecay::Linear {
+            steps: 7,
+            min_ratio: 0.0,
+        },
+    ] {
+        let schedule = LrSchedule { warmup: 3, decay };
+        let lr = 0.05;
+        let options = TrainOptions {
+            optimizer: Optimizer::Sgd {
+                lr,
+                momentum: 0.0,
+                weight_decay: 0.0,
+            },
+            clip_norm: None,
+            lr_schedule: schedule,
+            ..TrainOptions::default()
+        };
+        let step = step_graph("gpt-tiny", &options);
+        assert!(step.optimizer_state.contains(&STEP_COUNT.to_string()));
+        let mut trainer = Trainer::new(&step.graph, 0, RunOptions::default()).unwrap();
+        for t in 1..=10u64 {
+            let before = trainer.state().clone();
+            let report = trainer.step().unwrap();
+            let moved: f64 = step
+                .weights
+                .iter()
+                .map(|w| {
+                    let (a, b) = (
+                        before[w].floats().unwrap(),
+                        trainer.state()[w].floats().unwrap(),
+                    );
+                    a.iter().zip(b).map(|(x, y)| (x - y) * (x - y)).sum::<f64>()
+                })
+                .sum::<f64>()
+                .sqrt();
+            let factor = moved / (lr * report.scalar(GRAD_NORM).unwrap());
+            let want = schedule.factor(t);
+            assert!(
+                (factor - want).abs() < 2e-3 * want.max(0.05),
+                "{decay:?} update {t}: factor {factor} vs {want}"
+            );
+        }
+    }
+    // AdamW: the same schedule leaves its first update at lr/warmup of the unscheduled one.
+    let adamw = |lr_schedule| TrainOptions {
+        lr_schedule,
+        clip_norm: None,
+        ..TrainOptions::default()
+    };
+    let moved = |options: &TrainOptions| {
+        let step = step_graph("gpt-tiny", options);
+        let mut trainer = Trainer::new(&step.graph, 0, RunOptions::default()).unwrap();
+        let before = trainer.state().clone();
+        trainer.step().unwrap();
+        let (a, b) = (
+            before["wte"].floats().unwrap().to_vec(),
+            trainer.state()["wte"].floats().unwrap().to_vec(),
+        );
+        a.iter().zip(&b).map(|(x, y)| (x - y).abs()).sum::<f64>()
+    };
+    let warm = LrSchedule {
+        warmup: 4,
+        decay: LrDecay::Constant,
+    };
+    let ratio = moved(&adamw(warm)) / moved(&adamw(LrSchedule::default()));
+    assert!((ratio - 0.25).abs() < 0.02, "{ratio}");
+}
+
+#[test]
+fn lr_schedules_are_checked() {
+    let bad = LrSchedule {
+        warmup: 10,
+        decay: LrDecay::Cosine {
+            steps: 10,
+            min_ratio: 0.1,
+        },
+    };
+    assert!(
+        bad.check()
+            .unwrap_err()
+            .contains("must end after the warmup")
+    );
+    let bad = LrSchedule {
+        warmup: 0,
+        decay: LrDecay::Linear {
+            steps: 10,
+            min_ratio: 1.5,
+        },
+    };
+    assert!(bad.check().is_err());
+    let cos = LrSchedule {
+        warmup: 2,
+        decay: LrDecay::Cosine {
+            steps: 12,
+            min_ratio: 0.1,
+        },
+    };
+    assert_eq!(cos.factor(1), 0.5);
+    assert_eq!(cos.factor(2), 1.0);
+    assert!((cos.factor(7) - 0.55).abs() < 1e-12);
+    assert!((cos.factor(12) - 0.1).abs() < 1e-12 && (cos.factor(100) - 0.1).abs() < 1e-12);
 }

@@ -461,6 +461,8 @@ fn unary_flops(f: UnaryOp) -> f64 {
         // erf as a rational approximation: about twice a tanh.
         UnaryOp::Erf => 8.0,
         UnaryOp::GeluErf => 11.0,
+        // A range reduction and a polynomial, about twice a tanh.
+        UnaryOp::Sin | UnaryOp::Cos => 8.0,
     }
 }
 

@@ -65,4 +65,6 @@ pub use state::{Shard, StateLayout, StateTensor};
 
 pub use autopar_passes::parallelize::{Annotation, ParallelOptions};
 pub use autopar_passes::recompute::Recompute;
-pub use autopar_passes::train::{GRADS_FINITE, LossScaling, Optimizer, TrainOptions, TrainStep};
+pub use autopar_passes::train::{
+    GRADS_FINITE, LossScaling, LrDecay, LrSchedule, Optimizer, TrainOptions, TrainStep,
+};

@@ -527,15 +527,15 @@ pub fn infer(
             one(TensorType::new(DType::F32, targets.shape.clone()))
         }
         Op::SgdUpdate { .. } => {
-            arity(name, inputs, 3)?;
+            lr_factor(name, inputs, 3)?;
             let p = float(name, inputs[0])?;
-            for t in &inputs[1..] {
+            for t in &inputs[1..3] {
                 same_type(name, p, t)?;
             }
             Ok(vec![p.clone(), p.clone()])
         }
         Op::AdamWUpdate { .. } => {
-            arity(name, inputs, 5)?;
+            lr_factor(name, inputs, 5)?;
             let p = float(name, inputs[0])?;
             for t in &inputs[1..4] {
                 same_type(name, p, t)?;
@@ -633,6 +633,32 @@ fn arity(op: &'static str, inputs: &[&TensorType], n: usize) -> Result<(), IrErr
             op,
             format!("takes {n} operands, got {}", inputs.len()),
         ))
+    }
+}
+
+/// An optimizer update takes `base` operands and, optionally, a learning-rate factor after
+/// them (an `f32[]` the step's schedule computes, multiplying the op's `lr`): whether it has
+/// one.
+fn lr_factor(name: &'static str, inputs: &[&TensorType], base: usize) -> Result<bool, IrError> {
+    match inputs.len() {
+        n if n == base => Ok(false),
+        n if n == base + 1 => {
+            let f = inputs[base];
+            if *f != TensorType::scalar(DType::F32) {
+                return Err(IrError::ty(
+                    name,
+                    format!("learning-rate factor {f} must be f32[]"),
+                ));
+            }
+            Ok(true)
+        }
+        n => Err(IrError::ty(
+            name,
+            format!(
+                "expects {base} operands, or {} with a learning-rate factor, got {n}",
+                base + 1
+            ),
+        )),
     }
 }
 

@@ -133,11 +133,15 @@ pub enum UnaryOp {
     /// GELU in its exact form, `x Phi(x) = 0.5 x (1 + erf(x / sqrt 2))` (PyTorch's default,
     /// BERT's and ONNX `Gelu` without `approximate`).
     GeluErf,
+    /// Sine (of radians).
+    Sin,
+    /// Cosine (of radians): the cosine learning-rate schedule.
+    Cos,
 }
 
 impl UnaryOp {
     /// Every unary op.
-    pub const ALL: [UnaryOp; 15] = [
+    pub const ALL: [UnaryOp; 17] = [
         UnaryOp::Neg,
         UnaryOp::Abs,
         UnaryOp::Exp,
@@ -153,6 +157,8 @@ impl UnaryOp {
         UnaryOp::Silu,
         UnaryOp::Erf,
         UnaryOp::GeluErf,
+        UnaryOp::Sin,
+        UnaryOp::Cos,
     ];
 
     /// Text name.
@@ -173,6 +179,8 @@ impl UnaryOp {
             UnaryOp::Silu => "silu",
             UnaryOp::Erf => "erf",
             UnaryOp::GeluErf => "gelu_erf",
+            UnaryOp::Sin => "sin",
+            UnaryOp::Cos => "cos",
         }
     }
 
@@ -558,7 +566,8 @@ pub enum Op {
     /// result `f32[...]`, `logsumexp(logits) - logits[target]`.
     CrossEntropy,
     /// SGD with momentum and decoupled weight decay: operands `param, grad, momentum` (one
-    /// type); results `param', momentum'`.
+    /// type), optionally followed by a learning-rate factor (`f32[]`, as for AdamW); results
+    /// `param', momentum'`.
     SgdUpdate {
         /// Learning rate.
         lr: f64,
@@ -568,7 +577,8 @@ pub enum Op {
         weight_decay: f64,
     },
     /// AdamW: operands `param, grad, m, v` (one type) and the 1-based step count as an `f32`
-    /// scalar; results `param', m', v'`. Bias-corrected, decoupled weight decay.
+    /// scalar, optionally followed by a learning-rate factor (`f32[]`, from a schedule; the
+    /// rate is `lr` times it); results `param', m', v'`. Bias-corrected, decoupled weight decay.
     AdamWUpdate {
         /// Learning rate.
         lr: f64,

@@ -715,9 +715,12 @@ pub fn zero_constraints(g: &Graph, mesh: &DeviceMesh, zero: u8) -> Result<Constr
         let axes = zero_axes(weight);
         let z = zero_dim(g, weight, mesh, &axes);
         let grad = gradient_source(g, node.inputs[1]);
-        // AdamW's last operand is the step count, shared by every weight.
-        let adamw = matches!(node.op, Op::AdamWUpdate { .. });
-        let end = node.inputs.len() - usize::from(adamw);
+        // The buffers follow the weight and its gradient (SGD's momentum, AdamW's moments);
+        // AdamW's step count and a learning-rate factor are scalars shared by every weight.
+        let end = match node.op {
+            Op::AdamWUpdate { .. } => 4,
+            _ => 3,
+        };
         let buffers: Vec<ValueId> = node.inputs[2..end].to_vec();
         match (zero, z) {
             (0, _) | (_, None) => {

@@ -256,7 +256,9 @@ fn unary_domain(func: UnaryOp) -> Domain {
         | UnaryOp::Gelu
         | UnaryOp::Silu
         | UnaryOp::Erf
-        | UnaryOp::GeluErf => |x| x,
+        | UnaryOp::GeluErf
+        | UnaryOp::Sin
+        | UnaryOp::Cos => |x| x,
     }
 }
 

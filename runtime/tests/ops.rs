@@ -187,6 +187,8 @@ fn unary() -> TestResult {
                     UnaryOp::Silu => v * sigmoid(v),
                     UnaryOp::Erf => libm::erf(v),
                     UnaryOp::GeluErf => 0.5 * v * (1.0 + libm::erf(v / 2f64.sqrt())),
+                    UnaryOp::Sin => v.sin(),
+                    UnaryOp::Cos => v.cos(),
                 };
                 f64::from(r as f32)
             })

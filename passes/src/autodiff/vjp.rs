@@ -391,6 +391,16 @@ fn unary(
             let d = e.add(left, right)?;
             e.mul(g, d)
         }
+        // `d sin x = cos x`, `d cos x = -sin x`.
+        UnaryOp::Sin => {
+            let d = e.unary(UnaryOp::Cos, x)?;
+            e.mul(g, d)
+        }
+        UnaryOp::Cos => {
+            let s = e.unary(UnaryOp::Sin, x)?;
+            let d = e.neg(s)?;
+            e.mul(g, d)
+        }
         // `d = 2 / sqrt(pi) e^(-x^2)`.
         UnaryOp::Erf => {
             let x2 = e.mul(x, x)?;

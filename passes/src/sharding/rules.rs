@@ -180,7 +180,9 @@ fn candidates(
                 | UnaryOp::Square
                 | UnaryOp::Gelu
                 | UnaryOp::GeluErf
-                | UnaryOp::Silu => {}
+                | UnaryOp::Silu
+                | UnaryOp::Sin
+                | UnaryOp::Cos => {}
             }
         }
         Op::Binary { func } => {
@@ -459,11 +461,16 @@ fn candidates(
                 Lowering::VocabParallelCrossEntropy,
             ));
         }
-        Op::SgdUpdate { .. } => all_shard(&mut v, t[0].rank()),
-        // The step count stays replicated.
-        Op::AdamWUpdate { .. } => {
+        // The step count and a learning-rate factor stay replicated.
+        Op::SgdUpdate { .. } | Op::AdamWUpdate { .. } => {
+            let (tensors, results) = match op {
+                Op::SgdUpdate { .. } => (3, 2),
+                _ => (4, 3),
+            };
             for d in 0..t[0].rank() {
-                v.push(same(vec![s(d), s(d), s(d), s(d), R], vec![s(d); 3]));
+                let mut operands = vec![s(d); tensors];
+                operands.resize(t.len(), R);
+                v.push(same(operands, vec![s(d); results]));
             }
         }
     }

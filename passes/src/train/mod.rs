@@ -194,6 +194,100 @@ impl Default for Optimizer {
     }
 }
 
+/// How the learning rate changes over training. The rate of update `t` (1-based: the count
+/// of updates applied so far, this one included; a step skipped for non-finite gradients does
+/// not count) is the optimizer's `lr` times
+/// - during warmup (`t <= warmup`): `t / warmup`, a linear ramp from `lr / warmup`, as
+///   Megatron-LM's `--lr-warmup-iters`;
+/// - then, with `p = (t - warmup) / (decay_steps - warmup)` clamped to `[0, 1]`:
+///   1 for [`LrDecay::Constant`], `m + (1 - m)(1 + cos(pi p)) / 2` for [`LrDecay::Cosine`]
+///   and `m + (1 - m)(1 - p)` for [`LrDecay::Linear`], where `m` is `min_ratio`.
+///
+/// The factor is computed in the step graph from the optimizer's step count, so a resumed run
+/// continues the schedule where it stopped.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct LrSchedule {
+    /// Updates of linear warmup (0: none).
+    pub warmup: u64,
+    /// The decay after the warmup.
+    pub decay: LrDecay,
+}
+
+/// The decay of an [`LrSchedule`] after its warmup.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub enum LrDecay {
+    /// The rate stays at `lr`.
+    #[default]
+    Constant,
+    /// Half a cosine from `lr` at the end of the warmup down to `min_ratio * lr` at update
+    /// `steps`, then flat (GPT-3's and LLaMA's schedule, which decay to 10%).
+    Cosine {
+        /// The update at which the decay ends, counted from the start (warmup included).
+        steps: u64,
+        /// The final rate as a fraction of `lr`.
+        min_ratio: f64,
+    },
+    /// A straight line from `lr` down to `min_ratio * lr` at update `steps`, then flat.
+    Linear {
+        /// The update at which the decay ends, counted from the start (warmup included).
+        steps: u64,
+        /// The final rate as a fraction of `lr`.
+        min_ratio: f64,
+    },
+}
+
+impl LrSchedule {
+    /// Whether the rate never changes.
+    pub fn is_constant(&self) -> bool {
+        self.warmup == 0 && self.decay == LrDecay::Constant
+    }
+
+    /// The factor of update `t` (1-based), computed on the host: what the step graph
+    /// computes in f32.
+    pub fn factor(&self, t: u64) -> f64 {
+        let t = t as f64;
+        let w = self.warmup as f64;
+        if self.warmup > 0 && t <= w {
+            return t / w;
+        }
+        let ramp = |steps: u64| ((t - w) / (steps as f64 - w)).clamp(0.0, 1.0);
+        match self.decay {
+            LrDecay::Constant => 1.0,
+            LrDecay::Cosine { steps, min_ratio } => {
+                let p = ramp(steps);
+                min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + (std::f64::consts::PI * p).cos())
+            }
+            LrDecay::Linear { steps, min_ratio } => {
+                min_ratio + (1.0 - min_ratio) * (1.0 - ramp(steps))
+            }
+        }
+    }
+
+    /// Checks the schedule's numbers: a decay must end after the warmup, and its final ratio
+    /// lie in `[0, 1]`.
+    pub fn check(&self) -> Result<(), String> {
+        match self.decay {
+            LrDecay::Constant => Ok(()),
+            LrDecay::Cosine { steps, min_ratio } | LrDecay::Linear { steps, min_ratio } => {
+                if steps <= self.warmup {
+                    return Err(format!(
+                        "the learning-rate decay must end after the warmup: it ends at step \
+                         {steps}, the warmup lasts {} steps",
+                        self.warmup
+                    ));
+                }
+                if !(0.0..=1.0).contains(&min_ratio) {
+                    return Err(format!(
+                        "the final learning rate must be between 0 and the peak rate: ratio \
+                         {min_ratio}"
+                    ));
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
 /// Dynamic loss scaling (see the module docs).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct LossScaling {
@@ -234,6 +328,8 @@ pub struct TrainOptions {
     pub micro_batches: usize,
     /// Activation recompute policy.
     pub recompute: Recompute,
+    /// How the learning rate changes over the steps.
+    pub lr_schedule: LrSchedule,
 }
 
 impl Default for TrainOptions {
@@ -245,6 +341,7 @@ impl Default for TrainOptions {
             loss_scaling: None,
             micro_batches: 1,
             recompute: Recompute::None,
+            lr_schedule: LrSchedule::default(),
         }
     }
 }

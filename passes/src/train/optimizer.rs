@@ -7,8 +7,8 @@ use autopar_ir::{
 };
 
 use super::{
-    GOOD_STEPS, GRAD_NORM, GRADS_FINITE, LOSS_SCALE, Optimizer, STEP_COUNT, TrainOptions,
-    adam_m_name, adam_v_name, in_phase, momentum_name,
+    GOOD_STEPS, GRAD_NORM, GRADS_FINITE, LOSS_SCALE, LrDecay, LrSchedule, Optimizer, STEP_COUNT,
+    TrainOptions, adam_m_name, adam_v_name, in_phase, momentum_name,
 };
 use crate::autodiff::{Emitter, with_tag};
 use crate::error::PassError;
@@ -46,7 +46,7 @@ pub(super) struct ScaleState {
 pub(super) struct State {
     /// Per weight (in order), its buffers: `(name, value)`.
     pub buffers: Vec<Vec<(String, ValueId)>>,
-    /// AdamW's step count.
+    /// The count of applied updates (AdamW's, or a learning-rate schedule's).
     pub step: Option<ValueId>,
     /// Loss-scaling state.
     pub loss_scale: Option<ScaleState>,
@@ -114,8 +114,11 @@ pub(super) fn declare_state(
         buffers.push(values);
     }
     let scalar = TensorType::scalar(DType::F32);
-    let step = match options.optimizer {
-        Optimizer::AdamW { .. } => Some(declare(
+    // AdamW's bias correction counts the updates; so does a learning-rate schedule.
+    let counts_steps =
+        matches!(options.optimizer, Optimizer::AdamW { .. }) || !options.lr_schedule.is_constant();
+    let step = match counts_steps {
+        true => Some(declare(
             g,
             STEP_COUNT.into(),
             scalar.clone(),
@@ -123,7 +126,7 @@ pub(super) fn declare_state(
             None,
             None,
         )?),
-        Optimizer::Sgd { .. } => None,
+        false => None,
     };
     let loss_scale = match options.loss_scaling {
         Some(_) => Some(ScaleState {
@@ -214,6 +217,12 @@ pub(super) fn emit_update(
         }
         None => None,
     };
+    let lr_factor = match step {
+        Some(t) if !options.lr_schedule.is_constant() => {
+            Some(schedule_factor(&mut e, &options.lr_schedule, t)?)
+        }
+        _ => None,
+    };
 
     for ((w, grad), buffers) in weights.iter().zip(grads).zip(&state.buffers) {
         e.set_scope(Some(with_tag(w.scope.as_deref(), OPTIMIZER_TAG)));
@@ -257,7 +266,10 @@ pub(super) fn emit_update(
             ),
         };
         operands.extend(buffers.iter().map(|(_, v)| *v));
-        operands.extend(step);
+        if let Optimizer::AdamW { .. } = options.optimizer {
+            operands.extend(step);
+        }
+        operands.extend(lr_factor);
         let results = e.node(op, &operands)?;
         let old = std::iter::once(w.value).chain(buffers.iter().map(|(_, v)| *v));
         let names = std::iter::once(w.name.clone()).chain(buffers.iter().map(|(n, _)| n.clone()));
@@ -295,6 +307,53 @@ pub(super) fn emit_update(
         e.g.add_output(name, v)?;
     }
     Ok(())
+}
+
+/// The learning-rate factor of update `t` (an `f32[]`, 1-based) under `schedule`, as
+/// [`LrSchedule::factor`] defines it.
+fn schedule_factor(
+    e: &mut Emitter<'_>,
+    schedule: &LrSchedule,
+    t: ValueId,
+) -> Result<ValueId, PassError> {
+    let w = schedule.warmup as f64;
+    let decayed = match schedule.decay {
+        LrDecay::Constant => e.full_like(t, 1.0)?,
+        LrDecay::Cosine { steps, min_ratio } | LrDecay::Linear { steps, min_ratio } => {
+            // p = clamp((t - w) / (steps - w), 0, 1)
+            let start = e.full_like(t, w)?;
+            let since = e.sub(t, start)?;
+            let p = e.scale(since, 1.0 / (steps as f64 - w))?;
+            let zero = e.full_like(t, 0.0)?;
+            let one = e.full_like(t, 1.0)?;
+            let p = e.binary(BinaryOp::Max, p, zero)?;
+            let p = e.binary(BinaryOp::Min, p, one)?;
+            // shape in [0, 1]: (1 + cos(pi p)) / 2, or 1 - p.
+            let shape = match schedule.decay {
+                LrDecay::Cosine { .. } => {
+                    let angle = e.scale(p, std::f64::consts::PI)?;
+                    let cos = e.unary(UnaryOp::Cos, angle)?;
+                    let one = e.full_like(t, 1.0)?;
+                    let sum = e.add(one, cos)?;
+                    e.scale(sum, 0.5)?
+                }
+                _ => {
+                    let one = e.full_like(t, 1.0)?;
+                    e.sub(one, p)?
+                }
+            };
+            let span = e.scale(shape, 1.0 - min_ratio)?;
+            let floor = e.full_like(t, min_ratio)?;
+            e.add(floor, span)?
+        }
+    };
+    if schedule.warmup == 0 {
+        return Ok(decayed);
+    }
+    let ramp = e.scale(t, 1.0 / w)?;
+    let end = e.full_like(t, w)?;
+    let warming = e.compare(CompareOp::Le, t, end)?;
+    e.select(warming, ramp, decayed)
 }
 
 /// `if finite { a } else { b }` for rank-0 values; `a` when there is no finiteness check.

@@ -44,6 +44,8 @@ fn unary_float(func: UnaryOp) -> fn(f64) -> f64 {
         UnaryOp::Silu => |x| x * sigmoid(x),
         UnaryOp::Erf => libm::erf,
         UnaryOp::GeluErf => gelu_erf,
+        UnaryOp::Sin => f64::sin,
+        UnaryOp::Cos => f64::cos,
     }
 }
 
@@ -64,7 +66,9 @@ fn unary_int(func: UnaryOp) -> Option<fn(i64) -> i64> {
         | UnaryOp::Gelu
         | UnaryOp::Silu
         | UnaryOp::Erf
-        | UnaryOp::GeluErf => None,
+        | UnaryOp::GeluErf
+        | UnaryOp::Sin
+        | UnaryOp::Cos => None,
     }
 }
 

@@ -108,7 +108,10 @@ fn dispatch(
             lr,
             momentum,
             weight_decay,
-        } => optim::sgd_update(*lr, *momentum, *weight_decay, x[0], x[1], x[2]),
+        } => {
+            let lr = lr * lr_factor(x.get(3))?;
+            optim::sgd_update(lr, *momentum, *weight_decay, x[0], x[1], x[2])
+        }
         Op::AdamWUpdate {
             lr,
             beta1,
@@ -117,7 +120,7 @@ fn dispatch(
             weight_decay,
         } => optim::adamw_update(
             optim::AdamW {
-                lr: *lr,
+                lr: lr * lr_factor(x.get(5))?,
                 beta1: *beta1,
                 beta2: *beta2,
                 eps: *eps,
@@ -155,6 +158,17 @@ fn fusion(
 }
 
 /// The float elements of an operand, or an error naming the op.
+/// The learning-rate factor operand of an optimizer update, 1 when it has none.
+fn lr_factor(factor: Option<&&Tensor>) -> Result<f64, RuntimeError> {
+    match factor {
+        Some(t) => Ok(floats("learning-rate factor", t)?
+            .first()
+            .copied()
+            .unwrap_or(1.0)),
+        None => Ok(1.0),
+    }
+}
+
 fn floats<'a>(op: &'static str, t: &'a Tensor) -> Result<&'a [f64], RuntimeError> {
     t.floats().ok_or(RuntimeError::UnsupportedDType {
         op,
