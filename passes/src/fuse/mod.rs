@@ -426,6 +426,20 @@ fn simplify(
         prio.insert(c, p);
         p
     }
+    // Communication keeps its order: a rank's sends, receives and collectives pair with its
+    // peers' in the order they are issued, so each waits for the one before it.
+    let is_comm = |u: Id| match extractor.find_best_node(u) {
+        Term::Apply { op, .. } => egraph.analysis.table.get(*op).is_communication(),
+        Term::Result { .. } => false,
+    };
+    let mut comm: Vec<(usize, Id)> = Vec::new();
+    for &u in &units {
+        if is_comm(u) {
+            comm.push((priority(u, &extractor, &egraph, &class_pos, &mut prio), u));
+        }
+    }
+    comm.sort_unstable();
+    let previous_comm: HashMap<Id, Id> = comm.windows(2).map(|w| (w[1].1, w[0].1)).collect();
     let mut indegree: HashMap<Id, usize> = HashMap::new();
     let mut dependents: HashMap<Id, Vec<Id>> = HashMap::new();
     for &u in &units {
@@ -435,6 +449,7 @@ fn simplify(
             .iter()
             .map(|&k| unit_of(canon(k)))
             .collect();
+        deps.extend(previous_comm.get(&u).copied());
         deps.sort_unstable();
         deps.dedup();
         indegree.insert(u, deps.len());

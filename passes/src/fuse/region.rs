@@ -106,6 +106,14 @@ impl<'g> Program<'g> {
             u.sort_unstable();
             u.dedup();
         }
+        // Communication keeps its order (peers pair calls in the order they are issued):
+        // each waits for the one before it, an edge like any other for the cycle check.
+        let comm: Vec<usize> = (0..order.len())
+            .filter(|&i| graph.node(order[i]).op.is_communication())
+            .collect();
+        for w in comm.windows(2) {
+            eff_inputs[w[1]].push(w[0]);
+        }
         let mut eff_succ: Vec<Vec<usize>> = vec![Vec::new(); order.len()];
         for (i, ins) in eff_inputs.iter().enumerate() {
             if role[i] != Role::Duplicated {
@@ -503,10 +511,16 @@ fn emit(
         Some(g) => groups[g][0],
         None => u,
     };
+    let comm: Vec<usize> = units
+        .iter()
+        .copied()
+        .filter(|&u| u < n && p.node(u).op.is_communication())
+        .collect();
+    let previous_comm: HashMap<usize, usize> = comm.windows(2).map(|w| (w[1], w[0])).collect();
     let mut indegree: HashMap<usize, usize> = HashMap::new();
     let mut dependents: HashMap<usize, Vec<usize>> = HashMap::new();
     for &u in &units {
-        let mut deps: Vec<usize> = Vec::new();
+        let mut deps: Vec<usize> = previous_comm.get(&u).copied().into_iter().collect();
         for v in inputs_of(u) {
             let prod = p.producer(v);
             let Some(d) = unit_of(prod) else {
