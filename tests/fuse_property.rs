@@ -85,14 +85,15 @@ fn same(a: &Tensor, b: &Tensor) -> bool {
 }
 
 /// Computes original value `v` of `g` from `known` by the nodes of `g`, refusing to go
-/// through a source or a collective (a fusion must be a function of its operands).
+/// through a parameter, an input or communication (a fusion is a function of its operands
+/// and the constants copied into it).
 fn compute(g: &Graph, v: ValueId, known: &mut HashMap<ValueId, Tensor>, what: &str) -> Tensor {
     if let Some(t) = known.get(&v) {
         return t.clone();
     }
     let node = g.node(g.value(v).producer);
     assert!(
-        !node.op.is_source() && !node.op.is_communication(),
+        !matches!(node.op, Op::Parameter { .. } | Op::Input { .. }) && !node.op.is_communication(),
         "{what}: {v} depends on `{}`, which is not among the fusion's operands",
         node.op
     );
