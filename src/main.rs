@@ -523,9 +523,11 @@ fn execute(cli: Cli) -> Result<()> {
             values,
             no_fuse,
         } => {
-            let dumped = run_cmd::dump(
-                &model, batch, stage, &train, &pipeline, &spmd, rank, !no_fuse,
-            )?;
+            let which = run_cmd::DumpRank {
+                rank,
+                fuse: !no_fuse,
+            };
+            let dumped = run_cmd::dump(&model, batch, stage, &train, &pipeline, &spmd, which)?;
             let text = match dumped {
                 run_cmd::Dumped::Text(text) => text,
                 run_cmd::Dumped::Graph(g) => {

@@ -412,6 +412,14 @@ pub enum Dumped {
     Text(String),
 }
 
+/// Which rank program `dump --stage partitioned|fused` shows, and whether fused.
+pub struct DumpRank {
+    /// The SPMD rank.
+    pub rank: usize,
+    /// Run the fusion pass (`--stage fused` without `--no-fuse`).
+    pub fuse: bool,
+}
+
 /// `autopar dump`.
 pub fn dump(
     model: &str,
@@ -420,9 +428,9 @@ pub fn dump(
     train: &TrainArgs,
     pipeline: &PipelineArgs,
     spmd: &spmd_cmd::SpmdArgs,
-    rank: usize,
-    fuse: bool,
+    which: DumpRank,
 ) -> Result<Dumped> {
+    let DumpRank { rank, fuse } = which;
     if let Stage::Forward = stage {
         return Ok(Dumped::Graph(Box::new(driver::load_model(model, batch)?)));
     }
