@@ -1,10 +1,12 @@
 //! The e-graph language of rank programs: every node of a graph as a term over e-classes,
 //! its op interned in a table, with a type analysis that gives each class its result types.
 //!
-//! Pure ops are hash-consed (two equal ops on the same classes are one class); ops with
-//! side effects or an identity of their own (sources, `send`, `recv`, optimizer updates'
-//! state, anything that is not a function of its operands alone) carry a unique identity, so
-//! that nothing merges them. Collectives are pure in value (an all-reduce of one value over
+//! Pure ops are hash-consed (two equal ops on the same classes are one class), within a merge
+//! domain: a large value merges only with values of its own phase and micro-batch (merging a
+//! backward's recomputation into the forward would keep the forward's value alive until the
+//! backward), a small one with any. Ops with side effects or an identity of their own
+//! (sources, `send`, `recv`, recomputed nodes, anything that is not a function of its operands
+//! alone) carry a unique identity, so that nothing merges them. Collectives are pure in value (an all-reduce of one value over
 //! the same axes gives one result), but merging two of them changes what a rank says to the
 //! others, so the caller decides, per collective, whether it may merge ([`Purity`]).
 
@@ -18,15 +20,24 @@ use egg::{Analysis, DidMerge, EGraph, Id, Language};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct OpRef(pub u32);
 
+/// Identities below this are merge domains of pure nodes (0: merges with any equal node; a
+/// domain: only with equal nodes of the same domain); from it on, each is one node's own.
+pub const FIRST_OWN_IDENTITY: u32 = 1 << 24;
+
+/// Whether a node of this identity is pure (a function of its operands), in some domain.
+pub fn is_pure_identity(identity: u32) -> bool {
+    identity < FIRST_OWN_IDENTITY
+}
+
 /// One e-node: an op over operand classes, or one result of a multi-result op.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Term {
-    /// `op` applied to `operands`. `identity` is 0 for a node that may merge with an equal
-    /// one, and unique otherwise.
+    /// `op` applied to `operands`. `identity` is 0 for a node that may merge with any equal
+    /// one, a merge domain below [`FIRST_OWN_IDENTITY`], or the node's own.
     Apply {
         /// The op, in the table.
         op: OpRef,
-        /// 0 for a pure node, a number of its own otherwise.
+        /// 0, a merge domain, or the node's own number.
         identity: u32,
         /// Operand classes, in order.
         operands: Vec<Id>,
@@ -174,7 +185,7 @@ pub struct Types {
     pub table: OpTable,
     /// The program's mesh.
     pub mesh: Option<DeviceMesh>,
-    /// Identities handed out so far (0 means pure).
+    /// Own identities handed out so far.
     pub identities: u32,
 }
 
@@ -182,7 +193,7 @@ impl Types {
     /// A fresh identity for a node that must not merge.
     pub fn fresh_identity(&mut self) -> u32 {
         self.identities += 1;
-        self.identities
+        FIRST_OWN_IDENTITY + self.identities
     }
 }
 

@@ -26,7 +26,7 @@ use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap};
 use std::time::{Duration, Instant};
 
 use autopar_cost_model::OpCostModel;
-use autopar_ir::{Graph, NodeId, Op, TensorType, ValueId};
+use autopar_ir::{Graph, LayerId, NodeId, Op, Phase, TensorType, ValueId};
 use egg::{CostFunction, Extractor, Id, Language, Runner};
 
 use crate::PassError;
@@ -47,6 +47,12 @@ pub struct FuseOptions {
     pub nodes_per_node: usize,
     /// Its time limit, per program.
     pub time_limit: Duration,
+    /// Equal pure nodes of different phases or micro-batches merge only when their results
+    /// are at most this fraction (1/N) of the program's largest value: merging keeps the
+    /// first value alive until the last use of the other, which is cheap for a loss's
+    /// per-position maximum and sum but would undo recomputation (of positions, masks,
+    /// activations) for large ones.
+    pub cross_phase_share: u64,
 }
 
 impl Default for FuseOptions {
@@ -58,6 +64,7 @@ impl Default for FuseOptions {
             iter_limit: 16,
             nodes_per_node: 4,
             time_limit: Duration::from_secs(5),
+            cross_phase_share: 16,
         }
     }
 }
@@ -200,6 +207,26 @@ fn is_collective(op: &Op) -> bool {
     op.is_communication() && !matches!(op, Op::Send { .. } | Op::Recv { .. })
 }
 
+/// The merge domain of a large pure node: its phase and micro-batch, except that the loss's
+/// forward and backward are one domain (the backward starts where the loss's forward ends, so
+/// a value of the one kept for the other lives no longer: the softmax's max and sum, and their
+/// all-reduces under `tp`, are computed once).
+fn merge_domain(meta: &autopar_ir::NodeMeta) -> (Option<Phase>, Option<u32>) {
+    let phase = match (meta.layer, meta.phase) {
+        (Some(LayerId::Loss), Some(Phase::Backward)) => Some(Phase::Forward),
+        (_, phase) => phase,
+    };
+    (phase, meta.micro_batch)
+}
+
+/// Whether a collective may merge with an identical one: every collective but an
+/// all-gather, whose result is larger than its operand (merging ZeRO-3's backward re-gather of
+/// a weight into the forward's would keep the gathered weight alive between them, undoing
+/// what the re-gather is for).
+fn may_merge_collective(op: &Op) -> bool {
+    is_collective(op) && !matches!(op, Op::AllGather { .. })
+}
+
 fn count_collectives(g: &Graph) -> usize {
     g.node_ids()
         .into_iter()
@@ -279,16 +306,36 @@ fn simplify(
         mesh: graph.mesh().cloned(),
         ..Types::default()
     });
+    // Merge domains: (phase, micro-batch), numbered in order of appearance.
+    let mut domains: HashMap<(Option<Phase>, Option<u32>), u32> = HashMap::new();
+    let largest: u64 = graph
+        .value_ids()
+        .map(|v| graph.ty(v).size_bytes())
+        .max()
+        .unwrap_or(0);
     let mut value_class: HashMap<ValueId, Id> = HashMap::new();
     let mut node_class: Vec<(NodeId, Id)> = Vec::with_capacity(order.len());
     let mut roots: Vec<Id> = Vec::new();
     for &n in &order {
         let node = graph.node(n);
-        let pure = is_pure_compute(&node.op)
-            || (is_collective(&node.op) && mergeable.is_none_or(|m| m.contains(&n)));
+        // A recomputed node stands apart: merged with the forward value it recomputes, it
+        // would keep that value alive until the backward, undoing the recompute.
+        let recomputed = graph.meta(n).phase == Some(Phase::Recompute);
+        let pure = !recomputed
+            && (is_pure_compute(&node.op)
+                || (may_merge_collective(&node.op) && mergeable.is_none_or(|m| m.contains(&n))));
         let identity = match pure {
-            true => 0,
             false => egraph.analysis.fresh_identity(),
+            true => {
+                let bytes: u64 = node.outputs.iter().map(|&v| graph.ty(v).size_bytes()).sum();
+                match bytes.saturating_mul(options.cross_phase_share) <= largest {
+                    true => 0,
+                    false => {
+                        let next = domains.len() as u32 + 1;
+                        *domains.entry(merge_domain(&graph.meta(n))).or_insert(next)
+                    }
+                }
+            }
         };
         let op = egraph.analysis.table.intern(&node.op);
         let operands = node.inputs.iter().map(|v| value_class[v]).collect();

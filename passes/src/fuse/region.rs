@@ -193,7 +193,10 @@ pub fn fuse_regions(
             continue;
         }
         for &a in &p.eff_inputs[b] {
-            if p.role[a] != Role::Member {
+            // Regions stay within one phase and micro-batch: a fusion reaching from the
+            // forward into the backward would run where its first part was, computing the
+            // backward's values early and keeping them alive until they are used.
+            if p.role[a] != Role::Member || !same_step_part(&p, a, b) {
                 continue;
             }
             let (ra, rb) = (regions.find(a), regions.find(b));
@@ -259,6 +262,12 @@ pub fn fuse_regions(
         &materialised,
         &mut stats,
     )
+}
+
+/// Whether two nodes are in the same phase and micro-batch.
+fn same_step_part(p: &Program<'_>, a: usize, b: usize) -> bool {
+    let (x, y) = (p.graph.meta(p.order[a]), p.graph.meta(p.order[b]));
+    (x.phase, x.micro_batch) == (y.phase, y.micro_batch)
 }
 
 /// True when merging regions `a` and `b` would close a cycle: a path leaves the pair and

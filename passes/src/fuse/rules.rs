@@ -9,7 +9,7 @@ use std::sync::Arc;
 use autopar_ir::{BinaryOp, DType, Op, ReduceOp, UnaryOp};
 use egg::{Applier, Id, PatternAst, Rewrite, SearchMatches, Searcher, Subst, Symbol, Var};
 
-use super::lang::{RankEGraph, Term, value_type};
+use super::lang::{RankEGraph, Term, is_pure_compute, value_type};
 
 /// What a rule rewrites a node to.
 #[derive(Clone, Debug, PartialEq)]
@@ -66,18 +66,21 @@ pub fn rewrites(rules: &[Arc<dyn Rule>]) -> Vec<Rewrite<Term, super::lang::Types
 struct EggRule(Arc<dyn Rule>);
 
 impl EggRule {
-    fn hits(&self, egraph: &RankEGraph, class: Id) -> Vec<Rewritten> {
+    /// Every rewrite of a pure node of `class`, with the identity (the merge domain) the
+    /// rewritten node keeps.
+    fn hits(&self, egraph: &RankEGraph, class: Id) -> Vec<(Rewritten, u32)> {
         egraph[class]
             .nodes
             .iter()
             .filter_map(|n| match n {
                 Term::Apply {
                     op,
-                    identity: 0,
+                    identity,
                     operands,
-                } => self
+                } if is_pure_compute(egraph.analysis.table.get(*op)) => self
                     .0
-                    .rewrite(egraph, egraph.analysis.table.get(*op), operands),
+                    .rewrite(egraph, egraph.analysis.table.get(*op), operands)
+                    .map(|r| (r, *identity)),
                 _ => None,
             })
             .collect()
@@ -113,14 +116,14 @@ impl Applier<Term, super::lang::Types> for EggRule {
         _rule: Symbol,
     ) -> Vec<Id> {
         let mut changed = Vec::new();
-        for hit in self.hits(egraph, eclass) {
+        for (hit, identity) in self.hits(egraph, eclass) {
             let target = match hit {
                 Rewritten::Class(c) => c,
                 Rewritten::Node(op, operands) => {
                     let op = egraph.analysis.table.intern(&op);
                     egraph.add(Term::Apply {
                         op,
-                        identity: 0,
+                        identity,
                         operands,
                     })
                 }
@@ -144,11 +147,7 @@ pub fn constant_value(egraph: &RankEGraph, class: Id) -> Option<f64> {
             return None;
         }
         egraph[class].nodes.iter().find_map(|n| match n {
-            Term::Apply {
-                op,
-                identity: 0,
-                operands,
-            } => match egraph.analysis.table.get(*op) {
+            Term::Apply { op, operands, .. } => match egraph.analysis.table.get(*op) {
                 Op::Constant { value, .. } => Some(*value),
                 Op::Broadcast { .. } | Op::Reshape { .. } => go(egraph, operands[0], depth - 1),
                 _ => None,
@@ -162,11 +161,9 @@ pub fn constant_value(egraph: &RankEGraph, class: Id) -> Option<f64> {
 /// The ops of the nodes of `class` (pure ones), with their operands.
 fn nodes_of(egraph: &RankEGraph, class: Id) -> impl Iterator<Item = (&Op, &[Id])> {
     egraph[class].nodes.iter().filter_map(|n| match n {
-        Term::Apply {
-            op,
-            identity: 0,
-            operands,
-        } => Some((egraph.analysis.table.get(*op), operands.as_slice())),
+        Term::Apply { op, operands, .. } if is_pure_compute(egraph.analysis.table.get(*op)) => {
+            Some((egraph.analysis.table.get(*op), operands.as_slice()))
+        }
         _ => None,
     })
 }
