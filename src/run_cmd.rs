@@ -381,6 +381,17 @@ fn timings(step: &CompiledStep) -> String {
             sum(&|r| r.bytes_written_before),
             sum(&|r| r.bytes_written_after),
         );
+        // Why the e-graph runner stopped, with how many programs stopped so.
+        let mut reasons: std::collections::BTreeMap<&str, usize> = Default::default();
+        for (_, r) in &step.fusion {
+            *reasons.entry(r.stop_reason.as_str()).or_default() += 1;
+        }
+        let reasons: Vec<String> = reasons.iter().map(|(r, n)| format!("{r} ({n})")).collect();
+        let _ = writeln!(
+            out,
+            "fuse: the rewrite runner stopped: {}",
+            reasons.join(", ")
+        );
     }
     out
 }
