@@ -60,9 +60,12 @@ enum Command {
         pipeline: PipelineArgs,
         #[command(flatten)]
         spmd: spmd_cmd::SpmdArgs,
-        /// With --stage partitioned, the rank whose program to show.
+        /// With --stage partitioned or fused, the rank whose program to show.
         #[arg(long, default_value_t = 0)]
         rank: usize,
+        /// With --stage fused: show the rank program without the fusion pass.
+        #[arg(long)]
+        no_fuse: bool,
         /// Print the values of parameters imported with given values (ONNX initializers) in
         /// full, so that the text loads back; by default only their count is printed.
         #[arg(long)]
@@ -383,6 +386,10 @@ enum Stage {
     /// One rank's local program of the training step, with its collectives (needs --mesh;
     /// --rank picks the rank).
     Partitioned,
+    /// One rank's program as it runs: the local program after the rewrite and fusion pass
+    /// (simplified, identical collectives merged, element-wise regions in `fusion` nodes); on
+    /// one device without --mesh; --rank picks the rank.
+    Fused,
     /// The pipeline stages of the training step (needs --mesh with a pp axis, alone or with
     /// dp/tp): layers and cost (FLOPs of the global step; with dp/tp also of each rank's
     /// local step).
@@ -535,6 +542,9 @@ fn check_options(
                 );
             }
             let mut ignored: Vec<&'static str> = Vec::new();
+            if !matches!(stage, Stage::Fused) {
+                ignored.push("no_fuse");
+            }
             let (name, graph) = match stage {
                 Stage::Forward => {
                     ignored.extend(TRAIN.iter().chain(SPMD).chain(PIPELINE));
@@ -554,6 +564,10 @@ fn check_options(
                 Stage::Partitioned => {
                     ignored.extend(PIPELINE);
                     ("partitioned", true)
+                }
+                Stage::Fused => {
+                    ignored.extend(PIPELINE);
+                    ("fused", true)
                 }
                 Stage::Pipeline => {
                     ignored.push("rank");
@@ -597,8 +611,14 @@ fn execute(cli: Cli) -> Result<()> {
             rank,
             values,
             layers,
+            no_fuse,
         } => {
-            let text = match run_cmd::dump(&model, batch, stage, &train, &pipeline, &spmd, rank)? {
+            let which = run_cmd::DumpRank {
+                rank,
+                fuse: !no_fuse,
+            };
+            let dumped = run_cmd::dump(&model, batch, stage, &train, &pipeline, &spmd, which)?;
+            let text = match dumped {
                 run_cmd::Dumped::Text(text) => text,
                 run_cmd::Dumped::Graph(g) => {
                     if matches!(format, Format::Dot) && layers.is_none() && g.num_nodes() > 1000 {

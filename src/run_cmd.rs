@@ -15,15 +15,19 @@ use crate::checkpoint_cmd::Session;
 use crate::progress::{Ticker, training_status};
 use crate::{PipelineArgs, RunArgs, Stage, TrainArgs, print_stdout, spmd_cmd};
 
-/// Compiler diagnostics of `autopar run`.
+/// Compiler options and diagnostics of `autopar run`.
 #[derive(clap::Args)]
 pub struct CompileDiagArgs {
+    /// Compile without the fusion pass: the rank programs run as partitioning (and the
+    /// pipeline split) left them, with no rewrites, merged collectives or fusions.
+    #[arg(long)]
+    pub no_fuse: bool,
     /// Print the wall time of every compiler pass (and of the verifier after it).
     #[arg(long)]
     pub timings: bool,
     /// Write the output of these passes as text IR, one file per graph, into --dump-dir:
-    /// model, sequence-layout, train-step, parallelize, partition, pipeline-split (the last
-    /// pass, memory-plan, produces no graph).
+    /// model, sequence-layout, train-step, parallelize, partition, pipeline-split, fuse (the
+    /// last pass, memory-plan, produces no graph).
     #[arg(long, value_name = "PASS", value_delimiter = ',', value_parser = parse_pass)]
     pub dump_after: Vec<Pass>,
     /// Directory of the --dump-after files.
@@ -171,6 +175,7 @@ pub fn run_options(args: &RunArgs, mut options: CompileOptions) -> Result<()> {
     }
     let launch = args.launch.launch()?;
     options.dump_after = args.diag.dump_after.clone();
+    options.fuse = !args.diag.no_fuse;
     let step = driver::compile(&options)?;
     if args.trace.is_some() && !step.is_pipeline() {
         bail!("--trace applies to pipelines (--mesh pp=N)");
@@ -375,6 +380,34 @@ fn timings(step: &CompiledStep) -> String {
         );
     }
     let _ = writeln!(out, "{:<16} {wall:>10.3} {verify:>10.3}", "total");
+    if !step.fusion.is_empty() {
+        let sum = |f: &dyn Fn(&driver::FuseReport) -> u64| -> u64 {
+            step.fusion.iter().map(|(_, r)| f(r)).sum()
+        };
+        let _ = writeln!(
+            out,
+            "fuse: {} programs, {} nodes -> {}, {} fusions, {} collectives merged, \
+             {} bytes written -> {} (cost model's count)",
+            step.fusion.len(),
+            sum(&|r| r.nodes_before as u64),
+            sum(&|r| r.nodes_after as u64),
+            sum(&|r| r.fusions as u64),
+            sum(&|r| r.collectives_merged() as u64),
+            sum(&|r| r.bytes_written_before),
+            sum(&|r| r.bytes_written_after),
+        );
+        // Why the e-graph runner stopped, with how many programs stopped so.
+        let mut reasons: std::collections::BTreeMap<&str, usize> = Default::default();
+        for (_, r) in &step.fusion {
+            *reasons.entry(r.stop_reason.as_str()).or_default() += 1;
+        }
+        let reasons: Vec<String> = reasons.iter().map(|(r, n)| format!("{r} ({n})")).collect();
+        let _ = writeln!(
+            out,
+            "fuse: the rewrite runner stopped: {}",
+            reasons.join(", ")
+        );
+    }
     out
 }
 
@@ -396,13 +429,21 @@ fn write_dumps(step: &CompiledStep, dir: &str) -> Result<()> {
     Ok(())
 }
 
-/// The graph `autopar dump --stage forward|train|sharded|partitioned` prints, or the text
-/// of `--stage pipeline|schedule`.
+/// The graph `autopar dump --stage forward|train|sharded|partitioned|fused` prints, or the
+/// text of `--stage pipeline|schedule`.
 pub enum Dumped {
     /// A graph, to print in the chosen format.
     Graph(Box<driver::ir::Graph>),
     /// A description.
     Text(String),
+}
+
+/// Which rank program `dump --stage partitioned|fused` shows, and whether fused.
+pub struct DumpRank {
+    /// The SPMD rank.
+    pub rank: usize,
+    /// Run the fusion pass (`--stage fused` without `--no-fuse`).
+    pub fuse: bool,
 }
 
 /// `autopar dump`.
@@ -413,8 +454,9 @@ pub fn dump(
     train: &TrainArgs,
     pipeline: &PipelineArgs,
     spmd: &spmd_cmd::SpmdArgs,
-    rank: usize,
+    which: DumpRank,
 ) -> Result<Dumped> {
+    let DumpRank { rank, fuse } = which;
     if let Stage::Forward = stage {
         return Ok(Dumped::Graph(Box::new(driver::load_model(model, batch)?)));
     }
@@ -449,6 +491,29 @@ pub fn dump(
                 .map(|g| Dumped::Graph(Box::new(g)))
                 .with_context(|| {
                     format!("--rank {rank}: the mesh `{mesh_text}` has {n} ranks besides `pp`")
+                })
+        }
+        Stage::Fused => {
+            options.fuse = fuse;
+            options.stop_after = Some(Pass::Fuse);
+            let step = driver::compile(&options)?;
+            if step.is_pipeline() {
+                bail!(
+                    "--stage fused shows one rank program, but the mesh `{mesh_text}` cuts the \
+                     step into pipeline sub-programs: write them all with \
+                     `autopar run ... --dump-after fuse`"
+                );
+            }
+            let n = step.locals.len();
+            step.locals
+                .into_iter()
+                .nth(rank)
+                .map(|g| Dumped::Graph(Box::new(g)))
+                .with_context(|| match mesh_text {
+                    "" => format!("--rank {rank}: one device has only rank 0"),
+                    _ => {
+                        format!("--rank {rank}: the mesh `{mesh_text}` has {n} ranks besides `pp`")
+                    }
                 })
         }
         Stage::Pipeline | Stage::Schedule => {

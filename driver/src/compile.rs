@@ -9,8 +9,10 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::{Duration, Instant};
 
+use autopar_cost_model::{CostModel, cluster};
 use autopar_ir::pipeline::PipelineProgram;
 use autopar_ir::{DType, DeviceMesh, Graph, axis};
+use autopar_passes::fuse::{FuseOptions, FuseReport, fuse_group};
 use autopar_passes::pipeline::{PipelineOptions, StageSplit, plan_stages, split_pipeline};
 use autopar_passes::propagate::ShardingPlan;
 use autopar_passes::train::{TrainStep, build_train_step};
@@ -41,6 +43,10 @@ pub enum Pass {
     /// Cut every rank's local program into pipeline stages, micro-batch by micro-batch.
     /// Runs for a `pp` axis above 1.
     PipelineSplit,
+    /// Rewrite every rank program (every sub-program of a pipeline): exact algebraic
+    /// simplification, identical collectives merged, element-wise regions grouped into
+    /// `fusion` nodes ([`autopar_passes::fuse`]). Runs unless [`CompileOptions::fuse`] is off.
+    Fuse,
     /// Plan the execution of every rank program (every sub-program of a pipeline): its
     /// order, the values freed after each node, and a static arena with the peak bytes known
     /// before anything runs.
@@ -49,13 +55,14 @@ pub enum Pass {
 
 impl Pass {
     /// Every pass, in pipeline order.
-    pub const ALL: [Pass; 7] = [
+    pub const ALL: [Pass; 8] = [
         Pass::Model,
         Pass::SequenceLayout,
         Pass::TrainStep,
         Pass::Parallelize,
         Pass::Partition,
         Pass::PipelineSplit,
+        Pass::Fuse,
         Pass::MemoryPlan,
     ];
 
@@ -68,6 +75,7 @@ impl Pass {
             Pass::Parallelize => "parallelize",
             Pass::Partition => "partition",
             Pass::PipelineSplit => "pipeline-split",
+            Pass::Fuse => "fuse",
             Pass::MemoryPlan => "memory-plan",
         }
     }
@@ -152,6 +160,10 @@ pub struct CompiledStep {
     pub reference: Option<Graph>,
     /// The compute dtype, which sets `--verify`'s tolerance.
     pub compute_dtype: DType,
+    /// What [`Pass::Fuse`] did to each program it rewrote, labelled as
+    /// [`CompiledStep::programs`] labels them (`rank0`, `pipeline1.backward.vs0.mb1`). Empty
+    /// when it did not run.
+    pub fusion: Vec<(String, FuseReport)>,
     /// Every pass that ran, in order, with its time.
     pub timings: Vec<PassTiming>,
     /// The outputs of the passes named in [`CompileOptions::dump_after`].
@@ -185,6 +197,16 @@ impl CompiledStep {
     /// Pipeline ranks (1 without a pipeline).
     pub fn pp(&self) -> usize {
         self.mesh.axis_size(axis::PP).unwrap_or(1)
+    }
+
+    /// The programs that run, labelled: every SPMD rank program (`rank3`), or with a
+    /// pipeline every sub-program of every pipeline (`pipeline0.forward.vs1.mb0`,
+    /// `pipeline0.optimizer2.rank1`), as `--dump-after` names their files.
+    pub fn programs(&self) -> Vec<(String, &Graph)> {
+        match &self.pipeline {
+            Some(p) => pipeline_graphs(&p.pipelines),
+            None => self.locals.graphs(),
+        }
     }
 }
 
@@ -255,6 +277,7 @@ pub fn compile(options: &CompileOptions) -> Result<CompiledStep, Error> {
         state: StateLayout::default(),
         reference,
         compute_dtype: o.train.compute_dtype,
+        fusion: Vec::new(),
         timings: Vec::new(),
         dumps: Vec::new(),
     };
@@ -293,6 +316,17 @@ pub fn compile(options: &CompileOptions) -> Result<CompiledStep, Error> {
             split_every_rank(train, &compiled.locals, pp, o)
         })?;
         compiled.pipeline = Some(pipeline);
+    }
+    if o.fuse && !stops_before(o, Pass::Fuse) {
+        let fused = log.run(Pass::Fuse, || {
+            fuse_programs(&compiled.mesh, &compiled.locals, compiled.pipeline.as_ref())
+        })?;
+        compiled.fusion = fused.reports;
+        match (fused.programs, compiled.pipeline.as_mut()) {
+            (Fused::Spmd(locals), _) => compiled.locals = locals,
+            (Fused::Pipelined(pipelines), Some(p)) => p.pipelines = pipelines,
+            (Fused::Pipelined(_), None) => {}
+        }
     }
     if !stops_before(o, Pass::MemoryPlan) {
         let plans = log.run(Pass::MemoryPlan, || {
@@ -416,6 +450,115 @@ fn split_every_rank(
     })
 }
 
+/// The programs [`Pass::Fuse`] rewrote, with a report per program.
+struct FusedPrograms {
+    programs: Fused,
+    reports: Vec<(String, FuseReport)>,
+}
+
+enum Fused {
+    Spmd(Vec<Graph>),
+    Pipelined(Vec<PipelineProgram>),
+}
+
+/// Fuses the SPMD rank programs, or, for a pipeline, every sub-program of every pipeline
+/// (the rank programs it was cut from stay as they are: nothing runs them). Programs that
+/// talk to each other are fused as one group, so that they merge the same collectives: all
+/// rank programs together, and each sub-program with its counterparts in the other
+/// pipelines. Priced with the CPU cluster of the mesh's size, which runs them.
+fn fuse_programs(
+    mesh: &DeviceMesh,
+    locals: &[Graph],
+    pipeline: Option<&CompiledPipeline>,
+) -> Result<FusedPrograms, Error> {
+    let costs = CostModel::new(cluster::cpu(mesh.num_devices()));
+    let options = FuseOptions::default();
+    let Some(pipeline) = pipeline else {
+        let graphs: Vec<&Graph> = locals.iter().collect();
+        let (programs, reports): (Vec<Graph>, Vec<FuseReport>) =
+            fuse_group(&graphs, &options, &costs)?.into_iter().unzip();
+        let reports = reports
+            .into_iter()
+            .enumerate()
+            .map(|(rank, r)| (format!("rank{rank}"), r))
+            .collect();
+        return Ok(FusedPrograms {
+            programs: Fused::Spmd(programs),
+            reports,
+        });
+    };
+    let mut pipelines = pipeline.pipelines.clone();
+    let mut reports: Vec<FuseReport> = Vec::new();
+    // Every sub-program, named by where it is: (forward or backward, stage, micro-batch)
+    // or an optimizer segment.
+    let first = &pipeline.pipelines[..1];
+    let mut places: Vec<(usize, usize, usize)> = Vec::new();
+    for p in first {
+        for (dir, programs) in [&p.forward, &p.backward].into_iter().enumerate() {
+            for (vs, per_mb) in programs.iter().enumerate() {
+                places.extend((0..per_mb.len()).map(|mb| (dir, vs, mb)));
+            }
+        }
+        places.extend((0..p.optimizer.len()).map(|i| (2, i, 0)));
+    }
+    fn program(p: &mut PipelineProgram, (dir, a, b): (usize, usize, usize)) -> Option<&mut Graph> {
+        match dir {
+            0 => p.forward.get_mut(a)?.get_mut(b).map(|s| &mut s.graph),
+            1 => p.backward.get_mut(a)?.get_mut(b).map(|s| &mut s.graph),
+            _ => p.optimizer.get_mut(a).map(|s| &mut s.program.graph),
+        }
+    }
+    for place in places {
+        let originals: Vec<Graph> = pipelines
+            .iter_mut()
+            .map(|p| program(p, place).map(|g| g.clone()))
+            .collect::<Option<_>>()
+            .ok_or_else(|| {
+                Error::Usage(
+                    "the pipelines of the mesh differ in their sub-programs; cannot fuse them \
+                     together (compile with fusion off)"
+                        .into(),
+                )
+            })?;
+        let graphs: Vec<&Graph> = originals.iter().collect();
+        for (p, (fused, report)) in pipelines
+            .iter_mut()
+            .zip(fuse_group(&graphs, &options, &costs)?)
+        {
+            if let Some(g) = program(p, place) {
+                *g = fused;
+            }
+            reports.push(report);
+        }
+    }
+    // Label the reports as the programs are labelled (pipeline by pipeline).
+    let n = pipelines.len();
+    let mut labelled: Vec<Option<FuseReport>> = vec![None; reports.len()];
+    let per_pipeline = reports.len() / n.max(1);
+    for (i, r) in reports.into_iter().enumerate() {
+        let (place, which) = (i / n.max(1), i % n.max(1));
+        labelled[which * per_pipeline + place] = Some(r);
+    }
+    let reports = pipeline_graphs(&pipelines)
+        .into_iter()
+        .map(|(label, _)| label)
+        .zip(labelled.into_iter().flatten())
+        .collect();
+    Ok(FusedPrograms {
+        programs: Fused::Pipelined(pipelines),
+        reports,
+    })
+}
+
+impl PassOutput for FusedPrograms {
+    fn graphs(&self) -> Vec<(String, &Graph)> {
+        match &self.programs {
+            Fused::Spmd(locals) => locals.graphs(),
+            Fused::Pipelined(pipelines) => pipeline_graphs(pipelines),
+        }
+    }
+}
+
 /// The graphs a pass's output consists of, labelled for the verifier's errors and the dump
 /// files.
 trait PassOutput {
@@ -451,24 +594,29 @@ impl PassOutput for Vec<Graph> {
 
 impl PassOutput for CompiledPipeline {
     fn graphs(&self) -> Vec<(String, &Graph)> {
-        let mut out = Vec::new();
-        for (which, p) in self.pipelines.iter().enumerate() {
-            for (dir, programs) in [("forward", &p.forward), ("backward", &p.backward)] {
-                for (vs, per_mb) in programs.iter().enumerate() {
-                    for (mb, sub) in per_mb.iter().enumerate() {
-                        out.push((format!("pipeline{which}.{dir}.vs{vs}.mb{mb}"), &sub.graph));
-                    }
+        pipeline_graphs(&self.pipelines)
+    }
+}
+
+/// Every sub-program of `pipelines`, labelled by pipeline, direction, stage and micro-batch.
+fn pipeline_graphs(pipelines: &[PipelineProgram]) -> Vec<(String, &Graph)> {
+    let mut out = Vec::new();
+    for (which, p) in pipelines.iter().enumerate() {
+        for (dir, programs) in [("forward", &p.forward), ("backward", &p.backward)] {
+            for (vs, per_mb) in programs.iter().enumerate() {
+                for (mb, sub) in per_mb.iter().enumerate() {
+                    out.push((format!("pipeline{which}.{dir}.vs{vs}.mb{mb}"), &sub.graph));
                 }
             }
-            for (i, seg) in p.optimizer.iter().enumerate() {
-                out.push((
-                    format!("pipeline{which}.optimizer{i}.rank{}", seg.rank),
-                    &seg.program.graph,
-                ));
-            }
         }
-        out
+        for (i, seg) in p.optimizer.iter().enumerate() {
+            out.push((
+                format!("pipeline{which}.optimizer{i}.rank{}", seg.rank),
+                &seg.program.graph,
+            ));
+        }
     }
+    out
 }
 
 /// The execution plans of the rank programs: nothing to verify or dump as IR.

@@ -63,6 +63,7 @@ pub use run::{
 };
 pub use state::{Shard, StateLayout, StateTensor};
 
+pub use autopar_passes::fuse::FuseReport;
 pub use autopar_passes::parallelize::{Annotation, ParallelOptions};
 pub use autopar_passes::recompute::Recompute;
 pub use autopar_passes::train::{

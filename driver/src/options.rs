@@ -41,6 +41,9 @@ pub struct CompileOptions {
     pub stop_after: Option<Pass>,
     /// Keep the output of these passes as text ([`crate::CompiledStep::dumps`]).
     pub dump_after: Vec<Pass>,
+    /// Run [`Pass::Fuse`] over the rank programs (on by default; `--no-fuse` turns it off).
+    /// The reference graph `--verify` runs is never fused.
+    pub fuse: bool,
 }
 
 /// The pipeline part of the options.
@@ -79,6 +82,7 @@ impl CompileOptions {
             reference: true,
             stop_after: None,
             dump_after: Vec::new(),
+            fuse: true,
         }
     }
 

@@ -23,11 +23,14 @@
 //!   parallelism (ring attention over the `cp` axis).
 //! - [`pipeline`]: cutting a step into balanced pipeline stages and per-micro-batch
 //!   sub-programs.
+//! - [`fuse`]: the rewrite pass over rank programs (egg): algebraic simplification, CSE of
+//!   identical collectives, and element-wise regions fused into `fusion` nodes.
 
 pub mod autodiff;
 pub mod context_parallel;
 pub mod error;
 pub mod expert_parallel;
+pub mod fuse;
 pub mod parallelize;
 pub mod partition;
 pub mod pipeline;
