@@ -65,7 +65,8 @@ pub fn run(args: &RunArgs) -> Result<()> {
                 unsupported.join(", ")
             );
         }
-        let options = CompileOptions::from_plan(&args.model, &plan, &args.train.options())?;
+        let mut options = CompileOptions::from_plan(&args.model, &plan, &args.train.options())?;
+        options.bucket_mb = args.spmd.bucket_mb;
         // The rules the estimate holds a plan to (layers of each stage among them).
         plan.check_model(&cfg)
             .with_context(|| format!("plan `{plan}` does not fit `{}`", args.model))?;

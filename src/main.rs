@@ -108,9 +108,15 @@ struct EstimateArgs {
     /// The training stack whose speed is modelled: autopar (default), megatron-lm-2021,
     /// megatron-core, nemo, deepspeed, fsdp or torchtitan, with knobs overridden as
     /// `NAME,knob=value` (attention=flash|unfused, overlap_grad_reduce, tp_backward_overlap,
-    /// overlap_param_gather, param_gather=layer|tensor). Replaces a cluster file's [software].
+    /// overlap_param_gather, param_gather=layer|tensor, bucket_mb=MIB). Replaces a cluster
+    /// file's [software].
     #[arg(long, value_name = "PROFILE")]
     software: Option<String>,
+    /// Price the data-parallel gradient all-reduces as buckets of this many MiB, as the
+    /// compiler's --bucket-mb forms them (0: one all-reduce per gradient); overrides the
+    /// software profile's `bucket_mb` (autopar: 25; the others bucket by layer).
+    #[arg(long, value_name = "MIB", value_parser = spmd_cmd::parse_bucket_mb)]
+    bucket_mb: Option<f64>,
     /// Global batch size in sequences.
     #[arg(long, value_parser = crate::parse_batch)]
     batch: usize,
@@ -311,6 +317,10 @@ enum Stage {
     /// One rank's local program of the training step, with its collectives (needs --mesh;
     /// --rank picks the rank).
     Partitioned,
+    /// One rank's local program as it runs: its data-parallel gradient all-reduces in
+    /// --bucket-mb buckets and its small all-reduces batched (needs --mesh without a pp axis,
+    /// whose sub-programs `run --dump-after collectives` shows; --rank picks the rank).
+    Collectives,
     /// The pipeline stages of the training step (needs --mesh with a pp axis, alone or with
     /// dp/tp): layers and cost (FLOPs of the global step; with dp/tp also of each rank's
     /// local step).
@@ -446,6 +456,9 @@ fn check_options(
             ..
         } => {
             let mut ignored: Vec<&'static str> = Vec::new();
+            if !matches!(stage, Stage::Collectives) {
+                ignored.push("bucket_mb");
+            }
             let (name, graph) = match stage {
                 Stage::Forward => {
                     ignored.extend(TRAIN.iter().chain(SPMD).chain(PIPELINE));
@@ -465,6 +478,10 @@ fn check_options(
                 Stage::Partitioned => {
                     ignored.extend(PIPELINE);
                     ("partitioned", true)
+                }
+                Stage::Collectives => {
+                    ignored.extend(PIPELINE);
+                    ("collectives", true)
                 }
                 Stage::Pipeline => {
                     ignored.push("rank");
@@ -550,7 +567,10 @@ fn execute(cli: Cli) -> Result<()> {
 fn estimate(args: EstimateArgs) -> Result<()> {
     use driver::cost_model::Plan;
     use driver::ir::DType;
-    let cluster = driver::load_cluster_with(&args.cluster, args.software.as_deref())?;
+    let mut cluster = driver::load_cluster_with(&args.cluster, args.software.as_deref())?;
+    if let Some(mb) = args.bucket_mb {
+        driver::set_bucket_mb(&mut cluster, mb)?;
+    }
     let cluster_desc = format!("{} ({} devices)", args.cluster, cluster.num_devices());
     let mut plan = if args.plan.trim().is_empty() {
         Plan::default()

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use autopar_ir::pipeline::PipelineProgram;
 use autopar_ir::{DType, DeviceMesh, Graph, axis};
+use autopar_passes::collectives::{CollectiveOptions, group_collectives};
 use autopar_passes::pipeline::{PipelineOptions, StageSplit, plan_stages, split_pipeline};
 use autopar_passes::propagate::ShardingPlan;
 use autopar_passes::train::{TrainStep, build_train_step};
@@ -41,6 +42,10 @@ pub enum Pass {
     /// Cut every rank's local program into pipeline stages, micro-batch by micro-batch.
     /// Runs for a `pp` axis above 1.
     PipelineSplit,
+    /// Bucket the gradient all-reduces of every rank program (every sub-program of a
+    /// pipeline) into [`CompileOptions::bucket_mb`] buckets and batch its small all-reduces
+    /// ([`autopar_passes::collectives`]). Runs when [`Pass::Partition`] does.
+    Collectives,
     /// Plan the execution of every rank program (every sub-program of a pipeline): its
     /// order, the values freed after each node, and a static arena with the peak bytes known
     /// before anything runs.
@@ -49,13 +54,14 @@ pub enum Pass {
 
 impl Pass {
     /// Every pass, in pipeline order.
-    pub const ALL: [Pass; 7] = [
+    pub const ALL: [Pass; 8] = [
         Pass::Model,
         Pass::SequenceLayout,
         Pass::TrainStep,
         Pass::Parallelize,
         Pass::Partition,
         Pass::PipelineSplit,
+        Pass::Collectives,
         Pass::MemoryPlan,
     ];
 
@@ -68,6 +74,7 @@ impl Pass {
             Pass::Parallelize => "parallelize",
             Pass::Partition => "partition",
             Pass::PipelineSplit => "pipeline-split",
+            Pass::Collectives => "collectives",
             Pass::MemoryPlan => "memory-plan",
         }
     }
@@ -294,6 +301,25 @@ pub fn compile(options: &CompileOptions) -> Result<CompiledStep, Error> {
         })?;
         compiled.pipeline = Some(pipeline);
     }
+    if compiled.strategies.is_some() && !stops_before(o, Pass::Collectives) {
+        let options = CollectiveOptions::with_bucket_mb(o.bucket_mb)?;
+        match compiled.pipeline.take() {
+            None => {
+                compiled.locals = log.run(Pass::Collectives, || {
+                    compiled
+                        .locals
+                        .iter()
+                        .map(|g| Ok(group_collectives(g, &options, next_value_id([g]))?.0))
+                        .collect::<Result<Vec<_>, Error>>()
+                })?;
+            }
+            Some(pipeline) => {
+                compiled.pipeline = Some(log.run(Pass::Collectives, || {
+                    group_pipeline_collectives(pipeline, &options)
+                })?);
+            }
+        }
+    }
     if !stops_before(o, Pass::MemoryPlan) {
         let plans = log.run(Pass::MemoryPlan, || {
             Ok(match &compiled.pipeline {
@@ -414,6 +440,41 @@ fn split_every_rank(
         pipelines,
         plans: Vec::new(),
     })
+}
+
+/// One above the largest value id of `graphs`: where the ids of new values start.
+fn next_value_id<'g>(graphs: impl IntoIterator<Item = &'g Graph>) -> u32 {
+    graphs
+        .into_iter()
+        .flat_map(|g| g.value_ids())
+        .map(|v| v.0.saturating_add(1))
+        .max()
+        .unwrap_or(0)
+}
+
+/// [`group_collectives`] over every sub-program of every pipeline, each on its own (so that
+/// no bucket spans two sub-programs), new values numbered above every id of the pipeline
+/// (a rank keeps the values of all its sub-programs in one store, by id).
+fn group_pipeline_collectives(
+    mut pipeline: CompiledPipeline,
+    options: &CollectiveOptions,
+) -> Result<CompiledPipeline, Error> {
+    for p in &mut pipeline.pipelines {
+        let programs = p
+            .forward
+            .iter_mut()
+            .chain(p.backward.iter_mut())
+            .flatten()
+            .chain(p.optimizer.iter_mut().map(|seg| &mut seg.program));
+        let programs: Vec<&mut autopar_ir::pipeline::StageProgram> = programs.collect();
+        let mut fresh = next_value_id(programs.iter().map(|sp| &sp.graph));
+        for sp in programs {
+            let (graph, _) = group_collectives(&sp.graph, options, fresh)?;
+            fresh = fresh.max(next_value_id([&graph]));
+            sp.graph = graph;
+        }
+    }
+    Ok(pipeline)
 }
 
 /// The graphs a pass's output consists of, labelled for the verifier's errors and the dump
