@@ -23,6 +23,7 @@ fn timings_list_every_pass_in_order() {
             "train-step",
             "parallelize",
             "partition",
+            "collectives",
             "memory-plan"
         ],
         "{out}"
@@ -37,7 +38,7 @@ fn timings_list_every_pass_in_order() {
         "2",
         "--timings",
     ]);
-    for pass in ["sequence-layout", "pipeline-split"] {
+    for pass in ["sequence-layout", "pipeline-split", "collectives"] {
         assert!(out.lines().any(|l| l.starts_with(pass)), "{out}");
     }
 }
