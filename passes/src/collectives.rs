@@ -29,9 +29,10 @@
 //! is emitted in the original order, a group where its last member was (its users wait for
 //! it, its operands are all earlier).
 //!
-//! Reduce-scatters (the gradient reductions of ZeRO-2 and ZeRO-3) are not bucketed: each
-//! member of a reduce-scatter keeps its own slice of every tensor, so a bucket would need its
-//! pieces interleaved member by member, which this pass does not do; they stay one
+//! Reduce-scatters (the gradient reductions under ZeRO 1, 2 and 3, which shard the optimizer
+//! state over the data ranks) are not bucketed: each member of a reduce-scatter keeps its own
+//! slice of every tensor, so a bucket would need every tensor laid out scatter dim first and
+//! the pieces interleaved member by member, which this pass does not do; they stay one
 //! collective per tensor. A pipeline's sub-programs are rewritten one by one, so a bucket
 //! never spans two of them.
 
