@@ -98,7 +98,9 @@ fn search(args: &RunArgs) -> Result<Plan> {
     let Some(cluster_arg) = &args.cluster else {
         bail!("--auto needs --cluster (e.g. cpu:ranks=8)");
     };
-    let cluster = driver::load_cluster(cluster_arg)?;
+    let mut cluster = driver::load_cluster(cluster_arg)?;
+    // The search prices the gradient buckets the run will compile.
+    driver::set_bucket_mb(&mut cluster, args.spmd.bucket_mb)?;
     let model = CostModel::new(cluster);
     let cfg = driver::model_config(&args.model)?;
     let batch = args.batch.unwrap_or(8);
