@@ -66,8 +66,9 @@ pub fn run(args: &RunArgs) -> Result<()> {
                 unsupported.join(", ")
             );
         }
-        let options =
+        let mut options =
             CompileOptions::from_plan(&args.model, &plan, &args.train.options(Some(args.steps))?)?;
+        options.bucket_mb = args.spmd.bucket_mb;
         // The rules the estimate holds a plan to (layers of each stage among them).
         plan.check_model(&cfg)
             .with_context(|| format!("plan `{plan}` does not fit `{}`", args.model))?;
@@ -99,7 +100,9 @@ fn search(args: &RunArgs) -> Result<Plan> {
     let Some(cluster_arg) = &args.cluster else {
         bail!("--auto needs --cluster (e.g. cpu:ranks=8)");
     };
-    let cluster = driver::load_cluster(cluster_arg)?;
+    let mut cluster = driver::load_cluster(cluster_arg)?;
+    // The search prices the gradient buckets the run will compile.
+    driver::set_bucket_mb(&mut cluster, args.spmd.bucket_mb)?;
     let model = CostModel::new(cluster);
     let cfg = driver::model_config(&args.model)?;
     let batch = args.batch.unwrap_or(8);

@@ -118,9 +118,15 @@ struct EstimateArgs {
     /// The training stack whose speed is modelled: autopar (default), megatron-lm-2021,
     /// megatron-core, nemo, deepspeed, fsdp or torchtitan, with knobs overridden as
     /// `NAME,knob=value` (attention=flash|unfused, overlap_grad_reduce, tp_backward_overlap,
-    /// overlap_param_gather, param_gather=layer|tensor). Replaces a cluster file's [software].
+    /// overlap_param_gather, param_gather=layer|tensor, bucket_mb=MIB). Replaces a cluster
+    /// file's [software].
     #[arg(long, value_name = "PROFILE")]
     software: Option<String>,
+    /// Price the data-parallel gradient all-reduces as buckets of this many MiB, as the
+    /// compiler's --bucket-mb forms them (0: one all-reduce per gradient); overrides the
+    /// software profile's `bucket_mb` (autopar: 25; the others bucket by layer).
+    #[arg(long, value_name = "MIB", value_parser = spmd_cmd::parse_bucket_mb)]
+    bucket_mb: Option<f64>,
     /// Global batch size in sequences.
     #[arg(long, value_parser = crate::parse_batch)]
     batch: usize,
@@ -390,6 +396,10 @@ enum Stage {
     /// (simplified, identical collectives merged, element-wise regions in `fusion` nodes); on
     /// one device without --mesh; --rank picks the rank.
     Fused,
+    /// One rank's local program as it runs: its data-parallel gradient all-reduces in
+    /// --bucket-mb buckets and its small all-reduces batched (needs --mesh without a pp axis,
+    /// whose sub-programs `run --dump-after collectives` shows; --rank picks the rank).
+    Collectives,
     /// The pipeline stages of the training step (needs --mesh with a pp axis, alone or with
     /// dp/tp): layers and cost (FLOPs of the global step; with dp/tp also of each rank's
     /// local step).
@@ -542,8 +552,11 @@ fn check_options(
                 );
             }
             let mut ignored: Vec<&'static str> = Vec::new();
-            if !matches!(stage, Stage::Fused) {
+            if !matches!(stage, Stage::Fused | Stage::Collectives) {
                 ignored.push("no_fuse");
+            }
+            if !matches!(stage, Stage::Collectives) {
+                ignored.push("bucket_mb");
             }
             let (name, graph) = match stage {
                 Stage::Forward => {
@@ -568,6 +581,10 @@ fn check_options(
                 Stage::Fused => {
                     ignored.extend(PIPELINE);
                     ("fused", true)
+                }
+                Stage::Collectives => {
+                    ignored.extend(PIPELINE);
+                    ("collectives", true)
                 }
                 Stage::Pipeline => {
                     ignored.push("rank");
@@ -673,7 +690,10 @@ fn parse_layers(s: &str) -> Result<driver::ir::dot::LayerSelection, String> {
 fn estimate(args: EstimateArgs) -> Result<()> {
     use driver::cost_model::Plan;
     use driver::ir::DType;
-    let cluster = driver::load_cluster_with(&args.cluster, args.software.as_deref())?;
+    let mut cluster = driver::load_cluster_with(&args.cluster, args.software.as_deref())?;
+    if let Some(mb) = args.bucket_mb {
+        driver::set_bucket_mb(&mut cluster, mb)?;
+    }
     let cluster_desc = format!("{} ({} devices)", args.cluster, cluster.num_devices());
     let mut plan = if args.plan.trim().is_empty() {
         Plan::default()

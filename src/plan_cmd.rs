@@ -31,9 +31,15 @@ pub struct PlanArgs {
     /// The training stack whose speed is modelled: autopar (default), megatron-lm-2021,
     /// megatron-core, nemo, deepspeed, fsdp or torchtitan, with knobs overridden as
     /// `NAME,knob=value` (attention=flash|unfused, overlap_grad_reduce, tp_backward_overlap,
-    /// overlap_param_gather, param_gather=layer|tensor). Replaces a cluster file's [software].
+    /// overlap_param_gather, param_gather=layer|tensor, bucket_mb=MIB). Replaces a cluster
+    /// file's [software].
     #[arg(long, value_name = "PROFILE")]
     software: Option<String>,
+    /// Price the data-parallel gradient all-reduces as buckets of this many MiB, as the
+    /// compiler's --bucket-mb forms them (0: one all-reduce per gradient); overrides the
+    /// software profile's `bucket_mb` (autopar: 25; the others bucket by layer).
+    #[arg(long, value_name = "MIB", value_parser = crate::spmd_cmd::parse_bucket_mb)]
+    bucket_mb: Option<f64>,
     /// Compute dtype.
     #[arg(long, value_enum, default_value_t = PlanDtype::Bf16)]
     dtype: PlanDtype,
@@ -94,7 +100,10 @@ enum ExportTarget {
 const PROGRESS_EVERY: Duration = Duration::from_secs(5);
 
 pub fn plan(args: PlanArgs) -> Result<()> {
-    let cluster = driver::load_cluster_with(&args.cluster, args.software.as_deref())?;
+    let mut cluster = driver::load_cluster_with(&args.cluster, args.software.as_deref())?;
+    if let Some(mb) = args.bucket_mb {
+        driver::set_bucket_mb(&mut cluster, mb)?;
+    }
     let devices = cluster.num_devices();
     let gpu = cluster.gpu.model.clone();
     let model = CostModel::new(cluster);

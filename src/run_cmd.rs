@@ -26,8 +26,8 @@ pub struct CompileDiagArgs {
     #[arg(long)]
     pub timings: bool,
     /// Write the output of these passes as text IR, one file per graph, into --dump-dir:
-    /// model, sequence-layout, train-step, parallelize, partition, pipeline-split, fuse (the
-    /// last pass, memory-plan, produces no graph).
+    /// model, sequence-layout, train-step, parallelize, partition, pipeline-split, fuse,
+    /// collectives (the last pass, memory-plan, produces no graph).
     #[arg(long, value_name = "PASS", value_delimiter = ',', value_parser = parse_pass)]
     pub dump_after: Vec<Pass>,
     /// Directory of the --dump-after files.
@@ -64,6 +64,7 @@ pub fn compile_options(
         o = o.on_mesh(mesh)?;
         o.parallel = spmd.options()?;
     }
+    o.bucket_mb = spmd.bucket_mb;
     o.pipeline = driver::PipelineSpec {
         schedule: pipeline.schedule.parse::<ScheduleKind>()?,
         vpp: pipeline.vpp,
@@ -438,11 +439,11 @@ pub enum Dumped {
     Text(String),
 }
 
-/// Which rank program `dump --stage partitioned|fused` shows, and whether fused.
+/// Which rank program `dump --stage partitioned|fused|collectives` shows, and whether fused.
 pub struct DumpRank {
     /// The SPMD rank.
     pub rank: usize,
-    /// Run the fusion pass (`--stage fused` without `--no-fuse`).
+    /// Run the fusion pass (`--stage fused|collectives` without `--no-fuse`).
     pub fuse: bool,
 }
 
@@ -470,15 +471,30 @@ pub fn dump(
             options.stop_after = Some(Pass::TrainStep);
             Ok(Dumped::Graph(Box::new(driver::compile(&options)?.global)))
         }
-        Stage::Sharded | Stage::Partitioned => {
+        Stage::Sharded | Stage::Partitioned | Stage::Collectives => {
             if options.mesh.is_none() {
-                bail!("--stage sharded and --stage partitioned need --mesh");
+                bail!("--stage sharded, partitioned and collectives need --mesh");
             }
-            let partitioned = matches!(stage, Stage::Partitioned);
-            options.stop_after = Some(if partitioned {
-                Pass::Partition
-            } else {
-                Pass::Parallelize
+            let partitioned = !matches!(stage, Stage::Sharded);
+            if let Stage::Collectives = stage
+                && options
+                    .mesh
+                    .as_ref()
+                    .and_then(|m| m.axis_size(driver::ir::axis::PP))
+                    .is_some_and(|pp| pp > 1)
+            {
+                bail!(
+                    "--stage collectives shows a rank program, and the mesh `{mesh_text}` cuts \
+                     them into pipeline sub-programs, each bucketed on its own: see them with \
+                     `run --dump-after collectives`"
+                );
+            }
+            // The collectives stage comes after the fusion pass (unless --no-fuse).
+            options.fuse = fuse;
+            options.stop_after = Some(match stage {
+                Stage::Sharded => Pass::Parallelize,
+                Stage::Collectives => Pass::Collectives,
+                _ => Pass::Partition,
             });
             let step = driver::compile(&options)?;
             if !partitioned {

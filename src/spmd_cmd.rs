@@ -36,6 +36,22 @@ pub struct SpmdArgs {
     /// rank's sequence shard.
     #[arg(long, default_value = "tp", value_parser = parse_mlp, requires = "mesh")]
     pub mlp: String,
+    /// Size in MiB of the buckets the data-parallel gradient all-reduces are grouped into,
+    /// in the order the backward produces the gradients (PyTorch DDP's default, 25); 0 keeps
+    /// one all-reduce per gradient. Small all-reduces that are ready together (the partial
+    /// sums of the gradient norm) become one either way.
+    #[arg(long, value_name = "MIB", default_value_t = 25.0, value_parser = parse_bucket_mb)]
+    pub bucket_mb: f64,
+}
+
+/// Checks a --bucket-mb size: a number of MiB, 0 or more.
+pub fn parse_bucket_mb(v: &str) -> Result<f64, String> {
+    match v.parse::<f64>() {
+        Ok(mb) if mb.is_finite() && mb >= 0.0 => Ok(mb),
+        _ => Err(format!(
+            "`{v}` is not a size in MiB (0 or more; 0 disables bucketing)"
+        )),
+    }
 }
 
 /// Checks an --attn code.

@@ -24,6 +24,7 @@ fn timings_list_every_pass_in_order() {
             "parallelize",
             "partition",
             "fuse",
+            "collectives",
             "memory-plan"
         ],
         "{out}"
@@ -38,7 +39,7 @@ fn timings_list_every_pass_in_order() {
         "2",
         "--timings",
     ]);
-    for pass in ["sequence-layout", "pipeline-split", "fuse"] {
+    for pass in ["sequence-layout", "pipeline-split", "fuse", "collectives"] {
         assert!(out.lines().any(|l| l.starts_with(pass)), "{out}");
     }
 }

@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use autopar_ir::schedule::{Action, Schedule, Timeline};
 use autopar_ir::{Op, TensorType, axis};
 
+use crate::buckets::{GradientSpan, gradient_buckets, layer_gradient_params};
 use crate::cluster::Cluster;
 use crate::cluster::Runtime;
 use crate::comm::{Collective, CommParams};
@@ -968,6 +969,47 @@ impl<'a> Ctx<'a> {
         self.zero_collective(c, dense * bytes, expert * bytes)
     }
 
+    /// Parameters of one layer on this rank that are not experts'.
+    fn layer_dense_params(&self) -> f64 {
+        self.layer_params_per_rank() - expert_params_per_layer(self.cfg, self.plan)
+    }
+
+    /// The data-parallel gradient all-reduces of a rank as the compiler's buckets of `mb`
+    /// MiB ([`crate::buckets`]) over the dense gradients of `spans` (in any order), each
+    /// `(ready, duration)` with its own latency; what a layer's reduction `layer_reduce`
+    /// holds besides its dense gradients (the experts', over their own group, and the
+    /// weights replicated over `tp`) stays one collective per layer, ready with the layer
+    /// (at `layer_ends`).
+    fn sized_buckets(
+        &self,
+        mut spans: Vec<GradientSpan>,
+        layer_ends: &[f64],
+        mb: f64,
+        layer_reduce: f64,
+        grad_bytes: f64,
+    ) -> Vec<(f64, f64)> {
+        spans.sort_by(|a, b| a.end.total_cmp(&b.end));
+        let dense_layer = self.zero_collective(
+            Collective::AllReduce,
+            self.layer_dense_params() * grad_bytes,
+            0.0,
+        );
+        let rest = (layer_reduce - dense_layer).max(0.0);
+        let mut out: Vec<(f64, f64)> = gradient_buckets(&spans, mb * f64::from(1u32 << 20))
+            .into_iter()
+            .map(|b| {
+                (
+                    b.ready,
+                    self.zero_collective(Collective::AllReduce, b.bytes, 0.0),
+                )
+            })
+            .collect();
+        if rest > 0.0 {
+            out.extend(layer_ends.iter().map(|&end| (end, rest)));
+        }
+        out
+    }
+
     /// `c` over the dense parameters' ZeRO group for `dense` bytes and over the experts' for
     /// `expert` bytes.
     fn zero_collective(&self, c: Collective, dense: f64, expert: f64) -> f64 {
@@ -1318,6 +1360,14 @@ impl<'a> Ctx<'a> {
             );
         }
         let emb_params = cfg.embedding_params() as f64 / plan.tp as f64;
+        // A layer's dense gradients on this rank, tensor by tensor (their shares of the
+        // layer's, scaled to what the rank holds).
+        let layer_tensor_bytes: Vec<f64> = {
+            let params = layer_gradient_params(cfg);
+            let total: f64 = params.iter().sum();
+            let bytes = self.layer_dense_params() * grad_bytes;
+            params.iter().map(|p| p / total.max(1.0) * bytes).collect()
+        };
         let mut iter_end = 0.0f64;
         let mut grad_reduce = 0.0f64;
         let mut grad_exposed = 0.0f64;
@@ -1342,15 +1392,34 @@ impl<'a> Ctx<'a> {
             // Buckets, one per layer (and the embedding or head), ready as the last backward
             // of their chunk proceeds; the communication stream takes them in order.
             let mut buckets: Vec<(f64, f64)> = Vec::new();
+            let mut spans = Vec::new();
+            let mut layer_ends = Vec::new();
             for (c, &(s, e)) in last_bwd.iter().enumerate() {
                 let vs = c * pp + rank;
                 let nl = layers[vs].max(1);
                 for j in 0..layers[vs] {
-                    buckets.push((s + (e - s) * (j + 1) as f64 / nl as f64, layer_reduce));
+                    let at = |k: usize| s + (e - s) * k as f64 / nl as f64;
+                    buckets.push((at(j + 1), layer_reduce));
+                    layer_ends.push(at(j + 1));
+                    spans.push(GradientSpan {
+                        start: at(j),
+                        end: at(j + 1),
+                        tensor_bytes: layer_tensor_bytes.clone(),
+                    });
                 }
                 if vs == 0 || (vs == v - 1 && !cfg.tied_embeddings) {
                     buckets.push((e, reduce(emb_params * grad_bytes)));
+                    spans.push(GradientSpan {
+                        start: e,
+                        end: e,
+                        tensor_bytes: vec![emb_params * grad_bytes],
+                    });
                 }
+            }
+            if kind == Collective::AllReduce
+                && let Some(mb) = self.m.software.bucket_mb
+            {
+                buckets = self.sized_buckets(spans, &layer_ends, mb, layer_reduce, grad_bytes);
             }
             buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
             let mut t = if self.m.comm.overlap_grad_reduce {

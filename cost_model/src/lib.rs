@@ -8,6 +8,7 @@
 //! [`CostModel::estimate`]; passes receive the model as an [`OpCostModel`] and cost single
 //! ops with it.
 
+pub mod buckets;
 pub mod calibrate;
 pub mod cluster;
 pub mod comm;

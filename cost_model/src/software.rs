@@ -44,6 +44,13 @@ pub struct Software {
     pub overlap_param_gather: bool,
     /// How the ZeRO-3 / FSDP gathers and reduce-scatters are cut into collectives.
     pub param_gather: GatherUnit,
+    /// The data-parallel gradient all-reduces as buckets of this many MiB, filled in the
+    /// order the backward produces the gradients, as autopar's `collectives` pass forms them
+    /// (0: one all-reduce per tensor; [`crate::buckets`]); `None`: one bucket per layer (and
+    /// one for the embedding), as Megatron-Core's distributed optimizer and FSDP's wrapped
+    /// blocks cut them.
+    #[serde(default)]
+    pub bucket_mb: Option<f64>,
 }
 
 /// The names of the built-in profiles.
@@ -66,16 +73,21 @@ impl Default for Software {
             tp_backward_overlap: true,
             overlap_param_gather: true,
             param_gather: GatherUnit::Layer,
+            bucket_mb: Some(DEFAULT_BUCKET_MB),
         }
     }
 }
+
+/// The bucket size of the `autopar` profile: PyTorch DDP's `bucket_cap_mb`, which the
+/// compiler's `--bucket-mb` defaults to as well.
+pub const DEFAULT_BUCKET_MB: f64 = 25.0;
 
 impl Software {
     /// A built-in profile by name:
     ///
     /// - `autopar` (the default): this project's GPU stack as designed: FlashAttention-style
-    ///   attention, gradient reduction, tensor-parallel backward collectives and ZeRO-3
-    ///   gathers all overlapped, gathers one per layer.
+    ///   attention, gradient reduction in 25 MiB buckets, tensor-parallel backward
+    ///   collectives and ZeRO-3 gathers all overlapped, gathers one per layer.
     /// - `megatron-lm-2021`: Megatron-LM as measured in SC'21 and Korthikanti et al. 2022:
     ///   attention as two batched GEMMs around a fused softmax, its "local" DDP reducing
     ///   gradients after the backward, the asynchronous tensor-parallel all-reduce of the
@@ -91,18 +103,24 @@ impl Software {
     ///   block (`forward_prefetch`, `backward_prefetch`), reduce-scatter overlapped.
     pub fn preset(name: &str) -> Result<Software, CostError> {
         let base = Software::default();
+        // The other stacks bucket their gradients by layer.
+        let by_layer = Software {
+            bucket_mb: None,
+            ..base.clone()
+        };
         let s = match name {
-            "autopar" | "megatron-core" | "nemo" | "fsdp" | "torchtitan" => base,
+            "autopar" => base,
+            "megatron-core" | "nemo" | "fsdp" | "torchtitan" => by_layer,
             "megatron-lm-2021" => Software {
                 attention: AttentionKernel::Unfused,
                 overlap_grad_reduce: false,
-                ..base
+                ..by_layer
             },
             "deepspeed" => Software {
                 attention: AttentionKernel::Unfused,
                 overlap_param_gather: false,
                 param_gather: GatherUnit::Tensor,
-                ..base
+                ..by_layer
             },
             other => {
                 return Err(CostError::Software(format!(
@@ -135,7 +153,7 @@ impl Software {
 /// A profile and its overrides: the `[software]` table of a cluster file
 /// (`profile = "deepspeed"`, `overlap_param_gather = true`, ...) and the parsed form of
 /// `--software`.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SoftwareSpec {
     /// The built-in profile ([`PROFILES`]).
@@ -155,6 +173,9 @@ pub struct SoftwareSpec {
     /// See [`Software::param_gather`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub param_gather: Option<GatherUnit>,
+    /// See [`Software::bucket_mb`] (a size in MiB; 0 for one all-reduce per tensor).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bucket_mb: Option<f64>,
 }
 
 impl SoftwareSpec {
@@ -194,10 +215,18 @@ impl SoftwareSpec {
                     };
                     out.param_gather.replace(unit).is_none()
                 }
+                "bucket_mb" => {
+                    let mb: f64 = value.parse().map_err(|_| {
+                        bad(format!(
+                            "software option `bucket_mb` is a size in MiB, not `{value}`"
+                        ))
+                    })?;
+                    out.bucket_mb.replace(mb).is_none()
+                }
                 other => {
                     return Err(bad(format!(
                         "unknown software option `{other}` (attention, overlap_grad_reduce, \
-                         tp_backward_overlap, overlap_param_gather, param_gather)"
+                         tp_backward_overlap, overlap_param_gather, param_gather, bucket_mb)"
                     )));
                 }
             };
@@ -234,6 +263,14 @@ impl SoftwareSpec {
         if let Some(v) = self.param_gather {
             s.param_gather = v;
         }
+        if let Some(mb) = self.bucket_mb {
+            if !mb.is_finite() || mb < 0.0 {
+                return Err(CostError::Software(format!(
+                    "software option `bucket_mb` is a size in MiB (0 or more), not `{mb}`"
+                )));
+            }
+            s.bucket_mb = Some(mb);
+        }
         Ok(s)
     }
 }
@@ -266,5 +303,22 @@ mod tests {
         assert!(err("fsdp,overlap_grad_reduce=yes").contains("true or false"));
         assert!(err("fsdp,speed=11").contains("unknown software option `speed`"));
         assert!(err("fsdp,param_gather=layer,param_gather=tensor").contains("twice"));
+        assert!(err("fsdp,bucket_mb=big").contains("size in MiB"));
+        assert!(err("fsdp,bucket_mb=-1").contains("0 or more"));
+    }
+
+    #[test]
+    fn bucket_sizes_come_from_the_profile_and_the_knob() -> Result<(), CostError> {
+        assert_eq!(
+            Software::preset("autopar")?.bucket_mb,
+            Some(DEFAULT_BUCKET_MB)
+        );
+        assert_eq!(Software::preset("megatron-core")?.bucket_mb, None);
+        assert_eq!(Software::parse("fsdp,bucket_mb=0")?.bucket_mb, Some(0.0));
+        assert_eq!(
+            Software::parse("autopar,bucket_mb=2.5")?.bucket_mb,
+            Some(2.5)
+        );
+        Ok(())
     }
 }

@@ -13,6 +13,7 @@ use autopar_cost_model::{CostModel, cluster};
 use autopar_ir::pipeline::PipelineProgram;
 use autopar_ir::{DType, DeviceMesh, Graph, axis};
 use autopar_passes::fuse::{FuseOptions, FuseReport, fuse_group};
+use autopar_passes::collectives::{CollectiveOptions, group_collectives};
 use autopar_passes::pipeline::{PipelineOptions, StageSplit, plan_stages, split_pipeline};
 use autopar_passes::propagate::ShardingPlan;
 use autopar_passes::train::{TrainStep, build_train_step};
@@ -47,6 +48,10 @@ pub enum Pass {
     /// simplification, identical collectives merged, element-wise regions grouped into
     /// `fusion` nodes ([`autopar_passes::fuse`]). Runs unless [`CompileOptions::fuse`] is off.
     Fuse,
+    /// Bucket the gradient all-reduces of every rank program (every sub-program of a
+    /// pipeline) into [`CompileOptions::bucket_mb`] buckets and batch its small all-reduces
+    /// ([`autopar_passes::collectives`]). Runs when [`Pass::Partition`] does.
+    Collectives,
     /// Plan the execution of every rank program (every sub-program of a pipeline): its
     /// order, the values freed after each node, and a static arena with the peak bytes known
     /// before anything runs.
@@ -55,7 +60,7 @@ pub enum Pass {
 
 impl Pass {
     /// Every pass, in pipeline order.
-    pub const ALL: [Pass; 8] = [
+    pub const ALL: [Pass; 9] = [
         Pass::Model,
         Pass::SequenceLayout,
         Pass::TrainStep,
@@ -63,6 +68,7 @@ impl Pass {
         Pass::Partition,
         Pass::PipelineSplit,
         Pass::Fuse,
+        Pass::Collectives,
         Pass::MemoryPlan,
     ];
 
@@ -76,6 +82,7 @@ impl Pass {
             Pass::Partition => "partition",
             Pass::PipelineSplit => "pipeline-split",
             Pass::Fuse => "fuse",
+            Pass::Collectives => "collectives",
             Pass::MemoryPlan => "memory-plan",
         }
     }
@@ -328,6 +335,25 @@ pub fn compile(options: &CompileOptions) -> Result<CompiledStep, Error> {
             (Fused::Pipelined(_), None) => {}
         }
     }
+    if compiled.strategies.is_some() && !stops_before(o, Pass::Collectives) {
+        let options = CollectiveOptions::with_bucket_mb(o.bucket_mb)?;
+        match compiled.pipeline.take() {
+            None => {
+                compiled.locals = log.run(Pass::Collectives, || {
+                    compiled
+                        .locals
+                        .iter()
+                        .map(|g| Ok(group_collectives(g, &options, next_value_id([g]))?.0))
+                        .collect::<Result<Vec<_>, Error>>()
+                })?;
+            }
+            Some(pipeline) => {
+                compiled.pipeline = Some(log.run(Pass::Collectives, || {
+                    group_pipeline_collectives(pipeline, &options)
+                })?);
+            }
+        }
+    }
     if !stops_before(o, Pass::MemoryPlan) {
         let plans = log.run(Pass::MemoryPlan, || {
             Ok(match &compiled.pipeline {
@@ -557,6 +583,41 @@ impl PassOutput for FusedPrograms {
             Fused::Pipelined(pipelines) => pipeline_graphs(pipelines),
         }
     }
+}
+
+/// One above the largest value id of `graphs`: where the ids of new values start.
+fn next_value_id<'g>(graphs: impl IntoIterator<Item = &'g Graph>) -> u32 {
+    graphs
+        .into_iter()
+        .flat_map(|g| g.value_ids())
+        .map(|v| v.0.saturating_add(1))
+        .max()
+        .unwrap_or(0)
+}
+
+/// [`group_collectives`] over every sub-program of every pipeline, each on its own (so that
+/// no bucket spans two sub-programs), new values numbered above every id of the pipeline
+/// (a rank keeps the values of all its sub-programs in one store, by id).
+fn group_pipeline_collectives(
+    mut pipeline: CompiledPipeline,
+    options: &CollectiveOptions,
+) -> Result<CompiledPipeline, Error> {
+    for p in &mut pipeline.pipelines {
+        let programs = p
+            .forward
+            .iter_mut()
+            .chain(p.backward.iter_mut())
+            .flatten()
+            .chain(p.optimizer.iter_mut().map(|seg| &mut seg.program));
+        let programs: Vec<&mut autopar_ir::pipeline::StageProgram> = programs.collect();
+        let mut fresh = next_value_id(programs.iter().map(|sp| &sp.graph));
+        for sp in programs {
+            let (graph, _) = group_collectives(&sp.graph, options, fresh)?;
+            fresh = fresh.max(next_value_id([&graph]));
+            sp.graph = graph;
+        }
+    }
+    Ok(pipeline)
 }
 
 /// The graphs a pass's output consists of, labelled for the verifier's errors and the dump

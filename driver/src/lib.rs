@@ -55,6 +55,7 @@ pub use model::{
     DumpFormat, ModelSource, dump, dump_with, estimate, import_onnx, load_annotations,
     load_cluster, load_cluster_with, load_micro_batch_forward, load_micro_batch_forward_with_loss,
     load_model, load_model_shapes, load_model_with_loss, load_train_step, model_config,
+    set_bucket_mb,
 };
 pub use options::{CompileOptions, PipelineSpec, SequenceLayout, sequence_layout, without_pp};
 pub use run::{

@@ -176,6 +176,24 @@ pub fn load_cluster_with(
     Ok(cluster)
 }
 
+/// Sets the gradient bucket size of `cluster`'s software profile to `mb` MiB (`--bucket-mb`
+/// of `estimate` and `plan`; 0: one all-reduce per gradient), keeping the rest of the profile
+/// (`autopar` when the cluster names none).
+pub fn set_bucket_mb(cluster: &mut autopar_cost_model::Cluster, mb: f64) -> Result<(), Error> {
+    let mut spec = cluster
+        .software
+        .take()
+        .unwrap_or_else(|| autopar_cost_model::SoftwareSpec {
+            profile: autopar_cost_model::Software::default().name,
+            ..Default::default()
+        });
+    spec.bucket_mb = Some(mb);
+    spec.resolve()
+        .map_err(|e| Error::Usage(format!("--bucket-mb {mb}: {e}")))?;
+    cluster.software = Some(spec);
+    Ok(())
+}
+
 /// Loads a cluster: a preset with options (`dgx-a100:nodes=4`, `cpu:ranks=8`) or a TOML file
 /// (any argument ending in `.toml`, or naming an existing file).
 pub fn load_cluster(arg: &str) -> Result<autopar_cost_model::Cluster, Error> {

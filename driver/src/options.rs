@@ -33,6 +33,10 @@ pub struct CompileOptions {
     pub parallel: ParallelOptions,
     /// Schedule, virtual stages and pinned boundaries of a pipeline.
     pub pipeline: PipelineSpec,
+    /// The size of a bucket of gradient all-reduces, in MiB (default
+    /// [`autopar_passes::collectives::DEFAULT_BUCKET_MB`], PyTorch DDP's); 0 keeps one
+    /// all-reduce per gradient ([`crate::Pass::Collectives`]).
+    pub bucket_mb: f64,
     /// Build the graph `--verify` runs on one device when it differs from the compiled one
     /// (the original step of a model laid out in a load-balanced sequence order).
     pub reference: bool,
@@ -79,6 +83,7 @@ impl CompileOptions {
             mesh: None,
             parallel: ParallelOptions::default(),
             pipeline: PipelineSpec::default(),
+            bucket_mb: autopar_passes::collectives::DEFAULT_BUCKET_MB,
             reference: true,
             stop_after: None,
             dump_after: Vec::new(),

@@ -21,12 +21,15 @@
 //!   driver that propagates and verifies.
 //! - [`context_parallel`]: the load-balanced sequence layout and the placements of context
 //!   parallelism (ring attention over the `cp` axis).
+//! - [`collectives`]: bucketing of gradient all-reduces and batching of small ones in
+//!   partitioned programs.
 //! - [`pipeline`]: cutting a step into balanced pipeline stages and per-micro-batch
 //!   sub-programs.
 //! - [`fuse`]: the rewrite pass over rank programs (egg): algebraic simplification, CSE of
 //!   identical collectives, and element-wise regions fused into `fusion` nodes.
 
 pub mod autodiff;
+pub mod collectives;
 pub mod context_parallel;
 pub mod error;
 pub mod expert_parallel;

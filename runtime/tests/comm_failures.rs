@@ -2,6 +2,8 @@
 //! suite (`conformance/failures.rs`) over the in-process communicator, a rank that dies
 //! mid-collective, and the SPMD executor's reports of a failing or divergent rank.
 
+#[path = "conformance/f32_path.rs"]
+mod f32_path;
 #[path = "conformance/failures.rs"]
 mod failures;
 
@@ -230,3 +232,46 @@ fn run_spmd_reports_divergent_programs() -> TestResult {
 }
 
 failures_conformance!(in_process, |options| ThreadLauncher { options });
+
+failures_conformance!(in_process_f32, |options| f32_path::F32Launcher {
+    inner: ThreadLauncher { options },
+    defaults: false,
+});
+
+#[test]
+fn a_rank_killed_mid_f32_all_reduce_fails_the_others_quickly() -> TestResult {
+    let mesh = DeviceMesh::parse("x=4")?;
+    let mut comms = in_process_communicators(&mesh, options(Duration::from_secs(60)));
+    // The shared path publishes once per collective: rank 2 dies in the second.
+    comms[2].panic_after_sends(1);
+    let ty = TensorType::new(DType::F32, [1 << 12]);
+    let (results, elapsed) = run_threads(comms, |comm| {
+        use autopar_runtime::comm::Collectives;
+        let mut x = vec![1.0f32; 1 << 12];
+        comm.all_reduce_f32(&mut x, &ty, &x_axes(), autopar_ir::ReduceKind::Sum)?;
+        comm.all_reduce_f32(&mut x, &ty, &x_axes(), autopar_ir::ReduceKind::Sum)?;
+        Ok(x)
+    });
+    assert!(elapsed < Duration::from_secs(5), "took {elapsed:?}");
+    assert!(results[2].is_none(), "rank 2 should have panicked");
+    for (rank, r) in results.iter().enumerate() {
+        if rank == 2 {
+            continue;
+        }
+        match r {
+            Some(Err(RuntimeError::PeerFailed {
+                op,
+                group,
+                failed_rank: 2,
+                reason,
+                ..
+            })) => {
+                assert_eq!(*op, "all_reduce");
+                assert_eq!(group, &vec![0, 1, 2, 3]);
+                assert!(reason.contains("panicked"), "{reason}");
+            }
+            other => panic!("rank {rank}: unexpected {other:?}"),
+        }
+    }
+    Ok(())
+}

@@ -1,6 +1,7 @@
 //! The conformance suite (`conformance/collectives.rs` and `conformance/failures.rs`) over MPI
 //! processes: every check, run with [`MpiLauncher`] in a world of 8 processes (each launch
-//! uses the first `n` of them for a mesh of `n` ranks).
+//! uses the first `n` of them for a mesh of `n` ranks), through the `Tensor` methods and
+//! through the `f32` ones (the trait's defaults, which MPI keeps).
 //!
 //! Run as a test, the binary starts itself again under `mpirun -np 8` and passes when every
 //! process does; under `mpirun` it runs the checks one after another, in the same order in
@@ -9,6 +10,8 @@
 
 #[path = "conformance/collectives.rs"]
 mod collectives;
+#[path = "conformance/f32_path.rs"]
+mod f32_path;
 #[path = "conformance/failures.rs"]
 mod failures;
 
@@ -121,6 +124,16 @@ fn run_suite() -> ExitCode {
     }
     for (name, case) in failures::cases() {
         run("failures", name, &|| case(&make));
+    }
+    let make_f32 = |options: CommOptions| f32_path::F32Launcher {
+        inner: make(options),
+        defaults: false,
+    };
+    for (name, case) in collectives::cases() {
+        run("collectives_f32", name, &|| case(&make_f32));
+    }
+    for (name, case) in failures::cases() {
+        run("failures_f32", name, &|| case(&make_f32));
     }
     finalize();
     if failed == 0 {

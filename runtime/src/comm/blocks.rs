@@ -165,6 +165,15 @@ impl Layout {
         out
     }
 
+    /// Part `j` of `whole` into `out` (cleared first, its allocation reused).
+    pub(crate) fn take_into<T: Copy>(&self, whole: &[T], j: usize, out: &mut Vec<T>) {
+        out.clear();
+        for o in 0..self.outer {
+            let start = (o * self.n + j) * self.part;
+            out.extend_from_slice(&whole[start..start + self.part]);
+        }
+    }
+
     /// Writes `piece` (row-major in its own shape) as part `j` of `whole`.
     pub(crate) fn put<T: Copy>(&self, whole: &mut [T], j: usize, piece: &[T]) {
         for o in 0..self.outer {

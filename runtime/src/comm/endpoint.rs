@@ -36,10 +36,16 @@ macro_rules! for_each_kind {
 }
 
 /// Implements [`Collectives`] for a communicator struct by handing every call to its
-/// `inner` [`Endpoint`].
+/// `inner` [`Endpoint`]; items in braces after the type (overrides of the `f32` methods) join
+/// the impl.
 macro_rules! delegate_collectives {
     ($ty:ty) => {
+        $crate::comm::endpoint::delegate_collectives!($ty, {});
+    };
+    ($ty:ty, { $($extra:tt)* }) => {
         impl $crate::comm::Collectives for $ty {
+            $($extra)*
+
             fn rank(&self) -> usize {
                 self.inner.rank()
             }

@@ -1,15 +1,26 @@
 //! The in-process communicator: ranks are threads of one process and exchange tensors over
 //! channels ([`Mailbox`]) with the algorithms of [`super::endpoint`]: ring reduce-scatter and
 //! ring all-gather (together, ring all-reduce), pairwise all-to-all, binomial-tree broadcast,
-//! and tagged point-to-point messages, with reproducible reductions.
+//! and tagged point-to-point messages, with reproducible reductions. The `f32` collectives go
+//! through buffers shared between the rank threads instead (`super::shared`).
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
-use autopar_ir::DeviceMesh;
+use autopar_ir::infer::infer;
+use autopar_ir::{DeviceMesh, IrError, Op, ReduceKind, TensorType};
 
+use super::Collectives;
+use super::blocks::{Layout, chunk_bounds};
 use super::endpoint::{Endpoint, delegate_collectives};
-use super::mailbox::Mailbox;
+use super::floats::check_len;
+use super::group::group_members;
+use super::mailbox::{CallSignature, Mailbox};
+use super::shared::{
+    BLOCK, BarrierCall, GroupSlots, Rounding, World, fold_block, publish, write_block,
+};
+use crate::error::RuntimeError;
 use crate::tensor::Precision;
 
 /// Options of a rank's communicator (in-process or MPI).
@@ -52,8 +63,27 @@ impl Default for CommOptions {
 ///
 /// The timeout bounds each wait for one message, whatever the peer is doing; a rank that
 /// computes for longer than that between two collectives needs a longer timeout.
+///
+/// The `f32` collectives ([`Collectives::all_reduce_f32`] and the others but `send_f32` and
+/// `recv_f32`, which take the channels) exchange through buffers shared by the group's
+/// threads and reused from call to call, with the same meaning, bits, timeout and failure
+/// reports as the `Tensor` methods.
 pub struct InProcessCommunicator {
     inner: Endpoint<Mailbox>,
+    world: Arc<World>,
+    options: CommOptions,
+    /// The groups this rank has used, by the axes that name them.
+    groups: HashMap<Vec<String>, Group>,
+    /// A piece of an all-to-all on its way from a peer's buffer to the result.
+    scratch: Vec<f32>,
+}
+
+/// A group of the `f32` path as one member sees it.
+#[derive(Clone)]
+struct Group {
+    members: Arc<[usize]>,
+    pos: usize,
+    slots: Arc<GroupSlots>,
 }
 
 /// The communicators of every rank of `mesh`, indexed by rank (linear mesh coordinate).
@@ -63,10 +93,15 @@ pub fn in_process_communicators(
 ) -> Vec<InProcessCommunicator> {
     let n = mesh.num_devices();
     let mesh = Arc::new(mesh.clone());
-    Mailbox::connect(n, options.timeout)
+    let world = Arc::new(World::new(n));
+    Mailbox::connect(n, options.timeout, &world)
         .into_iter()
         .map(|mailbox| InProcessCommunicator {
             inner: Endpoint::new(Arc::clone(&mesh), mailbox, options.precision),
+            world: Arc::clone(&world),
+            options,
+            groups: HashMap::new(),
+            scratch: Vec::new(),
         })
         .collect()
 }
@@ -80,4 +115,378 @@ impl InProcessCommunicator {
     }
 }
 
-delegate_collectives!(InProcessCommunicator);
+/// The read or write guard of a shared buffer (see [`super::shared::lock`] on poisoning).
+fn read(slot: &std::sync::RwLock<Vec<f32>>) -> std::sync::RwLockReadGuard<'_, Vec<f32>> {
+    slot.read().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn write(slot: &std::sync::RwLock<Vec<f32>>) -> std::sync::RwLockWriteGuard<'_, Vec<f32>> {
+    slot.write().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// `slot[range]`, or an error when a peer published fewer elements than its call declares
+/// (which the call check at the first barrier rules out).
+fn part<'a>(
+    slot: &'a [f32],
+    range: std::ops::Range<usize>,
+    op: &'static str,
+) -> Result<&'a [f32], RuntimeError> {
+    let len = slot.len();
+    slot.get(range.clone()).ok_or_else(|| {
+        IrError::Verify(format!(
+            "`{op}`: a peer's buffer holds {len} elements, {range:?} were expected"
+        ))
+        .into()
+    })
+}
+
+impl InProcessCommunicator {
+    /// `result`, after telling the other ranks of its error.
+    fn aborting<R>(&mut self, result: Result<R, RuntimeError>) -> Result<R, RuntimeError> {
+        if let Err(e) = &result {
+            self.inner.abort(e);
+        }
+        result
+    }
+
+    /// Checks an `f32` call of `op` on `x_len` elements of type `ty`: a float dtype, the
+    /// operand's length, the op's typing rule on the mesh; returns the result type.
+    fn check(&self, op: &Op, ty: &TensorType, x_len: usize) -> Result<TensorType, RuntimeError> {
+        if !ty.dtype.is_float() {
+            return Err(RuntimeError::UnsupportedDType {
+                op: op.name(),
+                dtype: ty.dtype,
+            });
+        }
+        check_len(ty, x_len, "operand")?;
+        let mesh = self
+            .inner
+            .mesh()
+            .ok_or_else(|| RuntimeError::NeedsMultiRank { op: op.name() })?;
+        infer(op, &[ty], Some(mesh))?
+            .pop()
+            .ok_or_else(|| IrError::Verify(format!("`{}` declares no result", op.name())).into())
+    }
+
+    /// This rank's group over `axes`, with its shared buffers.
+    fn group(&mut self, axes: &[String]) -> Result<Group, RuntimeError> {
+        if let Some(g) = self.groups.get(axes) {
+            return Ok(g.clone());
+        }
+        let rank = self.inner.rank();
+        let mesh = self
+            .inner
+            .mesh()
+            .ok_or(RuntimeError::NeedsMultiRank { op: "collective" })?;
+        let members: Arc<[usize]> = group_members(mesh, rank, axes)?.into();
+        let pos = members.iter().position(|&m| m == rank).ok_or_else(|| {
+            IrError::Verify(format!("rank {rank} is not in its own group {members:?}"))
+        })?;
+        let g = Group {
+            slots: self.world.slots(&members),
+            members,
+            pos,
+        };
+        self.groups.insert(axes.to_vec(), g.clone());
+        Ok(g)
+    }
+
+    fn rounding(&self, ty: &TensorType) -> Rounding {
+        Rounding {
+            dtype: ty.dtype,
+            precision: self.options.precision,
+        }
+    }
+
+    /// Waits at the group's next barrier; `call` at a collective's first.
+    fn barrier(
+        &self,
+        op: &Op,
+        g: &Group,
+        call: Option<&Arc<CallSignature>>,
+    ) -> Result<(), RuntimeError> {
+        self.world.barrier(&BarrierCall {
+            op: op.name(),
+            members: &g.members,
+            pos: g.pos,
+            call,
+            timeout: self.options.timeout,
+        })
+    }
+
+    fn shared_all_reduce(
+        &mut self,
+        op: &Op,
+        x: &mut [f32],
+        ty: &TensorType,
+        axes: &[String],
+        kind: ReduceKind,
+    ) -> Result<(), RuntimeError> {
+        self.check(op, ty, x.len())?;
+        let rounding = self.rounding(ty);
+        let g = self.group(axes)?;
+        let (n, pos) = (g.members.len(), g.pos);
+        let bounds = chunk_bounds(x.len(), n);
+        let mut acc = [0f64; BLOCK];
+        if n == 1 {
+            for block in x.chunks_mut(BLOCK) {
+                let acc = &mut acc[..block.len()];
+                fold_block(kind, acc, block, true);
+                write_block(rounding, acc, block);
+            }
+            return Ok(());
+        }
+        // Publish every chunk but our own, which we reduce.
+        self.inner.transport_mut().fault_point(op.name());
+        for (c, r) in bounds.iter().enumerate() {
+            if c != pos {
+                publish(&g.slots.inputs[pos][c], &x[r.clone()]);
+            }
+        }
+        let call = Arc::new(CallSignature::new(op, ty));
+        self.barrier(op, &g, Some(&call))?;
+        // Reduce our chunk in the ring's order: from member pos + 1 around to ourselves.
+        {
+            let mine = bounds[pos].clone();
+            let mut result = write(&g.slots.results[pos]);
+            // Every element is written below: only a longer buffer than last time is filled.
+            result.truncate(mine.len());
+            result.resize(mine.len(), 0.0);
+            for start in (0..mine.len()).step_by(BLOCK) {
+                let end = (start + BLOCK).min(mine.len());
+                let acc = &mut acc[..end - start];
+                for k in 1..n {
+                    let src = read(&g.slots.inputs[(pos + k) % n][pos]);
+                    fold_block(kind, acc, part(&src, start..end, op.name())?, k == 1);
+                }
+                let own = &mut x[mine.start + start..mine.start + end];
+                fold_block(kind, acc, own, false);
+                write_block(rounding, acc, own);
+                result[start..end].copy_from_slice(own);
+            }
+        }
+        self.barrier(op, &g, None)?;
+        // Gather the others' reduced chunks.
+        for (m, r) in bounds.iter().enumerate() {
+            if m != pos {
+                let src = read(&g.slots.results[m]);
+                x[r.clone()].copy_from_slice(part(&src, 0..r.len(), op.name())?);
+            }
+        }
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn shared_reduce_scatter(
+        &mut self,
+        op: &Op,
+        x: &[f32],
+        ty: &TensorType,
+        axes: &[String],
+        dim: usize,
+        kind: ReduceKind,
+        out: &mut [f32],
+    ) -> Result<(), RuntimeError> {
+        let result_ty = self.check(op, ty, x.len())?;
+        check_len(&result_ty, out.len(), "result")?;
+        let rounding = self.rounding(ty);
+        let g = self.group(axes)?;
+        let (n, pos) = (g.members.len(), g.pos);
+        let layout = Layout::split(ty.dims(), dim, n);
+        self.inner.transport_mut().fault_point(op.name());
+        for j in 0..n {
+            let mut slot = write(&g.slots.inputs[pos][j]);
+            layout.take_into(x, j, &mut slot);
+        }
+        let call = Arc::new(CallSignature::new(op, ty));
+        self.barrier(op, &g, Some(&call))?;
+        let mut acc = [0f64; BLOCK];
+        for start in (0..out.len()).step_by(BLOCK) {
+            let end = (start + BLOCK).min(out.len());
+            let acc = &mut acc[..end - start];
+            for k in 1..=n {
+                let src = read(&g.slots.inputs[(pos + k) % n][pos]);
+                fold_block(kind, acc, part(&src, start..end, op.name())?, k == 1);
+            }
+            write_block(rounding, acc, &mut out[start..end]);
+        }
+        self.barrier(op, &g, None)
+    }
+
+    fn shared_all_gather(
+        &mut self,
+        op: &Op,
+        x: &[f32],
+        ty: &TensorType,
+        axes: &[String],
+        dim: usize,
+        out: &mut [f32],
+    ) -> Result<(), RuntimeError> {
+        let result_ty = self.check(op, ty, x.len())?;
+        check_len(&result_ty, out.len(), "result")?;
+        let g = self.group(axes)?;
+        let (n, pos) = (g.members.len(), g.pos);
+        let layout = Layout::join(ty.dims(), dim, n);
+        self.inner.transport_mut().fault_point(op.name());
+        publish(&g.slots.inputs[pos][0], x);
+        let call = Arc::new(CallSignature::new(op, ty));
+        self.barrier(op, &g, Some(&call))?;
+        for m in 0..n {
+            if m == pos {
+                layout.put(out, m, x);
+            } else {
+                let src = read(&g.slots.inputs[m][0]);
+                layout.put(out, m, part(&src, 0..x.len(), op.name())?);
+            }
+        }
+        self.barrier(op, &g, None)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn shared_all_to_all(
+        &mut self,
+        op: &Op,
+        x: &[f32],
+        ty: &TensorType,
+        axes: &[String],
+        split_dim: usize,
+        concat_dim: usize,
+        out: &mut [f32],
+    ) -> Result<(), RuntimeError> {
+        let result_ty = self.check(op, ty, x.len())?;
+        check_len(&result_ty, out.len(), "result")?;
+        let g = self.group(axes)?;
+        let (n, pos) = (g.members.len(), g.pos);
+        let split = Layout::split(ty.dims(), split_dim, n);
+        let mut piece_dims = ty.dims().to_vec();
+        piece_dims[split_dim] /= n;
+        let join = Layout::join(&piece_dims, concat_dim, n);
+        self.inner.transport_mut().fault_point(op.name());
+        publish(&g.slots.inputs[pos][0], x);
+        let call = Arc::new(CallSignature::new(op, ty));
+        self.barrier(op, &g, Some(&call))?;
+        let mut piece = std::mem::take(&mut self.scratch);
+        for m in 0..n {
+            if m == pos {
+                split.take_into(x, pos, &mut piece);
+            } else {
+                let src = read(&g.slots.inputs[m][0]);
+                split.take_into(part(&src, 0..x.len(), op.name())?, pos, &mut piece);
+            }
+            join.put(out, m, &piece);
+        }
+        self.scratch = piece;
+        self.barrier(op, &g, None)
+    }
+
+    fn shared_broadcast(
+        &mut self,
+        op: &Op,
+        x: &mut [f32],
+        ty: &TensorType,
+        axes: &[String],
+        root: usize,
+    ) -> Result<(), RuntimeError> {
+        self.check(op, ty, x.len())?;
+        let g = self.group(axes)?;
+        if g.members.len() == 1 {
+            return Ok(());
+        }
+        if g.pos == root {
+            self.inner.transport_mut().fault_point(op.name());
+            publish(&g.slots.inputs[root][0], x);
+        }
+        let call = Arc::new(CallSignature::new(op, ty));
+        self.barrier(op, &g, Some(&call))?;
+        if g.pos != root {
+            let src = read(&g.slots.inputs[root][0]);
+            let len = x.len();
+            x.copy_from_slice(part(&src, 0..len, op.name())?);
+        }
+        self.barrier(op, &g, None)
+    }
+}
+
+delegate_collectives!(InProcessCommunicator, {
+    fn all_reduce_f32(
+        &mut self,
+        x: &mut [f32],
+        ty: &TensorType,
+        axes: &[String],
+        reduce: ReduceKind,
+    ) -> Result<(), RuntimeError> {
+        let op = Op::AllReduce {
+            axes: axes.to_vec(),
+            reduce,
+        };
+        let result = self.shared_all_reduce(&op, x, ty, axes, reduce);
+        self.aborting(result)
+    }
+
+    fn all_gather_f32(
+        &mut self,
+        x: &[f32],
+        ty: &TensorType,
+        axes: &[String],
+        dim: usize,
+        out: &mut [f32],
+    ) -> Result<(), RuntimeError> {
+        let op = Op::AllGather {
+            axes: axes.to_vec(),
+            dim,
+        };
+        let result = self.shared_all_gather(&op, x, ty, axes, dim, out);
+        self.aborting(result)
+    }
+
+    fn reduce_scatter_f32(
+        &mut self,
+        x: &[f32],
+        ty: &TensorType,
+        axes: &[String],
+        dim: usize,
+        reduce: ReduceKind,
+        out: &mut [f32],
+    ) -> Result<(), RuntimeError> {
+        let op = Op::ReduceScatter {
+            axes: axes.to_vec(),
+            dim,
+            reduce,
+        };
+        let result = self.shared_reduce_scatter(&op, x, ty, axes, dim, reduce, out);
+        self.aborting(result)
+    }
+
+    fn all_to_all_f32(
+        &mut self,
+        x: &[f32],
+        ty: &TensorType,
+        axes: &[String],
+        split_dim: usize,
+        concat_dim: usize,
+        out: &mut [f32],
+    ) -> Result<(), RuntimeError> {
+        let op = Op::AllToAll {
+            axes: axes.to_vec(),
+            split_dim,
+            concat_dim,
+        };
+        let result = self.shared_all_to_all(&op, x, ty, axes, split_dim, concat_dim, out);
+        self.aborting(result)
+    }
+
+    fn broadcast_f32(
+        &mut self,
+        x: &mut [f32],
+        ty: &TensorType,
+        axes: &[String],
+        root: usize,
+    ) -> Result<(), RuntimeError> {
+        let op = Op::CollectiveBroadcast {
+            axes: axes.to_vec(),
+            root,
+        };
+        let result = self.shared_broadcast(&op, x, ty, axes, root);
+        self.aborting(result)
+    }
+});

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use autopar_ir::{Op, TensorType};
 
+use super::shared::World;
 use crate::error::RuntimeError;
 use crate::tensor::Data;
 
@@ -187,11 +188,15 @@ pub(crate) struct Mailbox {
     timeout: Duration,
     /// Fault injection: how many more data messages this rank sends before it panics.
     sends_before_panic: Option<usize>,
+    /// What the ranks share besides the channels (the shared-memory collectives), told of
+    /// every failure and exit the channels carry.
+    world: Arc<World>,
 }
 
 impl Mailbox {
-    /// The mailboxes of `n` ranks, wired to one another.
-    pub(crate) fn connect(n: usize, timeout: Duration) -> Vec<Mailbox> {
+    /// The mailboxes of `n` ranks, wired to one another, which also post their failure and
+    /// exit notices to `world`.
+    pub(crate) fn connect(n: usize, timeout: Duration, world: &Arc<World>) -> Vec<Mailbox> {
         let (senders, receivers): (Vec<_>, Vec<_>) =
             (0..n).map(|_| std::sync::mpsc::channel()).unzip();
         receivers
@@ -206,6 +211,7 @@ impl Mailbox {
                 exited: BTreeSet::new(),
                 timeout,
                 sends_before_panic: None,
+                world: Arc::clone(world),
             })
             .collect()
     }
@@ -220,6 +226,18 @@ impl Mailbox {
         self.sends_before_panic = Some(n);
     }
 
+    /// Counts one data message of `op` against the fault injection of
+    /// [`panic_after_sends`](Self::panic_after_sends), panicking when its turn has come. The
+    /// shared-memory collectives count each publication of their data as one.
+    pub(crate) fn fault_point(&mut self, op: &str) {
+        if let Some(left) = &mut self.sends_before_panic {
+            if *left == 0 {
+                panic!("rank {} killed by fault injection during `{op}`", self.rank);
+            }
+            *left -= 1;
+        }
+    }
+
     /// Sends `payload` to rank `to`. Never blocks: the inbox is unbounded.
     pub(crate) fn send(
         &mut self,
@@ -229,15 +247,7 @@ impl Mailbox {
         payload: Data,
         cx: &Context<'_>,
     ) -> Result<(), RuntimeError> {
-        if let Some(left) = &mut self.sends_before_panic {
-            if *left == 0 {
-                panic!(
-                    "rank {} killed by fault injection during `{}`",
-                    self.rank, cx.op
-                );
-            }
-            *left -= 1;
-        }
+        self.fault_point(cx.op);
         let delivered = self.peers.get(to).is_some_and(|peer| {
             peer.send(Envelope::Data {
                 from: self.rank,
@@ -382,6 +392,7 @@ impl Mailbox {
     /// Tells every other rank that this run has failed, because of `origin` (this rank or a
     /// peer whose failure this rank observed).
     pub(crate) fn announce_failure(&self, origin: usize, reason: &str) {
+        self.world.fail(origin, reason);
         for (to, peer) in self.peers.iter().enumerate() {
             if to != self.rank {
                 // A peer that is gone needs no warning.
@@ -404,5 +415,6 @@ impl Drop for Mailbox {
                 let _ = peer.send(Envelope::Exited { from: self.rank });
             }
         }
+        self.world.exit(self.rank);
     }
 }

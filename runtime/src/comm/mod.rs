@@ -9,9 +9,15 @@
 //! give the same bits. No collective can hang: a receive waits at most
 //! [`CommOptions::timeout`], and a rank that fails or goes away makes the others fail at their
 //! next receive. [`SingleDevice`] is the process group of a lone device, which has no peers.
+//!
+//! Backends that hold floats as `f32` call the `*_f32` methods of [`Collectives`] (or
+//! [`communicate_f32`]) on their own buffers: by default these go through the `Tensor`
+//! methods, and the in-process communicator overrides them with buffers shared between the
+//! rank threads (`shared`), reused from call to call.
 
 mod blocks;
 mod endpoint;
+mod floats;
 mod group;
 mod in_process;
 mod mailbox;
@@ -19,12 +25,14 @@ mod mailbox;
 pub mod mpi;
 #[cfg(feature = "nccl")]
 pub mod nccl;
+mod shared;
 
 use autopar_ir::infer::infer;
 use autopar_ir::{DeviceMesh, IrError, Op, ReduceKind, TensorType};
 
 #[cfg(feature = "mpi")]
 pub use self::mpi::MpiCommunicator;
+pub use floats::communicate_f32;
 pub use group::{group_members, shifted_rank};
 pub use in_process::{CommOptions, InProcessCommunicator, in_process_communicators};
 
@@ -46,7 +54,23 @@ use crate::tensor::Tensor;
 ///
 /// The conformance suite in `runtime/tests/comm_collectives.rs` and
 /// `runtime/tests/comm_failures.rs` is written against this trait; every implementation
-/// passes it.
+/// passes it, through the `Tensor` methods and through the `f32` ones.
+///
+/// # The `f32` path
+///
+/// A backend that stores f32, bf16 and f16 tensors as `f32` elements (bf16 and f16 values
+/// are exact in `f32`) calls the `*_f32` methods on its own buffers instead of building
+/// [`Tensor`]s. Each takes the operand's elements and its declared type `ty` (dtype and
+/// dims; the dtype must be a float one), and writes the result into the caller's buffer,
+/// `out` or the operand itself, which must hold exactly the elements of the result type the
+/// IR's typing rule gives. Their meaning is the `Tensor` method's, to the bit: the same group
+/// order, the same slice kept by each member, the same reduction order (partial sums in
+/// `f64`, rounded once to the declared dtype unless the communicator keeps `f64`
+/// ([`Precision::F64`](crate::Precision::F64)), in which case they are rounded to `f32`, the
+/// most an `f32` buffer holds). Every member of a group makes the same call: all of them the
+/// `f32` method, or all of them the `Tensor` one (a group that mixes the two fails by
+/// timeout). The default implementations go through the `Tensor` methods, so every
+/// implementation has them; the in-process communicator overrides them with shared buffers.
 pub trait Collectives {
     /// This rank: its linear coordinate on the mesh.
     fn rank(&self) -> usize;
@@ -110,6 +134,136 @@ pub trait Collectives {
     /// waiting for it at once. An error that only reports another rank's failure passes that
     /// failure on.
     fn abort(&mut self, error: &RuntimeError);
+
+    /// [`all_reduce`](Self::all_reduce) of the `f32` elements `x`, of declared type `ty`, in
+    /// place: every member ends with the whole reduction.
+    fn all_reduce_f32(
+        &mut self,
+        x: &mut [f32],
+        ty: &TensorType,
+        axes: &[String],
+        reduce: ReduceKind,
+    ) -> Result<(), RuntimeError> {
+        let op = Op::AllReduce {
+            axes: axes.to_vec(),
+            reduce,
+        };
+        let t = floats::operand(self, &op, ty, x)?;
+        let r = self.all_reduce(&t, axes, reduce)?;
+        floats::write_result(self, &op, &r, x)
+    }
+
+    /// [`all_gather`](Self::all_gather) of `x` (declared type `ty`) along `dim` into `out`.
+    fn all_gather_f32(
+        &mut self,
+        x: &[f32],
+        ty: &TensorType,
+        axes: &[String],
+        dim: usize,
+        out: &mut [f32],
+    ) -> Result<(), RuntimeError> {
+        let op = Op::AllGather {
+            axes: axes.to_vec(),
+            dim,
+        };
+        let t = floats::operand(self, &op, ty, x)?;
+        let r = self.all_gather(&t, axes, dim)?;
+        floats::write_result(self, &op, &r, out)
+    }
+
+    /// [`reduce_scatter`](Self::reduce_scatter) of `x` (declared type `ty`) along `dim` into
+    /// `out`, this member's slice.
+    fn reduce_scatter_f32(
+        &mut self,
+        x: &[f32],
+        ty: &TensorType,
+        axes: &[String],
+        dim: usize,
+        reduce: ReduceKind,
+        out: &mut [f32],
+    ) -> Result<(), RuntimeError> {
+        let op = Op::ReduceScatter {
+            axes: axes.to_vec(),
+            dim,
+            reduce,
+        };
+        let t = floats::operand(self, &op, ty, x)?;
+        let r = self.reduce_scatter(&t, axes, dim, reduce)?;
+        floats::write_result(self, &op, &r, out)
+    }
+
+    /// [`all_to_all`](Self::all_to_all) of `x` (declared type `ty`) into `out`.
+    #[allow(clippy::too_many_arguments)]
+    fn all_to_all_f32(
+        &mut self,
+        x: &[f32],
+        ty: &TensorType,
+        axes: &[String],
+        split_dim: usize,
+        concat_dim: usize,
+        out: &mut [f32],
+    ) -> Result<(), RuntimeError> {
+        let op = Op::AllToAll {
+            axes: axes.to_vec(),
+            split_dim,
+            concat_dim,
+        };
+        let t = floats::operand(self, &op, ty, x)?;
+        let r = self.all_to_all(&t, axes, split_dim, concat_dim)?;
+        floats::write_result(self, &op, &r, out)
+    }
+
+    /// [`broadcast`](Self::broadcast) in place: every member's `x` (declared type `ty`)
+    /// becomes group member `root`'s.
+    fn broadcast_f32(
+        &mut self,
+        x: &mut [f32],
+        ty: &TensorType,
+        axes: &[String],
+        root: usize,
+    ) -> Result<(), RuntimeError> {
+        let op = Op::CollectiveBroadcast {
+            axes: axes.to_vec(),
+            root,
+        };
+        let t = floats::operand(self, &op, ty, x)?;
+        let r = self.broadcast(&t, axes, root)?;
+        floats::write_result(self, &op, &r, x)
+    }
+
+    /// [`send`](Self::send) of `x`, of declared type `ty`.
+    fn send_f32(
+        &mut self,
+        x: &[f32],
+        ty: &TensorType,
+        axis: &str,
+        shift: i64,
+    ) -> Result<(), RuntimeError> {
+        let op = Op::Send {
+            axis: axis.to_string(),
+            shift,
+        };
+        let t = floats::operand(self, &op, ty, x)?;
+        self.send(&t, axis, shift)
+    }
+
+    /// [`recv`](Self::recv) of a message of type `ty` into `out`.
+    fn recv_f32(
+        &mut self,
+        out: &mut [f32],
+        ty: &TensorType,
+        axis: &str,
+        shift: i64,
+    ) -> Result<(), RuntimeError> {
+        let op = Op::Recv {
+            axis: axis.to_string(),
+            shift,
+            ty: ty.clone(),
+        };
+        floats::check_float(self, &op, ty)?;
+        let r = self.recv(ty, axis, shift)?;
+        floats::write_result(self, &op, &r, out)
+    }
 }
 
 /// Carries out the IR communication op `op` on this rank's `operands` with `comm`, returning

@@ -1,0 +1,139 @@
+//! A 64 MiB all-reduce (16 Mi f32 elements) on 4 thread ranks, in one run: through the
+//! `f32` path of `Collectives` (buffers shared between the rank threads, reused from call to
+//! call), through the `Tensor` path (ring over channels, floats held as f64), and, as the
+//! floor, one memcpy of 64 MiB. Throughput is in bytes of the declared dtype (64 MiB per
+//! all-reduce). Needs no MPI (`benches/collectives_mpi.rs` adds MPI processes).
+//!
+//! The rank threads start once per batch of iterations and time the batch themselves after
+//! one warm-up all-reduce, so that neither thread start-up nor the first call's buffer
+//! allocation is timed. After the criterion groups, the bench prints the median of a few
+//! batches of each, and the all-reduce bandwidth as a fraction of memcpy's.
+
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use autopar_ir::{DType, DeviceMesh, ReduceKind, TensorType};
+use autopar_runtime::comm::Collectives;
+use autopar_runtime::{CommOptions, Launcher, Tensor, ThreadLauncher, root_cause};
+use criterion::{Criterion, Throughput};
+
+const BYTES: usize = 64 << 20;
+const RANKS: usize = 4;
+
+fn launcher() -> ThreadLauncher {
+    ThreadLauncher {
+        options: CommOptions {
+            timeout: Duration::from_secs(600),
+            ..CommOptions::default()
+        },
+    }
+}
+
+/// Which method the ranks call.
+#[derive(Clone, Copy)]
+enum Path {
+    F32,
+    Tensor,
+}
+
+/// `iters` all-reduces on every rank after one warm-up; the slowest rank's time.
+fn timed_all_reduces(path: Path, iters: u64) -> Duration {
+    let mesh = DeviceMesh::new([("x", RANKS)]).expect("mesh");
+    let axes = vec!["x".to_string()];
+    let ty = TensorType::new(DType::F32, [BYTES / 4]);
+    let results = launcher()
+        .launch(&mesh, |comm: &mut dyn Collectives| {
+            let value = comm.rank() as f32 + 0.5;
+            match path {
+                Path::F32 => {
+                    let mut x = vec![value; BYTES / 4];
+                    comm.all_reduce_f32(&mut x, &ty, &axes, ReduceKind::Sum)?;
+                    let start = Instant::now();
+                    for _ in 0..iters {
+                        comm.all_reduce_f32(black_box(&mut x), &ty, &axes, ReduceKind::Sum)?;
+                    }
+                    Ok(start.elapsed())
+                }
+                Path::Tensor => {
+                    let x = Tensor::full(ty.clone(), f64::from(value));
+                    comm.all_reduce(&x, &axes, ReduceKind::Sum)?;
+                    let start = Instant::now();
+                    for _ in 0..iters {
+                        black_box(comm.all_reduce(&x, &axes, ReduceKind::Sum)?);
+                    }
+                    Ok(start.elapsed())
+                }
+            }
+        })
+        .expect("the ranks start");
+    let times = root_cause(results).expect("every rank all-reduces");
+    times.into_iter().map(|(_, t)| t).max().unwrap_or_default()
+}
+
+fn memcpy(src: &[u8], dst: &mut [u8]) {
+    dst.copy_from_slice(black_box(src));
+    black_box(dst);
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+fn all_reduce_64mib(c: &mut Criterion) {
+    let mut group = c.benchmark_group("all_reduce_64MiB_4_thread_ranks");
+    group.sample_size(10);
+    group.warm_up_time(Duration::from_secs(1));
+    group.measurement_time(Duration::from_secs(10));
+    group.throughput(Throughput::Bytes(BYTES as u64));
+    group.bench_function("f32_shared_buffers", |b| {
+        b.iter_custom(|iters| timed_all_reduces(Path::F32, iters))
+    });
+    group.bench_function("tensor_ring", |b| {
+        b.iter_custom(|iters| timed_all_reduces(Path::Tensor, iters))
+    });
+    let src = vec![1u8; BYTES];
+    let mut dst = vec![0u8; BYTES];
+    group.bench_function("memcpy", |b| b.iter(|| memcpy(&src, &mut dst)));
+    group.finish();
+
+    // The same three, a few batches each, for the ratio the target is stated in.
+    let batches = 5;
+    let copy = median(
+        (0..batches)
+            .map(|_| {
+                let start = Instant::now();
+                for _ in 0..4 {
+                    memcpy(&src, &mut dst);
+                }
+                start.elapsed() / 4
+            })
+            .collect(),
+    );
+    let f32_path = median(
+        (0..batches)
+            .map(|_| timed_all_reduces(Path::F32, 4) / 4)
+            .collect(),
+    );
+    let tensor = median(
+        (0..batches)
+            .map(|_| timed_all_reduces(Path::Tensor, 1))
+            .collect(),
+    );
+    let gib = |t: Duration| BYTES as f64 / t.as_secs_f64() / f64::from(1u32 << 30);
+    println!(
+        "memcpy {:.2} GiB/s; f32 path {:.2} GiB/s ({:.2}x memcpy); tensor path {:.3} GiB/s \
+         ({:.3}x memcpy)",
+        gib(copy),
+        gib(f32_path),
+        copy.as_secs_f64() / f32_path.as_secs_f64(),
+        gib(tensor),
+        copy.as_secs_f64() / tensor.as_secs_f64(),
+    );
+}
+
+fn main() {
+    let mut c = Criterion::default().configure_from_args();
+    all_reduce_64mib(&mut c);
+    c.final_summary();
+}
