@@ -67,7 +67,8 @@ enum Command {
         #[arg(long)]
         values: bool,
     },
-    /// Train a model on the reference interpreter (or run one forward pass with --forward).
+    /// Train a model on CPU ranks, on the fast CPU backend (or the reference interpreter with
+    /// --interpreter), or run one forward pass with --forward.
     ///
     /// Prints `step <i> loss: <value>` for each step, then `peak memory: <bytes>`, the largest
     /// total size of the tensors the interpreter held at once.
