@@ -327,14 +327,6 @@ impl Val {
         }
     }
 
-    /// Bytes it holds (a splat holds none).
-    fn storage_bytes(&self) -> u64 {
-        match self {
-            Val::Dense(t) => t.storage_bytes(),
-            Val::Splat(..) => 0,
-        }
-    }
-
     /// The reference tensor of the same type and values.
     pub(crate) fn to_tensor(&self) -> Result<Tensor, RuntimeError> {
         match self {
@@ -415,18 +407,20 @@ impl Backend for FastCpuBackend {
             wide: self.wide,
             workers: self.pool.as_deref(),
         };
+        // Bytes held: every storage counted once, however many values share it (reshapes,
+        // pass-through outputs), fed tensors from the start.
+        let mut held = Held::default();
         // Check every feed before computing anything, so that a bad one fails fast.
-        let mut resident = 0;
         for &n in order {
             let t = match &graph.node(n).op {
                 Op::Parameter { name, ty, .. } => fed(Feed::Parameter, params, name, ty)?,
                 Op::Input { name, ty, .. } => fed(Feed::Input, inputs, name, ty)?,
                 _ => continue,
             };
-            resident += t.storage_bytes();
+            held.add(&Val::Dense(t.clone()));
         }
         let mut live: HashMap<ValueId, Val> = HashMap::new();
-        let (mut live_bytes, mut peak_bytes) = (resident, resident);
+        let mut peak_bytes = held.bytes;
         for (pos, &n) in order.iter().enumerate() {
             let node = graph.node(n);
             let declared = &exe.results[pos];
@@ -440,7 +434,7 @@ impl Backend for FastCpuBackend {
                 },
             };
             let started = exe.profile.as_ref().map(|_| Instant::now());
-            let (results, counted) = match &node.op {
+            let (results, fed_node) = match &node.op {
                 Op::Parameter { name, ty, .. } => (
                     vec![Val::Dense(fed(Feed::Parameter, params, name, ty)?.clone())],
                     true,
@@ -492,15 +486,15 @@ impl Backend for FastCpuBackend {
                     ))
                     .into());
                 }
-                if !counted {
-                    live_bytes += r.storage_bytes();
+                if !fed_node {
+                    held.add(&r);
                 }
                 live.insert(v, r);
             }
-            peak_bytes = peak_bytes.max(live_bytes);
+            peak_bytes = peak_bytes.max(held.bytes);
             for v in exe.plan.frees_after(pos) {
                 if let Some(t) = live.remove(v) {
-                    live_bytes = live_bytes.saturating_sub(t.storage_bytes());
+                    held.remove(&t);
                 }
             }
         }
@@ -515,6 +509,42 @@ impl Backend for FastCpuBackend {
             outputs,
             peak_bytes,
         })
+    }
+}
+
+/// The storage a run holds: bytes, and how many live values share each storage.
+#[derive(Default)]
+struct Held {
+    bytes: u64,
+    refs: HashMap<usize, (usize, u64)>,
+}
+
+impl Held {
+    fn add(&mut self, v: &Val) {
+        let Val::Dense(t) = v else { return };
+        let e = self
+            .refs
+            .entry(t.storage_id())
+            .or_insert((0, t.storage_bytes()));
+        if e.0 == 0 {
+            self.bytes += e.1;
+        }
+        e.0 += 1;
+    }
+
+    /// Drops a value after its last use (a fed one was counted when the run started, and is
+    /// resident until then).
+    fn remove(&mut self, v: &Val) {
+        let Val::Dense(t) = v else { return };
+        let id = t.storage_id();
+        let Some(e) = self.refs.get_mut(&id) else {
+            return;
+        };
+        e.0 = e.0.saturating_sub(1);
+        if e.0 == 0 {
+            self.bytes = self.bytes.saturating_sub(e.1);
+            self.refs.remove(&id);
+        }
     }
 }
 

@@ -179,6 +179,11 @@ impl FastTensor {
         self.data.elems.bytes()
     }
 
+    /// An identity of its storage, equal for tensors that share it.
+    pub fn storage_id(&self) -> usize {
+        Arc::as_ptr(&self.data) as usize
+    }
+
     /// True when `self` and `other` share storage.
     pub fn shares_storage(&self, other: &FastTensor) -> bool {
         Arc::ptr_eq(&self.data, &other.data)
