@@ -71,7 +71,8 @@ enum Command {
     /// --interpreter), or run one forward pass with --forward.
     ///
     /// Prints `step <i> loss: <value>` for each step, then `peak memory: <bytes>`, the largest
-    /// total size of the tensors the interpreter held at once.
+    /// total size of the tensors the backend held at once (in its storage: 4 bytes per float on
+    /// the fast backend, the declared dtype's size on the interpreter).
     Run(Box<RunArgs>),
     /// Predict step time, throughput and memory of a training plan on a cluster.
     Estimate(EstimateArgs),

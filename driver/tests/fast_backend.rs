@@ -5,8 +5,11 @@
 
 use std::collections::BTreeMap;
 
-use autopar_driver::{CompileOptions, Error, compile};
-use autopar_runtime::{self as rt, Backend, FastCpuBackend, FastTensor, SingleDevice, TensorMap};
+use autopar_driver::ir::DType;
+use autopar_driver::{CompileOptions, Error, RunHooks, RunOptions, compile, run_on};
+use autopar_runtime::{
+    self as rt, Backend, FastCpuBackend, FastTensor, SingleDevice, TensorMap, ThreadLauncher,
+};
 
 /// The largest difference of every output of one step of `model`'s single-device training
 /// step between the fast backend (with `threads`) and the interpreter, and the magnitude of
@@ -59,6 +62,45 @@ fn one_step_matches_the_interpreter() -> Result<(), Error> {
                     "{model} x{threads}: `{name}` differs by {d:e} (scale {scale:e})"
                 );
             }
+        }
+    }
+    Ok(())
+}
+
+/// Runs `steps` steps of `model` on `mesh` on the fast backend with `--verify`.
+fn verified(model: &str, mesh: &str, micro_batches: usize, dtype: DType) -> Result<(), Error> {
+    let mut options = CompileOptions::new(model).on_mesh(mesh)?;
+    options.train.micro_batches = micro_batches;
+    options.train.compute_dtype = dtype;
+    let step = compile(&options)?;
+    let run = RunOptions {
+        steps: 3,
+        verify: true,
+        ..RunOptions::default()
+    };
+    let ranks = step.mesh.num_devices();
+    let backend = FastCpuBackend::new(1, ranks)?;
+    let report = run_on(
+        &step,
+        &ThreadLauncher::default(),
+        &backend,
+        &run,
+        RunHooks::default(),
+        |_| {},
+    )?;
+    let v = report.verify.expect("verified");
+    assert!(v.ok(), "{model} on {mesh} ({dtype}): {v:?}");
+    assert_eq!(report.losses.len(), 3);
+    Ok(())
+}
+
+#[test]
+fn training_runs_verify_on_meshes_and_pipelines() -> Result<(), Error> {
+    for model in ["gpt-tiny", "llama-tiny", "moe-tiny"] {
+        for dtype in [DType::F32, DType::BF16] {
+            verified(model, "dp=1", 1, dtype)?;
+            verified(model, "dp=2,tp=2", 1, dtype)?;
+            verified(model, "pp=2", 2, dtype)?;
         }
     }
     Ok(())
