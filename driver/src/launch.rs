@@ -60,6 +60,9 @@ pub struct Launch {
     /// Threads per rank for the fast backend; `None`: the available cores divided by the
     /// ranks this process runs (at least 1).
     pub threads: Option<usize>,
+    /// Whether the fast backend's f32 einsums accumulate in f64 (the default, within
+    /// `--verify`'s tolerance of the reference) or in f32 (faster).
+    pub wide_accumulation: bool,
 }
 
 impl Default for Launch {
@@ -69,6 +72,7 @@ impl Default for Launch {
             collective_timeout: CommOptions::DEFAULT_TIMEOUT,
             backend: BackendKind::Fast,
             threads: None,
+            wide_accumulation: true,
         }
     }
 }
@@ -146,7 +150,8 @@ fn on_backend<L: Launcher + 'static>(
         BackendKind::Fast => {
             let local = launcher.local_ranks(&step.mesh)?.len();
             let threads = threads_per_rank(launch.threads, available_cores(), local);
-            let backend = FastCpuBackend::new(threads, local)?;
+            let backend = FastCpuBackend::new(threads, local)?
+                .with_wide_accumulation(launch.wide_accumulation);
             run_on(step, launcher, &backend, options, hooks, on_step)
         }
     }
