@@ -31,10 +31,11 @@ fn number_after(text: &str, key: &str) -> Option<f64> {
     digits.parse().ok()
 }
 
-/// Peak bytes per rank that `autopar run` records: one figure for an SPMD run (the largest
-/// rank's), one per pipeline rank for a pipelined run.
+/// Peak bytes per rank that `autopar run` records on the interpreter (the runtime that
+/// `cpu:ranks=N` describes: declared-dtype bytes; the fast backend's storage differs): one
+/// figure for an SPMD run (the largest rank's), one per pipeline rank for a pipelined run.
 fn measured(model: &str, run_args: &[&str]) -> Vec<f64> {
-    let mut args = vec!["run", model, "--steps", "1"];
+    let mut args = vec!["run", model, "--steps", "1", "--interpreter"];
     args.extend_from_slice(run_args);
     let out = autopar(&args);
     let whole =

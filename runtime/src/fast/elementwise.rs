@@ -217,9 +217,15 @@ pub(crate) fn eval(
     args: &[&Val],
     out: &TensorType,
 ) -> Result<Val, RuntimeError> {
-    // On splats only, the result is a splat: computed once, by the reference kernel.
+    // On splats only, the result is a splat: computed once, by the reference kernel on
+    // one-element operands.
     if args.iter().all(|a| matches!(a, Val::Splat(..))) {
-        let mut r = reference_kernel(ctx, op, args)?;
+        let scalars: Vec<Val> = args
+            .iter()
+            .map(|a| Val::Splat(TensorType::scalar(a.ty().dtype), splat_value(a)))
+            .collect();
+        let refs: Vec<&Val> = scalars.iter().collect();
+        let mut r = reference_kernel(ctx, op, &refs)?;
         let t = match r.pop() {
             Some(Val::Dense(t)) => t,
             Some(v @ Val::Splat(..)) => return Ok(v),
@@ -263,6 +269,14 @@ pub(crate) fn eval(
         Op::Select => select(ctx, args, out),
         Op::Cast { to } => cast(ctx, args[0], *to, out),
         _ => reference_kernel(ctx, op, args).map(first),
+    }
+}
+
+/// The value of a splat (0 for a dense tensor, which callers never pass).
+fn splat_value(v: &Val) -> f64 {
+    match v {
+        Val::Splat(_, x) => *x,
+        Val::Dense(_) => 0.0,
     }
 }
 
