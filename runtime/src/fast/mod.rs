@@ -19,9 +19,12 @@
 //! split their work over a rayon pool.
 //!
 //! Ops without a fast kernel go through the reference kernel ([`crate::kernels::eval_op`])
-//! with their operands converted to and from [`Tensor`]: `moe_route`, integer reductions,
-//! `pow` on integers. Communication ops go to the rank's [`Collectives`] through one adapter,
-//! [`communicate_fast`].
+//! with their operands converted to and from [`Tensor`]: `moe_route`, reductions and
+//! scatter-adds of integers, unary ops and `select` on integers or booleans, casts from
+//! integers to bool, and element-wise ops whose operands are all splats (evaluated on one
+//! element; the result is a splat). Communication ops go to the rank's [`Collectives`]
+//! through one adapter, [`communicate_fast`] (today by conversion to [`Tensor`]; the coming f32
+//! methods of `Collectives` plug in there).
 //!
 //! `AUTOPAR_PROFILE=1` makes every executable print, when dropped, the time it spent per op
 //! kind.
