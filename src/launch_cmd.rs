@@ -10,7 +10,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use clap::ValueEnum;
 
-use autopar_driver::{self as driver, Launch, LauncherKind};
+use autopar_driver::{self as driver, BackendKind, Launch, LauncherKind};
 
 /// Set on MPI ranks other than 0: they print nothing on standard output.
 static QUIET: AtomicBool = AtomicBool::new(false);
@@ -28,6 +28,19 @@ pub struct LauncherArgs {
     /// is stuck ends the run within this).
     #[arg(long, value_name = "SECS", default_value_t = 300.0)]
     pub collective_timeout: f64,
+    /// Run the ranks' programs on the reference interpreter (f64 arithmetic, one thread per
+    /// rank) instead of the fast CPU backend (f32 storage, reused buffers, threads inside
+    /// ops). `--verify` compares with the reference interpreter either way.
+    #[arg(long)]
+    pub interpreter: bool,
+    /// Threads per rank for the fast backend [default: the available cores divided by the
+    /// ranks of this process, at least 1].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=1024), conflicts_with = "interpreter")]
+    pub threads: Option<u64>,
+    /// Sum the fast backend's f32 matrix products in f32 instead of f64: faster, but Adam
+    /// turns the rounding noise of gradients that cancel into updates `--verify` may flag.
+    #[arg(long, conflicts_with = "interpreter")]
+    pub f32_accumulation: bool,
 }
 
 /// The launchers of `--launcher`.
@@ -68,6 +81,13 @@ impl LauncherArgs {
                 LauncherArg::Mpi => LauncherKind::Mpi,
             },
             collective_timeout: Duration::from_secs_f64(t),
+            backend: if self.interpreter {
+                BackendKind::Interpreter
+            } else {
+                BackendKind::Fast
+            },
+            threads: self.threads.map(|n| n as usize),
+            wide_accumulation: !self.f32_accumulation,
         })
     }
 }

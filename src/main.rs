@@ -77,10 +77,12 @@ enum Command {
         #[arg(long, value_name = "LAYERS", value_parser = parse_layers)]
         layers: Option<driver::ir::dot::LayerSelection>,
     },
-    /// Train a model on the reference interpreter (or run one forward pass with --forward).
+    /// Train a model on CPU ranks, on the fast CPU backend (or the reference interpreter with
+    /// --interpreter), or run one forward pass with --forward.
     ///
     /// Prints `step <i> loss: <value>` for each step, then `peak memory: <bytes>`, the largest
-    /// total size of the tensors the interpreter held at once.
+    /// total size of the tensors the backend held at once (in its storage: 4 bytes per float on
+    /// the fast backend, the declared dtype's size on the interpreter).
     Run(Box<RunArgs>),
     /// Predict step time, throughput and memory of a training plan on a cluster.
     Estimate(EstimateArgs),

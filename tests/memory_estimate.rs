@@ -38,8 +38,9 @@ fn number_after(text: &str, key: &str) -> Option<f64> {
     digits.parse().ok()
 }
 
-/// Peak bytes per rank that `autopar run` records: one figure for an SPMD run (the largest
-/// rank's), one per pipeline rank for a pipelined run.
+/// Peak bytes per rank that `autopar run` records on the interpreter (the runtime that
+/// `cpu:ranks=N` describes: declared-dtype bytes; the fast backend's storage differs): one
+/// figure for an SPMD run (the largest rank's), one per pipeline rank for a pipelined run.
 fn measured(model: &str, run_args: &[&str]) -> Vec<f64> {
     let unfused = measured_with(model, run_args, &["--no-fuse"]);
     let fused = measured_with(model, run_args, &[]);
@@ -58,7 +59,7 @@ fn measured(model: &str, run_args: &[&str]) -> Vec<f64> {
 }
 
 fn measured_with(model: &str, run_args: &[&str], extra: &[&str]) -> Vec<f64> {
-    let mut args = vec!["run", model, "--steps", "1"];
+    let mut args = vec!["run", model, "--steps", "1", "--interpreter"];
     args.extend_from_slice(run_args);
     args.extend_from_slice(extra);
     let out = autopar(&args);

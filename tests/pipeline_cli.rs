@@ -60,31 +60,45 @@ fn f16_pipelines_run_with_their_loss_scale() {
         assert!(ok, "{mesh}: {out}");
         assert!(out.trim_end().ends_with("OK"), "{mesh}: {out}");
     }
-    let (ok, out) = autopar(&[
-        "run",
-        SMALL,
-        "--mesh",
-        "pp=2",
-        "--micro-batches",
-        "4",
-        "--schedule",
-        "interleaved",
-        "--vpp",
-        "2",
-        "--dtype",
-        "f16",
-        "--loss-scale",
-        "1e30",
-        "--steps",
-        "2",
-        "--verify",
-    ]);
-    assert!(ok, "{out}");
+    let overflowing = |backend: &[&str]| {
+        let mut args = vec![
+            "run",
+            SMALL,
+            "--mesh",
+            "pp=2",
+            "--micro-batches",
+            "4",
+            "--schedule",
+            "interleaved",
+            "--vpp",
+            "2",
+            "--dtype",
+            "f16",
+            "--loss-scale",
+            "1e30",
+            "--steps",
+            "2",
+            "--verify",
+        ];
+        args.extend_from_slice(backend);
+        let (ok, out) = autopar(&args);
+        assert!(ok, "{out}");
+        assert!(
+            out.contains("gradients are not finite; update skipped"),
+            "{out}"
+        );
+        out
+    };
+    // Every update skipped: on the interpreter the state and losses equal the reference's
+    // bit for bit; the fast backend's f16 losses differ by rounding only.
+    let out = overflowing(&["--interpreter"]);
+    assert!(out.contains("max_rel_err=0.000e0 OK"), "{out}");
+    let out = overflowing(&[]);
     assert!(
-        out.contains("gradients are not finite; update skipped"),
+        out.lines()
+            .any(|l| l.starts_with("verify: ") && l.ends_with(" OK")),
         "{out}"
     );
-    assert!(out.contains("max_rel_err=0.000e0 OK"), "{out}");
 
     let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("pipeline_f16");
     std::fs::create_dir_all(&dir).expect("scratch dir");

@@ -1,12 +1,13 @@
 //! How the ranks of a run start: as threads of this process, or as the processes of an MPI
-//! job (one rank each, feature `mpi`). [`run_launched`] is [`crate::run_on`] with the chosen
-//! launcher and the CPU backend; [`finish`] and [`abort`] end an MPI process the way its job
+//! job (one rank each, feature `mpi`), and which backend runs their programs: the fast CPU
+//! backend (the default) or the reference interpreter. [`run_launched`] is [`crate::run_on`]
+//! with the chosen launcher and backend; [`finish`] and [`abort`] end an MPI process the way its job
 //! needs (cleanly after success; after a failure, taking the whole job down once the error
 //! is reported, so that no rank waits for one that will never come).
 
 use std::time::Duration;
 
-use autopar_runtime::{CommOptions, CpuBackend, ThreadLauncher};
+use autopar_runtime::{CommOptions, CpuBackend, FastCpuBackend, Launcher, ThreadLauncher};
 
 use crate::Error;
 use crate::compile::CompiledStep;
@@ -36,6 +37,16 @@ impl std::str::FromStr for LauncherKind {
     }
 }
 
+/// Which backend executes the ranks' programs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum BackendKind {
+    /// The fast CPU backend ([`FastCpuBackend`]: f32 storage, pooled buffers, threads).
+    #[default]
+    Fast,
+    /// The reference interpreter ([`CpuBackend`]), the oracle `--verify` compares with.
+    Interpreter,
+}
+
 /// How to start the ranks of a run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Launch {
@@ -44,6 +55,14 @@ pub struct Launch {
     /// How long a rank waits for any one message of a collective or pipeline transfer
     /// before it reports the peer it waited for and the run fails.
     pub collective_timeout: Duration,
+    /// The backend that runs the programs.
+    pub backend: BackendKind,
+    /// Threads per rank for the fast backend; `None`: the available cores divided by the
+    /// ranks this process runs (at least 1).
+    pub threads: Option<usize>,
+    /// Whether the fast backend's f32 einsums accumulate in f64 (the default, within
+    /// `--verify`'s tolerance of the reference) or in f32 (faster).
+    pub wide_accumulation: bool,
 }
 
 impl Default for Launch {
@@ -51,14 +70,28 @@ impl Default for Launch {
         Launch {
             kind: LauncherKind::Threads,
             collective_timeout: CommOptions::DEFAULT_TIMEOUT,
+            backend: BackendKind::Fast,
+            threads: None,
+            wide_accumulation: true,
         }
     }
+}
+
+/// Threads per rank when `local_ranks` ranks share this process's `cores`: `requested`, or
+/// an equal share of the cores (at least 1).
+pub fn threads_per_rank(requested: Option<usize>, cores: usize, local_ranks: usize) -> usize {
+    requested.unwrap_or(cores / local_ranks.max(1)).max(1)
+}
+
+/// The cores this process may use.
+pub fn available_cores() -> usize {
+    std::thread::available_parallelism().map_or(1, usize::from)
 }
 
 /// Whether this build can launch MPI processes (the `mpi` feature).
 pub const MPI_AVAILABLE: bool = cfg!(feature = "mpi");
 
-/// Runs `step` on CPU ranks started as `launch` says ([`run_on`] with [`CpuBackend`]).
+/// Runs `step` on CPU ranks started as `launch` says, on the backend it names ([`run_on`]).
 pub fn run_launched(
     step: &CompiledStep,
     launch: &Launch,
@@ -70,21 +103,20 @@ pub fn run_launched(
         timeout: launch.collective_timeout,
         ..CommOptions::default()
     };
-    let backend = CpuBackend::default();
     match launch.kind {
-        LauncherKind::Threads => run_on(
+        LauncherKind::Threads => on_backend(
             step,
             &ThreadLauncher { options: comm },
-            &backend,
+            launch,
             options,
             hooks,
             on_step,
         ),
         #[cfg(feature = "mpi")]
-        LauncherKind::Mpi => run_on(
+        LauncherKind::Mpi => on_backend(
             step,
             &autopar_runtime::MpiLauncher::new(comm),
-            &backend,
+            launch,
             options,
             hooks,
             on_step,
@@ -93,6 +125,35 @@ pub fn run_launched(
         LauncherKind::Mpi => Err(Error::Usage(
             "--launcher mpi: this autopar was built without MPI (the `mpi` feature)".into(),
         )),
+    }
+}
+
+/// [`run_on`] with `launcher` and the backend `launch` names, its threads per rank shared out
+/// over the ranks the launcher runs in this process.
+fn on_backend<L: Launcher + 'static>(
+    step: &CompiledStep,
+    launcher: &L,
+    launch: &Launch,
+    options: &RunOptions,
+    hooks: RunHooks<'_>,
+    on_step: impl FnMut(&StepEvent),
+) -> Result<RunReport, Error> {
+    match launch.backend {
+        BackendKind::Interpreter => run_on(
+            step,
+            launcher,
+            &CpuBackend::default(),
+            options,
+            hooks,
+            on_step,
+        ),
+        BackendKind::Fast => {
+            let local = launcher.local_ranks(&step.mesh)?.len();
+            let threads = threads_per_rank(launch.threads, available_cores(), local);
+            let backend = FastCpuBackend::new(threads, local)?
+                .with_wide_accumulation(launch.wide_accumulation);
+            run_on(step, launcher, &backend, options, hooks, on_step)
+        }
     }
 }
 

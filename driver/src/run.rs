@@ -5,12 +5,12 @@
 //!
 //! SPMD programs run on any [`Backend`] started by any [`Launcher`] ([`run_on`]): each rank's
 //! program is loaded once with its [`ExecutionPlan`] and executed step after step on state
-//! held in the backend's buffers. Pipelines run on the CPU pipeline executor.
+//! held in the backend's buffers. Pipelines run through the pipeline executor on the same
+//! backend.
 //!
 //! The one tolerance policy of `--verify` is [`Tolerance::for_compute`]: it depends only on
 //! the compute dtype, and a NaN or an infinity in either run is a failure.
 
-use std::any::Any;
 use std::collections::BTreeMap;
 
 use autopar_ir::DType;
@@ -163,9 +163,8 @@ pub fn run_with(
     )
 }
 
-/// Like [`run_with`], with the ranks started by `launcher` and their programs run by
-/// `backend`. Pipelines run only on the CPU backend, whose interpreter the pipeline executor
-/// drives.
+/// Like [`run_with`], with the ranks started by `launcher` and their programs (SPMD rank
+/// programs, or a pipeline's sub-programs) run by `backend`.
 ///
 /// This process loads and runs only the ranks the launcher runs here
 /// ([`Launcher::local_ranks`]): all of them for threads, one for an MPI process. The run's
@@ -229,18 +228,12 @@ where
     let mut ranks = match &step.pipeline {
         None => Ranks::Spmd(SpmdRanks::load(step, backend, initial)?),
         Some(p) => {
-            let cpu = (backend as &dyn Any)
-                .downcast_ref::<CpuBackend>()
-                .ok_or_else(|| Error::Usage("pipelines run on the CPU backend only".into()))?;
             if p.plans.len() != p.pipelines.len() {
                 return Err(Error::Usage(
                     "the pipeline was compiled without its execution plans (stop_after)".into(),
                 ));
             }
-            Ranks::Pipelined {
-                states: initial,
-                backend: *cpu,
-            }
+            Ranks::Pipelined { states: initial }
         }
     };
     let mut report = RunReport {
@@ -285,8 +278,8 @@ where
         // rank 0 from its pipeline's last stage).
         let outputs = match &mut ranks {
             Ranks::Spmd(s) => s.step(step, launcher, backend, &inputs, &mut peaks)?,
-            Ranks::Pipelined { states, backend } => {
-                let reports = pipeline_step(step, launcher, *backend, states, &inputs)?;
+            Ranks::Pipelined { states } => {
+                let reports = pipeline_step(step, launcher, backend, states, &inputs)?;
                 let mut outputs = TensorMap::new();
                 for (&rank, r) in &reports {
                     if let Some(p) = peaks.get_mut(&rank) {
@@ -399,12 +392,10 @@ enum Ranks<'s, B: Backend> {
     /// SPMD: every local rank's program loaded on the backend, its state in the backend's
     /// buffers.
     Spmd(SpmdRanks<'s, B>),
-    /// A pipeline: every local rank's state as host tensors, for the CPU pipeline executor.
+    /// A pipeline: every local rank's state as host tensors, for the pipeline executor.
     Pipelined {
         /// By rank of the whole mesh.
         states: BTreeMap<usize, TensorMap>,
-        /// The backend, whose options the executor runs with.
-        backend: CpuBackend,
     },
 }
 
@@ -559,10 +550,10 @@ fn carry_state<T>(
 /// started; carries their next states and returns what each produced. The step's reported
 /// outputs (loss and metrics) are broadcast over `pp` from the stage that holds them, so that
 /// every stage, rank 0 included, returns them.
-fn pipeline_step<L: Launcher>(
+fn pipeline_step<L: Launcher, B: Backend + Sync>(
     step: &CompiledStep,
     launcher: &L,
-    backend: CpuBackend,
+    backend: &B,
     states: &mut BTreeMap<usize, TensorMap>,
     inputs: &BTreeMap<usize, TensorMap>,
 ) -> Result<BTreeMap<usize, rt::PipelineRankStep>, Error> {

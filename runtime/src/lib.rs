@@ -55,6 +55,7 @@ pub mod data;
 pub mod dist;
 pub mod error;
 pub mod executor;
+pub mod fast;
 pub mod init;
 pub mod interp;
 pub mod kernels;
@@ -77,6 +78,7 @@ pub use comm::{
 pub use data::{bigram_permutation, regression_teacher, synthetic_batch};
 pub use error::{Feed, RuntimeError};
 pub use executor::{RankProgram, SpmdOptions, run_spmd, run_spmd_per_rank};
+pub use fast::{FastCpuBackend, FastExecutable, FastTensor};
 pub use init::{element_init, init_parameter, init_parameters};
 pub use interp::{RunOptions, RunOutput, run, run_planned, run_with_collectives};
 pub use kernels::eval_op;

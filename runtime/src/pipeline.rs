@@ -1,12 +1,13 @@
-//! The pipeline executor: runs a [`PipelineProgram`] under its schedule, each sub-program on a
-//! [`CpuBackend`], with activations and gradients exchanged by `send`/`recv` over mesh axis
+//! The pipeline executor: runs a [`PipelineProgram`] under its schedule, each sub-program on
+//! any [`Backend`] (loaded once per rank and step), with activations and gradients exchanged by `send`/`recv` over mesh axis
 //! `pp` through the rank's [`Collectives`]. [`run_pipeline_rank`] runs one rank, for any
 //! launcher; [`run_pipeline_step_planned`] and its siblings start every rank as a thread
 //! ([`ThreadLauncher`]).
 //!
 //! Each rank keeps a store of tensors keyed by the step graph's value ids. It starts with the
 //! state and inputs the rank reads; every forward, backward and optimizer segment moves its
-//! inputs out of the store, runs on the reference interpreter and puts its exports back; a
+//! inputs out of the store, runs on the backend and puts its exports back (the store holds
+//! the backend's buffers; messages cross the communicator as host tensors); a
 //! value leaves the store after its last use on the rank (so a micro-batch's activations are
 //! freed once its backward has run). Gradients accumulate over micro-batches inside the
 //! backward sub-programs; the optimizer runs after the last backward.
@@ -20,7 +21,8 @@
 //! (micro-batch, chunk) forwards whose backward had not yet run, and when each action started
 //! and ended.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::hash_map::Entry;
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::time::Instant;
 
 use autopar_ir::pipeline::{Carried, PipelineProgram, StageProgram, value_name};
@@ -147,7 +149,7 @@ impl PipelinePlans {
 }
 
 /// Which sub-program of a pipeline runs.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 enum Sub {
     Forward(usize, usize),
     Backward(usize, usize),
@@ -221,7 +223,7 @@ pub fn run_pipeline_step_planned(
                 detail: format!("rank {rank} has no pipeline, plans, state or batch"),
             });
         };
-        run_pipeline_rank(program, plans, pp_rank, comm, backend, state, batch)
+        run_pipeline_rank(program, plans, pp_rank, comm, &backend, state, batch)
     })?;
     let mut per_program: Vec<Vec<Option<PipelineRankStep>>> = vec![vec![None; pp]; programs.len()];
     for (rank, step) in root_cause(results)? {
@@ -259,12 +261,12 @@ pub struct PipelineRankStep {
 /// executor, for whatever launcher started the rank (a thread, an MPI process). `plans` are
 /// [`PipelinePlans::new`] of `program`; `state` holds (at least) the state the rank reads and
 /// `batch` the inputs it reads.
-pub fn run_pipeline_rank(
+pub fn run_pipeline_rank<B: Backend>(
     program: &PipelineProgram,
     plans: &PipelinePlans,
     pp_rank: usize,
     comm: &mut dyn Collectives,
-    backend: CpuBackend,
+    backend: &B,
     state: &TensorMap,
     batch: &TensorMap,
 ) -> Result<PipelineRankStep, RuntimeError> {
@@ -311,13 +313,16 @@ enum Msg {
     Opt(usize),
 }
 
-struct RankRun<'p, 'c> {
+struct RankRun<'p, 'c, B: Backend> {
     program: &'p PipelineProgram,
     plans: &'p PipelinePlans,
     rank: usize,
     comm: &'c mut dyn Collectives,
-    backend: CpuBackend,
-    store: HashMap<ValueId, Tensor>,
+    backend: &'c B,
+    /// Sub-programs loaded on the backend, each once.
+    loaded: HashMap<Sub, B::Executable<'p>>,
+    /// Each value held, with its bytes at its declared dtype.
+    store: HashMap<ValueId, (B::Buffer, u64)>,
     /// Remaining uses of each value on this rank; `usize::MAX` for values kept to the end.
     uses: HashMap<ValueId, usize>,
     /// Per peer, the messages it will send us, in its order.
@@ -330,13 +335,13 @@ struct RankRun<'p, 'c> {
     peak_activation_bytes: u64,
 }
 
-impl<'p, 'c> RankRun<'p, 'c> {
+impl<'p, 'c, B: Backend> RankRun<'p, 'c, B> {
     fn new(
         program: &'p PipelineProgram,
         plans: &'p PipelinePlans,
         rank: usize,
         comm: &'c mut dyn Collectives,
-        backend: CpuBackend,
+        backend: &'c B,
     ) -> Self {
         let s = &program.schedule;
         let pp = s.pp;
@@ -425,6 +430,7 @@ impl<'p, 'c> RankRun<'p, 'c> {
             rank,
             comm,
             backend,
+            loaded: HashMap::new(),
             store: HashMap::new(),
             uses,
             incoming,
@@ -451,7 +457,8 @@ impl<'p, 'c> RankRun<'p, 'c> {
                 name: src.name.clone(),
                 expected: src.ty.clone(),
             })?;
-            self.put(src.value, t.clone());
+            let buffer = self.backend.upload(t)?;
+            self.put(src.value, buffer, src.ty.size_bytes());
         }
         let start = Instant::now();
         let ns = |t: Instant| t.duration_since(start).as_nanos() as u64;
@@ -509,15 +516,15 @@ impl<'p, 'c> RankRun<'p, 'c> {
         }
         let mut held = TensorMap::new();
         for (_, v) in &program.state_outputs[self.rank] {
-            if let Some(t) = self.store.get(v) {
-                held.insert(value_name(*v), t.clone());
+            if let Some((t, _)) = self.store.get(v) {
+                held.insert(value_name(*v), self.backend.download(t)?);
             }
         }
         for (_, v, r) in &program.outputs {
             if *r == self.rank
-                && let Some(t) = self.store.get(v)
+                && let Some((t, _)) = self.store.get(v)
             {
-                held.insert(value_name(*v), t.clone());
+                held.insert(value_name(*v), self.backend.download(t)?);
             }
         }
         Ok(RankReport {
@@ -546,10 +553,9 @@ impl<'p, 'c> RankRun<'p, 'c> {
         Ok(())
     }
 
-    fn put(&mut self, v: ValueId, t: Tensor) {
-        let bytes = t.size_bytes();
-        if let Some(old) = self.store.insert(v, t) {
-            self.forget_bytes(v, old.size_bytes());
+    fn put(&mut self, v: ValueId, t: B::Buffer, bytes: u64) {
+        if let Some((_, old)) = self.store.insert(v, (t, bytes)) {
+            self.forget_bytes(v, old);
         }
         self.store_bytes += bytes;
         if self.activations.contains(&v) {
@@ -576,9 +582,9 @@ impl<'p, 'c> RankRun<'p, 'c> {
         }
         *n = n.saturating_sub(1);
         if *n == 0
-            && let Some(t) = self.store.remove(&v)
+            && let Some((_, bytes)) = self.store.remove(&v)
         {
-            self.forget_bytes(v, t.size_bytes());
+            self.forget_bytes(v, bytes);
         }
     }
 
@@ -617,24 +623,33 @@ impl<'p, 'c> RankRun<'p, 'c> {
         if p.graph.num_nodes() == 0 {
             return Ok(());
         }
-        let mut feed = TensorMap::new();
+        let mut feed = BTreeMap::new();
+        let mut moved = Vec::with_capacity(p.inputs.len());
         let mut moved_bytes = 0;
         for &v in &p.inputs {
-            let t = self
+            let (t, bytes) = self
                 .store
                 .remove(&v)
                 .ok_or_else(|| self.missing(v, p.graph.name()))?;
-            moved_bytes += t.size_bytes();
+            moved_bytes += bytes;
+            moved.push((v, bytes));
             feed.insert(value_name(v), t);
         }
-        let out = self.backend.load(&p.graph, plan.clone()).and_then(|exe| {
+        let out = match self.loaded.entry(sub) {
+            Entry::Occupied(e) => Ok(e.into_mut()),
+            Entry::Vacant(e) => self
+                .backend
+                .load(&p.graph, plan.clone())
+                .map(|exe| e.insert(exe)),
+        }
+        .and_then(|exe| {
             self.backend
-                .execute(&exe, &TensorMap::new(), &feed, &mut *self.comm)
+                .execute(exe, &BTreeMap::new(), &feed, &mut *self.comm)
         });
         // Put the inputs back before anything else, so that a failure leaves the store whole.
-        for &v in &p.inputs {
+        for (v, bytes) in moved {
             if let Some(t) = feed.remove(&value_name(v)) {
-                self.store.insert(v, t);
+                self.store.insert(v, (t, bytes));
             }
         }
         let out = out?;
@@ -652,7 +667,11 @@ impl<'p, 'c> RankRun<'p, 'c> {
                 .find(|&v| value_name(v) == name)
                 .ok_or_else(|| self.missing(ValueId(u32::MAX), &name))?;
             if self.uses.contains_key(&v) {
-                self.put(v, t);
+                let bytes = p
+                    .graph
+                    .output(&name)
+                    .map_or(0, |w| p.graph.ty(w).size_bytes());
+                self.put(v, t, bytes);
             }
         }
         Ok(())
@@ -665,11 +684,12 @@ impl<'p, 'c> RankRun<'p, 'c> {
     fn send(&mut self, to: usize, values: &[Carried]) -> Result<(), RuntimeError> {
         let shift = self.shift(to);
         for c in values {
-            let t = self
+            let (t, _) = self
                 .store
                 .get(&c.value)
                 .ok_or_else(|| self.missing(c.value, "a send"))?;
-            self.comm.send(t, PP_AXIS, shift)?;
+            let t = self.backend.download(t)?;
+            self.comm.send(&t, PP_AXIS, shift)?;
         }
         for c in values {
             self.used(c.value);
@@ -696,7 +716,9 @@ impl<'p, 'c> RankRun<'p, 'c> {
         }
         for (v, t) in self.stash.remove(&want).unwrap_or_default() {
             if self.uses.contains_key(&v) {
-                self.put(v, t);
+                let bytes = t.size_bytes();
+                let buffer = self.backend.upload(&t)?;
+                self.put(v, buffer, bytes);
             }
         }
         Ok(())
