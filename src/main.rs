@@ -132,9 +132,12 @@ struct EstimateArgs {
     trace: Option<String>,
 }
 
-#[derive(Clone, Copy, ValueEnum)]
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum ComputeDtype {
     Bf16,
+    /// Transformer-Engine-style fp8 GEMMs in the layers, bf16 elsewhere.
+    #[value(alias = "f8")]
+    Fp8,
     #[value(alias = "f16")]
     Fp16,
     #[value(alias = "f32")]
@@ -570,8 +573,9 @@ fn estimate(args: EstimateArgs) -> Result<()> {
     plan.global_batch = args.batch;
     plan.check()?;
     if let Some(d) = args.dtype {
+        plan.fp8 = d == ComputeDtype::Fp8;
         plan.dtype = match d {
-            ComputeDtype::Bf16 => DType::BF16,
+            ComputeDtype::Bf16 | ComputeDtype::Fp8 => DType::BF16,
             ComputeDtype::Fp16 => DType::F16,
             ComputeDtype::Fp32 => DType::F32,
         };

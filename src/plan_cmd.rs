@@ -73,9 +73,12 @@ pub struct PlanArgs {
     threads: usize,
 }
 
-#[derive(Clone, Copy, ValueEnum)]
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum PlanDtype {
     Bf16,
+    /// Transformer-Engine-style fp8 GEMMs in the layers, bf16 elsewhere.
+    #[value(alias = "f8")]
+    Fp8,
     #[value(alias = "f16")]
     Fp16,
     #[value(alias = "f32")]
@@ -100,8 +103,9 @@ pub fn plan(args: PlanArgs) -> Result<()> {
     let model = CostModel::new(cluster);
     let cfg = driver::model_config(&args.model)?;
     let mut opts = SearchOptions::new(args.batch);
+    opts.fp8 = args.dtype == PlanDtype::Fp8;
     opts.dtype = match args.dtype {
-        PlanDtype::Bf16 => DType::BF16,
+        PlanDtype::Bf16 | PlanDtype::Fp8 => DType::BF16,
         PlanDtype::Fp16 => DType::F16,
         PlanDtype::Fp32 => DType::F32,
     };
@@ -203,6 +207,7 @@ pub fn plan(args: PlanArgs) -> Result<()> {
             let mut p = Plan::parse(text).context("--reference")?;
             p.global_batch = args.batch;
             p.dtype = opts.dtype;
+            p.fp8 = opts.fp8;
             Some(("your reference".to_string(), p))
         }
         None => megatron_reference(&model, &cfg, &opts),

@@ -19,8 +19,9 @@
 //! with `a` the per-step latency and `B` the bus bandwidth of the slowest link the group
 //! crosses. Trees replace `n-1` latency steps by `ceil(log2 n)` and pay `n/(n-1)` more in
 //! bandwidth; hierarchical all-reduce is reduce-scatter inside nodes, all-reduce across nodes
-//! on each node's NICs, all-gather inside nodes. The cheapest algorithm is chosen, as NCCL's
-//! tuner does.
+//! on each node's NICs, all-gather inside nodes; NVLink SHARP all-reduce inside a node moves
+//! each byte once to the switch and once back (`2 a + S/B_nvls`, `B_nvls` the algorithm
+//! bandwidth). The cheapest algorithm is chosen, as NCCL's tuner does.
 
 use serde::{Deserialize, Serialize};
 
@@ -72,6 +73,8 @@ pub enum Algorithm {
     Hierarchical,
     /// A direct transfer.
     Direct,
+    /// NVLink SHARP: the NVSwitch reduces, each rank sends and receives its buffer once.
+    Nvls,
 }
 
 /// Tunable parameters of the communication model.
@@ -92,6 +95,10 @@ pub struct CommParams {
     /// (Megatron-LM's asynchronous tensor-parallel all-reduce, and the all-gather /
     /// reduce-scatter overlap of sequence parallelism).
     pub overlap_tp_backward: bool,
+    /// All-reduces inside a node may use NVLink SHARP where the fabric has it
+    /// ([`crate::cluster::FabricSpec::nvls_algbw_gb_per_s`]); NCCL's default, off with
+    /// `NCCL_NVLS_ENABLE=0`.
+    pub nvls: bool,
 }
 
 impl Default for CommParams {
@@ -101,6 +108,7 @@ impl Default for CommParams {
             overlap_slowdown: 0.1,
             overlap_grad_reduce: true,
             overlap_tp_backward: true,
+            nvls: true,
         }
     }
 }
@@ -203,6 +211,21 @@ impl CommParams {
                 };
             }
         }
+        if let (true, Collective::AllReduce, true, Some(algbw)) = (
+            self.nvls,
+            coll,
+            group.intra_node(),
+            cluster.intra_node.nvls_algbw_gb_per_s,
+        ) {
+            // One multimem store to the switch and one load of the reduced buffer.
+            let t = self.launch_overhead_s + 2.0 * a_intra + bytes / (algbw * 1e9);
+            if t < best.time_s {
+                best = CommCost {
+                    time_s: t,
+                    algorithm: Algorithm::Nvls,
+                };
+            }
+        }
         if coll == Collective::AllReduce && !group.intra_node() && group.members_per_node > 1 {
             let k = group.members_per_node as f64;
             let nodes = group.nodes_spanned as f64;
@@ -262,6 +285,7 @@ mod tests {
         overlap_slowdown: 0.1,
         overlap_grad_reduce: true,
         overlap_tp_backward: true,
+        nvls: true,
     };
 
     #[test]

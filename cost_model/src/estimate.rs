@@ -7,7 +7,7 @@
 use serde::{Deserialize, Serialize};
 
 use autopar_ir::schedule::{Action, Schedule, Timeline};
-use autopar_ir::{Op, TensorType, axis};
+use autopar_ir::{DType, Op, TensorType, axis};
 
 use crate::cluster::Cluster;
 use crate::cluster::Runtime;
@@ -29,7 +29,7 @@ use crate::memory::{
 };
 use crate::model::TransformerConfig;
 use crate::plan::{Plan, Recompute};
-use crate::software::{GatherUnit, Software};
+use crate::software::{Fusion, GatherUnit, Software};
 
 const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
 
@@ -278,6 +278,19 @@ impl CostModel {
                 "the plan needs {world} devices (dp x tp x pp x cp), the cluster has {}",
                 self.cluster.num_devices()
             )));
+        }
+        if plan.fp8 && self.cluster.fp8_peak_flops().is_none() {
+            return Err(CostError::PlanMismatch(format!(
+                "dtype=fp8 needs fp8 tensor cores, and the cluster's {} has no fp8 peak \
+                 (gpu.peak_tflops.fp8)",
+                self.cluster.gpu.model
+            )));
+        }
+        if plan.fp8 && plan.dtype != DType::BF16 {
+            return Err(CostError::PlanMismatch(
+                "dtype=fp8 runs its non-GEMM work in bf16; it cannot be combined with another dtype"
+                    .into(),
+            ));
         }
         Ok(())
     }
@@ -703,8 +716,32 @@ impl<'a> Ctx<'a> {
             .gemm_time(s, self.plan.dtype, bytes, self.cl())
     }
 
+    /// A GEMM of a transformer layer: in fp8 under `dtype=fp8` (Transformer Engine's linear
+    /// layers), otherwise as [`Ctx::gemm`].
+    fn layer_gemm(&self, s: GemmShape, weights_batched: bool) -> f64 {
+        if self.plan.fp8
+            && let Some(t) = self.m.compute.fp8_gemm_time(s, self.cl())
+        {
+            return t;
+        }
+        self.gemm(s, weights_batched)
+    }
+
     fn mem(&self, bytes: f64) -> f64 {
         self.m.compute.memory_time(bytes, self.cl())
+    }
+
+    /// What eager (unfused) execution adds to one layer's forward or backward: extra passes
+    /// over the `[tokens, hidden]` activation and the launch gaps of the extra kernels.
+    fn eager_overhead(&self, backward: bool) -> f64 {
+        let c = &self.m.compute;
+        if c.fusion != Fusion::Eager {
+            return 0.0;
+        }
+        let pass = usize::from(backward);
+        let bytes = c.eager_passes[pass] * self.act() * self.e;
+        bytes / (self.cl().hbm_bandwidth() * c.memory_bandwidth_fraction)
+            + c.eager_kernels[pass] * c.kernel_overhead_s
     }
 
     /// Elements of a `[tokens, h]` activation in the replicated regions of one rank.
@@ -900,13 +937,13 @@ impl<'a> Ctx<'a> {
                 ),
                 full,
             ),
-            AttentionKernel::Flash => {
+            AttentionKernel::Flash | AttentionKernel::Flash1 | AttentionKernel::Fused => {
                 let flops = full * 0.5;
                 let io = ((2 * heads * s * d) + 2 * b * kv * t * d) as f64 * self.e;
                 (
                     self.m
                         .compute
-                        .flash_time(flops, io, self.plan.dtype, self.cl()),
+                        .flash_time(flops, io, self.plan.dtype, self.cl(), false),
                     flops,
                 )
             }
@@ -925,13 +962,13 @@ impl<'a> Ctx<'a> {
                     + self.mem(scores * (2.0 * self.e + 1.0))
                     + self.mem(scores * 3.0 * self.e)
             }
-            AttentionKernel::Flash => {
+            AttentionKernel::Flash | AttentionKernel::Flash1 | AttentionKernel::Fused => {
                 // The backward recomputes the scores: 2.5x the forward FLOPs.
                 let flops = 2.0 * (heads * s * t * d) as f64 * 2.5;
                 let io = (4 * heads * s * d) as f64 * self.e * 2.0;
                 self.m
                     .compute
-                    .flash_time(flops, io, self.plan.dtype, self.cl())
+                    .flash_time(flops, io, self.plan.dtype, self.cl(), true)
             }
         }
     }
@@ -1035,10 +1072,11 @@ impl<'a> Ctx<'a> {
         let (f_t, gate, topk) = self.mlp_activation_shape();
         p.memory_s += 2.0 * self.mem(act_sp * 2.0 * e)
             + 2.0 * self.mem(act_sp * (3.0 * e + 1.0))
-            + self.mem(f_t * topk * (gate + 1.0) * e);
+            + self.mem(f_t * topk * (gate + 1.0) * e)
+            + self.eager_overhead(false);
         let mut flops = 0.0;
         for (_, s, batched) in attn.iter().chain(&mlp) {
-            p.gemm_s += self.gemm(*s, *batched);
+            p.gemm_s += self.layer_gemm(*s, *batched);
             flops += s.flops();
         }
         let (t_attn, f_attn) = self.attention_forward();
@@ -1067,13 +1105,14 @@ impl<'a> Ctx<'a> {
         let (f_t, gate, topk) = self.mlp_activation_shape();
         p.memory_s += 2.0 * self.mem(act_sp * 4.0 * e)
             + 2.0 * self.mem(act_sp * (3.0 * e + 1.0))
-            + self.mem(f_t * topk * (gate + 2.0) * e);
+            + self.mem(f_t * topk * (gate + 2.0) * e)
+            + self.eager_overhead(true);
         // dgrad and wgrad of every GEMM, by op: the collectives of a column-parallel GEMM's
         // input run under them.
         let mut grads: Vec<(LayerOp, f64, f64)> = Vec::new();
         for (op, s, batched) in attn.iter().chain(&mlp) {
-            let dgrad = self.gemm(GemmShape::new(s.batch, s.m, s.k, s.n), *batched);
-            let wgrad = self.gemm(GemmShape::new(s.batch, s.k, s.n, s.m), *batched);
+            let dgrad = self.layer_gemm(GemmShape::new(s.batch, s.m, s.k, s.n), *batched);
+            let wgrad = self.layer_gemm(GemmShape::new(s.batch, s.k, s.n, s.m), *batched);
             p.gemm_s += dgrad + wgrad;
             if let Some(op) = op {
                 grads.push((*op, dgrad, wgrad));
@@ -1111,8 +1150,10 @@ impl<'a> Ctx<'a> {
         // reduce-scattered as its backward produces them.
         let z3 = self.zero3_gather_pass();
         let rs = match self.plan.zero_stage {
-            3 => self.zero3_collective(Collective::ReduceScatter, self.e),
-            2 => self.layer_zero_collective(Collective::ReduceScatter, self.e),
+            3 => self.zero3_collective(Collective::ReduceScatter, self.m.software.reduce_bytes),
+            2 => {
+                self.layer_zero_collective(Collective::ReduceScatter, self.m.software.reduce_bytes)
+            }
             _ => 0.0,
         };
         if z3 + rs > 0.0 {
@@ -1126,7 +1167,7 @@ impl<'a> Ctx<'a> {
         match self.plan.recompute {
             Recompute::None => {}
             Recompute::Selective => {
-                if self.m.compute.attention == AttentionKernel::Unfused {
+                if self.m.compute.attention.materialises_scores() {
                     p.recompute_s += self.attention_forward().0;
                 }
             }
@@ -1415,7 +1456,7 @@ impl<'a> Ctx<'a> {
             Recompute::None => 0.0,
             Recompute::Full => cfg.layers as f64 * layer_flops,
             Recompute::Selective => {
-                if self.m.compute.attention == AttentionKernel::Unfused {
+                if self.m.compute.attention.materialises_scores() {
                     cfg.layers as f64 * self.attention_forward().1
                 } else {
                     0.0
@@ -1425,7 +1466,14 @@ impl<'a> Ctx<'a> {
             * mb_total
             * plan.cp as f64;
         let world = plan.world_size() as f64;
-        let peak = self.cl().peak_flops(plan.dtype);
+        // fp8 plans are measured against the fp8 peak, as Transformer Engine users report.
+        let peak = match plan.fp8 {
+            true => self
+                .cl()
+                .fp8_peak_flops()
+                .unwrap_or(self.cl().peak_flops(plan.dtype)),
+            false => self.cl().peak_flops(plan.dtype),
+        };
         let model_tflops = model_flops / iter / world / 1e12;
         let hardware_tflops = (model_flops + recompute_flops) / iter / world / 1e12;
         let capacity = self.cl().gpu.hbm_capacity_gib * GIB;
@@ -1576,7 +1624,19 @@ impl<'a> Ctx<'a> {
                 }
                 let z = &self.shards;
                 let dense = params - expert;
-                let weights = z.bytes(plan, 3, dense, expert, self.e);
+                let mut weights = z.bytes(plan, 3, dense, expert, self.e);
+                if plan.fp8 {
+                    // Transformer Engine keeps an fp8 copy of every layer weight and its
+                    // transpose (a byte each) across the micro-batches of a step.
+                    let layers = held_layers as f64;
+                    weights += z.bytes(
+                        plan,
+                        3,
+                        layers * (layer_params - layer_experts),
+                        expert,
+                        2.0,
+                    );
+                }
                 let gradients = z.bytes(plan, 2, dense, expert, mp.grad_bytes_per_param);
                 let optimizer = z.bytes(
                     plan,
