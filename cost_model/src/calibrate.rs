@@ -22,7 +22,7 @@ use serde::Serialize;
 use autopar_ir::DType;
 
 use crate::cluster::Cluster;
-use crate::comm::Collective;
+use crate::comm::{Algorithm, Collective};
 use crate::compute::GemmShape;
 use crate::error::CostError;
 use crate::estimate::CostModel;
@@ -846,6 +846,11 @@ fn mamf_gemm(rows: &[Line]) -> Vec<Result<Reading, &'static str>> {
         .collect()
 }
 
+/// Per-call cost of a timed `torch.distributed.all_reduce` in ml-engineering's
+/// `all_reduce_bench.py`, fitted on its sweep's small-message floor (see
+/// [`mlengineering_allreduce`]).
+const TORCH_DISTRIBUTED_CALL_S: f64 = 45e-6;
+
 /// All-reduce bus bandwidth (nccl-tests convention) against the cost model's collective time
 /// for the same payload and GPU count, on the presets' GPUs (H100, H200, B200; the AWS
 /// p6-b200 nodes' 8x 400 Gb/s EFA stand in as the DGX B200 preset's 8x 400 Gb/s NICs).
@@ -882,6 +887,22 @@ fn mlengineering_allreduce(rows: &[Line]) -> Vec<Result<Reading, &'static str>> 
             let mut model =
                 CostModel::new(Cluster::preset(&preset).map_err(|_| "no cluster preset")?);
             model.comm.nvls = r.get("nvls_enabled") != "False";
+            // Where the row records the algorithm NCCL ran, it is the one estimated.
+            let algo = r.get("nccl_algo");
+            model.comm.force_algorithm = if algo.starts_with("NVLS") {
+                Some(Algorithm::Nvls)
+            } else if algo.starts_with("Ring") || algo.contains("picked Ring") {
+                Some(Algorithm::Ring)
+            } else {
+                None
+            };
+            // all_reduce_bench.py times torch.distributed calls, each with its host dispatch
+            // and a device synchronisation: the sweep's floor (47-51 us from 32 KiB to 1 MiB
+            // on one node, where the transfer itself is a few microseconds) is that per-call
+            // cost, which nccl-tests' back-to-back launches do not pay.
+            if r.get("tool").contains("all_reduce_bench.py") {
+                model.comm.launch_overhead_s = TORCH_DISTRIBUTED_CALL_S;
+            }
             let group = GroupInfo {
                 size: gpus,
                 nodes_spanned: nodes,

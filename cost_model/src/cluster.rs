@@ -682,9 +682,10 @@ pub fn dgx_a100_40gb(nodes: usize) -> Cluster {
 ///   datasheet (1440 GB of GPU memory over 8 GPUs, 64 TB/s aggregate HBM bandwidth).
 ///   fp32 (75 TFLOP/s non-tensor) is the datasheet's per-GPU figure.
 /// - Maximum achievable matmul 1745 TFLOP/s bf16, 3432.5 fp8: MAMF finder table.
-/// - Ring bus bandwidth: NVLink5's 900 GB/s per direction times NVLink4's measured ring
-///   efficiency (370 of 450 GB/s, nccl-tests#212): 740 GB/s. NVLink SHARP at the same
-///   fraction of the line rate as on H100 (275 of 450 GB/s algorithm bandwidth): 550.
+/// - Ring bus bandwidth 680 GB/s and NVLink SHARP algorithm bandwidth 480 GB/s: the plateaus
+///   of ml-engineering's nccl-tests sweep on 8x B200 (NCCL 2.27.7, 8 GiB: ring 673-682 GB/s
+///   busbw with NVLS off, 838 with NVLS on 8 GPUs = 480 algbw), 76% and 53% of NVLink5's
+///   900 GB/s per direction.
 /// - 48 GB/s per 400 Gb/s NIC, as NDR on DGX H100.
 pub fn dgx_b200(nodes: usize) -> Cluster {
     let mut c = dgx_h100(nodes);
@@ -708,8 +709,8 @@ pub fn dgx_b200(nodes: usize) -> Cluster {
             fp8: Some(3432.5),
         }),
     };
-    c.intra_node.bus_bandwidth_gb_per_s = 740.0;
-    c.intra_node.nvls_algbw_gb_per_s = Some(550.0);
+    c.intra_node.bus_bandwidth_gb_per_s = 680.0;
+    c.intra_node.nvls_algbw_gb_per_s = Some(480.0);
     c
 }
 

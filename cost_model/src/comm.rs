@@ -95,10 +95,17 @@ pub struct CommParams {
     /// (Megatron-LM's asynchronous tensor-parallel all-reduce, and the all-gather /
     /// reduce-scatter overlap of sequence parallelism).
     pub overlap_tp_backward: bool,
+    /// Tensor-parallel collectives of the forward are pipelined with the GEMM they feed or
+    /// follow (Megatron-Core's `--tp-comm-overlap`: Transformer Engine's userbuffers split the
+    /// all-gather + GEMM and GEMM + reduce-scatter into chunks that overlap).
+    pub overlap_tp_forward: bool,
     /// All-reduces inside a node may use NVLink SHARP where the fabric has it
     /// ([`crate::cluster::FabricSpec::nvls_algbw_gb_per_s`]); NCCL's default, off with
     /// `NCCL_NVLS_ENABLE=0`.
     pub nvls: bool,
+    /// The all-reduce algorithm when one is imposed (NCCL's `NCCL_ALGO`, or a measurement
+    /// that records which one NCCL ran); `None` lets the model take the cheapest.
+    pub force_algorithm: Option<Algorithm>,
 }
 
 impl Default for CommParams {
@@ -108,7 +115,9 @@ impl Default for CommParams {
             overlap_slowdown: 0.1,
             overlap_grad_reduce: true,
             overlap_tp_backward: true,
+            overlap_tp_forward: false,
             nvls: true,
+            force_algorithm: None,
         }
     }
 }
@@ -193,6 +202,15 @@ impl CommParams {
             time_s: self.launch_overhead_s + steps * alpha + factor * bytes / bw,
             algorithm: Algorithm::Ring,
         };
+        // An imposed all-reduce algorithm replaces the ring whenever it applies here.
+        let imposed =
+            |a: Algorithm| coll == Collective::AllReduce && self.force_algorithm == Some(a);
+        let allowed = |a: Algorithm| {
+            coll != Collective::AllReduce || self.force_algorithm.is_none_or(|f| f == a)
+        };
+        let better = |t: f64, a: Algorithm, best: &CommCost| {
+            allowed(a) && (t < best.time_s || (imposed(a) && best.algorithm != a))
+        };
         if matches!(coll, Collective::AllReduce | Collective::Broadcast) {
             let depth = nf.log2().ceil();
             let tree_steps = if coll == Collective::AllReduce {
@@ -204,7 +222,7 @@ impl CommParams {
             // forwards the data to two children.
             let tree_factor = 2.0;
             let t = self.launch_overhead_s + tree_steps * alpha + tree_factor * bytes / bw;
-            if t < best.time_s {
+            if better(t, Algorithm::Tree, &best) {
                 best = CommCost {
                     time_s: t,
                     algorithm: Algorithm::Tree,
@@ -219,7 +237,7 @@ impl CommParams {
         ) {
             // One multimem store to the switch and one load of the reduced buffer.
             let t = self.launch_overhead_s + 2.0 * a_intra + bytes / (algbw * 1e9);
-            if t < best.time_s {
+            if better(t, Algorithm::Nvls, &best) {
                 best = CommCost {
                     time_s: t,
                     algorithm: Algorithm::Nvls,
@@ -236,7 +254,7 @@ impl CommParams {
                 + 2.0 * (k - 1.0) / k * bytes / intra_bw
                 + 2.0 * (nodes - 1.0) * a_inter
                 + 2.0 * (nodes - 1.0) / nodes * (bytes / k) / inter_bw;
-            if t < best.time_s {
+            if better(t, Algorithm::Hierarchical, &best) {
                 best = CommCost {
                     time_s: t,
                     algorithm: Algorithm::Hierarchical,
@@ -285,7 +303,9 @@ mod tests {
         overlap_slowdown: 0.1,
         overlap_grad_reduce: true,
         overlap_tp_backward: true,
+        overlap_tp_forward: false,
         nvls: true,
+        force_algorithm: None,
     };
 
     #[test]

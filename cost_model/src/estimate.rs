@@ -1084,8 +1084,16 @@ impl<'a> Ctx<'a> {
         flops += f_attn;
         // What converts the layouts between the placed ops (Megatron: one gather and one
         // reduction per block).
-        for c in self.layer_tp_collectives(Pass::Forward) {
-            p.exposed(CommKind::Tensor, self.tp_collective(&c));
+        let forward_tp = self.layer_tp_collectives(Pass::Forward);
+        // With `--tp-comm-overlap` each collective is pipelined with its GEMM: one GEMM's
+        // share of the layer's GEMM time each.
+        let per_gemm = p.gemm_s / forward_tp.len().max(1) as f64;
+        for c in forward_tp {
+            let t = self.tp_collective(&c);
+            match self.m.comm.overlap_tp_forward {
+                true => p.overlapped(CommKind::Tensor, t, self.m.comm.exposed(t, per_gemm)),
+                false => p.exposed(CommKind::Tensor, t),
+            }
         }
         let cp = self.cp_comm();
         p.overlapped(CommKind::Context, cp, self.m.comm.exposed(cp, t_attn));
@@ -1445,7 +1453,16 @@ impl<'a> Ctx<'a> {
                 param_gather = param_gather.max(gather);
             }
         }
-        let iter = iter_end + embedding_sync + optimizer + param_gather;
+        // Megatron's `--overlap-param-gather`: the updated weights are gathered bucket by
+        // bucket under the next step's first forward pass.
+        let param_gather_exposed = match self.m.software.overlap_param_gather {
+            true => {
+                let first_forward: f64 = (0..plan.vpp).map(|c| fwd[c * pp]).sum();
+                self.m.comm.exposed(param_gather, first_forward)
+            }
+            false => param_gather,
+        };
+        let iter = iter_end + embedding_sync + optimizer + param_gather_exposed;
 
         // FLOPs: model FLOPs count each layer's forward three times (forward, and twice that
         // in the backward); hardware FLOPs add what recomputation repeats.

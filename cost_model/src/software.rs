@@ -55,7 +55,12 @@ pub struct Software {
     pub overlap_grad_reduce: bool,
     /// Tensor-parallel collectives of the backward run under the weight-gradient GEMMs.
     pub tp_backward_overlap: bool,
-    /// ZeRO-3 / FSDP weight all-gathers are prefetched under the previous layer's compute.
+    /// Tensor-parallel collectives of the forward run pipelined with their GEMMs
+    /// (Megatron-Core `--tp-comm-overlap`).
+    pub tp_forward_overlap: bool,
+    /// ZeRO-3 / FSDP weight all-gathers are prefetched under the previous layer's compute;
+    /// with ZeRO-1/2 (the distributed optimizer), the all-gather of the updated weights runs
+    /// under the next step's forward, bucket by bucket (Megatron `--overlap-param-gather`).
     pub overlap_param_gather: bool,
     /// How the ZeRO-3 / FSDP gathers and reduce-scatters are cut into collectives.
     pub param_gather: GatherUnit,
@@ -87,6 +92,7 @@ impl Default for Software {
             attention: AttentionKernel::Flash,
             overlap_grad_reduce: true,
             tp_backward_overlap: true,
+            tp_forward_overlap: false,
             overlap_param_gather: true,
             param_gather: GatherUnit::Layer,
             fusion: Fusion::Fused,
@@ -107,7 +113,8 @@ impl Software {
     ///   backward.
     /// - `megatron-core` and `nemo` (which builds on it): Transformer Engine's fused
     ///   attention (cuDNN, native to Hopper), `--overlap-grad-reduce` and
-    ///   `--overlap-param-gather` of the distributed optimizer, bucketed per layer.
+    ///   `--overlap-param-gather` of the distributed optimizer, bucketed per layer, and
+    ///   `--tp-comm-overlap` (the flags of its README's weak-scaling runs).
     /// - `deepspeed`: DeepSpeed ZeRO-3 as in SC'21 Table 2: unfused attention, `overlap_comm`
     ///   for the gradient reduction, and weights gathered parameter by parameter from module
     ///   hooks, each gather awaited before its module runs.
@@ -123,6 +130,7 @@ impl Software {
             "autopar" => base,
             "megatron-core" | "nemo" => Software {
                 attention: AttentionKernel::Fused,
+                tp_forward_overlap: true,
                 ..base
             },
             "fsdp" | "torchtitan" => Software {
@@ -166,6 +174,7 @@ impl Software {
         model.compute.fusion = self.fusion;
         model.comm.overlap_grad_reduce = self.overlap_grad_reduce;
         model.comm.overlap_tp_backward = self.tp_backward_overlap;
+        model.comm.overlap_tp_forward = self.tp_forward_overlap;
         model.software = self.clone();
     }
 }
@@ -187,6 +196,9 @@ pub struct SoftwareSpec {
     /// See [`Software::tp_backward_overlap`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tp_backward_overlap: Option<bool>,
+    /// See [`Software::tp_forward_overlap`] (`tp_comm_overlap` sets both directions).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tp_forward_overlap: Option<bool>,
     /// See [`Software::overlap_param_gather`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub overlap_param_gather: Option<bool>,
@@ -225,6 +237,12 @@ impl SoftwareSpec {
                 "attention" => out.attention.replace(value.to_string()).is_none(),
                 "overlap_grad_reduce" => out.overlap_grad_reduce.replace(flag()?).is_none(),
                 "tp_backward_overlap" => out.tp_backward_overlap.replace(flag()?).is_none(),
+                "tp_forward_overlap" => out.tp_forward_overlap.replace(flag()?).is_none(),
+                "tp_comm_overlap" => {
+                    let v = flag()?;
+                    let fresh = out.tp_forward_overlap.replace(v).is_none();
+                    out.tp_backward_overlap.replace(v).is_none() && fresh
+                }
                 "overlap_param_gather" => out.overlap_param_gather.replace(flag()?).is_none(),
                 "param_gather" => {
                     let unit = match value {
@@ -254,8 +272,8 @@ impl SoftwareSpec {
                 other => {
                     return Err(bad(format!(
                         "unknown software option `{other}` (attention, overlap_grad_reduce, \
-                         tp_backward_overlap, overlap_param_gather, param_gather, fusion, \
-                         reduce_dtype)"
+                         tp_backward_overlap, tp_forward_overlap, tp_comm_overlap, \
+                         overlap_param_gather, param_gather, fusion, reduce_dtype)"
                     )));
                 }
             };
@@ -302,6 +320,9 @@ impl SoftwareSpec {
         }
         if let Some(v) = self.tp_backward_overlap {
             s.tp_backward_overlap = v;
+        }
+        if let Some(v) = self.tp_forward_overlap {
+            s.tp_forward_overlap = v;
         }
         if let Some(v) = self.overlap_param_gather {
             s.overlap_param_gather = v;
