@@ -1168,8 +1168,11 @@ impl<'a> Ctx<'a> {
             let under = p.total_s();
             // The gradient reduce-scatter is issued after the layer's backward (it overlaps
             // as the gradient reduction does); the gathers follow the profile.
-            let exposed =
-                self.zero3_exposed(z3, under) + self.m.comm.exposed(rs, (under - z3).max(0.0));
+            let rs_exposed = match self.m.comm.overlap_grad_reduce {
+                true => self.m.comm.exposed(rs, (under - z3).max(0.0)),
+                false => rs,
+            };
+            let exposed = self.zero3_exposed(z3, under) + rs_exposed;
             p.overlapped(CommKind::Zero, z3 + rs, exposed.min(z3 + rs));
         }
         match self.plan.recompute {
@@ -1351,7 +1354,12 @@ impl<'a> Ctx<'a> {
             Collective::ReduceScatter
         };
         let reduce = |bytes: f64| self.zero_collective(kind, bytes, 0.0);
-        let mut layer_reduce = self.layer_zero_collective(kind, grad_bytes);
+        // ZeRO-2/3 reduce-scatter each micro-batch's layer gradients in its backward (priced
+        // there); what remains here is the embedding's and the replicated weights'.
+        let mut layer_reduce = match plan.zero_stage {
+            0 | 1 => self.layer_zero_collective(kind, grad_bytes),
+            _ => 0.0,
+        };
         let replicated = tp_replicated_params_per_layer(cfg, plan);
         if replicated > 0.0 {
             // The weights of ops on sequence shards: their gradients are also summed over `tp`.

@@ -115,8 +115,9 @@ impl Software {
     ///   attention (cuDNN, native to Hopper), `--overlap-grad-reduce` and
     ///   `--overlap-param-gather` of the distributed optimizer, bucketed per layer, and
     ///   `--tp-comm-overlap` (the flags of its README's weak-scaling runs).
-    /// - `deepspeed`: DeepSpeed ZeRO-3 as in SC'21 Table 2: unfused attention, `overlap_comm`
-    ///   for the gradient reduction, and weights gathered parameter by parameter from module
+    /// - `deepspeed`: DeepSpeed ZeRO-3 as in SC'21 Table 2: unfused attention, the gradient
+    ///   reduction not overlapped (`overlap_comm` defaults to false in DeepSpeed's ZeRO
+    ///   configuration of the time), and weights gathered parameter by parameter from module
     ///   hooks, each gather awaited before its module runs.
     /// - `fsdp` and `torchtitan`: PyTorch FSDP (1 and 2): scaled-dot-product attention
     ///   (FlashAttention 2), one all-gather per wrapped block prefetched under the previous
@@ -145,6 +146,7 @@ impl Software {
             },
             "deepspeed" => Software {
                 attention: AttentionKernel::Unfused,
+                overlap_grad_reduce: false,
                 overlap_param_gather: false,
                 param_gather: GatherUnit::Tensor,
                 ..base
