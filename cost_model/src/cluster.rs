@@ -832,6 +832,36 @@ mod tests {
     }
 
     #[test]
+    fn matmul_ceilings_and_their_checks() {
+        for name in ["dgx-a100-40gb", "dgx-b200:nodes=2", "hgx-h200"] {
+            let c = Cluster::preset(name).unwrap();
+            assert!(c.gpu.mamf_tflops.is_some(), "{name}");
+            assert_eq!(Cluster::from_toml(&c.to_toml()).unwrap(), c, "{name}");
+        }
+        let h = dgx_h100(1);
+        assert_eq!(
+            h.gemm_ceiling_flops(DType::BF16, false, 0.8),
+            Some(794.5e12)
+        );
+        assert_eq!(
+            h.gemm_ceiling_flops(DType::BF16, true, 0.8),
+            Some(1402.6e12)
+        );
+        assert_eq!(dgx_a100(1).gemm_ceiling_flops(DType::BF16, true, 0.8), None);
+        assert_eq!(
+            cpu(1).gemm_ceiling_flops(DType::F32, false, 0.8),
+            Some(0.02e12 * 0.8)
+        );
+        let text = include_str!("../clusters/dgx-a100.toml");
+        let over = text.replace("bf16 = 271.2", "bf16 = 400.0");
+        let e = Cluster::from_toml(&over).unwrap_err().to_string();
+        assert!(e.contains("gpu.mamf_tflops.bf16"), "{e}");
+        let fp8 = text.replace("bf16 = 271.2", "bf16 = 271.2\nfp8 = 500.0");
+        let e = Cluster::from_toml(&fp8).unwrap_err().to_string();
+        assert!(e.contains("gpu.mamf_tflops.fp8"), "{e}");
+    }
+
+    #[test]
     fn nic_sharing_defaults_to_even_spread() {
         let mut c = dgx_a100(2);
         assert_eq!(c.nic_of(9), 1);

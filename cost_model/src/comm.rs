@@ -308,6 +308,35 @@ mod tests {
         force_algorithm: None,
     };
 
+    /// NVLink SHARP: all-reduce busbw above the ring's, growing with the group as
+    /// `algbw * 2(n-1)/n`; off with `nvls = false`, and an imposed algorithm wins.
+    #[test]
+    fn nvls_all_reduce_and_imposed_algorithms() {
+        let h = cluster::dgx_h100(1);
+        let g = intra(8);
+        let big = 8.0 * (1u64 << 30) as f64;
+        let busbw = |p: &CommParams| p.bus_bandwidth(Collective::AllReduce, big, &g, &h) / 1e9;
+        let on = busbw(&P);
+        assert!((470.0..490.0).contains(&on), "{on}");
+        let off = busbw(&CommParams { nvls: false, ..P });
+        assert!((360.0..372.0).contains(&off), "{off}");
+        let ring = CommParams {
+            force_algorithm: Some(Algorithm::Ring),
+            ..P
+        };
+        assert_eq!(
+            ring.collective(Collective::AllReduce, big, &g, &h)
+                .algorithm,
+            Algorithm::Ring
+        );
+        // No NVLS on A100's NVSwitch.
+        let a = cluster::dgx_a100(1);
+        assert_ne!(
+            P.collective(Collective::AllReduce, big, &g, &a).algorithm,
+            Algorithm::Nvls
+        );
+    }
+
     #[test]
     fn exposed_time_of_overlapped_communication() {
         close(P.exposed(3.0, 1.0), 2.0 + 0.1);

@@ -185,7 +185,8 @@ pub struct Estimate {
     pub model_tflops_per_gpu: f64,
     /// Hardware FLOP/s per device in TFLOP/s (recomputation counted).
     pub hardware_tflops_per_gpu: f64,
-    /// Model FLOPs utilisation against the dense peak of the compute dtype.
+    /// Model FLOPs utilisation against the dense peak of the compute dtype (the fp8 peak for
+    /// `dtype=fp8` plans, as Transformer Engine users report it).
     pub mfu: f64,
     /// Peak memory of the fullest device in GiB.
     pub peak_memory_gib: f64,
