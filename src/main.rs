@@ -119,9 +119,10 @@ struct EstimateArgs {
     cluster: String,
     /// The training stack whose speed is modelled: autopar (default), megatron-lm-2021,
     /// megatron-core, nemo, deepspeed, fsdp or torchtitan, with knobs overridden as
-    /// `NAME,knob=value` (attention=flash|unfused, overlap_grad_reduce, tp_backward_overlap,
-    /// overlap_param_gather, param_gather=layer|tensor, bucket_mb=MIB). Replaces a cluster
-    /// file's [software].
+    /// `NAME,knob=value` (attention=flash|flash1|fused|unfused, overlap_grad_reduce,
+    /// tp_backward_overlap, tp_forward_overlap, tp_comm_overlap, overlap_param_gather,
+    /// param_gather=layer|tensor, fusion=fused|eager, reduce_dtype=bf16|fp32, bucket_mb=MIB).
+    /// Replaces a cluster file's [software].
     #[arg(long, value_name = "PROFILE")]
     software: Option<String>,
     /// Price the data-parallel gradient all-reduces as buckets of this many MiB, as the
@@ -150,9 +151,12 @@ struct EstimateArgs {
     trace: Option<String>,
 }
 
-#[derive(Clone, Copy, ValueEnum)]
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum ComputeDtype {
     Bf16,
+    /// Transformer-Engine-style fp8 GEMMs in the layers, bf16 elsewhere.
+    #[value(alias = "f8")]
+    Fp8,
     #[value(alias = "f16")]
     Fp16,
     #[value(alias = "f32")]
@@ -715,8 +719,9 @@ fn estimate(args: EstimateArgs) -> Result<()> {
     plan.global_batch = args.batch;
     plan.check()?;
     if let Some(d) = args.dtype {
+        plan.fp8 = d == ComputeDtype::Fp8;
         plan.dtype = match d {
-            ComputeDtype::Bf16 => DType::BF16,
+            ComputeDtype::Bf16 | ComputeDtype::Fp8 => DType::BF16,
             ComputeDtype::Fp16 => DType::F16,
             ComputeDtype::Fp32 => DType::F32,
         };

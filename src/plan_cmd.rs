@@ -30,9 +30,10 @@ pub struct PlanArgs {
     batch: usize,
     /// The training stack whose speed is modelled: autopar (default), megatron-lm-2021,
     /// megatron-core, nemo, deepspeed, fsdp or torchtitan, with knobs overridden as
-    /// `NAME,knob=value` (attention=flash|unfused, overlap_grad_reduce, tp_backward_overlap,
-    /// overlap_param_gather, param_gather=layer|tensor, bucket_mb=MIB). Replaces a cluster
-    /// file's [software].
+    /// `NAME,knob=value` (attention=flash|flash1|fused|unfused, overlap_grad_reduce,
+    /// tp_backward_overlap, tp_forward_overlap, tp_comm_overlap, overlap_param_gather,
+    /// param_gather=layer|tensor, fusion=fused|eager, reduce_dtype=bf16|fp32, bucket_mb=MIB).
+    /// Replaces a cluster file's [software].
     #[arg(long, value_name = "PROFILE")]
     software: Option<String>,
     /// Price the data-parallel gradient all-reduces as buckets of this many MiB, as the
@@ -79,9 +80,12 @@ pub struct PlanArgs {
     threads: usize,
 }
 
-#[derive(Clone, Copy, ValueEnum)]
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum PlanDtype {
     Bf16,
+    /// Transformer-Engine-style fp8 GEMMs in the layers, bf16 elsewhere.
+    #[value(alias = "f8")]
+    Fp8,
     #[value(alias = "f16")]
     Fp16,
     #[value(alias = "f32")]
@@ -109,8 +113,9 @@ pub fn plan(args: PlanArgs) -> Result<()> {
     let model = CostModel::new(cluster);
     let cfg = driver::model_config(&args.model)?;
     let mut opts = SearchOptions::new(args.batch);
+    opts.fp8 = args.dtype == PlanDtype::Fp8;
     opts.dtype = match args.dtype {
-        PlanDtype::Bf16 => DType::BF16,
+        PlanDtype::Bf16 | PlanDtype::Fp8 => DType::BF16,
         PlanDtype::Fp16 => DType::F16,
         PlanDtype::Fp32 => DType::F32,
     };
@@ -205,6 +210,7 @@ pub fn plan(args: PlanArgs) -> Result<()> {
             let mut p = Plan::parse(text).context("--reference")?;
             p.global_batch = args.batch;
             p.dtype = opts.dtype;
+            p.fp8 = opts.fp8;
             Some(("your reference".to_string(), p))
         }
         None => megatron_reference(&model, &cfg, &opts),

@@ -297,6 +297,7 @@ fn plan_of_run(options: &CompileOptions, step: &CompiledStep) -> Result<Plan> {
         sequence_parallel: options.parallel.sequence_parallel,
         schedule: options.pipeline.schedule,
         dtype: options.train.compute_dtype,
+        fp8: false,
         axis_order: order,
         stage_layers: None,
         layer: options.parallel.layer,

@@ -63,7 +63,7 @@ fn a_row_predicts_what_estimate_says() {
         "llmfoundry_mpt_benchmarks.csv",
     ]);
     let rows = r["tables"][0]["rows"].as_array().expect("rows");
-    // A row priced under the cost model's defaults, on a preset, with a `gpt:` spec.
+    // A row on a preset, with a `gpt:` spec, priced under its table's software profile.
     let row = rows
         .iter()
         .find(|x| {
@@ -85,6 +85,8 @@ fn a_row_predicts_what_estimate_says() {
         gbs,
         "--plan",
         plan,
+        "--software",
+        row["software"].as_str().expect("software"),
         "--json",
     ]))
     .expect("estimate --json");

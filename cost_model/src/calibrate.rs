@@ -22,7 +22,7 @@ use serde::Serialize;
 use autopar_ir::DType;
 
 use crate::cluster::Cluster;
-use crate::comm::Collective;
+use crate::comm::{Algorithm, Collective};
 use crate::compute::GemmShape;
 use crate::error::CostError;
 use crate::estimate::CostModel;
@@ -44,6 +44,17 @@ const MEGATRON_2021_OVERLAP: &str = "megatron-lm-2021,overlap_grad_reduce=true";
 
 /// DeepSpeed ZeRO-3 integrated into Megatron-LM (SC'21 Table 2).
 const DEEPSPEED_2021: &str = "deepspeed";
+
+/// Megatron-Core r0.8 with the README's overlap flags (`--overlap-grad-reduce`,
+/// `--overlap-param-gather`, `--tp-comm-overlap`): the profile's defaults.
+const MEGATRON_CORE: &str = "megatron-core";
+
+/// llm-foundry's MPT runs: PyTorch FSDP in eager mode with fp32 gradient reduction, and
+/// FlashAttention 1. Assumed, not stated by the table: until 2024 llm-foundry's `gpu`
+/// install extra pinned `flash-attn==1.0.9` (FlashAttention 2 was the separate `gpu-flash2`
+/// extra), and the long-sequence rows, where attention dominates, run at FlashAttention 1's
+/// speed on both A100 and H100.
+const LLM_FOUNDRY: &str = "fsdp,attention=flash1";
 
 /// The cost model of `cluster` under the software profile `spec` (as `--software` takes it).
 fn with_software(cluster: Cluster, spec: &str) -> Result<CostModel, CostError> {
@@ -693,7 +704,7 @@ fn megatron_core_h100(rows: &[Line]) -> Read {
                 cluster_spec,
                 cluster,
                 plan,
-                software: DEFAULTS,
+                software: MEGATRON_CORE,
                 figure: Figure::StepTime,
                 measured: flops / (gpus as f64 * tflops * 1e12),
             })
@@ -702,18 +713,19 @@ fn megatron_core_h100(rows: &[Line]) -> Read {
 }
 
 /// llm-foundry's MPT benchmarks: PyTorch FSDP data parallelism (FULL_SHARD as ZeRO-3,
-/// SHARD_GRAD_OP as ZeRO-2), FlashAttention, bf16, activation checkpointing as full
-/// recomputation; measured step time = tokens per step / tokens per second. MPT is a GPT
-/// with tied embeddings and (in these yamls) learned positions. A100-40GB rows run on the
-/// DGX A100 preset with the 40 GB part's memory and HBM bandwidth (1555 GB/s,
-/// `hardware_specs.csv`).
+/// SHARD_GRAD_OP as ZeRO-2), FlashAttention ([`LLM_FOUNDRY`]), bf16 or Transformer Engine
+/// fp8 (`amp_fp8`: `dtype=fp8`), activation checkpointing as full recomputation; measured
+/// step time = tokens per step / tokens per second. MPT is a GPT with tied embeddings and
+/// (in these yamls) learned positions. A100-40GB rows run on the `dgx-a100-40gb` preset.
 fn llm_foundry(rows: &[Line]) -> Read {
     rows.iter()
         .map(|r| {
             let need = |k: &str| r.int(k).ok_or("a configuration column is missing");
-            if r.get("precision").contains("fp8") {
-                return Err("fp8 not modelled");
-            }
+            let dtype = match r.get("precision") {
+                "amp_fp8" => "fp8",
+                "amp_bf16" | "bf16" => "bf16",
+                _ => return Err("precision not understood"),
+            };
             if r.get("activation_cpu_offload") == "True" {
                 return Err("CPU offload not modelled");
             }
@@ -752,18 +764,12 @@ fn llm_foundry(rows: &[Line]) -> Read {
             let (cluster_spec, cluster) = match r.get("gpu") {
                 "h100_80gb" => nodes("dgx-h100", gpus)?,
                 "a100_80gb" => nodes("dgx-a100", gpus)?,
-                "a100_40gb" => {
-                    let (spec, mut c) = nodes("dgx-a100", gpus)?;
-                    c.gpu.model = "A100-SXM4-40GB".into();
-                    c.gpu.hbm_capacity_gib = 40.0;
-                    c.gpu.hbm_bandwidth_gb_per_s = 1555.0;
-                    (format!("{spec} with A100-SXM4-40GB (40 GiB, 1555 GB/s)"), c)
-                }
+                "a100_40gb" => nodes("dgx-a100-40gb", gpus)?,
                 _ => return Err("GPU without a cluster preset"),
             };
             let (model, cfg) = gpt(layers, hidden, heads, seq, vocab);
             let plan = plan(&format!(
-                "dp={gpus},mbs={mbs},gbs={gbs},zero={zero},recompute={},dtype=bf16",
+                "dp={gpus},mbs={mbs},gbs={gbs},zero={zero},recompute={},dtype={dtype}",
                 recompute.name()
             ))?;
             Ok(Case {
@@ -778,7 +784,7 @@ fn llm_foundry(rows: &[Line]) -> Read {
                 cluster_spec,
                 cluster,
                 plan,
-                software: DEFAULTS,
+                software: LLM_FOUNDRY,
                 figure: Figure::StepTime,
                 measured: tokens / rate,
             })
@@ -787,37 +793,45 @@ fn llm_foundry(rows: &[Line]) -> Read {
 }
 
 /// The best matmul TFLOP/s found per accelerator (ml-engineering's MAMF finder), against the
-/// cost model's time for one GEMM of the shape that reached it (bf16 operands and result
-/// through HBM), on the accelerators with a cluster preset.
+/// cost model's time for one GEMM of the shape that reached it (operands and result through
+/// HBM; fp8 operands with a bf16 result), on the accelerators with a cluster preset. The
+/// presets take their matmul ceiling from this table, so what the rows test is the tile and
+/// wave model at the best shape; and the benchmark is short, so the GEMM runs at the
+/// measured ceiling, without the sustained-load fraction of a training run.
 fn mamf_gemm(rows: &[Line]) -> Vec<Result<Reading, &'static str>> {
     rows.iter()
         .map(|r| {
             let dtype = r.get("dtype").to_ascii_lowercase();
-            if dtype != "bf16" {
-                return Err(if dtype.contains("fp8") {
-                    "fp8 not modelled"
-                } else {
-                    "dtype not modelled"
-                });
+            let fp8 = dtype.contains("fp8");
+            if dtype != "bf16" && !fp8 {
+                return Err("dtype not modelled");
             }
             let preset = match r.get("accelerator") {
                 "NVIDIA A100 SXM" => "dgx-a100:nodes=1",
                 "NVIDIA H100 SXM" => "dgx-h100:nodes=1",
+                "NVIDIA H200 SXM" => "hgx-h200:nodes=1",
+                "NVIDIA B200 SXM" => "dgx-b200:nodes=1",
                 _ => return Err("accelerator without a cluster preset"),
             };
             let need = |k: &str| r.int(k).map(|v| v as u64).ok_or("GEMM shape missing");
             let (m, n, k) = (need("M_derived")?, need("N_derived")?, need("K_derived")?);
             let measured = r.num("mamf_tflops").ok_or("no measured throughput")?;
-            let model = CostModel::new(Cluster::preset(preset).map_err(|_| "no cluster preset")?);
+            let mut model =
+                CostModel::new(Cluster::preset(preset).map_err(|_| "no cluster preset")?);
+            model.compute.gemm_sustained_fraction = 1.0;
             let shape = GemmShape::new(1, m, n, k);
-            let bytes = 2.0 * (m * k + k * n + m * n) as f64;
-            let t = model
-                .compute
-                .gemm_time(shape, DType::BF16, bytes, &model.cluster);
+            let e = if fp8 { 1.0 } else { 2.0 };
+            let bytes = e * (m * k + k * n) as f64 + 2.0 * (m * n) as f64;
+            let c = &model.compute;
+            let ceiling = model
+                .cluster
+                .gemm_ceiling_flops(DType::BF16, fp8, c.gemm_ceiling_default)
+                .ok_or("no fp8 peak on this preset")?;
+            let t = c.gemm_time_at(shape, ceiling, bytes, &model.cluster);
             let predicted = shape.flops() / t / 1e12;
             Ok(Reading::Done(Box::new(RowResult {
                 label: format!("line {}: {} {m}x{n}x{k}", r.number, r.get("accelerator")),
-                model: format!("GEMM {m}x{n}x{k} bf16"),
+                model: format!("GEMM {m}x{n}x{k} {}", if fp8 { "fp8" } else { "bf16" }),
                 cluster: preset.to_string(),
                 plan: "-".into(),
                 software: DEFAULTS.to_string(),
@@ -832,36 +846,69 @@ fn mamf_gemm(rows: &[Line]) -> Vec<Result<Reading, &'static str>> {
         .collect()
 }
 
-/// All-reduce bus bandwidth inside one node (nccl-tests convention) against the cost model's
-/// collective time for the same payload and GPU count, on the presets' GPUs (H100, H200).
-/// NCCL's NVLink SHARP rows are kept: it is what NCCL runs by default.
+/// Per-call cost of a timed `torch.distributed.all_reduce` in ml-engineering's
+/// `all_reduce_bench.py`, fitted on its sweep's small-message floor (see
+/// [`mlengineering_allreduce`]).
+const TORCH_DISTRIBUTED_CALL_S: f64 = 45e-6;
+
+/// All-reduce bus bandwidth (nccl-tests convention) against the cost model's collective time
+/// for the same payload and GPU count, on the presets' GPUs (H100, H200, B200; the AWS
+/// p6-b200 nodes' 8x 400 Gb/s EFA stand in as the DGX B200 preset's 8x 400 Gb/s NICs).
+/// NCCL's NVLink SHARP rows are kept (it is NCCL's default); rows run with
+/// `NCCL_NVLS_ENABLE=0` are estimated without it.
 fn mlengineering_allreduce(rows: &[Line]) -> Vec<Result<Reading, &'static str>> {
     rows.iter()
         .map(|r| {
             let system = r.get("system");
-            let preset = if system.contains("H200") {
-                "hgx-h200:nodes=1"
+            let kind = if system.contains("H200") {
+                "hgx-h200"
             } else if system.contains("H100") {
-                "dgx-h100:nodes=1"
+                "dgx-h100"
+            } else if system.contains("B200") {
+                "dgx-b200"
             } else {
                 return Err("accelerator without a cluster preset");
             };
             if r.get("collective") != "all_reduce" {
                 return Err("collective not all-reduce");
             }
-            if r.int("nodes") != Some(1) {
-                return Err("not within one node");
-            }
+            let nodes = r
+                .int("nodes")
+                .filter(|&n| n >= 1)
+                .ok_or("node count missing")?;
             let gpus = r.int("gpus_total").ok_or("GPU count missing")?;
+            let per_node = r.int("gpus_per_node").unwrap_or(gpus);
+            if gpus == 0 || per_node == 0 || per_node > 8 || gpus != nodes * per_node {
+                return Err("GPU counts disagree");
+            }
             let bytes = r.num("payload_bytes").ok_or("payload size not given")?;
             let measured = r.num("busbw_GBps").ok_or("no measured bandwidth")?;
-            let model = CostModel::new(Cluster::preset(preset).map_err(|_| "no cluster preset")?);
+            let preset = format!("{kind}:nodes={nodes}");
+            let mut model =
+                CostModel::new(Cluster::preset(&preset).map_err(|_| "no cluster preset")?);
+            model.comm.nvls = r.get("nvls_enabled") != "False";
+            // Where the row records the algorithm NCCL ran, it is the one estimated.
+            let algo = r.get("nccl_algo");
+            model.comm.force_algorithm = if algo.starts_with("NVLS") {
+                Some(Algorithm::Nvls)
+            } else if algo.starts_with("Ring") || algo.contains("picked Ring") {
+                Some(Algorithm::Ring)
+            } else {
+                None
+            };
+            // all_reduce_bench.py times torch.distributed calls, each with its host dispatch
+            // and a device synchronisation: the sweep's floor (47-51 us from 32 KiB to 1 MiB
+            // on one node, where the transfer itself is a few microseconds) is that per-call
+            // cost, which nccl-tests' back-to-back launches do not pay.
+            if r.get("tool").contains("all_reduce_bench.py") {
+                model.comm.launch_overhead_s = TORCH_DISTRIBUTED_CALL_S;
+            }
             let group = GroupInfo {
                 size: gpus,
-                nodes_spanned: 1,
-                members_per_node: gpus,
-                nics_per_group: 0,
-                groups_per_nic: 0,
+                nodes_spanned: nodes,
+                members_per_node: per_node,
+                nics_per_group: if nodes > 1 { per_node } else { 0 },
+                groups_per_nic: usize::from(nodes > 1),
             };
             let predicted =
                 model
@@ -870,15 +917,19 @@ fn mlengineering_allreduce(rows: &[Line]) -> Vec<Result<Reading, &'static str>> 
                     / 1e9;
             Ok(Reading::Done(Box::new(RowResult {
                 label: format!(
-                    "line {}: {gpus} GPUs {} {}",
+                    "line {}: {gpus} GPUs on {nodes} node(s) {} {}",
                     r.number,
                     r.get("payload_label"),
                     r.get("nccl_algo")
                 ),
                 model: format!("all-reduce of {bytes} bytes over {gpus} GPUs"),
-                cluster: preset.to_string(),
+                cluster: preset,
                 plan: "-".into(),
-                software: DEFAULTS.to_string(),
+                software: if model.comm.nvls {
+                    DEFAULTS.to_string()
+                } else {
+                    "NCCL_NVLS_ENABLE=0".to_string()
+                },
                 figure: "all-reduce bus GB/s".into(),
                 measured,
                 predicted,

@@ -18,6 +18,7 @@
 //! hbm_bandwidth_gb_per_s = 2039.0
 //! reserved_gib = 2.0           # optional: CUDA context, library workspaces, allocator slack
 //! sms = 108                    # optional: streaming multiprocessors (enables wave quantisation)
+//! arch = "ampere"              # optional: ampere, hopper, blackwell (attention kernel speed)
 //!
 //! [gpu.peak_tflops]            # dense (no 2:4 sparsity)
 //! bf16 = 312.0
@@ -26,10 +27,14 @@
 //! tf32 = 156.0                 # optional
 //! fp8 = 624.0                  # optional
 //!
+//! [gpu.mamf_tflops]            # optional: measured maximum achievable matmul TFLOP/s
+//! bf16 = 271.2
+//! fp8 = 540.0                  # optional
 //! [intra_node]
 //! fabric = "nvswitch"
 //! bus_bandwidth_gb_per_s = 230.0
 //! latency_us = 1.0
+//! nvls_algbw_gb_per_s = 275.0  # optional: NVLink SHARP all-reduce (Hopper NVSwitch)
 //!
 //! [network]
 //! nics_per_node = 8
@@ -73,6 +78,46 @@ pub struct PeakTflops {
     pub fp8: Option<f64>,
 }
 
+/// An accelerator's architecture generation, as far as kernels care: Hopper and later
+/// have warpgroup tensor-core instructions (`wgmma`) and TMA that kernels written for Ampere
+/// (FlashAttention 1 and 2) do not use, so those reach a smaller fraction of the peak there.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum GpuArch {
+    /// NVIDIA Ampere (A100): the generation the FlashAttention 1/2 kernels were tuned for.
+    Ampere,
+    /// NVIDIA Hopper (H100, H200, GH200).
+    Hopper,
+    /// NVIDIA Blackwell (B200, GB200).
+    Blackwell,
+    /// Anything else (CPUs, other vendors): kernels are priced as on Ampere.
+    #[default]
+    Other,
+}
+
+impl GpuArch {
+    fn is_default(&self) -> bool {
+        *self == GpuArch::default()
+    }
+
+    /// Whether the architecture has tensor-core paths that Ampere-era kernels leave unused.
+    pub fn has_warpgroup_mma(self) -> bool {
+        matches!(self, GpuArch::Hopper | GpuArch::Blackwell)
+    }
+}
+
+/// The measured maximum achievable matmul throughput of one device (the best `torch.matmul`
+/// over a brute-force search of shapes, ml-engineering's MAMF finder), in TFLOP/s.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MamfTflops {
+    /// bf16 (and fp16) GEMMs.
+    pub bf16: f64,
+    /// fp8 (e4m3) GEMMs; optional.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fp8: Option<f64>,
+}
+
 /// One accelerator.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -92,6 +137,15 @@ pub struct GpuSpec {
     /// Streaming multiprocessors; when given, GEMM times include wave quantisation.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sms: Option<usize>,
+    /// Architecture generation (`ampere`, `hopper`, `blackwell`; default `other`, priced as
+    /// Ampere): which attention kernels reach which fraction of the peak.
+    #[serde(default, skip_serializing_if = "GpuArch::is_default")]
+    pub arch: GpuArch,
+    /// Measured maximum achievable matmul TFLOP/s (`[gpu.mamf_tflops]`, `bf16 = ...`,
+    /// `fp8 = ...`): the ceiling of every GEMM. Without it the ceiling is a default fraction
+    /// of the datasheet peak ([`crate::compute::ComputeParams::gemm_ceiling_default`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mamf_tflops: Option<MamfTflops>,
 }
 
 /// The fabric joining the devices of one node.
@@ -104,6 +158,12 @@ pub struct FabricSpec {
     pub bus_bandwidth_gb_per_s: f64,
     /// Latency of one step of a collective.
     pub latency_us: f64,
+    /// NVLink SHARP (NVLS): the switch reduces, so an all-reduce inside a node moves each
+    /// byte once to the switch and once back, at this *algorithm* bandwidth whatever the
+    /// group size (nccl-tests' busbw is then `algbw * 2(n-1)/n`, above the line rate).
+    /// Absent where the switches cannot reduce (NVSwitch before Hopper, PCIe).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nvls_algbw_gb_per_s: Option<f64>,
 }
 
 /// The NICs of a node and the network behind them (assumed non-blocking, rail-optimised).
@@ -196,8 +256,9 @@ impl Cluster {
         toml::to_string(self).unwrap_or_default()
     }
 
-    /// A preset: `dgx-a100:nodes=N`, `dgx-h100:nodes=N`, `hgx-h200:nodes=N` or
-    /// `cpu:ranks=N` (options may be omitted: one node, or one rank).
+    /// A preset: `dgx-a100:nodes=N`, `dgx-a100-40gb:nodes=N`, `dgx-h100:nodes=N`,
+    /// `hgx-h200:nodes=N`, `dgx-b200:nodes=N` or `cpu:ranks=N` (options may be omitted: one
+    /// node, or one rank).
     pub fn preset(spec: &str) -> Result<Cluster, CostError> {
         let err = |message: String| CostError::Preset {
             preset: spec.to_string(),
@@ -238,10 +299,13 @@ impl Cluster {
             "dgx-a100" => dgx_a100(n),
             "dgx-h100" => dgx_h100(n),
             "hgx-h200" => hgx_h200(n),
+            "dgx-a100-40gb" => dgx_a100_40gb(n),
+            "dgx-b200" => dgx_b200(n),
             "cpu" => cpu(n),
             other => {
                 return Err(err(format!(
-                    "unknown preset `{other}` (expected dgx-a100, dgx-h100, hgx-h200 or cpu)"
+                    "unknown preset `{other}` (expected dgx-a100, dgx-a100-40gb, dgx-h100, \
+                     hgx-h200, dgx-b200 or cpu)"
                 )));
             }
         };
@@ -327,10 +391,37 @@ impl Cluster {
         if self.gpu.sms == Some(0) {
             return bad("gpu.sms", "must be at least 1");
         }
+        if let Some(m) = &self.gpu.mamf_tflops {
+            positive("gpu.mamf_tflops.bf16", m.bf16)?;
+            if m.bf16 > p.bf16 {
+                return bad(
+                    "gpu.mamf_tflops.bf16",
+                    "must not exceed gpu.peak_tflops.bf16 (a measured maximum is below the peak)",
+                );
+            }
+            if let Some(v) = m.fp8 {
+                positive("gpu.mamf_tflops.fp8", v)?;
+                match p.fp8 {
+                    None => {
+                        return bad(
+                            "gpu.mamf_tflops.fp8",
+                            "is given but gpu.peak_tflops.fp8 is not",
+                        );
+                    }
+                    Some(peak) if v > peak => {
+                        return bad("gpu.mamf_tflops.fp8", "must not exceed gpu.peak_tflops.fp8");
+                    }
+                    Some(_) => {}
+                }
+            }
+        }
         positive(
             "intra_node.bus_bandwidth_gb_per_s",
             self.intra_node.bus_bandwidth_gb_per_s,
         )?;
+        if let Some(v) = self.intra_node.nvls_algbw_gb_per_s {
+            positive("intra_node.nvls_algbw_gb_per_s", v)?;
+        }
         if !(self.intra_node.latency_us >= 0.0 && self.intra_node.latency_us.is_finite()) {
             return bad("intra_node.latency_us", "must be at least 0");
         }
@@ -398,6 +489,36 @@ impl Cluster {
         t * 1e12
     }
 
+    /// Dense fp8 peak FLOP/s, where the device has fp8 tensor cores.
+    pub fn fp8_peak_flops(&self) -> Option<f64> {
+        self.gpu.peak_tflops.fp8.map(|t| t * 1e12)
+    }
+
+    /// The most FLOP/s a GEMM in `dtype` (in fp8 when `fp8`) reaches on this device: the
+    /// measured maximum achievable matmul rate ([`GpuSpec::mamf_tflops`]), or
+    /// `default_fraction` of the peak where the description has no measurement. `None` for
+    /// fp8 on a device without fp8 peak.
+    pub fn gemm_ceiling_flops(
+        &self,
+        dtype: DType,
+        fp8: bool,
+        default_fraction: f64,
+    ) -> Option<f64> {
+        let mamf = self.gpu.mamf_tflops.as_ref();
+        if fp8 {
+            let peak = self.fp8_peak_flops()?;
+            return Some(
+                mamf.and_then(|m| m.fp8)
+                    .map_or(peak * default_fraction, |t| t * 1e12),
+            );
+        }
+        let peak = self.peak_flops(dtype);
+        Some(match (dtype, mamf) {
+            (DType::BF16 | DType::F16, Some(m)) => m.bf16 * 1e12,
+            _ => peak * default_fraction,
+        })
+    }
+
     /// HBM bandwidth in bytes/s.
     pub fn hbm_bandwidth(&self) -> f64 {
         self.gpu.hbm_bandwidth_gb_per_s * GB
@@ -429,6 +550,8 @@ impl Cluster {
 /// - ~24 GB/s bus bandwidth per HDR NIC: NCCL maintainer in github.com/NVIDIA/nccl/issues/412.
 /// - Latencies (1 us per NVLink step, 5 us per InfiniBand step) are typical small-message
 ///   figures, not taken from the reference tables.
+/// - Maximum achievable bf16 matmul 271.2 TFLOP/s (86.9% of peak): ml-engineering's MAMF
+///   finder table (`mlengineering_mamf_gemm.csv`, torch 2.6 / CUDA 12.6).
 pub fn dgx_a100(nodes: usize) -> Cluster {
     Cluster {
         name: format!("dgx-a100:nodes={nodes}"),
@@ -447,11 +570,17 @@ pub fn dgx_a100(nodes: usize) -> Cluster {
             hbm_bandwidth_gb_per_s: 2039.0,
             reserved_gib: 2.0,
             sms: Some(108),
+            arch: GpuArch::Ampere,
+            mamf_tflops: Some(MamfTflops {
+                bf16: 271.2,
+                fp8: None,
+            }),
         },
         intra_node: FabricSpec {
             fabric: "nvswitch".into(),
             bus_bandwidth_gb_per_s: 230.0,
             latency_us: 1.0,
+            nvls_algbw_gb_per_s: None,
         },
         network: NetworkSpec {
             nics_per_node: 8,
@@ -473,6 +602,10 @@ pub fn dgx_a100(nodes: usize) -> Cluster {
 ///   protocol overhead): NCCL maintainer in github.com/NVIDIA/nccl-tests/issues/212. NVLink
 ///   SHARP all-reduce reaches ~480; the ring figure is used for every collective.
 /// - 48 GB/s per NDR NIC: NCCL maintainer in github.com/NVIDIA/nccl-tests/issues/267.
+/// - NVLink SHARP all-reduce at ~275 GB/s algorithm bandwidth (busbw ~480 on 8 GPUs): the
+///   same maintainer statement (nccl-tests#212).
+/// - Maximum achievable matmul 794.5 TFLOP/s bf16 (80.3%), 1402.6 fp8 (70.9%): the MAMF
+///   finder table (torch 2.7 / CUDA 12.6).
 pub fn dgx_h100(nodes: usize) -> Cluster {
     Cluster {
         name: format!("dgx-h100:nodes={nodes}"),
@@ -491,11 +624,17 @@ pub fn dgx_h100(nodes: usize) -> Cluster {
             hbm_bandwidth_gb_per_s: 3350.0,
             reserved_gib: 2.0,
             sms: Some(132),
+            arch: GpuArch::Hopper,
+            mamf_tflops: Some(MamfTflops {
+                bf16: 794.5,
+                fp8: Some(1402.6),
+            }),
         },
         intra_node: FabricSpec {
             fabric: "nvswitch".into(),
             bus_bandwidth_gb_per_s: 370.0,
             latency_us: 1.0,
+            nvls_algbw_gb_per_s: Some(275.0),
         },
         network: NetworkSpec {
             nics_per_node: 8,
@@ -511,12 +650,67 @@ pub fn dgx_h100(nodes: usize) -> Cluster {
 /// HGX H200: the H100 node with 141 GB of HBM3e at 4.8 TB/s (NVIDIA H200 datasheet,
 /// hardware_specs.csv); same compute and NVLink4 (900 GB/s) as H100, 8x NDR 400 Gb/s NICs
 /// assumed as on DGX H100. Capacity is the 140 GiB the driver exposes of the 141 GB.
+/// Maximum achievable fp8 matmul 1453.4 TFLOP/s (MAMF table, H200 SXM row); the table has no
+/// H200 bf16 row, so the H100's 794.5 (the same die at the same 700 W) is kept.
 pub fn hgx_h200(nodes: usize) -> Cluster {
     let mut c = dgx_h100(nodes);
     c.name = format!("hgx-h200:nodes={nodes}");
     c.gpu.model = "H200-SXM-141GB".into();
     c.gpu.hbm_capacity_gib = 140.0;
     c.gpu.hbm_bandwidth_gb_per_s = 4800.0;
+    c.gpu.mamf_tflops = Some(MamfTflops {
+        bf16: 794.5,
+        fp8: Some(1453.4),
+    });
+    c
+}
+
+/// DGX A100 with the 40 GB part: 1555 GB/s of HBM2 (hardware_specs.csv, A100 bandwidth row),
+/// otherwise the 80 GB node.
+pub fn dgx_a100_40gb(nodes: usize) -> Cluster {
+    let mut c = dgx_a100(nodes);
+    c.name = format!("dgx-a100-40gb:nodes={nodes}");
+    c.gpu.model = "A100-SXM4-40GB".into();
+    c.gpu.hbm_capacity_gib = 40.0;
+    c.gpu.hbm_bandwidth_gb_per_s = 1555.0;
+    c
+}
+
+/// DGX B200: 8x B200 (Blackwell, 148 SMs) on NVLink5 switches, 8x ConnectX-7 400 Gb/s.
+///
+/// - 2250 TFLOP/s bf16 dense, 4500 fp8, 1125 TF32; 180 GB HBM3e at 8 TB/s: NVIDIA DGX B200
+///   datasheet (1440 GB of GPU memory over 8 GPUs, 64 TB/s aggregate HBM bandwidth).
+///   fp32 (75 TFLOP/s non-tensor) is the datasheet's per-GPU figure.
+/// - Maximum achievable matmul 1745 TFLOP/s bf16, 3432.5 fp8: MAMF finder table.
+/// - Ring bus bandwidth 680 GB/s and NVLink SHARP algorithm bandwidth 480 GB/s: the plateaus
+///   of ml-engineering's nccl-tests sweep on 8x B200 (NCCL 2.27.7, 8 GiB: ring 673-682 GB/s
+///   busbw with NVLS off, 838 with NVLS on 8 GPUs = 480 algbw), 76% and 53% of NVLink5's
+///   900 GB/s per direction.
+/// - 48 GB/s per 400 Gb/s NIC, as NDR on DGX H100.
+pub fn dgx_b200(nodes: usize) -> Cluster {
+    let mut c = dgx_h100(nodes);
+    c.name = format!("dgx-b200:nodes={nodes}");
+    c.gpu = GpuSpec {
+        model: "B200-SXM-180GB".into(),
+        peak_tflops: PeakTflops {
+            f32: 75.0,
+            tf32: Some(1125.0),
+            bf16: 2250.0,
+            f16: 2250.0,
+            fp8: Some(4500.0),
+        },
+        hbm_capacity_gib: 178.0,
+        hbm_bandwidth_gb_per_s: 8000.0,
+        reserved_gib: 2.0,
+        sms: Some(148),
+        arch: GpuArch::Blackwell,
+        mamf_tflops: Some(MamfTflops {
+            bf16: 1745.0,
+            fp8: Some(3432.5),
+        }),
+    };
+    c.intra_node.bus_bandwidth_gb_per_s = 680.0;
+    c.intra_node.nvls_algbw_gb_per_s = Some(480.0);
     c
 }
 
@@ -545,11 +739,14 @@ pub fn cpu(ranks: usize) -> Cluster {
             hbm_bandwidth_gb_per_s: 10.0,
             reserved_gib: 0.0,
             sms: None,
+            arch: GpuArch::Other,
+            mamf_tflops: None,
         },
         intra_node: FabricSpec {
             fabric: "shared-memory".into(),
             bus_bandwidth_gb_per_s: 5.0,
             latency_us: 10.0,
+            nvls_algbw_gb_per_s: None,
         },
         network: NetworkSpec {
             nics_per_node: 1,
@@ -632,6 +829,36 @@ mod tests {
                 .to_string()
                 .contains("network.gpu_to_nic")
         );
+    }
+
+    #[test]
+    fn matmul_ceilings_and_their_checks() {
+        for name in ["dgx-a100-40gb", "dgx-b200:nodes=2", "hgx-h200"] {
+            let c = Cluster::preset(name).unwrap();
+            assert!(c.gpu.mamf_tflops.is_some(), "{name}");
+            assert_eq!(Cluster::from_toml(&c.to_toml()).unwrap(), c, "{name}");
+        }
+        let h = dgx_h100(1);
+        assert_eq!(
+            h.gemm_ceiling_flops(DType::BF16, false, 0.8),
+            Some(794.5e12)
+        );
+        assert_eq!(
+            h.gemm_ceiling_flops(DType::BF16, true, 0.8),
+            Some(1402.6e12)
+        );
+        assert_eq!(dgx_a100(1).gemm_ceiling_flops(DType::BF16, true, 0.8), None);
+        assert_eq!(
+            cpu(1).gemm_ceiling_flops(DType::F32, false, 0.8),
+            Some(0.02e12 * 0.8)
+        );
+        let text = include_str!("../clusters/dgx-a100.toml");
+        let over = text.replace("bf16 = 271.2", "bf16 = 400.0");
+        let e = Cluster::from_toml(&over).unwrap_err().to_string();
+        assert!(e.contains("gpu.mamf_tflops.bf16"), "{e}");
+        let fp8 = text.replace("bf16 = 271.2", "bf16 = 271.2\nfp8 = 500.0");
+        let e = Cluster::from_toml(&fp8).unwrap_err().to_string();
+        assert!(e.contains("gpu.mamf_tflops.fp8"), "{e}");
     }
 
     #[test]

@@ -19,8 +19,9 @@
 //! with `a` the per-step latency and `B` the bus bandwidth of the slowest link the group
 //! crosses. Trees replace `n-1` latency steps by `ceil(log2 n)` and pay `n/(n-1)` more in
 //! bandwidth; hierarchical all-reduce is reduce-scatter inside nodes, all-reduce across nodes
-//! on each node's NICs, all-gather inside nodes. The cheapest algorithm is chosen, as NCCL's
-//! tuner does.
+//! on each node's NICs, all-gather inside nodes; NVLink SHARP all-reduce inside a node moves
+//! each byte once to the switch and once back (`2 a + S/B_nvls`, `B_nvls` the algorithm
+//! bandwidth). The cheapest algorithm is chosen, as NCCL's tuner does.
 
 use serde::{Deserialize, Serialize};
 
@@ -72,6 +73,8 @@ pub enum Algorithm {
     Hierarchical,
     /// A direct transfer.
     Direct,
+    /// NVLink SHARP: the NVSwitch reduces, each rank sends and receives its buffer once.
+    Nvls,
 }
 
 /// Tunable parameters of the communication model.
@@ -92,6 +95,17 @@ pub struct CommParams {
     /// (Megatron-LM's asynchronous tensor-parallel all-reduce, and the all-gather /
     /// reduce-scatter overlap of sequence parallelism).
     pub overlap_tp_backward: bool,
+    /// Tensor-parallel collectives of the forward are pipelined with the GEMM they feed or
+    /// follow (Megatron-Core's `--tp-comm-overlap`: Transformer Engine's userbuffers split the
+    /// all-gather + GEMM and GEMM + reduce-scatter into chunks that overlap).
+    pub overlap_tp_forward: bool,
+    /// All-reduces inside a node may use NVLink SHARP where the fabric has it
+    /// ([`crate::cluster::FabricSpec::nvls_algbw_gb_per_s`]); NCCL's default, off with
+    /// `NCCL_NVLS_ENABLE=0`.
+    pub nvls: bool,
+    /// The all-reduce algorithm when one is imposed (NCCL's `NCCL_ALGO`, or a measurement
+    /// that records which one NCCL ran); `None` lets the model take the cheapest.
+    pub force_algorithm: Option<Algorithm>,
 }
 
 impl Default for CommParams {
@@ -101,6 +115,9 @@ impl Default for CommParams {
             overlap_slowdown: 0.1,
             overlap_grad_reduce: true,
             overlap_tp_backward: true,
+            overlap_tp_forward: false,
+            nvls: true,
+            force_algorithm: None,
         }
     }
 }
@@ -185,6 +202,15 @@ impl CommParams {
             time_s: self.launch_overhead_s + steps * alpha + factor * bytes / bw,
             algorithm: Algorithm::Ring,
         };
+        // An imposed all-reduce algorithm replaces the ring whenever it applies here.
+        let imposed =
+            |a: Algorithm| coll == Collective::AllReduce && self.force_algorithm == Some(a);
+        let allowed = |a: Algorithm| {
+            coll != Collective::AllReduce || self.force_algorithm.is_none_or(|f| f == a)
+        };
+        let better = |t: f64, a: Algorithm, best: &CommCost| {
+            allowed(a) && (t < best.time_s || (imposed(a) && best.algorithm != a))
+        };
         if matches!(coll, Collective::AllReduce | Collective::Broadcast) {
             let depth = nf.log2().ceil();
             let tree_steps = if coll == Collective::AllReduce {
@@ -196,10 +222,25 @@ impl CommParams {
             // forwards the data to two children.
             let tree_factor = 2.0;
             let t = self.launch_overhead_s + tree_steps * alpha + tree_factor * bytes / bw;
-            if t < best.time_s {
+            if better(t, Algorithm::Tree, &best) {
                 best = CommCost {
                     time_s: t,
                     algorithm: Algorithm::Tree,
+                };
+            }
+        }
+        if let (true, Collective::AllReduce, true, Some(algbw)) = (
+            self.nvls,
+            coll,
+            group.intra_node(),
+            cluster.intra_node.nvls_algbw_gb_per_s,
+        ) {
+            // One multimem store to the switch and one load of the reduced buffer.
+            let t = self.launch_overhead_s + 2.0 * a_intra + bytes / (algbw * 1e9);
+            if better(t, Algorithm::Nvls, &best) {
+                best = CommCost {
+                    time_s: t,
+                    algorithm: Algorithm::Nvls,
                 };
             }
         }
@@ -213,7 +254,7 @@ impl CommParams {
                 + 2.0 * (k - 1.0) / k * bytes / intra_bw
                 + 2.0 * (nodes - 1.0) * a_inter
                 + 2.0 * (nodes - 1.0) / nodes * (bytes / k) / inter_bw;
-            if t < best.time_s {
+            if better(t, Algorithm::Hierarchical, &best) {
                 best = CommCost {
                     time_s: t,
                     algorithm: Algorithm::Hierarchical,
@@ -262,7 +303,39 @@ mod tests {
         overlap_slowdown: 0.1,
         overlap_grad_reduce: true,
         overlap_tp_backward: true,
+        overlap_tp_forward: false,
+        nvls: true,
+        force_algorithm: None,
     };
+
+    /// NVLink SHARP: all-reduce busbw above the ring's, growing with the group as
+    /// `algbw * 2(n-1)/n`; off with `nvls = false`, and an imposed algorithm wins.
+    #[test]
+    fn nvls_all_reduce_and_imposed_algorithms() {
+        let h = cluster::dgx_h100(1);
+        let g = intra(8);
+        let big = 8.0 * (1u64 << 30) as f64;
+        let busbw = |p: &CommParams| p.bus_bandwidth(Collective::AllReduce, big, &g, &h) / 1e9;
+        let on = busbw(&P);
+        assert!((470.0..490.0).contains(&on), "{on}");
+        let off = busbw(&CommParams { nvls: false, ..P });
+        assert!((360.0..372.0).contains(&off), "{off}");
+        let ring = CommParams {
+            force_algorithm: Some(Algorithm::Ring),
+            ..P
+        };
+        assert_eq!(
+            ring.collective(Collective::AllReduce, big, &g, &h)
+                .algorithm,
+            Algorithm::Ring
+        );
+        // No NVLS on A100's NVSwitch.
+        let a = cluster::dgx_a100(1);
+        assert_ne!(
+            P.collective(Collective::AllReduce, big, &g, &a).algorithm,
+            Algorithm::Nvls
+        );
+    }
 
     #[test]
     fn exposed_time_of_overlapped_communication() {

@@ -1,7 +1,8 @@
 //! Compute costs: FLOPs and bytes of every IR op, and a roofline time in which GEMMs reach a
-//! shape-dependent fraction of peak (tile and wave quantisation, split-K, a per-tile fixed
-//! cost) and memory-bound ops a fraction of HBM bandwidth. Every tunable number is a field of
-//! [`ComputeParams`].
+//! shape-dependent fraction of the device's measured matmul ceiling (tile and wave
+//! quantisation over its SMs, split-K, a per-tile fixed cost), attention kernels the fraction
+//! of peak their generation reaches on the device's architecture, and memory-bound ops a
+//! fraction of HBM bandwidth. Every tunable number is a field of [`ComputeParams`].
 
 use serde::{Deserialize, Serialize};
 
@@ -11,6 +12,7 @@ use crate::cluster::Cluster;
 use crate::comm::{Collective, CommParams};
 use crate::cost::Cost;
 use crate::mapping::MeshMapping;
+use crate::software::Fusion;
 
 /// How attention is executed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -20,19 +22,84 @@ pub enum AttentionKernel {
     /// `s x s` scores (Megatron-LM before fused attention kernels; the Korthikanti et al. 2022
     /// measurements).
     Unfused,
-    /// A FlashAttention-style kernel: scores stay on chip, causal blocks above the diagonal are
-    /// skipped, the backward recomputes the scores.
+    /// FlashAttention 2 (Dao 2023) or a kernel of its class (PyTorch's scaled-dot-product
+    /// attention): scores stay on chip, causal blocks above the diagonal are skipped, the
+    /// backward recomputes the scores. Written for Ampere's `mma.sync`.
     Flash,
+    /// FlashAttention 1 (Dao et al. 2022): the same algorithm with worse work partitioning,
+    /// about half FlashAttention 2's speed (FlashAttention-2 paper, arXiv:2307.08691).
+    Flash1,
+    /// An attention kernel native to the device's architecture: cuDNN fused attention through
+    /// Transformer Engine, or FlashAttention 3 on Hopper (warpgroup MMA, TMA, asynchrony;
+    /// arXiv:2407.08608). On Ampere it is priced as [`AttentionKernel::Flash`].
+    Fused,
+}
+
+impl AttentionKernel {
+    /// Whether the kernel writes the `s x s` scores to memory (and so selective recompute has
+    /// something to save).
+    pub fn materialises_scores(self) -> bool {
+        self == AttentionKernel::Unfused
+    }
+
+    /// The name `--software attention=` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            AttentionKernel::Unfused => "unfused",
+            AttentionKernel::Flash => "flash",
+            AttentionKernel::Flash1 => "flash1",
+            AttentionKernel::Fused => "fused",
+        }
+    }
+}
+
+/// Fractions of the dense peak that fused attention kernels reach on the FLOPs they perform,
+/// forward and backward, with what running an Ampere-era kernel on a newer architecture costs.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AttentionFractions {
+    /// FlashAttention 1 on Ampere, `[forward, backward]`: "25-40% of the theoretical maximum
+    /// FLOPs/s" on A100 (FlashAttention-2 paper, Sec. 1), the backward at the low end.
+    pub flash1: [f64; 2],
+    /// FlashAttention 2 on Ampere: "50-73%" of A100 peak in the forward, the backward up to
+    /// about 63% (FlashAttention-2 paper, Sec. 4.1, causal, head dim 64-128).
+    pub flash2: [f64; 2],
+    /// An architecture-native kernel on Hopper or later: FlashAttention 3 reaches up to 75% of
+    /// H100 peak in the forward (arXiv:2407.08608, abstract) and 1.5-1.75x FlashAttention 2 in
+    /// the backward; cuDNN's fused attention is of the same class. Typical causal training
+    /// shapes sit below the best case.
+    pub native: [f64; 2],
+    /// What an Ampere-era kernel keeps of its Ampere fraction on Hopper or later: without
+    /// warpgroup MMA it reaches about 35% of H100 peak (FlashAttention-3 paper, Sec. 1) where
+    /// it reaches about 70% of A100's, so one half.
+    pub legacy_on_newer_arch: f64,
+}
+
+impl Default for AttentionFractions {
+    fn default() -> Self {
+        AttentionFractions {
+            flash1: [0.35, 0.28],
+            flash2: [0.62, 0.52],
+            native: [0.58, 0.45],
+            legacy_on_newer_arch: 0.5,
+        }
+    }
 }
 
 /// Every tunable number of the compute model, with the reasoning behind its default.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ComputeParams {
-    /// Fraction of dense peak that a large, well-shaped GEMM sustains with its best tile in a
-    /// long training run. cuBLAS reaches 80-85% of an A100's 312 TFLOP/s in short bf16
-    /// benchmarks, but under sustained load the 400 W power limit lowers the clock; 0.75 is
-    /// the sustained figure, and the one the Korthikanti et al. 2022 calibration supports.
-    pub gemm_peak_fraction: f64,
+    /// Fraction of the device's measured maximum achievable matmul rate
+    /// ([`crate::cluster::GpuSpec::mamf_tflops`]) that a large, well-shaped GEMM sustains in a
+    /// long training run. The MAMF finder measures each shape over 100 iterations; in
+    /// training the GPU stays at its power limit (400 W on A100, 700 W on H100) and its clock
+    /// drops below the benchmark's. 0.863 is the one figure the Korthikanti et al. 2022
+    /// per-layer times (the measurement that isolates GEMMs, on A100) give: 75% of the A100's
+    /// peak, where MAMF finds 86.9%. The same fraction is used on every device.
+    pub gemm_sustained_fraction: f64,
+    /// The matmul ceiling, as a fraction of the datasheet peak, on a device whose description
+    /// gives no measured maximum: 0.80, about the median of the NVIDIA rows of the MAMF table
+    /// (72.9-86.9%).
+    pub gemm_ceiling_default: f64,
     /// Fixed cost of one output tile (prologue, epilogue, pipeline fill), in units of the
     /// contraction length: a tile with contraction `k` costs as if it were `k + this`. Makes
     /// GEMMs with short contractions (attention's `q k^T` over the head dim) slower.
@@ -43,20 +110,42 @@ pub struct ComputeParams {
     pub gemm_tiles: Vec<(usize, usize, f64)>,
     /// Split-K factors the GEMM model may use when there are too few output tiles for the SMs.
     pub gemm_split_k: Vec<usize>,
-    /// Fraction of HBM bandwidth that element-wise, normalisation and softmax kernels reach.
+    /// Fraction of HBM bandwidth that element-wise, normalisation and softmax kernels reach:
+    /// 0.8, what a streaming copy reaches on A100 and H100 (about 1.6 of 2.0 TB/s and 2.7 of
+    /// 3.35 TB/s in NVIDIA's and users' bandwidth tests), element-wise kernels a little less.
     pub memory_bandwidth_fraction: f64,
     /// Fixed time of one kernel (launch gap and tail), added to each op.
     pub kernel_overhead_s: f64,
     /// How attention runs.
     pub attention: AttentionKernel,
-    /// Fraction of peak a FlashAttention kernel reaches on the FLOPs it performs.
-    pub flash_attention_fraction: f64,
+    /// How far element-wise work is fused (the software profile's).
+    pub fusion: Fusion,
+    /// What eager execution adds per transformer layer, `[forward, backward]`, in passes over
+    /// a `[tokens, hidden]` activation (read or write of one such tensor): the Q/K/V split
+    /// made contiguous and, for FlashAttention's variable-length interface, gathered to
+    /// unpadded tokens and scattered back (9 in the forward: 3h read and written, h out and
+    /// the zeroed output), and the backward's mirror scatters and gathers plus the
+    /// gradients' zero-fills (12). Counted from llm-foundry's MPT block as it runs without
+    /// `torch.compile`.
+    pub eager_passes: [f64; 2],
+    /// Kernels eager execution adds per layer, `[forward, backward]`, each paying
+    /// [`ComputeParams::kernel_overhead_s`]: the copies above, the separate residual adds and
+    /// casts, and autograd's accumulation kernels (about 10 and 20).
+    pub eager_kernels: [f64; 2],
+    /// What the fused attention kernels reach, per generation and architecture.
+    pub attention_fractions: AttentionFractions,
+    /// Bytes per element that Transformer Engine's fp8 GEMMs move besides the GEMM: the bf16
+    /// input read and its fp8 copy written (3), the transposed fp8 copy Hopper's fp8 tensor
+    /// cores need for the other pass (2), and the amax reduction's read (2): 7, applied to both
+    /// operands of every fp8 GEMM.
+    pub fp8_cast_bytes_per_element: f64,
 }
 
 impl Default for ComputeParams {
     fn default() -> Self {
         ComputeParams {
-            gemm_peak_fraction: 0.75,
+            gemm_sustained_fraction: 0.863,
+            gemm_ceiling_default: 0.80,
             gemm_tile_overhead_k: 32.0,
             gemm_tiles: vec![
                 (256, 128, 1.0),
@@ -69,7 +158,11 @@ impl Default for ComputeParams {
             memory_bandwidth_fraction: 0.8,
             kernel_overhead_s: 3e-6,
             attention: AttentionKernel::Flash,
-            flash_attention_fraction: 0.55,
+            fusion: Fusion::Fused,
+            eager_passes: [9.0, 12.0],
+            eager_kernels: [10.0, 20.0],
+            attention_fractions: AttentionFractions::default(),
+            fp8_cast_bytes_per_element: 7.0,
         }
     }
 }
@@ -163,17 +256,47 @@ impl ComputeParams {
 
     /// Seconds for a GEMM of `shape` in `dtype` whose operands and result total `bytes`.
     ///
-    /// With the device's SM count known, each candidate tile (and split-K factor) costs
+    /// The ceiling is the device's measured maximum achievable matmul rate, sustained at
+    /// [`ComputeParams::gemm_sustained_fraction`]. With the device's SM count known, each candidate tile (and split-K factor) costs
     /// `waves * tile_flops / (per-SM peak * tile efficiency)`, where a wave is one tile per
     /// SM, tiles are padded to whole tiles and each tile pays a fixed overhead; the cheapest
     /// candidate wins. Without an SM count the padding and waves are ignored. The result is
     /// never below the time to move `bytes`.
     pub fn gemm_time(&self, shape: GemmShape, dtype: DType, bytes: f64, cluster: &Cluster) -> f64 {
+        let ceiling = cluster
+            .gemm_ceiling_flops(dtype, false, self.gemm_ceiling_default)
+            .unwrap_or_else(|| cluster.peak_flops(dtype) * self.gemm_ceiling_default);
+        self.gemm_time_at(shape, ceiling, bytes, cluster)
+    }
+
+    /// Seconds for a Transformer-Engine-style fp8 GEMM of `shape`: the GEMM at the device's fp8 ceiling (operands a byte each, the
+    /// result in bf16), plus casting both operands to fp8 (with the transposed copy and the
+    /// amax scan, [`ComputeParams::fp8_cast_bytes_per_element`]). `None` on a device without
+    /// fp8 tensor cores.
+    pub fn fp8_gemm_time(&self, shape: GemmShape, cluster: &Cluster) -> Option<f64> {
+        let ceiling = cluster.gemm_ceiling_flops(DType::BF16, true, self.gemm_ceiling_default)?;
+        let GemmShape { batch, m, n, k } = shape;
+        let operands = (batch * m * k + batch * k * n) as f64;
+        let result = (batch * m * n) as f64 * 2.0;
+        let gemm = self.gemm_time_at(shape, ceiling, operands + result, cluster);
+        let casts = self.memory_time(operands * self.fp8_cast_bytes_per_element, cluster);
+        Some(gemm + casts)
+    }
+
+    /// [`ComputeParams::gemm_time`] against a given ceiling (FLOP/s of the best shape before
+    /// the sustained fraction).
+    pub(crate) fn gemm_time_at(
+        &self,
+        shape: GemmShape,
+        ceiling: f64,
+        bytes: f64,
+        cluster: &Cluster,
+    ) -> f64 {
         let GemmShape { batch, m, n, k } = shape;
         if batch == 0 || m == 0 || n == 0 || k == 0 {
             return 0.0;
         }
-        let peak = cluster.peak_flops(dtype) * self.gemm_peak_fraction;
+        let peak = ceiling * self.gemm_sustained_fraction;
         let kf = k as f64;
         let mem = bytes / (cluster.hbm_bandwidth() * self.memory_bandwidth_fraction);
         let compute = match cluster.gpu.sms {
@@ -300,10 +423,20 @@ impl ComputeParams {
             Op::AttentionBackward { causal, .. } => match inputs {
                 [q, k, v, ..] => {
                     let fwd = self.attention_cost(q, k, v, *causal, cluster);
+                    let time = match self.attention {
+                        AttentionKernel::Unfused => 2.5 * fwd.time.secs(),
+                        _ => self.flash_time(
+                            2.5 * fwd.flops,
+                            2.0 * fwd.bytes,
+                            q.dtype,
+                            cluster,
+                            true,
+                        ),
+                    };
                     OpCost {
                         flops: 2.5 * fwd.flops,
                         bytes: 2.0 * fwd.bytes,
-                        time: Cost::from_secs(2.5 * fwd.time.secs()),
+                        time: Cost::from_secs(time),
                         class: fwd.class,
                     }
                 }
@@ -404,12 +537,12 @@ impl ComputeParams {
                     class: OpClass::Matmul,
                 }
             }
-            AttentionKernel::Flash => {
+            AttentionKernel::Flash | AttentionKernel::Flash1 | AttentionKernel::Fused => {
                 let frac = if causal && s == t { 0.5 } else { 1.0 };
                 let flops = frac
                     * (GemmShape::new(b * hq, s, t, d).flops()
                         + GemmShape::new(b * hq, s, dv, t).flops());
-                let time = self.flash_time(flops, io, q.dtype, cluster);
+                let time = self.flash_time(flops, io, q.dtype, cluster, false);
                 OpCost {
                     flops,
                     bytes: io,
@@ -420,9 +553,34 @@ impl ComputeParams {
         }
     }
 
-    /// Seconds for a FlashAttention kernel doing `flops` with `io` bytes of inputs/outputs.
-    pub fn flash_time(&self, flops: f64, io: f64, dtype: DType, cluster: &Cluster) -> f64 {
-        let peak = cluster.peak_flops(dtype) * self.flash_attention_fraction;
+    /// Fraction of the dense peak the profile's fused attention kernel reaches on the device,
+    /// in the forward or the `backward` ([`AttentionFractions`]); the unfused attention's
+    /// GEMMs are priced as GEMMs, so it has none (FlashAttention 2's is returned).
+    pub fn attention_fraction(&self, cluster: &Cluster, backward: bool) -> f64 {
+        let f = &self.attention_fractions;
+        let pass = usize::from(backward);
+        let newer = cluster.gpu.arch.has_warpgroup_mma();
+        let legacy = if newer { f.legacy_on_newer_arch } else { 1.0 };
+        match self.attention {
+            AttentionKernel::Flash1 => f.flash1[pass] * legacy,
+            AttentionKernel::Fused if newer => f.native[pass],
+            AttentionKernel::Flash | AttentionKernel::Fused | AttentionKernel::Unfused => {
+                f.flash2[pass] * legacy
+            }
+        }
+    }
+
+    /// Seconds for a fused attention kernel doing `flops` with `io` bytes of inputs/outputs,
+    /// in the forward or the `backward`.
+    pub fn flash_time(
+        &self,
+        flops: f64,
+        io: f64,
+        dtype: DType,
+        cluster: &Cluster,
+        backward: bool,
+    ) -> f64 {
+        let peak = cluster.peak_flops(dtype) * self.attention_fraction(cluster, backward);
         (flops / peak).max(io / (cluster.hbm_bandwidth() * self.memory_bandwidth_fraction))
             + self.kernel_overhead_s
     }
@@ -513,6 +671,14 @@ mod tests {
         };
         let big = eff(GemmShape::new(1, 8192, 8192, 8192));
         assert!((0.65..0.76).contains(&big), "{big}");
+        // The ceiling is the device's: the H100 sustains a smaller share of its peak.
+        let h = cluster::dgx_h100(1);
+        let s = GemmShape::new(1, 8192, 8192, 8192);
+        let h_eff = s.flops() / p.gemm_time(s, DType::BF16, 0.0, &h) / 989e12;
+        assert!(h_eff < big - 0.03, "{h_eff} vs {big}");
+        let fp8 = p.fp8_gemm_time(s, &h).map(|t| s.flops() / t / 989e12);
+        assert!(fp8.is_some_and(|f| f > 1.2 * h_eff), "{fp8:?}");
+        assert_eq!(p.fp8_gemm_time(s, &c), None);
         let skinny = eff(GemmShape::new(1, 16, 8192, 8192));
         assert!(skinny < 0.1, "{skinny}");
         let short_k = eff(GemmShape::new(32, 2048, 2048, 64));

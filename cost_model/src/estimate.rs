@@ -7,7 +7,7 @@
 use serde::{Deserialize, Serialize};
 
 use autopar_ir::schedule::{Action, Schedule, Timeline};
-use autopar_ir::{Op, TensorType, axis};
+use autopar_ir::{DType, Op, TensorType, axis};
 
 use crate::buckets::{GradientSpan, gradient_buckets, layer_gradient_params};
 use crate::cluster::Cluster;
@@ -30,7 +30,7 @@ use crate::memory::{
 };
 use crate::model::TransformerConfig;
 use crate::plan::{Plan, Recompute};
-use crate::software::{GatherUnit, Software};
+use crate::software::{Fusion, GatherUnit, Software};
 
 const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
 
@@ -186,7 +186,8 @@ pub struct Estimate {
     pub model_tflops_per_gpu: f64,
     /// Hardware FLOP/s per device in TFLOP/s (recomputation counted).
     pub hardware_tflops_per_gpu: f64,
-    /// Model FLOPs utilisation against the dense peak of the compute dtype.
+    /// Model FLOPs utilisation against the dense peak of the compute dtype (the fp8 peak for
+    /// `dtype=fp8` plans, as Transformer Engine users report it).
     pub mfu: f64,
     /// Peak memory of the fullest device in GiB.
     pub peak_memory_gib: f64,
@@ -279,6 +280,19 @@ impl CostModel {
                 "the plan needs {world} devices (dp x tp x pp x cp), the cluster has {}",
                 self.cluster.num_devices()
             )));
+        }
+        if plan.fp8 && self.cluster.fp8_peak_flops().is_none() {
+            return Err(CostError::PlanMismatch(format!(
+                "dtype=fp8 needs fp8 tensor cores, and the cluster's {} has no fp8 peak \
+                 (gpu.peak_tflops.fp8)",
+                self.cluster.gpu.model
+            )));
+        }
+        if plan.fp8 && plan.dtype != DType::BF16 {
+            return Err(CostError::PlanMismatch(
+                "dtype=fp8 runs its non-GEMM work in bf16; it cannot be combined with another dtype"
+                    .into(),
+            ));
         }
         Ok(())
     }
@@ -704,8 +718,32 @@ impl<'a> Ctx<'a> {
             .gemm_time(s, self.plan.dtype, bytes, self.cl())
     }
 
+    /// A GEMM of a transformer layer: in fp8 under `dtype=fp8` (Transformer Engine's linear
+    /// layers), otherwise as [`Ctx::gemm`].
+    fn layer_gemm(&self, s: GemmShape, weights_batched: bool) -> f64 {
+        if self.plan.fp8
+            && let Some(t) = self.m.compute.fp8_gemm_time(s, self.cl())
+        {
+            return t;
+        }
+        self.gemm(s, weights_batched)
+    }
+
     fn mem(&self, bytes: f64) -> f64 {
         self.m.compute.memory_time(bytes, self.cl())
+    }
+
+    /// What eager (unfused) execution adds to one layer's forward or backward: extra passes
+    /// over the `[tokens, hidden]` activation and the launch gaps of the extra kernels.
+    fn eager_overhead(&self, backward: bool) -> f64 {
+        let c = &self.m.compute;
+        if c.fusion != Fusion::Eager {
+            return 0.0;
+        }
+        let pass = usize::from(backward);
+        let bytes = c.eager_passes[pass] * self.act() * self.e;
+        bytes / (self.cl().hbm_bandwidth() * c.memory_bandwidth_fraction)
+            + c.eager_kernels[pass] * c.kernel_overhead_s
     }
 
     /// Elements of a `[tokens, h]` activation in the replicated regions of one rank.
@@ -901,13 +939,13 @@ impl<'a> Ctx<'a> {
                 ),
                 full,
             ),
-            AttentionKernel::Flash => {
+            AttentionKernel::Flash | AttentionKernel::Flash1 | AttentionKernel::Fused => {
                 let flops = full * 0.5;
                 let io = ((2 * heads * s * d) + 2 * b * kv * t * d) as f64 * self.e;
                 (
                     self.m
                         .compute
-                        .flash_time(flops, io, self.plan.dtype, self.cl()),
+                        .flash_time(flops, io, self.plan.dtype, self.cl(), false),
                     flops,
                 )
             }
@@ -926,13 +964,13 @@ impl<'a> Ctx<'a> {
                     + self.mem(scores * (2.0 * self.e + 1.0))
                     + self.mem(scores * 3.0 * self.e)
             }
-            AttentionKernel::Flash => {
+            AttentionKernel::Flash | AttentionKernel::Flash1 | AttentionKernel::Fused => {
                 // The backward recomputes the scores: 2.5x the forward FLOPs.
                 let flops = 2.0 * (heads * s * t * d) as f64 * 2.5;
                 let io = (4 * heads * s * d) as f64 * self.e * 2.0;
                 self.m
                     .compute
-                    .flash_time(flops, io, self.plan.dtype, self.cl())
+                    .flash_time(flops, io, self.plan.dtype, self.cl(), true)
             }
         }
     }
@@ -1077,10 +1115,11 @@ impl<'a> Ctx<'a> {
         let (f_t, gate, topk) = self.mlp_activation_shape();
         p.memory_s += 2.0 * self.mem(act_sp * 2.0 * e)
             + 2.0 * self.mem(act_sp * (3.0 * e + 1.0))
-            + self.mem(f_t * topk * (gate + 1.0) * e);
+            + self.mem(f_t * topk * (gate + 1.0) * e)
+            + self.eager_overhead(false);
         let mut flops = 0.0;
         for (_, s, batched) in attn.iter().chain(&mlp) {
-            p.gemm_s += self.gemm(*s, *batched);
+            p.gemm_s += self.layer_gemm(*s, *batched);
             flops += s.flops();
         }
         let (t_attn, f_attn) = self.attention_forward();
@@ -1088,8 +1127,16 @@ impl<'a> Ctx<'a> {
         flops += f_attn;
         // What converts the layouts between the placed ops (Megatron: one gather and one
         // reduction per block).
-        for c in self.layer_tp_collectives(Pass::Forward) {
-            p.exposed(CommKind::Tensor, self.tp_collective(&c));
+        let forward_tp = self.layer_tp_collectives(Pass::Forward);
+        // With `--tp-comm-overlap` each collective is pipelined with its GEMM: one GEMM's
+        // share of the layer's GEMM time each.
+        let per_gemm = p.gemm_s / forward_tp.len().max(1) as f64;
+        for c in forward_tp {
+            let t = self.tp_collective(&c);
+            match self.m.comm.overlap_tp_forward {
+                true => p.overlapped(CommKind::Tensor, t, self.m.comm.exposed(t, per_gemm)),
+                false => p.exposed(CommKind::Tensor, t),
+            }
         }
         let cp = self.cp_comm();
         p.overlapped(CommKind::Context, cp, self.m.comm.exposed(cp, t_attn));
@@ -1109,13 +1156,14 @@ impl<'a> Ctx<'a> {
         let (f_t, gate, topk) = self.mlp_activation_shape();
         p.memory_s += 2.0 * self.mem(act_sp * 4.0 * e)
             + 2.0 * self.mem(act_sp * (3.0 * e + 1.0))
-            + self.mem(f_t * topk * (gate + 2.0) * e);
+            + self.mem(f_t * topk * (gate + 2.0) * e)
+            + self.eager_overhead(true);
         // dgrad and wgrad of every GEMM, by op: the collectives of a column-parallel GEMM's
         // input run under them.
         let mut grads: Vec<(LayerOp, f64, f64)> = Vec::new();
         for (op, s, batched) in attn.iter().chain(&mlp) {
-            let dgrad = self.gemm(GemmShape::new(s.batch, s.m, s.k, s.n), *batched);
-            let wgrad = self.gemm(GemmShape::new(s.batch, s.k, s.n, s.m), *batched);
+            let dgrad = self.layer_gemm(GemmShape::new(s.batch, s.m, s.k, s.n), *batched);
+            let wgrad = self.layer_gemm(GemmShape::new(s.batch, s.k, s.n, s.m), *batched);
             p.gemm_s += dgrad + wgrad;
             if let Some(op) = op {
                 grads.push((*op, dgrad, wgrad));
@@ -1153,22 +1201,27 @@ impl<'a> Ctx<'a> {
         // reduce-scattered as its backward produces them.
         let z3 = self.zero3_gather_pass();
         let rs = match self.plan.zero_stage {
-            3 => self.zero3_collective(Collective::ReduceScatter, self.e),
-            2 => self.layer_zero_collective(Collective::ReduceScatter, self.e),
+            3 => self.zero3_collective(Collective::ReduceScatter, self.m.software.reduce_bytes),
+            2 => {
+                self.layer_zero_collective(Collective::ReduceScatter, self.m.software.reduce_bytes)
+            }
             _ => 0.0,
         };
         if z3 + rs > 0.0 {
             let under = p.total_s();
             // The gradient reduce-scatter is issued after the layer's backward (it overlaps
             // as the gradient reduction does); the gathers follow the profile.
-            let exposed =
-                self.zero3_exposed(z3, under) + self.m.comm.exposed(rs, (under - z3).max(0.0));
+            let rs_exposed = match self.m.comm.overlap_grad_reduce {
+                true => self.m.comm.exposed(rs, (under - z3).max(0.0)),
+                false => rs,
+            };
+            let exposed = self.zero3_exposed(z3, under) + rs_exposed;
             p.overlapped(CommKind::Zero, z3 + rs, exposed.min(z3 + rs));
         }
         match self.plan.recompute {
             Recompute::None => {}
             Recompute::Selective => {
-                if self.m.compute.attention == AttentionKernel::Unfused {
+                if self.m.compute.attention.materialises_scores() {
                     p.recompute_s += self.attention_forward().0;
                 }
             }
@@ -1344,7 +1397,12 @@ impl<'a> Ctx<'a> {
             Collective::ReduceScatter
         };
         let reduce = |bytes: f64| self.zero_collective(kind, bytes, 0.0);
-        let mut layer_reduce = self.layer_zero_collective(kind, grad_bytes);
+        // ZeRO-2/3 reduce-scatter each micro-batch's layer gradients in its backward (priced
+        // there); what remains here is the embedding's and the replicated weights'.
+        let mut layer_reduce = match plan.zero_stage {
+            0 | 1 => self.layer_zero_collective(kind, grad_bytes),
+            _ => 0.0,
+        };
         let replicated = tp_replicated_params_per_layer(cfg, plan);
         if replicated > 0.0 {
             // The weights of ops on sequence shards: their gradients are also summed over `tp`.
@@ -1473,7 +1531,16 @@ impl<'a> Ctx<'a> {
                 param_gather = param_gather.max(gather);
             }
         }
-        let iter = iter_end + embedding_sync + optimizer + param_gather;
+        // Megatron's `--overlap-param-gather`: the updated weights are gathered bucket by
+        // bucket under the next step's first forward pass.
+        let param_gather_exposed = match self.m.software.overlap_param_gather {
+            true => {
+                let first_forward: f64 = (0..plan.vpp).map(|c| fwd[c * pp]).sum();
+                self.m.comm.exposed(param_gather, first_forward)
+            }
+            false => param_gather,
+        };
+        let iter = iter_end + embedding_sync + optimizer + param_gather_exposed;
 
         // FLOPs: model FLOPs count each layer's forward three times (forward, and twice that
         // in the backward); hardware FLOPs add what recomputation repeats.
@@ -1484,7 +1551,7 @@ impl<'a> Ctx<'a> {
             Recompute::None => 0.0,
             Recompute::Full => cfg.layers as f64 * layer_flops,
             Recompute::Selective => {
-                if self.m.compute.attention == AttentionKernel::Unfused {
+                if self.m.compute.attention.materialises_scores() {
                     cfg.layers as f64 * self.attention_forward().1
                 } else {
                     0.0
@@ -1494,7 +1561,14 @@ impl<'a> Ctx<'a> {
             * mb_total
             * plan.cp as f64;
         let world = plan.world_size() as f64;
-        let peak = self.cl().peak_flops(plan.dtype);
+        // fp8 plans are measured against the fp8 peak, as Transformer Engine users report.
+        let peak = match plan.fp8 {
+            true => self
+                .cl()
+                .fp8_peak_flops()
+                .unwrap_or(self.cl().peak_flops(plan.dtype)),
+            false => self.cl().peak_flops(plan.dtype),
+        };
         let model_tflops = model_flops / iter / world / 1e12;
         let hardware_tflops = (model_flops + recompute_flops) / iter / world / 1e12;
         let capacity = self.cl().gpu.hbm_capacity_gib * GIB;
@@ -1645,7 +1719,19 @@ impl<'a> Ctx<'a> {
                 }
                 let z = &self.shards;
                 let dense = params - expert;
-                let weights = z.bytes(plan, 3, dense, expert, self.e);
+                let mut weights = z.bytes(plan, 3, dense, expert, self.e);
+                if plan.fp8 {
+                    // Transformer Engine keeps an fp8 copy of every layer weight and its
+                    // transpose (a byte each) across the micro-batches of a step.
+                    let layers = held_layers as f64;
+                    weights += z.bytes(
+                        plan,
+                        3,
+                        layers * (layer_params - layer_experts),
+                        expert,
+                        2.0,
+                    );
+                }
                 let gradients = z.bytes(plan, 2, dense, expert, mp.grad_bytes_per_param);
                 let optimizer = z.bytes(
                     plan,

@@ -38,4 +38,4 @@ pub use mapping::{GroupInfo, MeshMapping};
 pub use memory::{MemoryBreakdown, MemoryParams, ZeroShards};
 pub use model::TransformerConfig;
 pub use plan::{Plan, Recompute};
-pub use software::{GatherUnit, Software, SoftwareSpec};
+pub use software::{Fusion, GatherUnit, Software, SoftwareSpec};

@@ -70,6 +70,12 @@ pub struct Plan {
     pub schedule: ScheduleKind,
     /// Compute dtype.
     pub dtype: DType,
+    /// Transformer-Engine-style fp8 training (`dtype=fp8`): the GEMMs of the transformer
+    /// layers take fp8 operands with per-tensor scales and run at the device's fp8 rate;
+    /// everything else (attention, norms, the head, communication, master weights) stays in
+    /// `dtype` (bf16). Refused on a device without fp8 peak.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub fp8: bool,
     /// Mesh axes outermost first; the last is on consecutive devices.
     pub axis_order: Vec<String>,
     /// Layers of each virtual stage, when the user fixes them; otherwise the cost model
@@ -149,6 +155,7 @@ impl Default for Plan {
             sequence_parallel: false,
             schedule: ScheduleKind::OneFOneB,
             dtype: DType::BF16,
+            fp8: false,
             axis_order: Plan::DEFAULT_ORDER.iter().map(|s| s.to_string()).collect(),
             stage_layers: None,
             layer: LayerPlacement::MEGATRON,
@@ -162,7 +169,7 @@ impl Plan {
 
     /// Parses `key=value` pairs separated by commas. Keys: `dp tp pp vpp cp ep mbs`
     /// (`micro_batch`), `gbs` (`batch`), `zero` (0-3), `recompute` (none|selective|full),
-    /// `sp` (true|false), `schedule` (gpipe|1f1b|interleaved), `dtype` (bf16|fp16|f16|f32),
+    /// `sp` (true|false), `schedule` (gpipe|1f1b|interleaved), `dtype` (bf16|fp16|f16|f32|fp8),
     /// `order` (axes outermost first joined by `-`, e.g. `pp-dp-tp`), `stages` (layers of each
     /// virtual stage joined by `-`, e.g. `stages=13-14-14-13`), `attn` and `mlp` (the
     /// ops' placement over `tp`, see [`LayerPlacement`]: `attn=tp|seq|ulysses` or three
@@ -247,11 +254,14 @@ impl Plan {
                 }
                 "schedule" => schedule = Some(v.parse().map_err(|e| err(format!("{e}")))?),
                 "dtype" => {
+                    p.fp8 = matches!(v, "fp8" | "f8");
                     p.dtype = match v {
-                        "bf16" => DType::BF16,
+                        "bf16" | "fp8" | "f8" => DType::BF16,
                         "fp16" | "f16" => DType::F16,
                         "fp32" | "f32" => DType::F32,
-                        _ => return Err(err(format!("expected bf16, fp16 or f32, not `{v}`"))),
+                        _ => {
+                            return Err(err(format!("expected bf16, fp16, f32 or fp8, not `{v}`")));
+                        }
                     }
                 }
                 "attn" => p.layer.set_attention(v).map_err(err)?,
@@ -440,7 +450,11 @@ impl fmt::Display for Plan {
             self.recompute.name(),
             self.sequence_parallel,
             self.schedule,
-            self.dtype,
+            if self.fp8 {
+                "fp8".to_string()
+            } else {
+                self.dtype.to_string()
+            },
             self.axis_order.join("-")
         )?;
         if let Some(l) = &self.stage_layers {

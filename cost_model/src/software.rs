@@ -28,6 +28,21 @@ pub enum GatherUnit {
     Tensor,
 }
 
+/// How far a stack fuses the element-wise work around its GEMMs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Fusion {
+    /// Fused kernels: layer norm, bias-GeLU, bias-dropout-residual-add each one kernel, and
+    /// attention's inputs taken in the GEMM's layout (Megatron-LM, Megatron-Core, this
+    /// project's fusion pass).
+    Fused,
+    /// PyTorch eager mode: every element-wise op its own kernel, with the layout copies a
+    /// model's Python code implies (the Q/K/V split made contiguous for the attention kernel
+    /// and its output copied back, the residual adds, the casts of autocast): see
+    /// [`crate::compute::ComputeParams::eager_passes`].
+    Eager,
+}
+
 /// A training stack's behaviour, as the cost model sees it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -40,7 +55,12 @@ pub struct Software {
     pub overlap_grad_reduce: bool,
     /// Tensor-parallel collectives of the backward run under the weight-gradient GEMMs.
     pub tp_backward_overlap: bool,
-    /// ZeRO-3 / FSDP weight all-gathers are prefetched under the previous layer's compute.
+    /// Tensor-parallel collectives of the forward run pipelined with their GEMMs
+    /// (Megatron-Core `--tp-comm-overlap`).
+    pub tp_forward_overlap: bool,
+    /// ZeRO-3 / FSDP weight all-gathers are prefetched under the previous layer's compute;
+    /// with ZeRO-1/2 (the distributed optimizer), the all-gather of the updated weights runs
+    /// under the next step's forward, bucket by bucket (Megatron `--overlap-param-gather`).
     pub overlap_param_gather: bool,
     /// How the ZeRO-3 / FSDP gathers and reduce-scatters are cut into collectives.
     pub param_gather: GatherUnit,
@@ -51,6 +71,14 @@ pub struct Software {
     /// blocks cut them.
     #[serde(default)]
     pub bucket_mb: Option<f64>,
+    /// How far element-wise work is fused.
+    pub fusion: Fusion,
+    /// Bytes per gradient element of the ZeRO-2/3 (FSDP) reduce-scatter that each
+    /// micro-batch's backward issues: 2 where sharded gradients are reduced in bf16
+    /// (DeepSpeed's default), 4 where in fp32 (PyTorch FSDP under Composer's `DEFAULT` mixed
+    /// precision, `reduce_dtype=float32`). The ZeRO-0/1 all-reduce of accumulated gradients
+    /// always moves the fp32 buffer ([`crate::memory::MemoryParams::grad_bytes_per_param`]).
+    pub reduce_bytes: f64,
 }
 
 /// The names of the built-in profiles.
@@ -71,9 +99,12 @@ impl Default for Software {
             attention: AttentionKernel::Flash,
             overlap_grad_reduce: true,
             tp_backward_overlap: true,
+            tp_forward_overlap: false,
             overlap_param_gather: true,
             param_gather: GatherUnit::Layer,
             bucket_mb: Some(DEFAULT_BUCKET_MB),
+            fusion: Fusion::Fused,
+            reduce_bytes: 2.0,
         }
     }
 }
@@ -92,15 +123,20 @@ impl Software {
     ///   attention as two batched GEMMs around a fused softmax, its "local" DDP reducing
     ///   gradients after the backward, the asynchronous tensor-parallel all-reduce of the
     ///   backward.
-    /// - `megatron-core` and `nemo` (which builds on it): fused attention (cuDNN /
-    ///   FlashAttention), `--overlap-grad-reduce` and `--overlap-param-gather` of the
-    ///   distributed optimizer, bucketed per layer.
-    /// - `deepspeed`: DeepSpeed ZeRO-3 as in SC'21 Table 2: unfused attention, `overlap_comm`
-    ///   for the gradient reduction, and weights gathered parameter by parameter from module
+    /// - `megatron-core` and `nemo` (which builds on it): Transformer Engine's fused
+    ///   attention (cuDNN, native to Hopper), `--overlap-grad-reduce` and
+    ///   `--overlap-param-gather` of the distributed optimizer, bucketed per layer, and
+    ///   `--tp-comm-overlap` (the flags of its README's weak-scaling runs).
+    /// - `deepspeed`: DeepSpeed ZeRO-3 as in SC'21 Table 2: unfused attention, the gradient
+    ///   reduction not overlapped (`overlap_comm` defaults to false in DeepSpeed's ZeRO
+    ///   configuration of the time), and weights gathered parameter by parameter from module
     ///   hooks, each gather awaited before its module runs.
     /// - `fsdp` and `torchtitan`: PyTorch FSDP (1 and 2): scaled-dot-product attention
-    ///   (FlashAttention), one all-gather per wrapped block prefetched under the previous
-    ///   block (`forward_prefetch`, `backward_prefetch`), reduce-scatter overlapped.
+    ///   (FlashAttention 2), one all-gather per wrapped block prefetched under the previous
+    ///   block (`forward_prefetch`, `backward_prefetch`), reduce-scatter overlapped, PyTorch
+    ///   eager element-wise kernels, gradients reduced in fp32 (Composer's and llm-foundry's
+    ///   `DEFAULT` mixed precision has `reduce_dtype=float32`; torchtitan's
+    ///   `mixed_precision_reduce` defaults to `float32`).
     pub fn preset(name: &str) -> Result<Software, CostError> {
         let base = Software::default();
         // The other stacks bucket their gradients by layer.
@@ -110,7 +146,16 @@ impl Software {
         };
         let s = match name {
             "autopar" => base,
-            "megatron-core" | "nemo" | "fsdp" | "torchtitan" => by_layer,
+            "megatron-core" | "nemo" => Software {
+                attention: AttentionKernel::Fused,
+                tp_forward_overlap: true,
+                ..by_layer
+            },
+            "fsdp" | "torchtitan" => Software {
+                fusion: Fusion::Eager,
+                reduce_bytes: 4.0,
+                ..by_layer
+            },
             "megatron-lm-2021" => Software {
                 attention: AttentionKernel::Unfused,
                 overlap_grad_reduce: false,
@@ -118,6 +163,7 @@ impl Software {
             },
             "deepspeed" => Software {
                 attention: AttentionKernel::Unfused,
+                overlap_grad_reduce: false,
                 overlap_param_gather: false,
                 param_gather: GatherUnit::Tensor,
                 ..by_layer
@@ -144,8 +190,10 @@ impl Software {
     /// Writes the profile into `model`'s parameters.
     pub fn apply(&self, model: &mut CostModel) {
         model.compute.attention = self.attention;
+        model.compute.fusion = self.fusion;
         model.comm.overlap_grad_reduce = self.overlap_grad_reduce;
         model.comm.overlap_tp_backward = self.tp_backward_overlap;
+        model.comm.overlap_tp_forward = self.tp_forward_overlap;
         model.software = self.clone();
     }
 }
@@ -167,6 +215,9 @@ pub struct SoftwareSpec {
     /// See [`Software::tp_backward_overlap`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tp_backward_overlap: Option<bool>,
+    /// See [`Software::tp_forward_overlap`] (`tp_comm_overlap` sets both directions).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tp_forward_overlap: Option<bool>,
     /// See [`Software::overlap_param_gather`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub overlap_param_gather: Option<bool>,
@@ -176,6 +227,12 @@ pub struct SoftwareSpec {
     /// See [`Software::bucket_mb`] (a size in MiB; 0 for one all-reduce per tensor).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bucket_mb: Option<f64>,
+    /// See [`Software::fusion`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fusion: Option<Fusion>,
+    /// See [`Software::reduce_bytes`]: `bf16` or `fp32`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reduce_dtype: Option<String>,
 }
 
 impl SoftwareSpec {
@@ -202,6 +259,12 @@ impl SoftwareSpec {
                 "attention" => out.attention.replace(value.to_string()).is_none(),
                 "overlap_grad_reduce" => out.overlap_grad_reduce.replace(flag()?).is_none(),
                 "tp_backward_overlap" => out.tp_backward_overlap.replace(flag()?).is_none(),
+                "tp_forward_overlap" => out.tp_forward_overlap.replace(flag()?).is_none(),
+                "tp_comm_overlap" => {
+                    let v = flag()?;
+                    let fresh = out.tp_forward_overlap.replace(v).is_none();
+                    out.tp_backward_overlap.replace(v).is_none() && fresh
+                }
                 "overlap_param_gather" => out.overlap_param_gather.replace(flag()?).is_none(),
                 "param_gather" => {
                     let unit = match value {
@@ -223,10 +286,24 @@ impl SoftwareSpec {
                     })?;
                     out.bucket_mb.replace(mb).is_none()
                 }
+                "fusion" => {
+                    let f = match value {
+                        "fused" => Fusion::Fused,
+                        "eager" => Fusion::Eager,
+                        _ => {
+                            return Err(bad(format!(
+                                "software option `fusion` is fused or eager, not `{value}`"
+                            )));
+                        }
+                    };
+                    out.fusion.replace(f).is_none()
+                }
+                "reduce_dtype" => out.reduce_dtype.replace(value.to_string()).is_none(),
                 other => {
                     return Err(bad(format!(
                         "unknown software option `{other}` (attention, overlap_grad_reduce, \
-                         tp_backward_overlap, overlap_param_gather, param_gather, bucket_mb)"
+                         tp_backward_overlap, tp_forward_overlap, tp_comm_overlap, \
+                         overlap_param_gather, param_gather, fusion, reduce_dtype, bucket_mb)"
                     )));
                 }
             };
@@ -242,11 +319,28 @@ impl SoftwareSpec {
         let mut s = Software::preset(&self.profile)?;
         if let Some(a) = &self.attention {
             s.attention = match a.as_str() {
-                "flash" | "fused" => AttentionKernel::Flash,
+                "flash" | "flash2" => AttentionKernel::Flash,
+                "flash1" => AttentionKernel::Flash1,
+                "fused" | "cudnn" | "flash3" => AttentionKernel::Fused,
                 "unfused" => AttentionKernel::Unfused,
                 other => {
                     return Err(CostError::Software(format!(
-                        "software option `attention` is flash or unfused, not `{other}`"
+                        "software option `attention` is flash (flash2), flash1, fused (cudnn, \
+                         flash3) or unfused, not `{other}`"
+                    )));
+                }
+            };
+        }
+        if let Some(f) = self.fusion {
+            s.fusion = f;
+        }
+        if let Some(r) = &self.reduce_dtype {
+            s.reduce_bytes = match r.as_str() {
+                "bf16" | "fp16" => 2.0,
+                "fp32" | "f32" => 4.0,
+                other => {
+                    return Err(CostError::Software(format!(
+                        "software option `reduce_dtype` is bf16 or fp32, not `{other}`"
                     )));
                 }
             };
@@ -256,6 +350,9 @@ impl SoftwareSpec {
         }
         if let Some(v) = self.tp_backward_overlap {
             s.tp_backward_overlap = v;
+        }
+        if let Some(v) = self.tp_forward_overlap {
+            s.tp_forward_overlap = v;
         }
         if let Some(v) = self.overlap_param_gather {
             s.overlap_param_gather = v;
@@ -289,6 +386,16 @@ mod tests {
         assert_eq!(s.attention, AttentionKernel::Flash);
         assert_eq!(s.param_gather, GatherUnit::Tensor);
         assert_eq!(Software::default(), Software::preset("autopar")?);
+        let f = Software::parse("fsdp,attention=flash1,fusion=fused,reduce_dtype=bf16")?;
+        assert_eq!(
+            (f.attention, f.fusion, f.reduce_bytes),
+            (AttentionKernel::Flash1, Fusion::Fused, 2.0)
+        );
+        assert_eq!(Software::preset("fsdp")?.fusion, Fusion::Eager);
+        assert_eq!(
+            Software::preset("megatron-core")?.attention,
+            AttentionKernel::Fused
+        );
         let spec: SoftwareSpec = toml::from_str("profile = \"fsdp\"\nparam_gather = \"tensor\"\n")
             .map_err(|e| CostError::Software(e.to_string()))?;
         assert_eq!(spec.resolve()?.param_gather, GatherUnit::Tensor);
@@ -305,6 +412,9 @@ mod tests {
         assert!(err("fsdp,param_gather=layer,param_gather=tensor").contains("twice"));
         assert!(err("fsdp,bucket_mb=big").contains("size in MiB"));
         assert!(err("fsdp,bucket_mb=-1").contains("0 or more"));
+        assert!(err("fsdp,fusion=some").contains("fused or eager"));
+        assert!(err("fsdp,reduce_dtype=int8").contains("bf16 or fp32"));
+        assert!(err("fsdp,attention=fast").contains("flash1"));
     }
 
     #[test]

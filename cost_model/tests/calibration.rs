@@ -4,9 +4,10 @@
 //!
 //! Korthikanti et al. 2022 (arXiv:2205.05198) keep their long-standing bounds: iteration
 //! times of Table 5 within 10% and per-layer times of Table 4 within 15%, under the software
-//! of the time (unfused attention, gradient reduction after the backward). The other tables
-//! are only required to be read and, for SC'21, expressed: their errors are the baseline that
-//! cost-model work improves on, not a target this test holds.
+//! of the time (unfused attention, gradient reduction after the backward). Every table is
+//! also held to the median and worst error the cost model reaches on it
+//! ([`every_table_holds_its_bounds`]), a little above today's figures, so that a change
+//! which makes a table worse fails here.
 
 use std::path::PathBuf;
 
@@ -96,18 +97,81 @@ fn every_reference_table_is_read_and_the_megatron_tables_are_expressed() {
     ] {
         assert_eq!(table(&r, name).rows.len(), rows, "{name}");
     }
+    // Every llm-foundry row is estimated, the fp8 ones (Transformer Engine on H100) too.
     let foundry = table(&r, "llmfoundry_mpt_benchmarks");
-    assert!(
+    assert_eq!(foundry.rows.len(), 216, "{:?}", foundry.skipped);
+    assert_eq!(
         foundry
-            .skipped
+            .rows
             .iter()
-            .any(|s| s.reason == "fp8 not modelled")
+            .filter(|r| r.plan.contains("dtype=fp8"))
+            .count(),
+        7
     );
     assert!(r.overall.median_abs_error.is_some_and(f64::is_finite));
     assert_eq!(
         r.overall.expressed,
         r.tables.iter().map(|t| t.rows.len()).sum::<usize>()
     );
+}
+
+/// Per table: (median |error| at most, worst |error| at most, share predicted too fast at
+/// most). Today's figures, each with about a point of headroom: llm-foundry 6.6% / 28.1%
+/// (fp8 rows 7-15% too slow), Megatron-Core 2.8% / 28.1% (the 1.7B row, whose micro-batch
+/// the README does not give), SC'21 Table 1 9.6% / 11.3% (every row too fast), the
+/// all-reduce sweep 2.8% median (its worst rows are the 4-node 32-64 KiB calls that took
+/// 3-6 ms, far below any latency model), the MAMF GEMMs 4.8% / 20.1%.
+const BOUNDS: [(&str, f64, f64, f64); 8] = [
+    ("korthikanti2022_table4_per_layer_22B", 0.025, 0.05, 0.6),
+    (
+        "korthikanti2022_tables3_5_seqpar_selective",
+        0.045,
+        0.075,
+        0.9,
+    ),
+    ("llmfoundry_mpt_benchmarks", 0.075, 0.30, 0.75),
+    ("megatron_core_h100_weak_scaling_readme", 0.04, 0.30, 0.7),
+    ("megatron_sc21_table1_weak_scaling_a100", 0.105, 0.125, 1.0),
+    ("megatron_sc21_table2_zero3_vs_ptdp", 0.12, 0.37, 1.0),
+    ("mlengineering_allreduce_busbw", 0.04, f64::INFINITY, 0.95),
+    ("mlengineering_mamf_gemm", 0.06, 0.22, 0.5),
+];
+
+#[test]
+fn every_table_holds_its_bounds() {
+    let r = report();
+    let mut failures = Vec::new();
+    for (name, median, worst_bound, fast) in BOUNDS {
+        let t = table(&r, name);
+        let m = t.summary.median_abs_error.unwrap_or(f64::INFINITY);
+        let w = worst(t);
+        let f = t.summary.too_fast.unwrap_or(1.0);
+        if m > median || w > worst_bound || f > fast {
+            failures.push(format!(
+                "{name}: median {:.1}% (bound {:.1}%), worst {:.1}% (bound {:.1}%), too fast {:.0}% \
+                 (bound {:.0}%)",
+                100.0 * m,
+                100.0 * median,
+                100.0 * w,
+                100.0 * worst_bound,
+                100.0 * f,
+                100.0 * fast
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    // Every all-reduce row is expressed, B200 and multi-node included.
+    assert_eq!(table(&r, "mlengineering_allreduce_busbw").rows.len(), 61);
+    // fp8 rows: estimated, within 20%.
+    let foundry = table(&r, "llmfoundry_mpt_benchmarks");
+    for row in foundry.rows.iter().filter(|r| r.plan.contains("dtype=fp8")) {
+        assert!(
+            row.error.abs() <= 0.20,
+            "{}: {:.1}%",
+            row.label,
+            100.0 * row.error
+        );
+    }
 }
 
 /// DeepSpeed ZeRO-3 (SC'21 Table 2) gathers weights parameter by parameter, each gather a

@@ -300,3 +300,54 @@ fn a_beaten_layer_placement_is_never_faster_or_smaller() {
         }
     }
 }
+
+/// `dtype=fp8`: refused by name where the GPU has no fp8 peak; on H100 faster than bf16 (the
+/// layers' GEMMs at the fp8 ceiling) but by less than the peaks' 2x (casts, attention and
+/// the head stay bf16), with the fp8 weight copies in memory and MFU against the fp8 peak.
+#[test]
+fn fp8_is_priced_where_the_gpu_has_it_and_refused_where_not() {
+    let cfg = TransformerConfig::gpt("7b", 32, 4096, 32, 2048, 50368);
+    let bf16 = Plan::parse("dp=8,mbs=4,gbs=32,zero=3").unwrap();
+    let fp8 = Plan::parse("dp=8,mbs=4,gbs=32,zero=3,dtype=fp8").unwrap();
+    assert!(fp8.fp8);
+    assert!(fp8.to_string().contains("dtype=fp8"));
+    let err = a100(1).estimate(&cfg, &fp8).unwrap_err().to_string();
+    assert!(err.contains("dtype=fp8") && err.contains("A100"), "{err}");
+    let h100 = CostModel::new(Cluster::preset("dgx-h100").unwrap());
+    let (b, f) = (
+        h100.estimate(&cfg, &bf16).unwrap(),
+        h100.estimate(&cfg, &fp8).unwrap(),
+    );
+    let speedup = b.iter_time_s / f.iter_time_s;
+    assert!(speedup > 1.15 && speedup < 2.0, "{speedup}");
+    assert!(f.memory.weights > b.memory.weights);
+    assert!(f.mfu < f.model_tflops_per_gpu * 1e12 / 989e12);
+}
+
+/// The software changes the step: eager PyTorch is slower than fused kernels, and
+/// FlashAttention 1 slower than FlashAttention 2, most at long sequences; on H100 an
+/// Ampere-era kernel loses more than the architecture-native one.
+#[test]
+fn fusion_and_attention_generation_change_the_step() {
+    use autopar_cost_model::Software;
+    let cfg = TransformerConfig::gpt("1b", 24, 2048, 16, 16384, 50368);
+    let plan = Plan::parse("dp=8,mbs=1,gbs=8,zero=3").unwrap();
+    let time = |preset: &str, sw: &str| {
+        let mut m = CostModel::new(Cluster::preset(preset).unwrap());
+        Software::parse(sw).unwrap().apply(&mut m);
+        m.estimate(&cfg, &plan).unwrap().iter_time_s
+    };
+    for preset in ["dgx-a100", "dgx-h100"] {
+        let fused = time(preset, "fsdp,fusion=fused");
+        let eager = time(preset, "fsdp");
+        let fa1 = time(preset, "fsdp,attention=flash1");
+        assert!(eager > fused, "{preset}");
+        assert!(fa1 > 1.3 * eager, "{preset}: {fa1} vs {eager}");
+    }
+    let h_fa2 = time("dgx-h100", "fsdp,attention=flash");
+    let h_native = time("dgx-h100", "fsdp,attention=fused");
+    let a_fa2 = time("dgx-a100", "fsdp,attention=flash");
+    let a_native = time("dgx-a100", "fsdp,attention=fused");
+    assert!(h_native < 0.8 * h_fa2, "{h_native} vs {h_fa2}");
+    assert!((a_native - a_fa2).abs() < 1e-12);
+}

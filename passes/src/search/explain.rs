@@ -449,6 +449,7 @@ pub fn megatron_reference(
                 ScheduleKind::OneFOneB
             },
             dtype: opts.dtype,
+            fp8: opts.fp8,
             axis_order: Plan::DEFAULT_ORDER.iter().map(|a| a.to_string()).collect(),
             stage_layers: None,
             layer: LayerPlacement::MEGATRON,

@@ -152,6 +152,10 @@ pub fn megatron_args(cfg: &TransformerConfig, plan: &Plan) -> Result<String, Sea
     arg("--overlap-grad-reduce");
     arg(&format!("--micro-batch-size {}", plan.micro_batch_size));
     arg(&format!("--global-batch-size {}", plan.global_batch));
+    if plan.fp8 {
+        // Transformer Engine fp8 with e4m3 forward and e5m2 gradients.
+        arg("--fp8-format hybrid");
+    }
     match plan.dtype {
         DType::BF16 => arg("--bf16"),
         DType::F16 => arg("--fp16"),
@@ -194,6 +198,14 @@ pub fn megatron_args(cfg: &TransformerConfig, plan: &Plan) -> Result<String, Sea
 /// torchtitan TOML sections (`[training]`, `[parallelism]`, `[activation_checkpoint]`) for
 /// `plan` on `cfg`, with `#` comments for what torchtitan cannot express.
 pub fn torchtitan_toml(cfg: &TransformerConfig, plan: &Plan) -> Result<String, SearchError> {
+    if plan.fp8 {
+        return Err(SearchError::Export {
+            target: "torchtitan",
+            message: "dtype=fp8 is priced as Transformer Engine's fp8 recipe, which torchtitan \
+                      does not run (its float8 converter is torchao's): export for megatron"
+                .into(),
+        });
+    }
     let precision = match plan.dtype {
         DType::BF16 => "bfloat16",
         DType::F32 => "float32",

@@ -86,6 +86,8 @@ pub struct SearchOptions {
     pub global_batch: usize,
     /// Compute dtype.
     pub dtype: DType,
+    /// Transformer-Engine-style fp8 GEMMs in the layers ([`Plan::fp8`]).
+    pub fp8: bool,
     /// How many plans to rank.
     pub top_k: usize,
     /// Pinned values.
@@ -108,6 +110,7 @@ impl SearchOptions {
         SearchOptions {
             global_batch,
             dtype: DType::BF16,
+            fp8: false,
             top_k: 10,
             constraints: Constraints::default(),
             max_time: None,
@@ -533,6 +536,7 @@ impl Worker {
                         sequence_parallel: false,
                         schedule: kind,
                         dtype: opts.dtype,
+                        fp8: opts.fp8,
                         axis_order: Vec::new(),
                         stage_layers: c.stage_layers.clone(),
                         layer: LayerPlacement::MEGATRON,

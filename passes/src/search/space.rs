@@ -591,9 +591,10 @@ pub(crate) fn recomputes(attention: AttentionKernel, c: &Constraints) -> Vec<Rec
     if let Some(r) = c.recompute {
         return vec![r];
     }
-    match attention {
-        AttentionKernel::Unfused => vec![Recompute::None, Recompute::Selective, Recompute::Full],
-        AttentionKernel::Flash => vec![Recompute::None, Recompute::Full],
+    if attention.materialises_scores() {
+        vec![Recompute::None, Recompute::Selective, Recompute::Full]
+    } else {
+        vec![Recompute::None, Recompute::Full]
     }
 }
 
