@@ -30,6 +30,32 @@ pub struct CompileDiagArgs {
     pub dump_dir: String,
 }
 
+/// Where `autopar run` executes.
+#[derive(clap::Args)]
+pub struct DeviceArgs {
+    /// The backend: `cpu` (the reference interpreter) or `cuda` (generated kernels on NVIDIA
+    /// GPUs, one thread per rank, ranks round robin over the GPUs; needs libcuda, libnvrtc
+    /// and libcublas on the loader's path).
+    #[arg(long, default_value = "cpu", value_parser = ["cpu", "cuda"])]
+    pub device: String,
+}
+
+/// `autopar bench-kernels`: one line per figure, `name<TAB>value unit<TAB>fraction of what
+/// it is compared with`.
+pub fn bench_kernels(shrink: usize) -> Result<()> {
+    let cuda = driver::runtime_cuda::CudaBackend::new()?;
+    let figures = driver::runtime_cuda::bench::run(&cuda, shrink)?;
+    let mut out = String::new();
+    for f in figures {
+        let against = match &f.against {
+            Some((v, what)) => format!("{:.1}% of {v:.1} {} ({what})", 100.0 * f.value / v, f.unit),
+            None => "no reference (unknown GPU)".to_string(),
+        };
+        let _ = writeln!(out, "{}\t{:.1} {}\t{against}", f.name, f.value, f.unit);
+    }
+    print_stdout(&out)
+}
+
 fn parse_pass(v: &str) -> Result<Pass, String> {
     match v.parse()? {
         Pass::MemoryPlan => Err(format!(
@@ -166,7 +192,8 @@ pub fn run_options(args: &RunArgs, mut options: CompileOptions) -> Result<()> {
             "--trace and --report need --launcher threads (the timeline stays with each process)"
         );
     }
-    let launch = args.launch.launch()?;
+    let mut launch = args.launch.launch()?;
+    launch.device = args.device.device.parse()?;
     options.dump_after = args.diag.dump_after.clone();
     let step = driver::compile(&options)?;
     if args.trace.is_some() && !step.is_pipeline() {

@@ -1,6 +1,7 @@
 //! How the ranks of a run start: as threads of this process, or as the processes of an MPI
-//! job (one rank each, feature `mpi`). [`run_launched`] is [`crate::run_on`] with the chosen
-//! launcher and the CPU backend; [`finish`] and [`abort`] end an MPI process the way its job
+//! job (one rank each, feature `mpi`), and on which device. [`run_launched`] is
+//! [`crate::run_on`] with the chosen launcher and backend (the CPU interpreter, or CUDA: one
+//! thread per rank, ranks round robin over the GPUs); [`finish`] and [`abort`] end an MPI process the way its job
 //! needs (cleanly after success; after a failure, taking the whole job down once the error
 //! is reported, so that no rank waits for one that will never come).
 
@@ -36,11 +37,37 @@ impl std::str::FromStr for LauncherKind {
     }
 }
 
+/// Which backend executes the rank programs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Device {
+    /// The reference interpreter on the CPU.
+    #[default]
+    Cpu,
+    /// [`autopar_runtime_cuda::CudaBackend`]: generated kernels on NVIDIA GPUs.
+    Cuda,
+}
+
+impl std::str::FromStr for Device {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self, Error> {
+        match s {
+            "cpu" => Ok(Device::Cpu),
+            "cuda" => Ok(Device::Cuda),
+            other => Err(Error::Usage(format!(
+                "unknown device `{other}` (cpu or cuda)"
+            ))),
+        }
+    }
+}
+
 /// How to start the ranks of a run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Launch {
     /// The launcher.
     pub kind: LauncherKind,
+    /// The backend.
+    pub device: Device,
     /// How long a rank waits for any one message of a collective or pipeline transfer
     /// before it reports the peer it waited for and the run fails.
     pub collective_timeout: Duration,
@@ -50,6 +77,7 @@ impl Default for Launch {
     fn default() -> Self {
         Launch {
             kind: LauncherKind::Threads,
+            device: Device::Cpu,
             collective_timeout: CommOptions::DEFAULT_TIMEOUT,
         }
     }
@@ -70,6 +98,30 @@ pub fn run_launched(
         timeout: launch.collective_timeout,
         ..CommOptions::default()
     };
+    if launch.device == Device::Cuda {
+        if launch.kind != LauncherKind::Threads {
+            return Err(Error::Usage(
+                "--device cuda runs its ranks as threads of one process (--launcher threads)"
+                    .into(),
+            ));
+        }
+        if step.is_pipeline() {
+            return Err(Error::Usage(
+                "--device cuda does not run pipelines yet (the pipeline executor takes the CPU \
+                 backend only); use a mesh without pp"
+                    .into(),
+            ));
+        }
+        let backend = autopar_runtime_cuda::CudaBackend::new()?;
+        return run_on(
+            step,
+            &ThreadLauncher { options: comm },
+            &backend,
+            options,
+            hooks,
+            on_step,
+        );
+    }
     let backend = CpuBackend::default();
     match launch.kind {
         LauncherKind::Threads => run_on(
