@@ -272,9 +272,16 @@ fn every_generated_kernel_compiles_for_ampere_and_hopper() {
         }
     });
     let failures = failures.into_inner().expect("lock");
+    // The distinct diagnostics, so that one run shows every kind of failure.
+    let mut kinds: BTreeMap<String, usize> = BTreeMap::new();
+    for f in &failures {
+        let line = f.lines().find(|l| l.contains("error") || l.contains("warning")).unwrap_or("");
+        let kind = line.split_once(": ").map_or(line, |x| x.1);
+        *kinds.entry(kind.chars().take(100).collect()).or_default() += 1;
+    }
     assert!(
         failures.is_empty(),
-        "{} of {} kernels failed; the first:\n{}",
+        "{} of {} kernels failed ({kinds:#?}); the first:\n{}",
         failures.len(),
         work.len(),
         failures[0]

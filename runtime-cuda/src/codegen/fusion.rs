@@ -206,7 +206,7 @@ impl<'a> Emitter<'a> {
                 (_, s) => format!("(({flat} / {s}ll) % {size}ll)"),
             };
             let c = self.fresh("c");
-            self.line(&format!("const ap_i64 {c} = {expr};"));
+            self.line(&format!("[[maybe_unused]] const ap_i64 {c} = {expr};"));
             coords.push(c);
         }
         coords

@@ -1,11 +1,11 @@
-// ap_rowblock_3730e443c276e4aa grid [4, 1, 1] block [512, 1, 1]
-extern "C" __global__ void __launch_bounds__(512) ap_rowblock_3730e443c276e4aa(const ap_f16* __restrict__ p0, const ap_f16* __restrict__ p1, const ap_f16* __restrict__ p2, ap_f16* __restrict__ r0) {
+// ap_rowblock_4d7d2da09cc9454c grid [4, 1, 1] block [512, 1, 1]
+extern "C" __global__ void __launch_bounds__(512) ap_rowblock_4d7d2da09cc9454c(const ap_f16* __restrict__ p0, const ap_f16* __restrict__ p1, const ap_f16* __restrict__ p2, ap_f16* __restrict__ r0) {
   const ap_i64 lane = threadIdx.x;
   for (ap_i64 row = blockIdx.x; row < 4ll; row += gridDim.x) {
-    const ap_i64 c1 = row;
+    [[maybe_unused]] const ap_i64 c1 = row;
     float acc2 = 0.0f;
     for (ap_i64 j3 = lane; j3 < 2048ll; j3 += blockDim.x) {
-      const ap_i64 c4 = j3;
+      [[maybe_unused]] const ap_i64 c4 = j3;
       const float v5 = ap_f16_to_f32(p0[c1 * 2048ll + c4]);
       const float v6 = v5;
       acc2 = ap_sum(acc2, v6);
@@ -24,7 +24,7 @@ extern "C" __global__ void __launch_bounds__(512) ap_rowblock_3730e443c276e4aa(c
     const float v8 = acc2 / 2.048e3f;
     float acc9 = 0.0f;
     for (ap_i64 j10 = lane; j10 < 2048ll; j10 += blockDim.x) {
-      const ap_i64 c11 = j10;
+      [[maybe_unused]] const ap_i64 c11 = j10;
       const float v12 = ap_f16_to_f32(p0[c1 * 2048ll + c11]);
       const float v13 = v12;
       const float v14 = (v13 - v8);
@@ -44,7 +44,7 @@ extern "C" __global__ void __launch_bounds__(512) ap_rowblock_3730e443c276e4aa(c
     acc9 = sh16[0];
     const float v17 = acc9 / 2.048e3f;
     for (ap_i64 col = lane; col < 2048ll; col += blockDim.x) {
-      const ap_i64 c18 = col;
+      [[maybe_unused]] const ap_i64 c18 = col;
       const float v19 = ap_f16_to_f32(p0[c1 * 2048ll + c18]);
       const float v20 = v19;
       const float v21 = (v20 - v8);
