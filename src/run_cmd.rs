@@ -43,8 +43,7 @@ pub struct DeviceArgs {
 /// `autopar bench-kernels`: one line per figure, `name<TAB>value unit<TAB>fraction of what
 /// it is compared with`.
 pub fn bench_kernels(shrink: usize) -> Result<()> {
-    let cuda = driver::runtime_cuda::CudaBackend::new()?;
-    let figures = driver::runtime_cuda::bench::run(&cuda, shrink)?;
+    let figures = driver::cuda_bench_kernels(shrink)?;
     let mut out = String::new();
     for f in figures {
         let against = match &f.against {

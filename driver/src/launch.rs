@@ -148,6 +148,16 @@ pub fn run_launched(
     }
 }
 
+/// The CUDA kernel benchmarks (`autopar bench-kernels`): opens the GPUs and times a bf16
+/// GEMM, attention forward and backward and a fused element-wise kernel, the problem sizes
+/// divided by `shrink`.
+pub fn cuda_bench_kernels(
+    shrink: usize,
+) -> Result<Vec<autopar_runtime_cuda::bench::Figure>, Error> {
+    let cuda = autopar_runtime_cuda::CudaBackend::new()?;
+    Ok(autopar_runtime_cuda::bench::run(&cuda, shrink)?)
+}
+
 /// Whether this process was started by `mpirun` (or another MPI launcher).
 pub fn started_by_mpirun() -> bool {
     #[cfg(feature = "mpi")]

@@ -51,7 +51,7 @@ pub use autopar_runtime::{Tensor, TensorMap};
 pub use compile::{CompiledPipeline, CompiledStep, Pass, PassDump, PassTiming, compile};
 pub use error::Error;
 pub use forward::{ForwardValues, NamedTensor, TensorValues, run_forward};
-pub use launch::{Device, Launch, LauncherKind, run_launched};
+pub use launch::{Device, Launch, LauncherKind, cuda_bench_kernels, run_launched};
 pub use model::{
     DumpFormat, ModelSource, dump, estimate, import_onnx, load_annotations, load_cluster,
     load_cluster_with, load_micro_batch_forward, load_micro_batch_forward_with_loss, load_model,
