@@ -80,6 +80,7 @@ impl LauncherArgs {
                 LauncherArg::Threads => LauncherKind::Threads,
                 LauncherArg::Mpi => LauncherKind::Mpi,
             },
+            device: autopar_driver::Device::Cpu,
             collective_timeout: Duration::from_secs_f64(t),
             backend: if self.interpreter {
                 BackendKind::Interpreter

@@ -108,6 +108,17 @@ enum Command {
         #[arg(long)]
         toml: bool,
     },
+    /// Kernel benchmarks on a GPU (for scripts/gpu-check.sh): a bf16 GEMM, attention
+    /// forward and backward, and a fused element-wise kernel against the copy bandwidth.
+    #[command(hide = true)]
+    BenchKernels {
+        /// The device (only `cuda`).
+        #[arg(long, default_value = "cuda", value_parser = ["cuda"])]
+        device: String,
+        /// Divide the problem sizes by this (1: the full sizes).
+        #[arg(long, default_value_t = 1)]
+        shrink: usize,
+    },
 }
 
 #[derive(clap::Args)]
@@ -223,6 +234,8 @@ struct RunArgs {
     checkpoint: checkpoint_cmd::CheckpointRunArgs,
     #[command(flatten)]
     launch: launch_cmd::LauncherArgs,
+    #[command(flatten)]
+    device: run_cmd::DeviceArgs,
 }
 
 /// Options of a pipeline-parallel run or dump.
@@ -685,6 +698,7 @@ fn execute(cli: Cli) -> Result<()> {
         Command::Checkpoint(args) => checkpoint_cmd::run(&args),
         Command::Topo { cluster, toml } => topo(&cluster, toml),
         Command::Launch(args) => launch_cmd::launch(&args),
+        Command::BenchKernels { device: _, shrink } => run_cmd::bench_kernels(shrink),
     }
 }
 

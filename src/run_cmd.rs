@@ -35,6 +35,31 @@ pub struct CompileDiagArgs {
     pub dump_dir: String,
 }
 
+/// Where `autopar run` executes.
+#[derive(clap::Args)]
+pub struct DeviceArgs {
+    /// The device: `cpu` (the fast CPU backend, or the reference interpreter with
+    /// --interpreter) or `cuda` (generated kernels on NVIDIA GPUs, one thread per rank, ranks
+    /// round robin over the GPUs; needs libcuda, libnvrtc and libcublas on the loader's path).
+    #[arg(long, default_value = "cpu", value_parser = ["cpu", "cuda"])]
+    pub device: String,
+}
+
+/// `autopar bench-kernels`: one line per figure, `name<TAB>value unit<TAB>fraction of what
+/// it is compared with`.
+pub fn bench_kernels(shrink: usize) -> Result<()> {
+    let figures = driver::cuda_bench_kernels(shrink)?;
+    let mut out = String::new();
+    for f in figures {
+        let against = match &f.against {
+            Some((v, what)) => format!("{:.1}% of {v:.1} {} ({what})", 100.0 * f.value / v, f.unit),
+            None => "no reference (unknown GPU)".to_string(),
+        };
+        let _ = writeln!(out, "{}\t{:.1} {}\t{against}", f.name, f.value, f.unit);
+    }
+    print_stdout(&out)
+}
+
 fn parse_pass(v: &str) -> Result<Pass, String> {
     match v.parse()? {
         Pass::MemoryPlan => Err(format!(
@@ -174,7 +199,17 @@ pub fn run_options(args: &RunArgs, mut options: CompileOptions) -> Result<()> {
             "--trace and --report need --launcher threads (the timeline stays with each process)"
         );
     }
-    let launch = args.launch.launch()?;
+    let mut launch = args.launch.launch()?;
+    launch.device = args.device.device.parse()?;
+    if launch.device == driver::Device::Cuda
+        && (launch.backend == driver::BackendKind::Interpreter
+            || launch.threads.is_some()
+            || !launch.wide_accumulation)
+    {
+        bail!(
+            "--interpreter, --threads and --f32-accumulation choose a CPU backend: not with --device cuda"
+        );
+    }
     options.dump_after = args.diag.dump_after.clone();
     options.fuse = !args.diag.no_fuse;
     let step = driver::compile(&options)?;

@@ -36,6 +36,9 @@ pub enum Error {
     /// Executing a graph failed.
     #[error(transparent)]
     Runtime(#[from] autopar_runtime::RuntimeError),
+    /// The CUDA backend cannot start (a library or GPU missing) or failed.
+    #[error(transparent)]
+    Cuda(#[from] autopar_runtime_cuda::CudaError),
     /// A cluster description, plan or estimate is wrong.
     #[error(transparent)]
     Cost(#[from] autopar_cost_model::CostError),

@@ -1,7 +1,8 @@
 //! How the ranks of a run start: as threads of this process, or as the processes of an MPI
-//! job (one rank each, feature `mpi`), and which backend runs their programs: the fast CPU
-//! backend (the default) or the reference interpreter. [`run_launched`] is [`crate::run_on`]
-//! with the chosen launcher and backend; [`finish`] and [`abort`] end an MPI process the way its job
+//! job (one rank each, feature `mpi`), and on which device and backend: on the CPU the fast
+//! backend (the default) or the reference interpreter, or CUDA (one thread per rank, ranks
+//! round robin over the GPUs). [`run_launched`] is [`crate::run_on`] with the chosen launcher
+//! and backend; [`finish`] and [`abort`] end an MPI process the way its job
 //! needs (cleanly after success; after a failure, taking the whole job down once the error
 //! is reported, so that no rank waits for one that will never come).
 
@@ -47,11 +48,37 @@ pub enum BackendKind {
     Interpreter,
 }
 
+/// Which device executes the rank programs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Device {
+    /// The CPU, with the backend [`BackendKind`] names.
+    #[default]
+    Cpu,
+    /// [`autopar_runtime_cuda::CudaBackend`]: generated kernels on NVIDIA GPUs.
+    Cuda,
+}
+
+impl std::str::FromStr for Device {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self, Error> {
+        match s {
+            "cpu" => Ok(Device::Cpu),
+            "cuda" => Ok(Device::Cuda),
+            other => Err(Error::Usage(format!(
+                "unknown device `{other}` (cpu or cuda)"
+            ))),
+        }
+    }
+}
+
 /// How to start the ranks of a run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Launch {
     /// The launcher.
     pub kind: LauncherKind,
+    /// The device.
+    pub device: Device,
     /// How long a rank waits for any one message of a collective or pipeline transfer
     /// before it reports the peer it waited for and the run fails.
     pub collective_timeout: Duration,
@@ -69,6 +96,7 @@ impl Default for Launch {
     fn default() -> Self {
         Launch {
             kind: LauncherKind::Threads,
+            device: Device::Cpu,
             collective_timeout: CommOptions::DEFAULT_TIMEOUT,
             backend: BackendKind::Fast,
             threads: None,
@@ -103,6 +131,30 @@ pub fn run_launched(
         timeout: launch.collective_timeout,
         ..CommOptions::default()
     };
+    if launch.device == Device::Cuda {
+        if launch.kind != LauncherKind::Threads {
+            return Err(Error::Usage(
+                "--device cuda runs its ranks as threads of one process (--launcher threads)"
+                    .into(),
+            ));
+        }
+        if step.is_pipeline() {
+            return Err(Error::Usage(
+                "--device cuda does not run pipelines yet (its backend has not been through the \
+                 pipeline executor); use a mesh without pp"
+                    .into(),
+            ));
+        }
+        let backend = autopar_runtime_cuda::CudaBackend::new()?;
+        return run_on(
+            step,
+            &ThreadLauncher { options: comm },
+            &backend,
+            options,
+            hooks,
+            on_step,
+        );
+    }
     match launch.kind {
         LauncherKind::Threads => on_backend(
             step,
@@ -155,6 +207,16 @@ fn on_backend<L: Launcher + 'static>(
             run_on(step, launcher, &backend, options, hooks, on_step)
         }
     }
+}
+
+/// The CUDA kernel benchmarks (`autopar bench-kernels`): opens the GPUs and times a bf16
+/// GEMM, attention forward and backward and a fused element-wise kernel, the problem sizes
+/// divided by `shrink`.
+pub fn cuda_bench_kernels(
+    shrink: usize,
+) -> Result<Vec<autopar_runtime_cuda::bench::Figure>, Error> {
+    let cuda = autopar_runtime_cuda::CudaBackend::new()?;
+    Ok(autopar_runtime_cuda::bench::run(&cuda, shrink)?)
 }
 
 /// Whether this process was started by `mpirun` (or another MPI launcher).

@@ -44,13 +44,14 @@ pub use autopar_frontends as frontends;
 pub use autopar_ir as ir;
 pub use autopar_passes as passes;
 pub use autopar_runtime as runtime;
+pub use autopar_runtime_cuda as runtime_cuda;
 
 pub use autopar_runtime::verify::{Tolerance, VerifyReport};
 pub use autopar_runtime::{Tensor, TensorMap};
 pub use compile::{CompiledPipeline, CompiledStep, Pass, PassDump, PassTiming, compile};
 pub use error::Error;
 pub use forward::{ForwardValues, NamedTensor, TensorValues, run_forward};
-pub use launch::{BackendKind, Launch, LauncherKind, run_launched};
+pub use launch::{BackendKind, Device, Launch, LauncherKind, cuda_bench_kernels, run_launched};
 pub use model::{
     DumpFormat, ModelSource, dump, dump_with, estimate, import_onnx, load_annotations,
     load_cluster, load_cluster_with, load_micro_batch_forward, load_micro_batch_forward_with_loss,
