@@ -178,6 +178,10 @@ fn a_plan_file_runs_or_is_refused_by_name() {
         err.contains("context parallelism (cp=2) in a mixture of experts"),
         "{err}"
     );
+    // fp8 is priced by the cost model only: a plan file with it is refused, not run in bf16.
+    let file = plan_file("auto_refused_fp8", "dp=2,mbs=1,gbs=8,dtype=fp8");
+    let err = autopar_err(&["run", "gpt-tiny", "--plan-file", &file]);
+    assert!(err.contains("dtype=fp8"), "{err}");
 }
 
 #[test]

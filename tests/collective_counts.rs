@@ -228,3 +228,50 @@ fn the_cli_dumps_buckets_and_prices_them() {
     };
     assert!(exposed("100000") > exposed("25"));
 }
+
+/// Under `tp=2` every rank's program, fused and bucketed, has exactly Megatron-LM's tensor-
+/// parallel collectives: per block two all-reduces in the forward (after the attention and MLP
+/// row-parallel GEMMs) and two in the backward (the input gradients of the column-parallel
+/// QKV and MLP-in GEMMs); the vocabulary-parallel embedding's forward all-reduce; the
+/// cross-entropy's max and sum in the forward, which its backward reuses (the fusion pass
+/// merges the repeated ones); the head's input gradient; and one gradient-norm all-reduce.
+#[test]
+fn tensor_parallel_programs_have_megatrons_collectives() {
+    use std::collections::BTreeMap;
+
+    use autopar_ir::LayerId;
+    let step = compiled("tp=2", 25.0);
+    for (rank, g) in step.locals.iter().enumerate() {
+        let mut counts: BTreeMap<(Phase, Option<LayerId>), usize> = BTreeMap::new();
+        for n in g.nodes_in_order() {
+            let op = &g.node(n).op;
+            if !op.is_communication() {
+                continue;
+            }
+            assert!(
+                matches!(op, Op::AllReduce { .. }),
+                "rank {rank}: a `{}` in a tp=2 program",
+                op.name()
+            );
+            let meta = g.meta(n);
+            let phase = meta.phase.expect("collectives have a phase");
+            // The gradient norm's one all-reduce carries the metadata of its last member.
+            let layer = if phase == Phase::Optimizer {
+                None
+            } else {
+                meta.layer
+            };
+            *counts.entry((phase, layer)).or_default() += 1;
+        }
+        let mut want: BTreeMap<(Phase, Option<LayerId>), usize> = BTreeMap::new();
+        for i in 0..2 {
+            want.insert((Phase::Forward, Some(LayerId::Block(i))), 2);
+            want.insert((Phase::Backward, Some(LayerId::Block(i))), 2);
+        }
+        want.insert((Phase::Forward, Some(LayerId::Embedding)), 1);
+        want.insert((Phase::Forward, Some(LayerId::Loss)), 2);
+        want.insert((Phase::Backward, Some(LayerId::FinalNorm)), 1);
+        want.insert((Phase::Optimizer, None), 1);
+        assert_eq!(counts, want, "rank {rank}");
+    }
+}

@@ -207,6 +207,15 @@ fn check_executable(plan: &Plan) -> Result<(), Error> {
     }
     plan.check()
         .map_err(|e| Error::Usage(format!("plan `{plan}`: {e}")))?;
+    if plan.fp8 {
+        // The cost model prices fp8 GEMMs; the CPU runtime has no fp8 arithmetic, and
+        // running the plan in bf16 instead would not be the plan.
+        return bad(
+            "`dtype=fp8` is an estimate-only dtype: the runtime has no fp8 GEMMs \
+                    (run the plan with dtype=bf16)"
+                .into(),
+        );
+    }
     let degree = |a: autopar_ir::Axis| match a {
         autopar_ir::Axis::Data => plan.dp / plan.ep,
         autopar_ir::Axis::Tensor => plan.tp,

@@ -1,6 +1,7 @@
 //! The error type of the runtime: everything that can go wrong while feeding, initialising
 //! or executing a graph, with the op, value or name involved.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use autopar_ir::{IrError, NodeId, TensorType};
@@ -299,4 +300,39 @@ impl RuntimeError {
             other => other,
         }
     }
+}
+
+/// A tensor of some backend that knows its type.
+pub(crate) trait Typed {
+    /// Its type.
+    fn ty(&self) -> &TensorType;
+}
+
+impl Typed for crate::tensor::Tensor {
+    fn ty(&self) -> &TensorType {
+        crate::tensor::Tensor::ty(self)
+    }
+}
+
+/// The tensor supplied for a parameter or input, checked against its declared type.
+pub(crate) fn fed<'a, T: Typed>(
+    feed: Feed,
+    map: &'a BTreeMap<String, T>,
+    name: &str,
+    ty: &TensorType,
+) -> Result<&'a T, RuntimeError> {
+    let t = map.get(name).ok_or_else(|| RuntimeError::Missing {
+        feed,
+        name: name.into(),
+        expected: ty.clone(),
+    })?;
+    if t.ty() != ty {
+        return Err(RuntimeError::WrongType {
+            feed,
+            name: name.into(),
+            expected: ty.clone(),
+            actual: t.ty().clone(),
+        });
+    }
+    Ok(t)
 }

@@ -5,11 +5,11 @@
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 
-use autopar_ir::{Graph, IrError, Node, Op, TensorType, ValueId};
+use autopar_ir::{Graph, IrError, Node, Op, ValueId};
 
 use crate::TensorMap;
 use crate::comm::{Collectives, SingleDevice, communicate};
-use crate::error::{Feed, RuntimeError};
+use crate::error::{Feed, RuntimeError, fed};
 use crate::kernels::eval_op;
 use crate::plan::ExecutionPlan;
 use crate::tensor::{Precision, Tensor};
@@ -209,27 +209,4 @@ fn eval_node<'a>(
         eval_op(&node.op, &operands, options.precision)?
     };
     Ok(results.into_iter().map(Cow::Owned).collect())
-}
-
-/// The tensor supplied for a parameter or input, checked against its declared type.
-fn fed<'a>(
-    feed: Feed,
-    map: &'a TensorMap,
-    name: &str,
-    ty: &TensorType,
-) -> Result<&'a Tensor, RuntimeError> {
-    let t = map.get(name).ok_or_else(|| RuntimeError::Missing {
-        feed,
-        name: name.into(),
-        expected: ty.clone(),
-    })?;
-    if t.ty() != ty {
-        return Err(RuntimeError::WrongType {
-            feed,
-            name: name.into(),
-            expected: ty.clone(),
-            actual: t.ty().clone(),
-        });
-    }
-    Ok(t)
 }

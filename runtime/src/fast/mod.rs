@@ -47,7 +47,7 @@ use autopar_ir::{DType, Graph, IrError, Op, TensorType, ValueId};
 
 use crate::backend::Backend;
 use crate::comm::{Collectives, communicate};
-use crate::error::{Feed, RuntimeError};
+use crate::error::{Feed, RuntimeError, fed};
 use crate::interp::RunOutput;
 use crate::kernels::eval_op;
 use crate::plan::{ExecutionPlan, Interval, assign_offsets};
@@ -549,29 +549,6 @@ impl Held {
             self.refs.remove(&id);
         }
     }
-}
-
-/// The tensor supplied for a parameter or input, checked against its declared type.
-fn fed<'a>(
-    feed: Feed,
-    map: &'a BTreeMap<String, FastTensor>,
-    name: &str,
-    ty: &TensorType,
-) -> Result<&'a FastTensor, RuntimeError> {
-    let t = map.get(name).ok_or_else(|| RuntimeError::Missing {
-        feed,
-        name: name.into(),
-        expected: ty.clone(),
-    })?;
-    if t.ty() != ty {
-        return Err(RuntimeError::WrongType {
-            feed,
-            name: name.into(),
-            expected: ty.clone(),
-            actual: t.ty().clone(),
-        });
-    }
-    Ok(t)
 }
 
 /// A communication op through the rank's [`Collectives`]: the one place where the fast

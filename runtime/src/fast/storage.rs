@@ -92,6 +92,12 @@ impl PartialEq for FastTensor {
     }
 }
 
+impl crate::error::Typed for FastTensor {
+    fn ty(&self) -> &TensorType {
+        FastTensor::ty(self)
+    }
+}
+
 impl FastTensor {
     /// A tensor from elements that fit `ty` (checked: storage kind, count, i32 range).
     pub fn new(ty: TensorType, elems: Elems) -> Result<FastTensor, RuntimeError> {
