@@ -517,3 +517,114 @@ fn fusion_bodies() -> TestResult {
     }
     Ok(())
 }
+
+/// Bodies with reductions and integers, large enough for several thread tasks: column
+/// reductions (bias and norm-weight gradients), rows reduced and broadcast back (a layer
+/// norm), per-row arithmetic, and an integer one-hot compare.
+#[test]
+fn fusion_bodies_with_reductions_and_integers() -> TestResult {
+    let mut rng = Lcg(11);
+    let (rows, width) = (300, 64);
+    let dims = [rows, width];
+    let bin = |func| Op::Binary { func };
+    let red = |func, d: usize| Op::Reduce {
+        func,
+        dims: vec![d],
+    };
+    let bcast = |to: &[usize], d: usize| Op::Broadcast {
+        shape: Shape::new(to.to_vec()),
+        dims: vec![d],
+    };
+    for dtype in FLOATS {
+        let ty = |d: &[usize]| TensorType::new(dtype, d.to_vec());
+        // GELU of a biased input, with the gradients of the bias: sums and means of columns.
+        let bias_grad = FusionBody {
+            params: vec![ty(&dims), ty(&[width])],
+            instrs: vec![
+                instr(bcast(&dims, 1), vec![1]),
+                instr(bin(BinaryOp::Add), vec![0, 2]),
+                instr(
+                    Op::Unary {
+                        func: UnaryOp::Gelu,
+                    },
+                    vec![3],
+                ),
+                instr(red(ReduceOp::Sum, 0), vec![4]),
+                instr(red(ReduceOp::Mean, 0), vec![3]),
+                instr(red(ReduceOp::Max, 0), vec![0]),
+            ],
+            results: vec![4, 5, 6, 7],
+        };
+        let x = rand(&mut rng, dtype, &dims, 3.0);
+        let b = rand(&mut rng, dtype, &[width], 1.0);
+        check(
+            Op::Fusion { body: bias_grad },
+            &[x.clone(), b.clone()],
+            tol(dtype) * 4.0,
+        );
+        // A layer norm whose statistics are rows, with per-row arithmetic (eps, rsqrt) and
+        // the column sum of the scaled result.
+        let norm = FusionBody {
+            params: vec![ty(&dims), ty(&[width])],
+            instrs: vec![
+                instr(red(ReduceOp::Mean, 1), vec![0]),
+                instr(bcast(&dims, 0), vec![2]),
+                instr(bin(BinaryOp::Sub), vec![0, 3]),
+                instr(bin(BinaryOp::Mul), vec![4, 4]),
+                instr(red(ReduceOp::Mean, 1), vec![5]),
+                instr(
+                    Op::Constant {
+                        ty: ty(&[rows]),
+                        value: 1e-5,
+                    },
+                    vec![],
+                ),
+                instr(bin(BinaryOp::Add), vec![6, 7]),
+                instr(
+                    Op::Unary {
+                        func: UnaryOp::Rsqrt,
+                    },
+                    vec![8],
+                ),
+                instr(bcast(&dims, 0), vec![9]),
+                instr(bin(BinaryOp::Mul), vec![4, 10]),
+                instr(bcast(&dims, 1), vec![1]),
+                instr(bin(BinaryOp::Mul), vec![11, 12]),
+                instr(red(ReduceOp::Sum, 0), vec![13]),
+                instr(red(ReduceOp::Max, 1), vec![0]),
+            ],
+            results: vec![13, 9, 14, 15],
+        };
+        check(Op::Fusion { body: norm }, &[x.clone(), b], tol(dtype) * 4.0);
+        // The cross-entropy gradient's one-hot: integer ids against an integer iota.
+        let ids = TensorType::new(DType::I64, vec![rows]);
+        let iota = TensorType::new(DType::I64, vec![width]);
+        let onehot = FusionBody {
+            params: vec![ids.clone(), iota.clone(), ty(&dims)],
+            instrs: vec![
+                instr(bcast(&dims, 0), vec![0]),
+                instr(bcast(&dims, 1), vec![1]),
+                instr(
+                    Op::Compare {
+                        func: CompareOp::Eq,
+                    },
+                    vec![3, 4],
+                ),
+                instr(Op::Cast { to: dtype }, vec![5]),
+                instr(bin(BinaryOp::Sub), vec![2, 6]),
+            ],
+            results: vec![7, 5],
+        };
+        let id_values: Vec<i64> = (0..rows as i64).map(|i| (i * 37) % width as i64).collect();
+        check(
+            Op::Fusion { body: onehot },
+            &[
+                ints(&[rows], id_values),
+                ints(&[width], (0..width as i64).collect()),
+                x,
+            ],
+            tol(dtype),
+        );
+    }
+    Ok(())
+}

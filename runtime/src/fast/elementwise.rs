@@ -8,6 +8,7 @@
 use autopar_ir::{BinaryOp, CompareOp, DType, Op, TensorType, UnaryOp};
 use rayon::prelude::*;
 
+use super::simd::vectorized;
 use super::storage::Elems;
 use super::{Ctx, FastTensor, PAR_GRAIN, Val, reference_kernel};
 use crate::error::RuntimeError;
@@ -20,16 +21,32 @@ pub(crate) enum Side<'a> {
     Scalar(f32),
 }
 
+/// `out[i] = f(x[i])` on one thread, vectorised.
+#[inline(always)]
+fn apply1<F: Fn(f32) -> f32>(x: &[f32], out: &mut [f32], f: &F) {
+    vectorized(|| out.iter_mut().zip(x).for_each(|(o, &a)| *o = f(a)));
+}
+
+/// `out[i] = f(a[i], b[i])` on one thread, vectorised.
+#[inline(always)]
+fn apply2<F: Fn(f32, f32) -> f32>(a: &[f32], b: &[f32], out: &mut [f32], f: &F) {
+    vectorized(|| {
+        for ((o, &p), &q) in out.iter_mut().zip(a).zip(b) {
+            *o = f(p, q);
+        }
+    });
+}
+
 /// `out[i] = f(x[i])`, split over threads when large.
 pub(crate) fn map1<F: Fn(f32) -> f32 + Sync>(ctx: &Ctx, x: &[f32], out: &mut [f32], f: F) {
     if ctx.parallel(out.len()) {
         ctx.install(|| {
             out.par_chunks_mut(PAR_GRAIN)
                 .zip(x.par_chunks(PAR_GRAIN))
-                .for_each(|(o, x)| o.iter_mut().zip(x).for_each(|(o, &a)| *o = f(a)));
+                .for_each(|(o, x)| apply1(x, o, &f));
         });
     } else {
-        out.iter_mut().zip(x).for_each(|(o, &a)| *o = f(a));
+        apply1(x, out, &f);
     }
 }
 
@@ -47,16 +64,10 @@ pub(crate) fn map2<F: Fn(f32, f32) -> f32 + Sync>(
                 ctx.install(|| {
                     out.par_chunks_mut(PAR_GRAIN)
                         .zip(a.par_chunks(PAR_GRAIN).zip(b.par_chunks(PAR_GRAIN)))
-                        .for_each(|(o, (a, b))| {
-                            for ((o, &p), &q) in o.iter_mut().zip(a).zip(b) {
-                                *o = f(p, q);
-                            }
-                        });
+                        .for_each(|(o, (a, b))| apply2(a, b, o, &f));
                 });
             } else {
-                for ((o, &p), &q) in out.iter_mut().zip(a).zip(b) {
-                    *o = f(p, q);
-                }
+                apply2(a, b, out, &f);
             }
         }
         (Side::Slice(a), Side::Scalar(q)) => map1(ctx, a, out, |p| f(p, q)),
@@ -173,8 +184,9 @@ pub(crate) fn binary_f32(ctx: &Ctx, func: BinaryOp, a: Side, b: Side, out: &mut 
 
 /// `out = func(a, b)` on floats, as 0/1 booleans.
 pub(crate) fn compare_f32(func: CompareOp, a: Side, b: Side, out: &mut [bool]) {
+    #[inline(always)]
     fn go(a: Side, b: Side, out: &mut [bool], f: impl Fn(f32, f32) -> bool) {
-        match (a, b) {
+        vectorized(|| match (a, b) {
             (Side::Slice(a), Side::Slice(b)) => {
                 for ((o, &p), &q) in out.iter_mut().zip(a).zip(b) {
                     *o = f(p, q);
@@ -191,7 +203,7 @@ pub(crate) fn compare_f32(func: CompareOp, a: Side, b: Side, out: &mut [bool]) {
                 }
             }
             (Side::Scalar(p), Side::Scalar(q)) => out.fill(f(p, q)),
-        }
+        })
     }
     match func {
         CompareOp::Eq => go(a, b, out, |p, q| p == q),

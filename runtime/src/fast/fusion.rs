@@ -1,18 +1,28 @@
-//! Fusion bodies on the fast backend. A body whose instructions are all element-wise over one
-//! iteration space (unary, binary, compare, select, float and bool casts, reshapes, and
-//! broadcasts or constants feeding them) runs over tiles of [`TILE`] elements: each
-//! instruction is one tight loop (the element-wise kernels' monomorphised loops) from tile
-//! buffers into a tile buffer, broadcasts read their operand through an index map and
-//! constants are scalars, so nothing but the results is written at full size; tiles are split
-//! over threads. Any other body (reductions, integers) runs instruction by instruction on the
-//! fast kernels. Either way every instruction's result is rounded to its declared dtype, as
-//! the unfused nodes would be.
+//! Fusion bodies on the fast backend. Most bodies run over tiles of the iteration space (the
+//! largest value's elements): each instruction is one tight, vectorised loop from tile buffers
+//! into a tile buffer (the element-wise kernels' monomorphised loops), nothing but the results
+//! is written at full size, and tiles are split over threads. Inside a tile a value is one of:
+//! - full: one element per element of the iteration space (element-wise results, float, bool
+//!   or integer operands, broadcasts of operands read through an index map);
+//! - per row: one element per row, when the body reduces the trailing dims of full values
+//!   ("rows" of `R` elements: layer norm, softmax and their backward passes). Tiles hold whole
+//!   rows; a row reduction's result is used in the same tile, broadcast back over its row;
+//! - per column: a reduction over the leading dims (a bias or norm-weight gradient), which
+//!   must be a result of the body: each task accumulates its tiles, and the tasks' partial
+//!   sums are added in task order at the end (a fixed order, whatever the thread count);
+//! - a scalar (constants, splats).
+//!
+//! Any other body (reductions of other dims, integer arithmetic, results of several
+//! iteration spaces) runs instruction by instruction on the fast kernels. Either way every
+//! instruction's result is rounded to its declared dtype, as the unfused nodes would be, and
+//! sums accumulate in f64 as the reduction kernels do.
 
 use autopar_ir::infer::infer;
-use autopar_ir::{DType, FusionBody, Op, TensorType};
+use autopar_ir::{DType, FusionBody, Op, ReduceOp, TensorType};
 use rayon::prelude::*;
 
 use super::elementwise::{Side, binary_f32, compare_f32, unary_f32};
+use super::simd::vectorized;
 use super::storage::{Elems, round_slice};
 use super::{Ctx, FastTensor, Val, eval};
 use crate::error::RuntimeError;
@@ -24,29 +34,69 @@ pub const TILE: usize = 512;
 /// Tiles per thread task.
 const TILES_PER_TASK: usize = 32;
 
+/// The largest tile unit (least common multiple of the row and column lengths) a body may
+/// have and still run tiled.
+const MAX_UNIT: usize = 1 << 16;
+
 /// A body with the types of all its values and, when it qualifies, its tiled form.
 #[derive(Clone, Debug)]
 pub(crate) struct Compiled {
     body: FusionBody,
     types: Vec<TensorType>,
-    tiled: Option<Vec<Step>>,
+    tiled: Option<Tiled>,
 }
 
-/// How one body value is read inside a tile.
+/// The tiled form of a body.
+#[derive(Clone, Debug)]
+struct Tiled {
+    steps: Vec<Step>,
+    class: Vec<Class>,
+    /// Elements of the iteration space.
+    n: usize,
+    /// Elements per row (1 when nothing is reduced per row).
+    row: usize,
+    /// Elements of a tile: a multiple of the row and column lengths.
+    tile: usize,
+}
+
+/// How many elements of a tile a value has.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Class {
+    /// One per element of the tile.
+    Full,
+    /// One per row of the tile.
+    Row,
+    /// A reduction over the leading dims, accumulated across tiles (a result only).
+    Col,
+    /// One value for the whole tile, or read only through broadcasts.
+    Scalar,
+}
+
+/// How one body value is read or computed inside a tile.
 #[derive(Clone, Debug)]
 enum Step {
-    /// An operand of the full iteration space: its elements at the tile's range.
+    /// An operand of this value's class: its elements at the tile's (row) range.
     Operand(usize),
     /// An operand that only broadcasts read.
     Small,
     /// A float or bool scalar.
     Scalar(f64),
-    /// A broadcast of body value `src` (an operand), read at offsets `view`.
+    /// A broadcast of body value `src` (an operand) to full size, read at offsets `view`.
     Broadcast { src: usize, view: Vec<usize> },
+    /// A per-row value repeated over its row.
+    RowBroadcast { src: usize },
     /// The same elements as body value `src`.
     Alias(usize),
-    /// An element-wise op on earlier values, into this value's tile buffer.
+    /// An element-wise op on earlier values of this value's class.
     Compute { op: Op, args: Vec<usize> },
+    /// A reduction of each row of full value `src`.
+    RowReduce { func: ReduceOp, src: usize },
+    /// A reduction over the leading dims of full value `src`: `count` elements each.
+    ColReduce {
+        func: ReduceOp,
+        src: usize,
+        count: usize,
+    },
 }
 
 impl Compiled {
@@ -85,73 +135,161 @@ impl Compiled {
     }
 }
 
-/// The tiled form of a body, or `None` when some instruction needs the whole tensor.
-fn tile_plan(body: &FusionBody, types: &[TensorType]) -> Option<Vec<Step>> {
-    let n = types.get(*body.results.first()?)?.num_elements();
-    let float_or_bool = |t: &TensorType| t.dtype.is_float() || t.dtype == DType::Bool;
-    if n == 0
-        || body.results.iter().any(|&r| {
-            types[r].num_elements() != n || !float_or_bool(&types[r]) || r < body.params.len()
-        })
-    {
+/// Whether `dims` (of a value of rank `rank`) are `first..rank` (a suffix) or `0..last` (a
+/// prefix), sorted and without repeats: the split point, and whether it is a suffix.
+fn split_of(dims: &[usize], rank: usize) -> Option<(usize, bool)> {
+    let mut d = dims.to_vec();
+    d.sort_unstable();
+    d.dedup();
+    if d.len() != dims.len() || d.is_empty() || d.windows(2).any(|w| w[1] != w[0] + 1) {
         return None;
     }
+    let (first, last) = (d[0], d[d.len() - 1]);
+    if last + 1 == rank {
+        Some((first, true))
+    } else if first == 0 {
+        Some((last + 1, false))
+    } else {
+        None
+    }
+}
+
+fn gcd(a: usize, b: usize) -> usize {
+    if b == 0 { a } else { gcd(b, a % b) }
+}
+
+/// The tiled form of a body, or `None` when some instruction needs more than a tile.
+fn tile_plan(body: &FusionBody, types: &[TensorType]) -> Option<Tiled> {
+    let n = types.iter().map(|t| t.num_elements() as usize).max()?;
+    if n == 0 || body.results.is_empty() {
+        return None;
+    }
+    let elems = |v: usize| types[v].num_elements() as usize;
     let np = body.params.len();
-    let mut steps: Vec<Step> = body
-        .params
-        .iter()
-        .enumerate()
-        .map(|(i, t)| {
-            if t.num_elements() == n && float_or_bool(t) {
-                Step::Operand(i)
-            } else {
-                Step::Small
+    // The row length: every reduction of trailing dims must share it.
+    let mut row = 1usize;
+    let mut col = 1usize;
+    for instr in &body.instrs {
+        if let Op::Reduce { dims, .. } = &instr.op {
+            let src = *instr.operands.first()?;
+            if elems(src) != n {
+                return None;
             }
-        })
-        .collect();
-    for (i, instr) in body.instrs.iter().enumerate() {
-        let ty = &types[np + i];
-        if !float_or_bool(ty) {
+            let sd = types[src].dims();
+            let (k, suffix) = split_of(dims, sd.len())?;
+            if suffix {
+                let r: usize = sd[k..].iter().product();
+                if row != 1 && r != row {
+                    return None;
+                }
+                row = r;
+            } else {
+                let c: usize = sd[k..].iter().product();
+                col = col / gcd(col, c) * c;
+            }
+        }
+    }
+    let unit = row / gcd(row, col) * col;
+    if unit == 0 || unit > MAX_UNIT || n % unit != 0 {
+        return None;
+    }
+    let rows_n = n / row;
+    let kind_ok = |t: &TensorType| {
+        t.dtype.is_float() || t.dtype == DType::Bool || matches!(t.dtype, DType::I32 | DType::I64)
+    };
+    let mut class: Vec<Class> = Vec::with_capacity(types.len());
+    let mut steps: Vec<Step> = Vec::with_capacity(types.len());
+    for t in &body.params {
+        let e = t.num_elements() as usize;
+        if !kind_ok(t) {
             return None;
         }
-        let full = ty.num_elements() == n;
-        let arg_full = |v: usize| {
-            matches!(
-                steps[v],
-                Step::Operand(_)
-                    | Step::Alias(_)
-                    | Step::Compute { .. }
-                    | Step::Scalar(_)
-                    | Step::Broadcast { .. }
-            )
+        if e == n {
+            class.push(Class::Full);
+            steps.push(Step::Operand(steps.len()));
+        } else if row > 1 && e == rows_n {
+            class.push(Class::Row);
+            steps.push(Step::Operand(steps.len()));
+        } else {
+            class.push(Class::Scalar);
+            steps.push(Step::Small);
+        }
+    }
+    for (i, instr) in body.instrs.iter().enumerate() {
+        let v = np + i;
+        let ty = &types[v];
+        if !kind_ok(ty) {
+            return None;
+        }
+        let e = elems(v);
+        let own = if e == n {
+            Class::Full
+        } else if row > 1 && e == rows_n {
+            Class::Row
+        } else {
+            Class::Scalar
         };
-        let step = match &instr.op {
-            Op::Constant { value, ty } => Step::Scalar(round_to_dtype(*value, ty.dtype)),
-            Op::Broadcast { dims, .. } if full => {
-                let src = instr.operands[0];
-                match &steps[src] {
-                    Step::Scalar(v) => Step::Scalar(*v),
-                    _ if types[src].num_elements() == 1 && src < np => Step::Broadcast {
-                        src,
-                        view: vec![0; ty.rank()],
-                    },
-                    _ if src < np => {
-                        let st = strides(types[src].dims());
-                        let mut view = vec![0; ty.rank()];
-                        for (j, &d) in dims.iter().enumerate() {
-                            if types[src].dims()[j] != 1 {
-                                view[d] = st[j];
-                            }
+        let args = &instr.operands;
+        let readable = |a: usize| {
+            matches!(class[a], Class::Full | Class::Row) || matches!(steps[a], Step::Scalar(_))
+        };
+        let (step, cls) = match &instr.op {
+            Op::Constant { value, ty } => (
+                Step::Scalar(round_to_dtype(*value, ty.dtype)),
+                Class::Scalar,
+            ),
+            Op::Broadcast { dims, .. } => {
+                let src = *args.first()?;
+                if let Step::Scalar(x) = steps[src] {
+                    (Step::Scalar(x), Class::Scalar)
+                } else if own == Class::Full && src < np {
+                    let st = strides(types[src].dims());
+                    let mut view = vec![0; ty.rank()];
+                    for (j, &d) in dims.iter().enumerate() {
+                        if types[src].dims()[j] != 1 {
+                            view[d] = st[j];
                         }
-                        Step::Broadcast { src, view }
                     }
+                    (Step::Broadcast { src, view }, Class::Full)
+                } else if own == Class::Full
+                    && class[src] == Class::Row
+                    && dims.iter().enumerate().all(|(j, &d)| j == d)
+                    && types[src].dims() == &ty.dims()[..dims.len()]
+                {
+                    (Step::RowBroadcast { src }, Class::Full)
+                } else {
+                    return None;
+                }
+            }
+            Op::Reshape { .. } => {
+                let src = *args.first()?;
+                match steps[src] {
+                    Step::Scalar(x) => (Step::Scalar(x), Class::Scalar),
+                    _ if class[src] == own && own != Class::Scalar => (Step::Alias(src), own),
                     _ => return None,
                 }
             }
-            Op::Reshape { .. } if full && arg_full(instr.operands[0]) => {
-                match &steps[instr.operands[0]] {
-                    Step::Scalar(v) => Step::Scalar(*v),
-                    _ => Step::Alias(instr.operands[0]),
+            Op::Reduce { func, dims } => {
+                let src = args[0];
+                if class[src] != Class::Full || !types[src].dtype.is_float() {
+                    return None;
+                }
+                let sd = types[src].dims();
+                let (k, suffix) = split_of(dims, sd.len())?;
+                if suffix && own == Class::Row {
+                    (Step::RowReduce { func: *func, src }, Class::Row)
+                } else if !suffix {
+                    let count = sd[..k].iter().product();
+                    (
+                        Step::ColReduce {
+                            func: *func,
+                            src,
+                            count,
+                        },
+                        Class::Col,
+                    )
+                } else {
+                    return None;
                 }
             }
             Op::Unary { .. }
@@ -159,36 +297,68 @@ fn tile_plan(body: &FusionBody, types: &[TensorType]) -> Option<Vec<Step>> {
             | Op::Compare { .. }
             | Op::Select
             | Op::Cast { .. }
-                if full
-                    && instr.operands.iter().all(|&v| arg_full(v))
-                    && operand_kinds_fit(&instr.op, &instr.operands, types) =>
+                if own != Class::Scalar
+                    && args.iter().all(|&a| {
+                        readable(a) && (class[a] == own || matches!(steps[a], Step::Scalar(_)))
+                    })
+                    && operand_kinds_fit(&instr.op, args, types) =>
             {
-                Step::Compute {
-                    op: instr.op.clone(),
-                    args: instr.operands.clone(),
-                }
+                (
+                    Step::Compute {
+                        op: instr.op.clone(),
+                        args: args.clone(),
+                    },
+                    own,
+                )
             }
             _ => return None,
         };
+        class.push(cls);
         steps.push(step);
     }
-    Some(steps)
+    // Column reductions are results only; every result has a tile form.
+    for (i, instr) in body.instrs.iter().enumerate() {
+        if instr.operands.iter().any(|&a| class[a] == Class::Col) {
+            return None;
+        }
+        let _ = i;
+    }
+    let result_ok = |r: usize| {
+        r >= np
+            && !types[r].dtype.is_int()
+            && (matches!(class[r], Class::Full | Class::Row | Class::Col)
+                || matches!(steps[r], Step::Scalar(_)) && elems(r) == n)
+    };
+    if !body.results.iter().all(|&r| result_ok(r)) {
+        return None;
+    }
+    let tile = unit * (TILE / unit).max(1);
+    Some(Tiled {
+        steps,
+        class,
+        n,
+        row,
+        tile,
+    })
 }
 
-/// True when the tiled loops handle the operand dtypes of `op`: floats for arithmetic and
-/// comparisons, a bool condition for select, floats or bools for casts.
+/// True when the tiled loops handle the operand dtypes of `op`: floats for arithmetic,
+/// floats or integers (not mixed) for comparisons, a bool condition and float or bool
+/// branches for select, floats, bools or integers for casts to float or bool.
 fn operand_kinds_fit(op: &Op, operands: &[usize], types: &[TensorType]) -> bool {
     let float = |v: &usize| types[*v].dtype.is_float();
+    let int = |v: &usize| types[*v].dtype.is_int();
     let fb = |v: &usize| types[*v].dtype.is_float() || types[*v].dtype == DType::Bool;
     match op {
-        Op::Unary { .. } | Op::Binary { .. } | Op::Compare { .. } => operands.iter().all(float),
+        Op::Unary { .. } | Op::Binary { .. } => operands.iter().all(float),
+        Op::Compare { .. } => operands.iter().all(float) || operands.iter().all(int),
         Op::Select => {
             operands
                 .first()
                 .is_some_and(|c| types[*c].dtype == DType::Bool)
                 && operands[1..].iter().all(fb)
         }
-        Op::Cast { .. } => operands.iter().all(fb),
+        Op::Cast { to } => (to.is_float() || *to == DType::Bool) && !operands.is_empty(),
         _ => false,
     }
 }
@@ -196,7 +366,7 @@ fn operand_kinds_fit(op: &Op, operands: &[usize], types: &[TensorType]) -> bool 
 /// Runs a compiled fusion on its operands.
 pub(crate) fn run(ctx: &Ctx, c: &Compiled, args: &[&Val]) -> Result<Vec<Val>, RuntimeError> {
     match &c.tiled {
-        Some(steps) => run_tiled(ctx, c, steps, args),
+        Some(t) => run_tiled(ctx, c, t, args),
         None => run_stepwise(ctx, c, args),
     }
 }
@@ -224,56 +394,106 @@ fn run_stepwise(ctx: &Ctx, c: &Compiled, args: &[&Val]) -> Result<Vec<Val>, Runt
 enum TileVal<'a> {
     F32(&'a [f32]),
     Bool(&'a [bool]),
+    Int(&'a [i64]),
     Scalar(f64),
 }
 
-/// Per-task tile buffers, one per body value (only computed and broadcast ones are used).
+/// Per-task tile buffers, one per body value (only computed and broadcast ones are used),
+/// and the task's column accumulators.
 struct Scratch {
     f32s: Vec<Vec<f32>>,
     bools: Vec<Vec<bool>>,
+    ints: Vec<Vec<i64>>,
+    cols: Vec<Vec<f64>>,
 }
 
-/// One thread task's share of the float and bool results.
-type TaskOut<'a> = (Vec<&'a mut [f32]>, Vec<&'a mut [bool]>);
+/// Where a tile lies: its first element and row, and its lengths.
+#[derive(Clone, Copy)]
+struct Span {
+    at: usize,
+    len: usize,
+    row_at: usize,
+    rows: usize,
+}
+
+impl Span {
+    /// The start and length of the tile for a value of class `c`.
+    fn of(self, c: Class) -> (usize, usize) {
+        match c {
+            Class::Row => (self.row_at, self.rows),
+            _ => (self.at, self.len),
+        }
+    }
+}
+
+/// A result buffer being written.
+enum OutBuf {
+    F32(Vec<f32>),
+    Bool(Vec<bool>),
+}
+
+/// One task's share of a result: a slice of a full or per-row result, or nothing (column
+/// reductions and scalars are assembled after the tasks).
+enum TaskSlot<'a> {
+    F32(&'a mut [f32]),
+    Bool(&'a mut [bool]),
+    None,
+}
 
 /// Over tiles of the iteration space, every result written tile by tile.
-fn run_tiled(
-    ctx: &Ctx,
-    c: &Compiled,
-    steps: &[Step],
-    args: &[&Val],
-) -> Result<Vec<Val>, RuntimeError> {
+fn run_tiled(ctx: &Ctx, c: &Compiled, t: &Tiled, args: &[&Val]) -> Result<Vec<Val>, RuntimeError> {
     let np = c.body.params.len();
-    let out_types: Vec<&TensorType> = c.body.results.iter().map(|&r| &c.types[r]).collect();
-    let n = out_types.first().map_or(0, |t| t.num_elements() as usize);
+    let results = &c.body.results;
+    let n = t.n;
     // Operands dense (a splat operand is written out once: they are rare in bodies).
     let operands: Vec<FastTensor> = args.iter().map(|a| ctx.dense(a)).collect();
     if operands.len() != np {
         return Err(RuntimeError::NotAKernel { op: "fusion" });
     }
-    let mut f32_outs: Vec<Vec<f32>> = Vec::new();
-    let mut bool_outs: Vec<Vec<bool>> = Vec::new();
-    for t in &out_types {
-        if t.dtype == DType::Bool {
-            bool_outs.push(ctx.bools(n));
-        } else {
-            f32_outs.push(ctx.f32s(n));
-        }
-    }
-    let chunk = TILE * TILES_PER_TASK;
+    let size_of = |r: usize| match t.class[r] {
+        Class::Row => n / t.row,
+        Class::Col => 0,
+        _ => n,
+    };
+    let mut outs: Vec<OutBuf> = results
+        .iter()
+        .map(|&r| {
+            if c.types[r].dtype == DType::Bool {
+                OutBuf::Bool(ctx.bools(size_of(r)))
+            } else {
+                OutBuf::F32(ctx.f32s(size_of(r)))
+            }
+        })
+        .collect();
+    let chunk = t.tile * TILES_PER_TASK;
     let tasks = n.div_ceil(chunk);
-    let mut per: Vec<TaskOut> = (0..tasks).map(|_| (Vec::new(), Vec::new())).collect();
-    for o in f32_outs.iter_mut() {
-        for (p, c) in per.iter_mut().zip(o.chunks_mut(chunk)) {
-            p.0.push(c);
+    let mut per: Vec<Vec<TaskSlot>> = (0..tasks).map(|_| Vec::new()).collect();
+    for (o, &r) in outs.iter_mut().zip(results) {
+        let cls = t.class[r];
+        let step = if cls == Class::Row {
+            chunk / t.row
+        } else {
+            chunk
+        };
+        let full_like = matches!(cls, Class::Full | Class::Row | Class::Scalar);
+        match o {
+            OutBuf::F32(v) if full_like => {
+                for (p, s) in per.iter_mut().zip(v.chunks_mut(step)) {
+                    p.push(TaskSlot::F32(s));
+                }
+            }
+            OutBuf::Bool(v) if full_like => {
+                for (p, s) in per.iter_mut().zip(v.chunks_mut(step)) {
+                    p.push(TaskSlot::Bool(s));
+                }
+            }
+            _ => per.iter_mut().for_each(|p| p.push(TaskSlot::None)),
         }
     }
-    for o in bool_outs.iter_mut() {
-        for (p, c) in per.iter_mut().zip(o.chunks_mut(chunk)) {
-            p.1.push(c);
-        }
-    }
-    let task = |(t, (mut fo, mut bo)): (usize, TaskOut)| {
+    let col_values: Vec<usize> = (0..t.steps.len())
+        .filter(|&v| t.class[v] == Class::Col)
+        .collect();
+    let task = |(k, mut slots): (usize, Vec<TaskSlot>)| {
         let serial = Ctx {
             pool: ctx.pool,
             threads: 1,
@@ -281,128 +501,233 @@ fn run_tiled(
             workers: None,
         };
         let mut scratch = Scratch {
-            f32s: vec![Vec::new(); steps.len()],
-            bools: vec![Vec::new(); steps.len()],
+            f32s: vec![Vec::new(); t.steps.len()],
+            bools: vec![Vec::new(); t.steps.len()],
+            ints: vec![Vec::new(); t.steps.len()],
+            cols: vec![Vec::new(); t.steps.len()],
         };
-        let start = t * chunk;
+        for &v in &col_values {
+            if let Step::ColReduce { func, src, .. } = &t.steps[v] {
+                let init = match func {
+                    ReduceOp::Max => f64::NEG_INFINITY,
+                    ReduceOp::Min => f64::INFINITY,
+                    ReduceOp::Sum | ReduceOp::Mean => 0.0,
+                };
+                scratch.cols[v] = vec![init; c.types[v].num_elements() as usize];
+                let _ = src;
+            }
+        }
+        let start = k * chunk;
         let end = (start + chunk).min(n);
         let mut at = start;
         while at < end {
-            let len = TILE.min(end - at);
-            run_tile(&serial, c, steps, &operands, at, len, &mut scratch)?;
-            let (mut fi, mut bi) = (0, 0);
-            for &r in &c.body.results {
-                let dst = at - start;
-                match tile_val(c, steps, &operands, &scratch, r, at, len) {
-                    TileVal::F32(v) => {
-                        fo[fi][dst..dst + len].copy_from_slice(v);
-                        fi += 1;
-                    }
-                    TileVal::Bool(v) => {
-                        bo[bi][dst..dst + len].copy_from_slice(v);
-                        bi += 1;
-                    }
-                    TileVal::Scalar(x) => {
-                        if c.types[r].dtype == DType::Bool {
-                            bo[bi][dst..dst + len].fill(x != 0.0);
-                            bi += 1;
-                        } else {
-                            fo[fi][dst..dst + len].fill(x as f32);
-                            fi += 1;
-                        }
-                    }
+            let len = t.tile.min(end - at);
+            let span = Span {
+                at,
+                len,
+                row_at: at / t.row,
+                rows: len / t.row,
+            };
+            run_tile(&serial, c, t, &operands, span, &mut scratch)?;
+            for (slot, &r) in slots.iter_mut().zip(results) {
+                let (dst, l) = match t.class[r] {
+                    Class::Row => ((at - start) / t.row, span.rows),
+                    _ => (at - start, len),
+                };
+                match (slot, tile_val(c, t, &operands, &scratch, r, span)) {
+                    (TaskSlot::F32(o), TileVal::F32(v)) => o[dst..dst + l].copy_from_slice(v),
+                    (TaskSlot::Bool(o), TileVal::Bool(v)) => o[dst..dst + l].copy_from_slice(v),
+                    (TaskSlot::F32(o), TileVal::Scalar(x)) => o[dst..dst + l].fill(x as f32),
+                    (TaskSlot::Bool(o), TileVal::Scalar(x)) => o[dst..dst + l].fill(x != 0.0),
+                    (TaskSlot::None, _) => {}
+                    _ => return Err(RuntimeError::NotAKernel { op: "fusion" }),
                 }
             }
             at += len;
         }
-        Ok::<(), RuntimeError>(())
+        Ok::<Vec<Vec<f64>>, RuntimeError>(std::mem::take(&mut scratch.cols))
     };
-    if ctx.threads > 1 && tasks > 1 {
-        ctx.install(|| per.into_par_iter().enumerate().try_for_each(task))?;
+    let partials: Vec<Vec<Vec<f64>>> = if ctx.threads > 1 && tasks > 1 {
+        ctx.install(|| {
+            per.into_par_iter()
+                .enumerate()
+                .map(task)
+                .collect::<Result<_, _>>()
+        })?
     } else {
-        per.into_iter().enumerate().try_for_each(task)?;
-    }
-    let (mut fi, mut bi) = (f32_outs.into_iter(), bool_outs.into_iter());
-    let mut results = Vec::with_capacity(out_types.len());
-    for t in out_types {
-        let elems = if t.dtype == DType::Bool {
-            Elems::Bool(bi.next().unwrap_or_default())
-        } else {
-            Elems::F32(fi.next().unwrap_or_default())
+        per.into_iter()
+            .enumerate()
+            .map(task)
+            .collect::<Result<_, _>>()?
+    };
+    let mut values = Vec::with_capacity(results.len());
+    for (o, &r) in outs.into_iter().zip(results) {
+        let ty = &c.types[r];
+        let v = match (t.class[r], o) {
+            (Class::Col, _) => {
+                let Step::ColReduce { func, count, .. } = &t.steps[r] else {
+                    return Err(RuntimeError::NotAKernel { op: "fusion" });
+                };
+                Elems::F32(combine_cols(ctx, *func, *count, &partials, r))
+            }
+            (_, OutBuf::F32(v)) => Elems::F32(v),
+            (_, OutBuf::Bool(v)) => Elems::Bool(v),
         };
-        results.push(Val::Dense(ctx.of_elems(t, elems)));
+        values.push(Val::Dense(ctx.of_elems(ty, v)));
     }
-    Ok(results)
+    Ok(values)
 }
 
-/// Body value `v` in the tile `at..at + len`.
+/// The column reduction `v` from every task's partial accumulators, added in task order.
+fn combine_cols(
+    ctx: &Ctx,
+    func: ReduceOp,
+    count: usize,
+    partials: &[Vec<Vec<f64>>],
+    v: usize,
+) -> Vec<f32> {
+    let len = partials.first().map_or(0, |p| p[v].len());
+    let mut acc = partials.first().map(|p| p[v].clone()).unwrap_or_default();
+    for p in partials.iter().skip(1) {
+        for (a, &x) in acc.iter_mut().zip(&p[v]) {
+            *a = match func {
+                ReduceOp::Sum | ReduceOp::Mean => *a + x,
+                ReduceOp::Max => nan_max64(*a, x),
+                ReduceOp::Min => nan_min64(*a, x),
+            };
+        }
+    }
+    let mut out = ctx.f32s(len);
+    for (o, &a) in out.iter_mut().zip(&acc) {
+        *o = if func == ReduceOp::Mean {
+            (a / count as f64) as f32
+        } else {
+            a as f32
+        };
+    }
+    out
+}
+
+#[inline(always)]
+fn nan_max64(a: f64, b: f64) -> f64 {
+    if a.is_nan() || a >= b { a } else { b }
+}
+
+#[inline(always)]
+fn nan_min64(a: f64, b: f64) -> f64 {
+    if a.is_nan() || a <= b { a } else { b }
+}
+
+/// Body value `v` in the tile `span`.
 fn tile_val<'a>(
     c: &Compiled,
-    steps: &[Step],
+    t: &Tiled,
     operands: &'a [FastTensor],
     scratch: &'a Scratch,
     v: usize,
-    at: usize,
-    len: usize,
+    span: Span,
 ) -> TileVal<'a> {
-    match &steps[v] {
+    let (at, len) = span.of(t.class[v]);
+    match &t.steps[v] {
         Step::Operand(i) => match operands[*i].elems() {
             Elems::F32(x) => TileVal::F32(&x[at..at + len]),
             Elems::Bool(x) => TileVal::Bool(&x[at..at + len]),
-            Elems::Int(_) => TileVal::Scalar(f64::NAN),
+            Elems::Int(x) => TileVal::Int(&x[at..at + len]),
         },
         Step::Scalar(x) => TileVal::Scalar(*x),
-        Step::Alias(src) => tile_val(c, steps, operands, scratch, *src, at, len),
-        Step::Small => TileVal::Scalar(f64::NAN),
-        Step::Broadcast { .. } | Step::Compute { .. } => {
-            if c.types[v].dtype == DType::Bool {
-                TileVal::Bool(&scratch.bools[v])
-            } else {
-                TileVal::F32(&scratch.f32s[v][..len])
-            }
-        }
+        Step::Alias(src) => tile_val(c, t, operands, scratch, *src, span),
+        Step::Small | Step::ColReduce { .. } => TileVal::Scalar(f64::NAN),
+        Step::Broadcast { .. }
+        | Step::RowBroadcast { .. }
+        | Step::Compute { .. }
+        | Step::RowReduce { .. } => match c.types[v].dtype {
+            DType::Bool => TileVal::Bool(&scratch.bools[v][..len]),
+            DType::I32 | DType::I64 => TileVal::Int(&scratch.ints[v][..len]),
+            _ => TileVal::F32(&scratch.f32s[v][..len]),
+        },
     }
 }
 
-/// Computes every broadcast and instruction of one tile into `scratch`.
+/// Computes every broadcast, instruction and reduction of one tile into `scratch`.
 fn run_tile(
     serial: &Ctx,
     c: &Compiled,
-    steps: &[Step],
+    t: &Tiled,
     operands: &[FastTensor],
-    at: usize,
-    len: usize,
+    span: Span,
     scratch: &mut Scratch,
 ) -> Result<(), RuntimeError> {
-    for v in 0..steps.len() {
+    for v in 0..t.steps.len() {
         let ty = &c.types[v];
-        match &steps[v] {
+        let (_, len) = span.of(t.class[v]);
+        match &t.steps[v] {
             Step::Operand(_) | Step::Small | Step::Scalar(_) | Step::Alias(_) => {}
             Step::Broadcast { src, view } => {
                 let dims = ty.dims();
                 match operands[*src].elems() {
                     Elems::F32(x) => {
-                        let mut buf = std::mem::take(&mut scratch.f32s[v]);
+                        let buf = &mut scratch.f32s[v];
                         buf.resize(len, 0.0);
-                        gather_view(x, dims, view, at, &mut buf);
-                        scratch.f32s[v] = buf;
-                        scratch.bools[v].clear();
+                        gather_view(x, dims, view, span.at, buf);
                     }
                     Elems::Bool(x) => {
-                        let mut buf = std::mem::take(&mut scratch.bools[v]);
+                        let buf = &mut scratch.bools[v];
                         buf.resize(len, false);
-                        gather_view(x, dims, view, at, &mut buf);
-                        scratch.bools[v] = buf;
+                        gather_view(x, dims, view, span.at, buf);
                     }
-                    Elems::Int(_) => return Err(RuntimeError::NotAKernel { op: "fusion" }),
+                    Elems::Int(x) => {
+                        let buf = &mut scratch.ints[v];
+                        buf.resize(len, 0);
+                        gather_view(x, dims, view, span.at, buf);
+                    }
                 }
+            }
+            Step::RowBroadcast { src } => {
+                let row = t.row;
+                let mut fbuf = std::mem::take(&mut scratch.f32s[v]);
+                let mut bbuf = std::mem::take(&mut scratch.bools[v]);
+                match tile_val(c, t, operands, scratch, *src, span) {
+                    TileVal::F32(r) => {
+                        fbuf.resize(len, 0.0);
+                        for (o, &x) in fbuf.chunks_exact_mut(row).zip(r) {
+                            o.fill(x);
+                        }
+                    }
+                    TileVal::Bool(r) => {
+                        bbuf.resize(len, false);
+                        for (o, &x) in bbuf.chunks_exact_mut(row).zip(r) {
+                            o.fill(x);
+                        }
+                    }
+                    _ => return Err(RuntimeError::NotAKernel { op: "fusion" }),
+                }
+                scratch.f32s[v] = fbuf;
+                scratch.bools[v] = bbuf;
+            }
+            Step::RowReduce { func, src } => {
+                let mut buf = std::mem::take(&mut scratch.f32s[v]);
+                let TileVal::F32(x) = tile_val(c, t, operands, scratch, *src, span) else {
+                    return Err(RuntimeError::NotAKernel { op: "fusion" });
+                };
+                buf.resize(len, 0.0);
+                reduce_rows_into(*func, x, t.row, &mut buf);
+                round_slice(ty.dtype, &mut buf);
+                scratch.f32s[v] = buf;
+            }
+            Step::ColReduce { func, src, .. } => {
+                let mut acc = std::mem::take(&mut scratch.cols[v]);
+                let TileVal::F32(x) = tile_val(c, t, operands, scratch, *src, span) else {
+                    return Err(RuntimeError::NotAKernel { op: "fusion" });
+                };
+                accumulate_cols(*func, x, &mut acc);
+                scratch.cols[v] = acc;
             }
             Step::Compute { op, args } => {
                 let mut fbuf = std::mem::take(&mut scratch.f32s[v]);
                 let mut bbuf = std::mem::take(&mut scratch.bools[v]);
                 let vals: Vec<TileVal> = args
                     .iter()
-                    .map(|&a| tile_val(c, steps, operands, scratch, a, at, len))
+                    .map(|&a| tile_val(c, t, operands, scratch, a, span))
                     .collect();
                 if ty.dtype == DType::Bool {
                     bbuf.resize(len, false);
@@ -420,11 +745,75 @@ fn run_tile(
     Ok(())
 }
 
+/// Each row of `row` elements of `x` reduced into one element of `out`, in f64 for sums.
+fn reduce_rows_into(func: ReduceOp, x: &[f32], row: usize, out: &mut [f32]) {
+    vectorized(|| {
+        for (o, r) in out.iter_mut().zip(x.chunks_exact(row)) {
+            *o = match func {
+                ReduceOp::Sum => sum64(r) as f32,
+                ReduceOp::Mean => (sum64(r) / row as f64) as f32,
+                ReduceOp::Max => {
+                    r.iter().fold(
+                        f32::NEG_INFINITY,
+                        |a, &b| if a.is_nan() || a >= b { a } else { b },
+                    )
+                }
+                ReduceOp::Min => {
+                    r.iter().fold(
+                        f32::INFINITY,
+                        |a, &b| if a.is_nan() || a <= b { a } else { b },
+                    )
+                }
+            };
+        }
+    });
+}
+
+/// The sum of a row in f64, in eight partial sums (vectorised).
+#[inline(always)]
+fn sum64(r: &[f32]) -> f64 {
+    const LANES: usize = 8;
+    let mut acc = [0.0f64; LANES];
+    let chunks = r.chunks_exact(LANES);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for j in 0..LANES {
+            acc[j] += f64::from(c[j]);
+        }
+    }
+    let mut s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    for &x in tail {
+        s += f64::from(x);
+    }
+    s
+}
+
+/// Adds (or takes the max or min of) each run of `acc.len()` elements of `x` into `acc`; the
+/// tile starts at a multiple of that length and holds whole runs.
+fn accumulate_cols(func: ReduceOp, x: &[f32], acc: &mut [f64]) {
+    let w = acc.len();
+    if w == 0 {
+        return;
+    }
+    vectorized(|| {
+        for r in x.chunks_exact(w) {
+            for (a, &b) in acc.iter_mut().zip(r) {
+                let b = f64::from(b);
+                *a = match func {
+                    ReduceOp::Sum | ReduceOp::Mean => *a + b,
+                    ReduceOp::Max => nan_max64(*a, b),
+                    ReduceOp::Min => nan_min64(*a, b),
+                };
+            }
+        }
+    });
+}
+
 fn side<'a>(t: TileVal<'a>) -> Option<Side<'a>> {
     match t {
         TileVal::F32(s) => Some(Side::Slice(s)),
         TileVal::Scalar(x) => Some(Side::Scalar(x as f32)),
-        TileVal::Bool(_) => None,
+        TileVal::Bool(_) | TileVal::Int(_) => None,
     }
 }
 
@@ -434,6 +823,7 @@ fn as_bool(t: TileVal, i: usize) -> bool {
         TileVal::Bool(s) => s[i],
         TileVal::Scalar(x) => x != 0.0,
         TileVal::F32(s) => s[i] != 0.0,
+        TileVal::Int(s) => s[i] != 0,
     }
 }
 
@@ -443,7 +833,47 @@ fn as_f32(t: TileVal, i: usize) -> f32 {
         TileVal::F32(s) => s[i],
         TileVal::Scalar(x) => x as f32,
         TileVal::Bool(s) => f32::from(u8::from(s[i])),
+        TileVal::Int(s) => s[i] as f32,
     }
+}
+
+/// Element `i` of an integer tile value (scalars are integers already).
+fn as_i64(t: TileVal, i: usize) -> i64 {
+    match t {
+        TileVal::Int(s) => s[i],
+        TileVal::Scalar(x) => x as i64,
+        TileVal::F32(s) => s[i] as i64,
+        TileVal::Bool(s) => i64::from(s[i]),
+    }
+}
+
+/// `buf[i] = f(a[i], b[i])` on integer tile values (either may be a scalar).
+#[inline(always)]
+fn compare_ints(a: TileVal, b: TileVal, buf: &mut [bool], f: impl Fn(i64, i64) -> bool) {
+    vectorized(|| match (a, b) {
+        (TileVal::Int(p), TileVal::Int(q)) => {
+            for ((o, &p), &q) in buf.iter_mut().zip(p).zip(q) {
+                *o = f(p, q);
+            }
+        }
+        (TileVal::Int(p), q) => {
+            let q = as_i64(q, 0);
+            for (o, &p) in buf.iter_mut().zip(p) {
+                *o = f(p, q);
+            }
+        }
+        (p, TileVal::Int(q)) => {
+            let p = as_i64(p, 0);
+            for (o, &q) in buf.iter_mut().zip(q) {
+                *o = f(p, q);
+            }
+        }
+        (p, q) => {
+            for (i, o) in buf.iter_mut().enumerate() {
+                *o = f(as_i64(p, i), as_i64(q, i));
+            }
+        }
+    });
 }
 
 /// One bool-valued instruction over a tile.
@@ -460,6 +890,18 @@ fn compute_bools(
     match op {
         Op::Compare { func } => match (side(vals[0]), side(vals[1])) {
             (Some(a), Some(b)) => compare_f32(*func, a, b, buf),
+            _ if vals.iter().any(|v| matches!(v, TileVal::Int(_))) => {
+                use autopar_ir::CompareOp as C;
+                let (a, b) = (vals[0], vals[1]);
+                match func {
+                    C::Eq => compare_ints(a, b, buf, |p, q| p == q),
+                    C::Ne => compare_ints(a, b, buf, |p, q| p != q),
+                    C::Lt => compare_ints(a, b, buf, |p, q| p < q),
+                    C::Le => compare_ints(a, b, buf, |p, q| p <= q),
+                    C::Gt => compare_ints(a, b, buf, |p, q| p > q),
+                    C::Ge => compare_ints(a, b, buf, |p, q| p >= q),
+                }
+            }
             _ => return Err(bad()),
         },
         Op::Cast { .. } => {
@@ -501,18 +943,18 @@ fn compute_floats(
                 unary_f32(serial, *func, &[x as f32], &mut one);
                 buf.fill(one[0]);
             }
-            TileVal::Bool(_) => return Err(bad()),
+            TileVal::Bool(_) | TileVal::Int(_) => return Err(bad()),
         },
         Op::Binary { func } => match (side(vals[0]), side(vals[1])) {
             (Some(a), Some(b)) => binary_f32(serial, *func, a, b, buf),
             _ => return Err(bad()),
         },
         Op::Select => match (vals[0], side(vals[1]), side(vals[2])) {
-            (TileVal::Bool(c), Some(Side::Slice(a)), Some(Side::Slice(b))) => {
+            (TileVal::Bool(c), Some(Side::Slice(a)), Some(Side::Slice(b))) => vectorized(|| {
                 for (((o, &c), &p), &q) in buf.iter_mut().zip(c).zip(a).zip(b) {
                     *o = if c { p } else { q };
                 }
-            }
+            }),
             _ => {
                 for (i, o) in buf.iter_mut().enumerate() {
                     *o = if as_bool(vals[0], i) {
@@ -523,11 +965,18 @@ fn compute_floats(
                 }
             }
         },
-        Op::Cast { .. } => {
-            for (i, o) in buf.iter_mut().enumerate() {
-                *o = as_f32(vals[0], i);
+        Op::Cast { .. } => match vals[0] {
+            TileVal::Bool(s) => vectorized(|| {
+                for (o, &b) in buf.iter_mut().zip(s) {
+                    *o = f32::from(u8::from(b));
+                }
+            }),
+            v => {
+                for (i, o) in buf.iter_mut().enumerate() {
+                    *o = as_f32(v, i);
+                }
             }
-        }
+        },
         _ => return Err(bad()),
     }
     Ok(())
@@ -540,7 +989,8 @@ fn gather_view<T: Copy>(src: &[T], dims: &[usize], view: &[usize], at: usize, ds
         dst.fill(src[0]);
         return;
     }
-    // The multi-index of `at`, then an odometer.
+    // The multi-index of `at`, then an odometer; runs along the last dim are copied (stride
+    // 1) or filled (stride 0) whole.
     let mut index = vec![0usize; rank];
     let mut rem = at;
     let mut off = 0;
@@ -550,10 +1000,22 @@ fn gather_view<T: Copy>(src: &[T], dims: &[usize], view: &[usize], at: usize, ds
         off += index[d] * view[d];
     }
     let last = rank - 1;
-    for o in dst.iter_mut() {
-        *o = src[off];
-        index[last] += 1;
-        off += view[last];
+    let (inner, step) = (dims[last], view[last]);
+    let mut i = 0;
+    while i < dst.len() {
+        let run = (inner - index[last]).min(dst.len() - i);
+        match step {
+            0 => dst[i..i + run].fill(src[off]),
+            1 => dst[i..i + run].copy_from_slice(&src[off..off + run]),
+            _ => {
+                for (j, o) in dst[i..i + run].iter_mut().enumerate() {
+                    *o = src[off + j * step];
+                }
+            }
+        }
+        i += run;
+        off += run * step;
+        index[last] += run;
         let mut d = last;
         while index[d] == dims[d] && d > 0 {
             off -= view[d] * dims[d];
@@ -564,7 +1026,6 @@ fn gather_view<T: Copy>(src: &[T], dims: &[usize], view: &[usize], at: usize, ds
         }
     }
 }
-
 #[cfg(test)]
 mod tests {
     use autopar_ir::{BinaryOp, FusedInstr, ReduceOp, Shape};
@@ -603,10 +1064,45 @@ mod tests {
             func: ReduceOp::Sum,
             dims: vec![0],
         };
-        let reduced = body(vec![(sum, vec![0]), (add, vec![1, 2])], vec![3]);
+        let reduced = body(vec![(sum, vec![0]), (add.clone(), vec![1, 2])], vec![3]);
         assert!(!Compiled::new(&reduced)?.is_tiled());
         // A body that returns an operand as it is has nothing to tile.
-        assert!(!Compiled::new(&body(vec![(bcast, vec![1])], vec![0]))?.is_tiled());
+        assert!(!Compiled::new(&body(vec![(bcast.clone(), vec![1])], vec![0]))?.is_tiled());
+        // A column sum as a result tiles; rows reduced and broadcast back tile.
+        let col = Op::Reduce {
+            func: ReduceOp::Sum,
+            dims: vec![0],
+        };
+        assert!(Compiled::new(&body(vec![(col, vec![0])], vec![2]))?.is_tiled());
+        let rowsum = Op::Reduce {
+            func: ReduceOp::Sum,
+            dims: vec![1],
+        };
+        let back = Op::Broadcast {
+            shape: Shape::new(vec![4, 6]),
+            dims: vec![0],
+        };
+        let norm = body(
+            vec![
+                (rowsum, vec![0]),
+                (back, vec![2]),
+                (add.clone(), vec![0, 3]),
+            ],
+            vec![4, 2],
+        );
+        assert!(Compiled::new(&norm)?.is_tiled());
+        // A reduction of middle dims does not.
+        let mut three = body(vec![], vec![]);
+        three.params = vec![TensorType::new(DType::F32, [2, 3, 4])];
+        three.instrs = vec![FusedInstr {
+            op: Op::Reduce {
+                func: ReduceOp::Sum,
+                dims: vec![1],
+            },
+            operands: vec![0],
+        }];
+        three.results = vec![1];
+        assert!(!Compiled::new(&three)?.is_tiled());
         Ok(())
     }
 

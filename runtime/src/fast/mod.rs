@@ -14,8 +14,8 @@
 //! cross-entropy; sums accumulate in `f64` as the reference does), [`layout`] (broadcast,
 //! transpose, slice, concat, gather, scatter-add), [`attention`] (attention and its backward
 //! per head through `gemm`, rotary), [`optim`] (AdamW and SGD, in `f64` per element) and
-//! [`fusion`] (fusion bodies evaluated over tiles of a few hundred elements, one tight loop
-//! per instruction, without full-size temporaries). With `threads > 1` the large kernels
+//! [`fusion`] (fusion bodies evaluated over tiles of a few hundred elements or of whole rows,
+//! one tight loop per instruction, without full-size temporaries). With `threads > 1` the large kernels
 //! split their work over a rayon pool.
 //!
 //! Ops without a fast kernel go through the reference kernel ([`crate::kernels::eval_op`])
@@ -26,8 +26,10 @@
 //! through one adapter, [`communicate_fast`] (today by conversion to [`Tensor`]; the coming f32
 //! methods of `Collectives` plug in there).
 //!
+//! Loops run compiled for the CPU's widest vector instructions (module `simd`).
+//!
 //! `AUTOPAR_PROFILE=1` makes every executable print, when dropped, the time it spent per op
-//! kind.
+//! kind; `AUTOPAR_PROFILE=nodes` also lists its costliest nodes.
 
 pub mod attention;
 pub mod elementwise;
@@ -37,6 +39,7 @@ pub mod layout;
 pub mod optim;
 pub mod pool;
 pub mod reduce;
+pub(crate) mod simd;
 pub mod storage;
 
 use std::collections::{BTreeMap, HashMap};
@@ -137,6 +140,8 @@ pub struct FastExecutable<'g> {
     pool: Arc<Pool>,
     arena_bytes: u64,
     profile: Option<Mutex<Profile>>,
+    /// Time per plan position (`AUTOPAR_PROFILE=nodes`).
+    node_profile: Option<Mutex<Vec<(u64, u128)>>>,
 }
 
 impl std::fmt::Debug for FastExecutable<'_> {
@@ -199,8 +204,50 @@ impl Drop for FastExecutable<'_> {
                 100.0 * secs / total.max(1e-12)
             );
         }
+        let Some(np) = &self.node_profile else {
+            return;
+        };
+        let np = np.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut costliest: Vec<(usize, u64, u128)> = np
+            .iter()
+            .enumerate()
+            .map(|(pos, &(calls, ns))| (pos, calls, ns))
+            .collect();
+        costliest.sort_by_key(|c| std::cmp::Reverse(c.2));
+        // Each node as the `.air` printer writes it, found by its first result.
+        let printed = autopar_ir::text::print(self.graph);
+        let line_of = |v: ValueId| {
+            let head = format!("{v}: ");
+            printed
+                .lines()
+                .map(str::trim_start)
+                .find(|l| l.starts_with(&head))
+                .unwrap_or("")
+                .to_string()
+        };
+        eprintln!("  costliest nodes:");
+        for &(pos, calls, ns) in costliest.iter().take(NODES_SHOWN) {
+            let node = self.graph.node(self.plan.order()[pos]);
+            let mut text = node
+                .outputs
+                .first()
+                .map_or_else(|| node.op.name().to_string(), |&v| line_of(v));
+            if let Some((cut, _)) = text.char_indices().nth(NODE_TEXT) {
+                text.truncate(cut);
+                text += "...";
+            }
+            eprintln!(
+                "  {:>10.3} ms {:>5.1}% {calls:>5}x  {text}",
+                ns as f64 * 1e-6,
+                100.0 * ns as f64 * 1e-9 / total.max(1e-12)
+            );
+        }
     }
 }
+
+/// Nodes `AUTOPAR_PROFILE=nodes` lists, and the characters of each node's text it shows.
+const NODES_SHOWN: usize = 25;
+const NODE_TEXT: usize = 220;
 
 /// What kernels need: the pool their results come from and how many threads they may use.
 pub(crate) struct Ctx<'a> {
@@ -380,9 +427,11 @@ impl Backend for FastCpuBackend {
             })
             .collect();
         let (_, arena_bytes) = assign_offsets(&intervals);
-        let profile = std::env::var_os("AUTOPAR_PROFILE")
-            .is_some_and(|v| !v.is_empty() && v != "0")
-            .then(|| Mutex::new(Profile::new()));
+        let profile_var = std::env::var_os("AUTOPAR_PROFILE").unwrap_or_default();
+        let profile =
+            (!profile_var.is_empty() && profile_var != "0").then(|| Mutex::new(Profile::new()));
+        let node_profile =
+            (profile_var == "nodes").then(|| Mutex::new(vec![(0, 0); plan.order().len()]));
         Ok(FastExecutable {
             graph,
             plan,
@@ -392,6 +441,7 @@ impl Backend for FastCpuBackend {
             pool: Pool::new(arena_bytes.saturating_mul(2).max(1 << 20)),
             arena_bytes,
             profile,
+            node_profile,
         })
     }
 
@@ -469,8 +519,14 @@ impl Backend for FastCpuBackend {
             if let (Some(p), Some(t0)) = (&exe.profile, started) {
                 let mut p = p.lock().unwrap_or_else(PoisonError::into_inner);
                 let e = p.entry(node.op.name()).or_insert((0, 0));
+                let ns = t0.elapsed().as_nanos();
                 e.0 += 1;
-                e.1 += t0.elapsed().as_nanos();
+                e.1 += ns;
+                if let Some(np) = &exe.node_profile {
+                    let mut np = np.lock().unwrap_or_else(PoisonError::into_inner);
+                    np[pos].0 += 1;
+                    np[pos].1 += ns;
+                }
             }
             if results.len() != declared.len() {
                 return Err(IrError::Verify(format!(

@@ -5,6 +5,7 @@
 use rayon::prelude::*;
 
 use super::elementwise::floats;
+use super::simd::vectorized;
 use super::{Ctx, FastTensor, PAR_GRAIN};
 use crate::error::RuntimeError;
 
@@ -48,12 +49,15 @@ pub(crate) fn sgd_update(
     let mut outs = vec![ctx.f32s(n), ctx.f32s(n)];
     chunked(ctx, n, &mut outs, |at, o| {
         let [new_p, new_m] = o else { return };
-        for j in 0..new_p.len() {
-            let i = at + j;
-            let nm = momentum * f64::from(m[i]) + f64::from(g[i]);
-            new_m[j] = nm as f32;
-            new_p[j] = (f64::from(p[i]) * decay - lr * nm) as f32;
-        }
+        let len = new_p.len();
+        let (p, g, m) = (&p[at..at + len], &g[at..at + len], &m[at..at + len]);
+        vectorized(|| {
+            for j in 0..len {
+                let nm = momentum * f64::from(m[j]) + f64::from(g[j]);
+                new_m[j] = nm as f32;
+                new_p[j] = (f64::from(p[j]) * decay - lr * nm) as f32;
+            }
+        });
     });
     let ty = param.ty();
     let new_m = outs.pop().unwrap_or_default();
@@ -92,16 +96,21 @@ pub(crate) fn adamw_update(
     let mut outs = vec![ctx.f32s(n), ctx.f32s(n), ctx.f32s(n)];
     chunked(ctx, n, &mut outs, |at, o| {
         let [new_p, new_m, new_v] = o else { return };
-        for j in 0..new_p.len() {
-            let i = at + j;
-            let gi = f64::from(g[i]);
-            let nm = h.beta1 * f64::from(m[i]) + (1.0 - h.beta1) * gi;
-            let nv = h.beta2 * f64::from(v[i]) + (1.0 - h.beta2) * gi * gi;
-            let (m_hat, v_hat) = (nm / bias1, nv / bias2);
-            new_m[j] = nm as f32;
-            new_v[j] = nv as f32;
-            new_p[j] = (f64::from(p[i]) * decay - h.lr * m_hat / (v_hat.sqrt() + h.eps)) as f32;
-        }
+        let len = new_p.len();
+        let (p, g) = (&p[at..at + len], &g[at..at + len]);
+        let (m, v) = (&m[at..at + len], &v[at..at + len]);
+        let (new_m, new_v) = (&mut new_m[..len], &mut new_v[..len]);
+        vectorized(|| {
+            for j in 0..len {
+                let gi = f64::from(g[j]);
+                let nm = h.beta1 * f64::from(m[j]) + (1.0 - h.beta1) * gi;
+                let nv = h.beta2 * f64::from(v[j]) + (1.0 - h.beta2) * gi * gi;
+                let (m_hat, v_hat) = (nm / bias1, nv / bias2);
+                new_m[j] = nm as f32;
+                new_v[j] = nv as f32;
+                new_p[j] = (f64::from(p[j]) * decay - h.lr * m_hat / (v_hat.sqrt() + h.eps)) as f32;
+            }
+        });
     });
     let ty = param.ty();
     let new_v = outs.pop().unwrap_or_default();

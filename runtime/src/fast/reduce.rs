@@ -7,12 +7,14 @@ use rayon::prelude::*;
 
 use super::elementwise::{exp_f32, floats, ints};
 use super::layout::{checked_ids, strided_copy_into};
+use super::simd::vectorized;
 use super::{Ctx, FastTensor, PAR_GRAIN};
 use crate::error::RuntimeError;
 use crate::tensor::strides;
 
 /// Runs `f(row_index, row, out_row)` over rows of `x` (length `w`) and `out` (length `ow`),
 /// in parallel when the work is large.
+#[inline(always)]
 fn rows<F>(ctx: &Ctx, x: &[f32], w: usize, out: &mut [f32], ow: usize, f: F)
 where
     F: Fn(usize, &[f32], &mut [f32]) + Sync,
@@ -27,41 +29,75 @@ where
                 .zip(x.par_chunks(w * per))
                 .enumerate()
                 .for_each(|(c, (o, x))| {
-                    for (i, (o, x)) in o.chunks_exact_mut(ow).zip(x.chunks_exact(w)).enumerate() {
-                        f(c * per + i, x, o);
-                    }
+                    vectorized(|| {
+                        for (i, (o, x)) in o.chunks_exact_mut(ow).zip(x.chunks_exact(w)).enumerate()
+                        {
+                            f(c * per + i, x, o);
+                        }
+                    });
                 });
         });
     } else {
-        for (i, (o, x)) in out.chunks_exact_mut(ow).zip(x.chunks_exact(w)).enumerate() {
-            f(i, x, o);
-        }
+        vectorized(|| {
+            for (i, (o, x)) in out.chunks_exact_mut(ow).zip(x.chunks_exact(w)).enumerate() {
+                f(i, x, o);
+            }
+        });
     }
 }
 
+/// Lanes of the partial sums and maxima below: one AVX-512 register of f64 (two of f32).
+const LANES: usize = 8;
+
+/// The sum of a row in f64, in [`LANES`] partial sums (vectorised, and keeping f64 accuracy).
+#[inline(always)]
 fn sum64(row: &[f32]) -> f64 {
-    // Four partial sums: vectorises, and keeps f64 accuracy.
-    let mut acc = [0.0f64; 4];
-    let chunks = row.chunks_exact(4);
+    sum64_of(row, f64::from)
+}
+
+/// The sum of `f(x)` over a row, in [`LANES`] partial sums.
+#[inline(always)]
+fn sum64_of(row: &[f32], f: impl Fn(f32) -> f64) -> f64 {
+    let mut acc = [0.0f64; LANES];
+    let chunks = row.chunks_exact(LANES);
     let tail = chunks.remainder();
     for c in chunks {
-        for j in 0..4 {
-            acc[j] += f64::from(c[j]);
+        for j in 0..LANES {
+            acc[j] += f(c[j]);
         }
     }
-    let mut s = (acc[0] + acc[1]) + (acc[2] + acc[3]);
+    let mut s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
     for &x in tail {
-        s += f64::from(x);
+        s += f(x);
     }
     s
 }
 
-/// The maximum of a row (a NaN, once met, stays), or `-inf` for an empty one.
+/// The larger of two floats, NaN winning.
+#[inline(always)]
+fn nan_max(a: f32, b: f32) -> f32 {
+    if a.is_nan() || a >= b { a } else { b }
+}
+
+/// The maximum of a row (NaN if it holds one), or `-inf` for an empty one, in [`LANES`]
+/// running maxima: with no NaN the maximum does not depend on the order (of equal values
+/// `-0` and `+0`, either may be returned; every caller subtracts it, which gives the same
+/// bits either way).
+#[inline(always)]
 fn max_of(row: &[f32]) -> f32 {
-    row.iter().fold(
-        f32::NEG_INFINITY,
-        |a, &b| if a.is_nan() || a >= b { a } else { b },
-    )
+    let mut acc = [f32::NEG_INFINITY; LANES];
+    let chunks = row.chunks_exact(LANES);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for j in 0..LANES {
+            acc[j] = nan_max(acc[j], c[j]);
+        }
+    }
+    let mut m = acc.iter().fold(f32::NEG_INFINITY, |a, &b| nan_max(a, b));
+    for &x in tail {
+        m = nan_max(m, x);
+    }
+    m
 }
 
 /// Reduction of a float tensor over `dims`; `out` is the result type.
@@ -188,6 +224,7 @@ fn reduce_rows(ctx: &Ctx, func: ReduceOp, v: &[f32], count: usize, o: &mut [f32]
 }
 
 /// Numerically stable softmax of a contiguous row into `out` (sum in f64).
+#[inline(always)]
 pub(crate) fn softmax_row(row: &[f32], out: &mut [f32]) {
     let max = max_of(row);
     for (o, &x) in out.iter_mut().zip(row) {
@@ -242,14 +279,10 @@ pub(crate) fn layer_norm(
     rows(ctx, v, h, &mut o, h, |_, row, out| {
         let hf = row.len() as f64;
         let mean = sum64(row) / hf;
-        let var = row
-            .iter()
-            .map(|&a| {
-                let d = f64::from(a) - mean;
-                d * d
-            })
-            .sum::<f64>()
-            / hf;
+        let var = sum64_of(row, |a| {
+            let d = f64::from(a) - mean;
+            d * d
+        }) / hf;
         let inv = 1.0 / (var + eps).sqrt();
         for (k, o) in out.iter_mut().enumerate() {
             *o = ((f64::from(row[k]) - mean) * inv * f64::from(g[k]) + f64::from(b[k])) as f32;
@@ -270,11 +303,7 @@ pub(crate) fn rms_norm(
     let h = x.ty().dims().last().copied().unwrap_or(1);
     let mut o = ctx.f32s(v.len());
     rows(ctx, v, h, &mut o, h, |_, row, out| {
-        let mean_sq = row
-            .iter()
-            .map(|&a| f64::from(a) * f64::from(a))
-            .sum::<f64>()
-            / row.len() as f64;
+        let mean_sq = sum64_of(row, |a| f64::from(a) * f64::from(a)) / row.len() as f64;
         let inv = 1.0 / (mean_sq + eps).sqrt();
         for (k, o) in out.iter_mut().enumerate() {
             *o = (f64::from(row[k]) * inv * f64::from(g[k])) as f32;
@@ -297,18 +326,7 @@ pub(crate) fn cross_entropy(
     let mut o = ctx.f32s(t.len());
     rows(ctx, l, vocab, &mut o, 1, |i, row, out| {
         let max = max_of(row);
-        let mut acc = [0.0f64; 4];
-        let chunks = row.chunks_exact(4);
-        let tail = chunks.remainder();
-        for c in chunks {
-            for j in 0..4 {
-                acc[j] += f64::from(exp_f32(c[j] - max));
-            }
-        }
-        let mut s = (acc[0] + acc[1]) + (acc[2] + acc[3]);
-        for &x in tail {
-            s += f64::from(exp_f32(x - max));
-        }
+        let s = sum64_of(row, |x| f64::from(exp_f32(x - max)));
         let lse = f64::from(max) + s.ln();
         out[0] = (lse - f64::from(row[t[i]])) as f32;
     });

@@ -1,0 +1,39 @@
+//! Runtime-dispatched vectorisation. The workspace is compiled for the baseline x86-64 (SSE2),
+//! so a plain loop over `f32` runs four lanes wide at most. [`vectorized`] runs a closure
+//! inside a function compiled for the best instruction set the CPU offers (AVX-512 or
+//! AVX2+FMA, detected once per process by `pulp`), so that the loops inlined into it are
+//! auto-vectorised for that set. It changes no result: Rust never contracts `a * b + c` into
+//! a fused multiply-add, and the vector forms of `+ - * /`, `sqrt`, comparisons and
+//! conversions round exactly as the scalar ones do.
+
+use std::sync::OnceLock;
+
+/// The instruction set detected at first use.
+fn arch() -> pulp::Arch {
+    static ARCH: OnceLock<pulp::Arch> = OnceLock::new();
+    *ARCH.get_or_init(pulp::Arch::new)
+}
+
+/// Runs `f` compiled for the CPU's widest vector instructions. Whatever `f` calls must be
+/// `#[inline(always)]` (or small enough to be inlined) to benefit.
+#[inline(always)]
+pub(crate) fn vectorized<R>(f: impl FnOnce() -> R) -> R {
+    arch().dispatch(f)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn vectorized_loops_give_the_scalar_loops_bits() {
+        let x: Vec<f32> = (0..1000).map(|i| (i as f32 * 0.37).sin() * 3.0).collect();
+        let f = |a: f32| (a * 1.5 + 0.25) / (1.0 + a * a).sqrt();
+        let plain: Vec<f32> = x.iter().map(|&a| f(a)).collect();
+        let fast: Vec<f32> = vectorized(|| x.iter().map(|&a| f(a)).collect());
+        assert_eq!(
+            plain.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            fast.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+        );
+    }
+}
