@@ -305,7 +305,11 @@ pub fn run_options(args: &RunArgs, mut options: CompileOptions) -> Result<()> {
     if options.mesh.is_some() {
         print_stdout(&ranks_summary(&step, &report))?;
     } else if !single_forward {
-        print_stdout(&format!("peak memory: {}\n", bytes(report.peak_bytes)))?;
+        print_stdout(&format!(
+            "peak memory: {}{}\n",
+            bytes(report.peak_bytes),
+            arena(&report)
+        ))?;
     }
     if let Some((path, mut file)) = trace_file {
         let text = driver::describe::pipeline_trace(&step, &report.pipeline_reports)?;
@@ -337,8 +341,9 @@ fn ranks_summary(step: &CompiledStep, report: &RunReport) -> String {
     let Some(pipeline) = &step.pipeline else {
         let _ = writeln!(
             out,
-            "ranks: {n} ({mesh}), peak memory per rank: {}",
-            bytes(report.peak_bytes)
+            "ranks: {n} ({mesh}), peak memory per rank: {}{}",
+            bytes(report.peak_bytes),
+            arena(report)
         );
         return out;
     };
@@ -392,6 +397,14 @@ fn ranks_summary(step: &CompiledStep, report: &RunReport) -> String {
 /// A byte count with its unit, exact and for people: `2008072 bytes (1.9 MiB)`.
 fn bytes(n: u64) -> String {
     format!("{n} bytes ({})", driver::host::human_bytes(n))
+}
+
+/// `, arena N bytes (...)` when the backend laid the program out in a static arena (the peak
+/// is what it really held; the arena what its plan reserves).
+fn arena(report: &RunReport) -> String {
+    report
+        .arena_bytes
+        .map_or_else(String::new, |a| format!(", arena {}", bytes(a)))
 }
 
 /// The `--timings` table.

@@ -656,6 +656,52 @@ fn memory_figures_have_units() {
     );
 }
 
+/// The fast backend's peak is the storage it really held, and it is reported beside the
+/// static arena its plan lays the program out in: within 10% of it, single device and SPMD.
+#[test]
+fn peak_memory_is_held_storage_within_the_arena() {
+    let number = |s: &str| -> f64 {
+        s.split(" bytes")
+            .next()
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or(f64::NAN)
+    };
+    for args in [
+        &["run", "gpt-tiny", "--steps", "2"][..],
+        &["run", "gpt-tiny", "--mesh", "dp=2,tp=2", "--steps", "2"][..],
+        &[
+            "run",
+            "llama-tiny",
+            "--mesh",
+            "tp=2",
+            "--steps",
+            "1",
+            "--dtype",
+            "bf16",
+        ][..],
+    ] {
+        let out = autopar_ok(args);
+        let line = out
+            .lines()
+            .find(|l| l.contains("peak memory"))
+            .unwrap_or_else(|| panic!("no peak memory in: {out}"));
+        let (peak, arena) = line
+            .split_once("peak memory")
+            .and_then(|(_, rest)| rest.split_once(": "))
+            .and_then(|(_, rest)| rest.split_once(", arena "))
+            .unwrap_or_else(|| panic!("no arena in `{line}`"));
+        let (peak, arena) = (number(peak), number(arena));
+        assert!(peak > 0.0 && arena > 0.0, "`{line}`");
+        assert!(
+            (peak - arena).abs() <= 0.1 * arena,
+            "peak {peak} is not within 10% of the arena {arena}: `{line}`"
+        );
+    }
+    // The interpreter has no arena: its peak is in declared-dtype bytes.
+    let out = autopar_ok(&["run", "gpt-tiny", "--steps", "1", "--interpreter"]);
+    assert!(!out.contains("arena"), "{out}");
+}
+
 /// A learning-rate schedule runs the same on every mesh: the partitioned and pipelined steps
 /// compute its factor from their replicated step count, and `--verify` holds them to one
 /// device.

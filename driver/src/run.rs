@@ -105,6 +105,9 @@ pub struct RunReport {
     pub ranks: Vec<RankStats>,
     /// The largest peak of live tensor bytes of any rank in any step.
     pub peak_bytes: u64,
+    /// The largest static arena the backend laid a rank's program out in (SPMD runs on a
+    /// backend with an arena), to compare `peak_bytes` with.
+    pub arena_bytes: Option<u64>,
     /// The comparison with the single-device reference, when asked for.
     pub verify: Option<VerifyReport>,
     /// The last step's report of every pipeline (the executed timeline), for traces; empty
@@ -120,6 +123,8 @@ pub struct RunReport {
 pub struct RankStats {
     /// Peak live bytes during the last step.
     pub peak_bytes: u64,
+    /// The backend's static arena for the rank's program (SPMD runs on a backend with one).
+    pub arena_bytes: Option<u64>,
     /// Bytes of state the rank holds between steps.
     pub state_bytes: u64,
     /// Pipeline figures of the last step (pipelines only).
@@ -240,6 +245,7 @@ where
         losses: Vec::new(),
         ranks: Vec::new(),
         peak_bytes: 0,
+        arena_bytes: None,
         verify: None,
         pipeline_reports: Vec::new(),
         primary,
@@ -321,25 +327,32 @@ where
             && (done.is_multiple_of(save.every) || done == last)
         {
             let states = ranks.states(backend)?;
-            let stats = rank_figures(&peaks, &pipeline_stats);
+            let stats = rank_figures(&peaks, &pipeline_stats, &ranks.arenas());
             if let Some(all) = gather_to_primary(step, launcher, &states, &stats, true)? {
                 (save.save)(done, &all.states)?;
             }
         }
     }
     let states = ranks.states(backend)?;
-    let stats = rank_figures(&peaks, &pipeline_stats);
+    let stats = rank_figures(&peaks, &pipeline_stats, &ranks.arenas());
     let gathered = gather_to_primary(step, launcher, &states, &stats, options.verify)?;
     let Some(gathered) = gathered else {
         return Ok(report);
     };
     report.peak_bytes = gathered.figures.iter().map(|f| f[1]).max().unwrap_or(0);
+    report.arena_bytes = gathered
+        .figures
+        .iter()
+        .map(|f| f[4])
+        .max()
+        .filter(|&a| a > 0);
     report.ranks = gathered
         .figures
         .iter()
         .enumerate()
         .map(|(rank, f)| RankStats {
             peak_bytes: f[0],
+            arena_bytes: (f[4] > 0).then_some(f[4]),
             state_bytes: step.state.rank_bytes(rank),
             pipeline: step.pipeline.as_ref().map(|_| PipelineRankStats {
                 peak_activation_bytes: f[2],
@@ -357,17 +370,22 @@ where
 fn rank_figures(
     peaks: &BTreeMap<usize, (u64, u64)>,
     pipeline: &BTreeMap<usize, PipelineRankStats>,
-) -> BTreeMap<usize, [u64; 4]> {
+    arenas: &BTreeMap<usize, u64>,
+) -> BTreeMap<usize, [u64; FIGURES]> {
     peaks
         .iter()
         .map(|(&rank, &(last, largest))| {
             let p = pipeline.get(&rank);
             let act = p.map_or(0, |p| p.peak_activation_bytes);
             let in_flight = p.map_or(0, |p| p.max_in_flight as u64);
-            (rank, [last, largest, act, in_flight])
+            let arena = arenas.get(&rank).copied().unwrap_or(0);
+            (rank, [last, largest, act, in_flight, arena])
         })
         .collect()
 }
+
+/// How many figures each rank reports ([`Gathered::figures`]).
+const FIGURES: usize = 5;
 
 /// The test-only fault hook: `AUTOPAR_FAULT_EXIT=RANK:STEP` makes rank `RANK` exit with
 /// status 1 at the start of step `STEP` (counted from 1, as the steps are printed), when it
@@ -412,12 +430,22 @@ where
             Ranks::Pipelined { states, .. } => Ok(states.clone()),
         }
     }
+
+    /// Every local rank's arena (SPMD ranks on a backend with one; none for pipelines).
+    fn arenas(&self) -> BTreeMap<usize, u64> {
+        match self {
+            Ranks::Spmd(s) => s.arenas.clone(),
+            Ranks::Pipelined { .. } => BTreeMap::new(),
+        }
+    }
 }
 
 /// The SPMD ranks this process runs: their loaded programs and their state.
 struct SpmdRanks<'s, B: Backend> {
     executables: BTreeMap<usize, B::Executable<'s>>,
     states: BTreeMap<usize, BTreeMap<String, B::Buffer>>,
+    /// Each local rank's arena, as its last step reported it.
+    arenas: BTreeMap<usize, u64>,
 }
 
 impl<'s, B> SpmdRanks<'s, B>
@@ -449,6 +477,7 @@ where
         Ok(SpmdRanks {
             executables,
             states,
+            arenas: BTreeMap::new(),
         })
     }
 
@@ -480,6 +509,9 @@ where
         for (rank, out) in root_cause(results)? {
             if let Some(peak) = peaks.get_mut(&rank) {
                 *peak = (out.peak_bytes, peak.1.max(out.peak_bytes));
+            }
+            if let Some(arena) = out.arena_bytes {
+                self.arenas.insert(rank, arena);
             }
             let mut outputs = out.outputs;
             let state = self.states.get_mut(&rank).ok_or_else(|| {
@@ -652,8 +684,9 @@ struct Gathered {
     /// Every rank's state, in rank order (empty unless asked for).
     states: Vec<TensorMap>,
     /// Every rank's figures, in rank order: peak bytes in the last step and in any step,
-    /// and (pipelines) peak activation bytes and micro-batch chunks in flight.
-    figures: Vec<[u64; 4]>,
+    /// (pipelines) peak activation bytes and micro-batch chunks in flight, and the backend's
+    /// arena (0 when it has none).
+    figures: Vec<[u64; FIGURES]>,
 }
 
 /// Brings the local ranks' `states` (when `with_states`) and `figures` of every rank to the
@@ -663,10 +696,9 @@ fn gather_to_primary<L: Launcher>(
     step: &CompiledStep,
     launcher: &L,
     states: &BTreeMap<usize, TensorMap>,
-    figures: &BTreeMap<usize, [u64; 4]>,
+    figures: &BTreeMap<usize, [u64; FIGURES]>,
     with_states: bool,
 ) -> Result<Option<Gathered>, Error> {
-    const FIGURES: usize = 4;
     let n = step.mesh.num_devices();
     if states.len() == n && figures.len() == n {
         return Ok(Some(Gathered {
@@ -731,7 +763,9 @@ fn gather_to_primary<L: Launcher>(
     };
     for rank in 0..n {
         let row = &values[rank * width..(rank + 1) * width];
-        gathered.figures.push([0, 1, 2, 3].map(|i| row[i] as u64));
+        gathered
+            .figures
+            .push([0, 1, 2, 3, 4].map(|i| row[i] as u64));
         if !with_states {
             continue;
         }

@@ -560,6 +560,7 @@ impl Backend for CudaBackend {
         Ok(RunOutput {
             outputs,
             peak_bytes: exe.plan.peak_bytes(),
+            arena_bytes: Some(exe.plan.arena_bytes()),
         })
     }
 }

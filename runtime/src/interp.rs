@@ -34,8 +34,12 @@ pub struct RunOutput<B = Tensor> {
     /// holds them for the whole step, as a device holds its weights and optimizer state) until
     /// their last use, after which a value that replaces them (an optimizer update's result)
     /// takes their place, as an in-place update would. [`ExecutionPlan::peak_bytes`] is the
-    /// same number, known before the run.
+    /// same number, known before the run. A backend with its own storage reports the bytes it
+    /// really held at once, at its element sizes.
     pub peak_bytes: u64,
+    /// The size of the static arena the backend laid the program out in (the plan's layout at
+    /// the backend's element sizes), when it has one; `None` for the interpreter.
+    pub arena_bytes: Option<u64>,
 }
 
 impl RunOutput {
@@ -174,6 +178,7 @@ pub fn run_planned(
     Ok(RunOutput {
         outputs,
         peak_bytes,
+        arena_bytes: None,
     })
 }
 

@@ -567,6 +567,7 @@ impl Backend for FastCpuBackend {
         Ok(RunOutput {
             outputs,
             peak_bytes,
+            arena_bytes: Some(exe.arena_bytes),
         })
     }
 }
