@@ -136,10 +136,13 @@ pub trait Collectives {
     fn abort(&mut self, error: &RuntimeError);
 
     /// [`all_reduce`](Self::all_reduce) of the `f32` elements `x`, of declared type `ty`, in
-    /// place: every member ends with the whole reduction.
+    /// place: every member ends with the whole reduction. `x` is a `Vec` so that an
+    /// implementation may lend the buffer itself to its peers for the duration of the call
+    /// (the in-process communicator does); the caller gets it back, with its allocation, on
+    /// success and on failure.
     fn all_reduce_f32(
         &mut self,
-        x: &mut [f32],
+        x: &mut Vec<f32>,
         ty: &TensorType,
         axes: &[String],
         reduce: ReduceKind,
