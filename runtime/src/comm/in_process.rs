@@ -2,7 +2,8 @@
 //! channels ([`Mailbox`]) with the algorithms of [`super::endpoint`]: ring reduce-scatter and
 //! ring all-gather (together, ring all-reduce), pairwise all-to-all, binomial-tree broadcast,
 //! and tagged point-to-point messages, with reproducible reductions. The `f32` collectives go
-//! through buffers shared between the rank threads instead (`super::shared`).
+//! through buffers shared between the rank threads instead (`super::shared`); the `f32`
+//! all-reduce lends the caller's buffer itself to the group and reduces in place.
 
 use std::collections::HashMap;
 use std::sync::{Arc, PoisonError};
@@ -66,8 +67,9 @@ impl Default for CommOptions {
 ///
 /// The `f32` collectives ([`Collectives::all_reduce_f32`] and the others but `send_f32` and
 /// `recv_f32`, which take the channels) exchange through buffers shared by the group's
-/// threads and reused from call to call, with the same meaning, bits, timeout and failure
-/// reports as the `Tensor` methods.
+/// threads and reused from call to call (an all-reduce lends the caller's own buffer and
+/// copies no operand), with the same meaning, bits, timeout and failure reports as the
+/// `Tensor` methods.
 pub struct InProcessCommunicator {
     inner: Endpoint<Mailbox>,
     world: Arc<World>,

@@ -13,7 +13,8 @@
 //! Backends that hold floats as `f32` call the `*_f32` methods of [`Collectives`] (or
 //! [`communicate_f32`]) on their own buffers: by default these go through the `Tensor`
 //! methods, and the in-process communicator overrides them with buffers shared between the
-//! rank threads (`shared`), reused from call to call.
+//! rank threads (`shared`), reused from call to call; its all-reduce moves each rank's buffer
+//! into the group's slots and reduces it there, reading and writing every element once.
 
 mod blocks;
 mod endpoint;
