@@ -1,8 +1,9 @@
-//! A 64 MiB all-reduce (16 Mi f32 elements) on 4 thread ranks, in one run: through the
-//! `f32` path of `Collectives` (buffers shared between the rank threads, reused from call to
-//! call), through the `Tensor` path (ring over channels, floats held as f64), and, as the
-//! floor, one memcpy of 64 MiB. Throughput is in bytes of the declared dtype (64 MiB per
-//! all-reduce). Needs no MPI (`benches/collectives_mpi.rs` adds MPI processes).
+//! A 64 MiB all-reduce (16 Mi f32 elements) on 4 and on 2 thread ranks, in one run: through
+//! the `f32` path of `Collectives` (each rank's buffer lent to the group, reduced in place),
+//! through the `Tensor` path (ring over channels, floats held as f64), and, as the floor, one
+//! memcpy of 64 MiB (and two at once on two threads, for the memory bandwidth the cores
+//! share). Throughput is in bytes of the declared dtype (64 MiB per all-reduce). Needs no MPI
+//! (`benches/collectives_mpi.rs` adds MPI processes).
 //!
 //! The rank threads start once per batch of iterations and time the batch themselves after
 //! one warm-up all-reduce, so that neither thread start-up nor the first call's buffer
@@ -36,9 +37,10 @@ enum Path {
     Tensor,
 }
 
-/// `iters` all-reduces on every rank after one warm-up; the slowest rank's time.
-fn timed_all_reduces(path: Path, iters: u64) -> Duration {
-    let mesh = DeviceMesh::new([("x", RANKS)]).expect("mesh");
+/// `iters` all-reduces on every one of `ranks` ranks after one warm-up; the slowest rank's
+/// time.
+fn timed_all_reduces(path: Path, ranks: usize, iters: u64) -> Duration {
+    let mesh = DeviceMesh::new([("x", ranks)]).expect("mesh");
     let axes = vec!["x".to_string()];
     let ty = TensorType::new(DType::F32, [BYTES / 4]);
     let results = launcher()
@@ -87,17 +89,20 @@ fn all_reduce_64mib(c: &mut Criterion) {
     group.measurement_time(Duration::from_secs(10));
     group.throughput(Throughput::Bytes(BYTES as u64));
     group.bench_function("f32_shared_buffers", |b| {
-        b.iter_custom(|iters| timed_all_reduces(Path::F32, iters))
+        b.iter_custom(|iters| timed_all_reduces(Path::F32, RANKS, iters))
+    });
+    group.bench_function("f32_shared_buffers_2_ranks", |b| {
+        b.iter_custom(|iters| timed_all_reduces(Path::F32, 2, iters))
     });
     group.bench_function("tensor_ring", |b| {
-        b.iter_custom(|iters| timed_all_reduces(Path::Tensor, iters))
+        b.iter_custom(|iters| timed_all_reduces(Path::Tensor, RANKS, iters))
     });
     let src = vec![1u8; BYTES];
     let mut dst = vec![0u8; BYTES];
     group.bench_function("memcpy", |b| b.iter(|| memcpy(&src, &mut dst)));
     group.finish();
 
-    // The same three, a few batches each, for the ratio the target is stated in.
+    // The same, a few batches each, for the ratio the target is stated in.
     let batches = 5;
     let copy = median(
         (0..batches)
@@ -110,26 +115,58 @@ fn all_reduce_64mib(c: &mut Criterion) {
             })
             .collect(),
     );
-    let f32_path = median(
-        (0..batches)
-            .map(|_| timed_all_reduces(Path::F32, 4) / 4)
-            .collect(),
-    );
-    let tensor = median(
-        (0..batches)
-            .map(|_| timed_all_reduces(Path::Tensor, 1))
-            .collect(),
-    );
+    let two_copies = median((0..batches).map(|_| two_memcpys(4) / 4).collect());
+    let all_reduce = |path: Path, ranks: usize, iters: u32| {
+        median(
+            (0..batches)
+                .map(|_| timed_all_reduces(path, ranks, u64::from(iters)) / iters)
+                .collect(),
+        )
+    };
     let gib = |t: Duration| BYTES as f64 / t.as_secs_f64() / f64::from(1u32 << 30);
     println!(
-        "memcpy {:.2} GiB/s; f32 path {:.2} GiB/s ({:.2}x memcpy); tensor path {:.3} GiB/s \
-         ({:.3}x memcpy)",
+        "memcpy {:.2} GiB/s (two at once on two threads: {:.2} GiB/s each)",
         gib(copy),
-        gib(f32_path),
-        copy.as_secs_f64() / f32_path.as_secs_f64(),
-        gib(tensor),
-        copy.as_secs_f64() / tensor.as_secs_f64(),
+        gib(two_copies)
     );
+    for (name, path, ranks, iters) in [
+        ("f32 path, 4 ranks", Path::F32, RANKS, 4),
+        ("f32 path, 2 ranks", Path::F32, 2, 4),
+        ("tensor path, 4 ranks", Path::Tensor, RANKS, 1),
+        ("tensor path, 2 ranks", Path::Tensor, 2, 1),
+    ] {
+        let t = all_reduce(path, ranks, iters);
+        println!(
+            "{name}: {:.3} GiB/s ({:.3}x memcpy)",
+            gib(t),
+            copy.as_secs_f64() / t.as_secs_f64()
+        );
+    }
+}
+
+/// Two 64 MiB memcpys at once, `iters` times each, on two threads; the slower one's time.
+fn two_memcpys(iters: u32) -> Duration {
+    std::thread::scope(|s| {
+        let copies: Vec<_> = (0..2)
+            .map(|_| {
+                s.spawn(move || {
+                    let src = vec![1u8; BYTES];
+                    let mut dst = vec![0u8; BYTES];
+                    memcpy(&src, &mut dst);
+                    let start = Instant::now();
+                    for _ in 0..iters {
+                        memcpy(&src, &mut dst);
+                    }
+                    start.elapsed()
+                })
+            })
+            .collect();
+        copies
+            .into_iter()
+            .map(|h| h.join().unwrap_or_default())
+            .max()
+            .unwrap_or_default()
+    })
 }
 
 fn main() {

@@ -31,65 +31,72 @@ fn spread(rank: usize, len: usize) -> Vec<f32> {
 
 #[test]
 fn the_shared_f32_path_gives_the_tensor_paths_bits() -> TestResult {
-    // Three ranks, so that chunks are uneven, and more elements than one reduction block.
-    let mesh = DeviceMesh::parse("x=3")?;
+    // Uneven chunks (on three ranks and four), and more elements than one reduction block.
     let axes = vec!["x".to_string()];
-    for dtype in [DType::F32, DType::BF16] {
-        for kind in [ReduceKind::Sum, ReduceKind::Max] {
-            let len = 3 * 2048 + 7;
-            let ty = TensorType::new(dtype, [len]);
-            let results = ThreadLauncher::default().launch(&mesh, |comm| {
-                // bf16 operands must hold bf16 values.
-                let x = Tensor::from_f64(
-                    ty.clone(),
-                    spread(comm.rank(), len)
-                        .into_iter()
-                        .map(f64::from)
-                        .collect(),
-                )?;
-                let via_tensor = comm.all_reduce(&x, &axes, kind)?;
-                let mut v: Vec<f32> = x
-                    .floats()
+    for (mesh, dtype, kind) in [
+        ("x=3", DType::F32, ReduceKind::Sum),
+        ("x=3", DType::BF16, ReduceKind::Sum),
+        ("x=3", DType::F32, ReduceKind::Max),
+        ("x=3", DType::BF16, ReduceKind::Max),
+        ("x=4", DType::F32, ReduceKind::Sum),
+        ("x=4", DType::F16, ReduceKind::Min),
+        ("x=2", DType::BF16, ReduceKind::Sum),
+    ] {
+        let mesh = DeviceMesh::parse(mesh)?;
+        let n = mesh.num_devices();
+        let len = 3 * 2048 + 7;
+        let ty = TensorType::new(dtype, [len]);
+        let results = ThreadLauncher::default().launch(&mesh, |comm| {
+            // bf16 operands must hold bf16 values.
+            let x = Tensor::from_f64(
+                ty.clone(),
+                spread(comm.rank(), len)
                     .into_iter()
-                    .flatten()
-                    .map(|&v| v as f32)
-                    .collect();
-                comm.all_reduce_f32(&mut v, &ty, &axes, kind)?;
-                let scattered_ty = TensorType::new(dtype, [len / 3 * 3]);
-                let y = Tensor::from_f64(
-                    scattered_ty.clone(),
-                    spread(comm.rank() + 5, len / 3 * 3)
-                        .into_iter()
-                        .map(f64::from)
-                        .collect(),
-                )?;
-                let rs_tensor = comm.reduce_scatter(&y, &axes, 0, kind)?;
-                let yv: Vec<f32> = y
-                    .floats()
+                    .map(f64::from)
+                    .collect(),
+            )?;
+            let via_tensor = comm.all_reduce(&x, &axes, kind)?;
+            let mut v: Vec<f32> = x
+                .floats()
+                .into_iter()
+                .flatten()
+                .map(|&v| v as f32)
+                .collect();
+            comm.all_reduce_f32(&mut v, &ty, &axes, kind)?;
+            let scattered_ty = TensorType::new(dtype, [len / n * n]);
+            let y = Tensor::from_f64(
+                scattered_ty.clone(),
+                spread(comm.rank() + 5, len / n * n)
                     .into_iter()
-                    .flatten()
-                    .map(|&v| v as f32)
-                    .collect();
-                let mut rs = vec![0.0; len / 3];
-                comm.reduce_scatter_f32(&yv, &scattered_ty, &axes, 0, kind, &mut rs)?;
-                Ok((via_tensor, v, rs_tensor, rs))
-            })?;
-            let mut first: Option<Vec<f32>> = None;
-            for (rank, r) in results {
-                let (t, v, rs_t, rs) = r?;
-                let bits = |x: &[f64]| x.iter().map(|&e| (e as f32).to_bits()).collect::<Vec<_>>();
-                let own = |x: &[f32]| x.iter().map(|e| e.to_bits()).collect::<Vec<_>>();
-                assert_eq!(bits(t.floats().expect("floats")), own(&v), "rank {rank}");
-                assert_eq!(
-                    bits(rs_t.floats().expect("floats")),
-                    own(&rs),
-                    "rank {rank}"
-                );
-                // Every member holds the same bits.
-                match &first {
-                    None => first = Some(v),
-                    Some(f) => assert_eq!(own(f), own(&v)),
-                }
+                    .map(f64::from)
+                    .collect(),
+            )?;
+            let rs_tensor = comm.reduce_scatter(&y, &axes, 0, kind)?;
+            let yv: Vec<f32> = y
+                .floats()
+                .into_iter()
+                .flatten()
+                .map(|&v| v as f32)
+                .collect();
+            let mut rs = vec![0.0; len / n];
+            comm.reduce_scatter_f32(&yv, &scattered_ty, &axes, 0, kind, &mut rs)?;
+            Ok((via_tensor, v, rs_tensor, rs))
+        })?;
+        let mut first: Option<Vec<f32>> = None;
+        for (rank, r) in results {
+            let (t, v, rs_t, rs) = r?;
+            let bits = |x: &[f64]| x.iter().map(|&e| (e as f32).to_bits()).collect::<Vec<_>>();
+            let own = |x: &[f32]| x.iter().map(|e| e.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(t.floats().expect("floats")), own(&v), "rank {rank}");
+            assert_eq!(
+                bits(rs_t.floats().expect("floats")),
+                own(&rs),
+                "rank {rank}"
+            );
+            // Every member holds the same bits.
+            match &first {
+                None => first = Some(v),
+                Some(f) => assert_eq!(own(f), own(&v)),
             }
         }
     }
@@ -128,7 +135,7 @@ fn communicate_f32_checks_its_buffers() -> TestResult {
         options: CommOptions::default(),
     }
     .launch(&mesh, |comm| {
-        comm.all_reduce_f32(&mut [0.0, 1.0], &int, &["x".into()], ReduceKind::Sum)
+        comm.all_reduce_f32(&mut vec![0.0, 1.0], &int, &["x".into()], ReduceKind::Sum)
     })?;
     for (_, r) in results {
         let r = r.map_err(|e| e.innermost().clone());

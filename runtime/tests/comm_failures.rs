@@ -275,3 +275,43 @@ fn a_rank_killed_mid_f32_all_reduce_fails_the_others_quickly() -> TestResult {
     }
     Ok(())
 }
+
+#[test]
+fn a_failed_f32_all_reduce_gives_the_caller_its_buffer_back() -> TestResult {
+    let mesh = DeviceMesh::parse("x=4")?;
+    let comms = in_process_communicators(&mesh, options(Duration::from_secs(60)));
+    let len = 5000;
+    let ty = TensorType::new(DType::F32, [len]);
+    // Rank 3 never joins: it leaves, and the others' all-reduce fails at its first barrier,
+    // with each member's buffer lent to the group at that moment.
+    let (results, elapsed) = run_threads(comms, |comm| {
+        use autopar_runtime::comm::Collectives;
+        let mut x: Vec<f32> = (0..len).map(|i| i as f32).collect();
+        if comm.rank() == 3 {
+            return Ok(None);
+        }
+        let capacity = x.capacity();
+        let r = comm.all_reduce_f32(&mut x, &ty, &x_axes(), autopar_ir::ReduceKind::Sum);
+        Ok(Some((r, x, capacity)))
+    });
+    assert!(elapsed < Duration::from_secs(5), "took {elapsed:?}");
+    for (rank, r) in results.into_iter().enumerate() {
+        let r = r.ok_or(format!("rank {rank} panicked"))??;
+        let Some((r, x, capacity)) = r else {
+            continue;
+        };
+        assert!(
+            matches!(
+                r,
+                Err(RuntimeError::PeerExited { peer: 3, .. } | RuntimeError::PeerFailed { .. })
+            ),
+            "rank {rank}: {r:?}"
+        );
+        assert_eq!(x.capacity(), capacity, "rank {rank}");
+        assert!(
+            x.iter().enumerate().all(|(i, &v)| v == i as f32),
+            "rank {rank}: the operand changed"
+        );
+    }
+    Ok(())
+}

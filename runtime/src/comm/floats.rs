@@ -102,16 +102,16 @@ pub(crate) fn write_result<C: Collectives + ?Sized>(
 ///
 /// `operand` is the operand's declared type and elements (`None` for `recv`, which has
 /// none); `out` receives the result and must hold exactly the elements of the type the op
-/// declares (nothing for `send`). The operand is checked against the op's typing rule on
-/// `comm`'s mesh first. An all-reduce or broadcast copies the operand into `out` and works
-/// there; a backend that can give up its operand calls
-/// [`all_reduce_f32`](Collectives::all_reduce_f32) on it directly and saves the copy. A
-/// failed check [aborts](Collectives::abort) `comm`.
+/// declares (nothing for `send`); it is a `Vec` so that an all-reduce can lend it to the
+/// peers. The operand is checked against the op's typing rule on `comm`'s mesh first. An
+/// all-reduce or broadcast copies the operand into `out` and works there; a backend that can
+/// give up its operand calls [`all_reduce_f32`](Collectives::all_reduce_f32) on it directly
+/// and saves the copy. A failed check [aborts](Collectives::abort) `comm`.
 pub fn communicate_f32(
     comm: &mut dyn Collectives,
     op: &Op,
     operand: Option<(&TensorType, &[f32])>,
-    out: &mut [f32],
+    out: &mut Vec<f32>,
 ) -> Result<(), RuntimeError> {
     if let Err(e) = check_call(comm, op, operand, out.len()) {
         comm.abort(&e);
@@ -136,7 +136,7 @@ fn dispatch(
     op: &Op,
     ty: &TensorType,
     x: &[f32],
-    out: &mut [f32],
+    out: &mut Vec<f32>,
 ) -> Result<(), RuntimeError> {
     match op {
         Op::AllReduce { axes, reduce } => {

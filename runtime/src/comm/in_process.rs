@@ -2,7 +2,8 @@
 //! channels ([`Mailbox`]) with the algorithms of [`super::endpoint`]: ring reduce-scatter and
 //! ring all-gather (together, ring all-reduce), pairwise all-to-all, binomial-tree broadcast,
 //! and tagged point-to-point messages, with reproducible reductions. The `f32` collectives go
-//! through buffers shared between the rank threads instead (`super::shared`).
+//! through buffers shared between the rank threads instead (`super::shared`); the `f32`
+//! all-reduce lends the caller's buffer itself to the group and reduces in place.
 
 use std::collections::HashMap;
 use std::sync::{Arc, PoisonError};
@@ -18,7 +19,7 @@ use super::floats::check_len;
 use super::group::group_members;
 use super::mailbox::{CallSignature, Mailbox};
 use super::shared::{
-    BLOCK, BarrierCall, GroupSlots, Rounding, World, fold_block, publish, write_block,
+    BLOCK, BarrierCall, GroupSlots, Rounding, World, finish_block, fold_block, publish, write_block,
 };
 use crate::error::RuntimeError;
 use crate::tensor::Precision;
@@ -66,8 +67,9 @@ impl Default for CommOptions {
 ///
 /// The `f32` collectives ([`Collectives::all_reduce_f32`] and the others but `send_f32` and
 /// `recv_f32`, which take the channels) exchange through buffers shared by the group's
-/// threads and reused from call to call, with the same meaning, bits, timeout and failure
-/// reports as the `Tensor` methods.
+/// threads and reused from call to call (an all-reduce lends the caller's own buffer and
+/// copies no operand), with the same meaning, bits, timeout and failure reports as the
+/// `Tensor` methods.
 pub struct InProcessCommunicator {
     inner: Endpoint<Mailbox>,
     world: Arc<World>,
@@ -214,21 +216,29 @@ impl InProcessCommunicator {
         })
     }
 
+    /// The all-reduce of the `f32` path (see [`super::shared`]): `x` is moved into this
+    /// member's slot, reduced there together with the others', and moved back, whatever the
+    /// outcome. Aborts on its own failures (before taking the buffer back, so that a peer that
+    /// finds it gone knows why).
     fn shared_all_reduce(
         &mut self,
         op: &Op,
-        x: &mut [f32],
+        x: &mut Vec<f32>,
         ty: &TensorType,
         axes: &[String],
         kind: ReduceKind,
     ) -> Result<(), RuntimeError> {
-        self.check(op, ty, x.len())?;
+        let prepared = self.check(op, ty, x.len()).and_then(|_| self.group(axes));
+        let g = match prepared {
+            Ok(g) => g,
+            Err(e) => {
+                self.inner.abort(&e);
+                return Err(e);
+            }
+        };
         let rounding = self.rounding(ty);
-        let g = self.group(axes)?;
-        let (n, pos) = (g.members.len(), g.pos);
-        let bounds = chunk_bounds(x.len(), n);
-        let mut acc = [0f64; BLOCK];
-        if n == 1 {
+        if g.members.len() == 1 {
+            let mut acc = [0f64; BLOCK];
             for block in x.chunks_mut(BLOCK) {
                 let acc = &mut acc[..block.len()];
                 fold_block(kind, acc, block, true);
@@ -236,44 +246,88 @@ impl InProcessCommunicator {
             }
             return Ok(());
         }
-        // Publish every chunk but our own, which we reduce.
         self.inner.transport_mut().fault_point(op.name());
-        for (c, r) in bounds.iter().enumerate() {
-            if c != pos {
-                publish(&g.slots.inputs[pos][c], &x[r.clone()]);
-            }
+        let len = x.len();
+        let slot = &g.slots.buffers[g.pos];
+        std::mem::swap(&mut *write(slot), x);
+        let result = self.reduce_in_slots(op, ty, &g, len, kind, rounding);
+        if let Err(e) = &result {
+            self.inner.abort(e);
         }
+        std::mem::swap(&mut *write(slot), x);
+        result
+    }
+
+    /// The part of an all-reduce between the moves: with every member's buffer in its slot,
+    /// reduces this member's chunk of all of them into all of them, between two barriers.
+    #[allow(clippy::too_many_arguments)]
+    fn reduce_in_slots(
+        &self,
+        op: &Op,
+        ty: &TensorType,
+        g: &Group,
+        len: usize,
+        kind: ReduceKind,
+        rounding: Rounding,
+    ) -> Result<(), RuntimeError> {
+        let (n, pos) = (g.members.len(), g.pos);
         let call = Arc::new(CallSignature::new(op, ty));
-        self.barrier(op, &g, Some(&call))?;
-        // Reduce our chunk in the ring's order: from member pos + 1 around to ourselves.
-        {
-            let mine = bounds[pos].clone();
-            let mut result = write(&g.slots.results[pos]);
-            // Every element is written below: only a longer buffer than last time is filled.
-            result.truncate(mine.len());
-            result.resize(mine.len(), 0.0);
-            for start in (0..mine.len()).step_by(BLOCK) {
-                let end = (start + BLOCK).min(mine.len());
-                let acc = &mut acc[..end - start];
-                for k in 1..n {
-                    let src = read(&g.slots.inputs[(pos + k) % n][pos]);
-                    fold_block(kind, acc, part(&src, start..end, op.name())?, k == 1);
+        self.barrier(op, g, Some(&call))?;
+        let mine = chunk_bounds(len, n)[pos].clone();
+        let (lo, hi) = (mine.start, mine.end);
+        let mut acc = [0f64; BLOCK];
+        let mut out = [0f32; BLOCK];
+        for start in (lo..hi).step_by(BLOCK) {
+            let end = (start + BLOCK).min(hi);
+            let (acc, out) = (&mut acc[..end - start], &mut out[..end - start]);
+            // The ring's order: from member pos + 1 around to ourselves, the last folded as
+            // it is rounded.
+            for k in 1..=n {
+                let src = read(&g.slots.buffers[(pos + k) % n]);
+                let src = src
+                    .get(start..end)
+                    .ok_or_else(|| self.short_buffer(op, g, src.len(), start..end))?;
+                if k < n {
+                    fold_block(kind, acc, src, k == 1);
+                } else {
+                    finish_block(kind, rounding, acc, src, out);
                 }
-                let own = &mut x[mine.start + start..mine.start + end];
-                fold_block(kind, acc, own, false);
-                write_block(rounding, acc, own);
-                result[start..end].copy_from_slice(own);
+            }
+            for k in 1..=n {
+                let mut dst = write(&g.slots.buffers[(pos + k) % n]);
+                let have = dst.len();
+                dst.get_mut(start..end)
+                    .ok_or_else(|| self.short_buffer(op, g, have, start..end))?
+                    .copy_from_slice(out);
             }
         }
-        self.barrier(op, &g, None)?;
-        // Gather the others' reduced chunks.
-        for (m, r) in bounds.iter().enumerate() {
-            if m != pos {
-                let src = read(&g.slots.results[m]);
-                x[r.clone()].copy_from_slice(part(&src, 0..r.len(), op.name())?);
-            }
+        self.barrier(op, g, None)
+    }
+
+    /// The error for a peer's buffer that holds `have` elements where `range` was expected:
+    /// a peer that failed took its buffer back (and said so first); anything else would be a
+    /// call the first barrier should have refused.
+    fn short_buffer(
+        &self,
+        op: &Op,
+        g: &Group,
+        have: usize,
+        range: std::ops::Range<usize>,
+    ) -> RuntimeError {
+        match self.world.failure() {
+            Some((failed_rank, reason)) => RuntimeError::PeerFailed {
+                op: op.name(),
+                group: g.members.to_vec(),
+                rank: g.members[g.pos],
+                failed_rank,
+                reason,
+            },
+            None => IrError::Verify(format!(
+                "`{}`: a peer's buffer holds {have} elements, {range:?} were expected",
+                op.name()
+            ))
+            .into(),
         }
-        Ok(())
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -410,7 +464,7 @@ impl InProcessCommunicator {
 delegate_collectives!(InProcessCommunicator, {
     fn all_reduce_f32(
         &mut self,
-        x: &mut [f32],
+        x: &mut Vec<f32>,
         ty: &TensorType,
         axes: &[String],
         reduce: ReduceKind,
@@ -419,8 +473,7 @@ delegate_collectives!(InProcessCommunicator, {
             axes: axes.to_vec(),
             reduce,
         };
-        let result = self.shared_all_reduce(&op, x, ty, axes, reduce);
-        self.aborting(result)
+        self.shared_all_reduce(&op, x, ty, axes, reduce)
     }
 
     fn all_gather_f32(

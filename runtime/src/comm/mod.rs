@@ -13,7 +13,8 @@
 //! Backends that hold floats as `f32` call the `*_f32` methods of [`Collectives`] (or
 //! [`communicate_f32`]) on their own buffers: by default these go through the `Tensor`
 //! methods, and the in-process communicator overrides them with buffers shared between the
-//! rank threads (`shared`), reused from call to call.
+//! rank threads (`shared`), reused from call to call; its all-reduce moves each rank's buffer
+//! into the group's slots and reduces it there, reading and writing every element once.
 
 mod blocks;
 mod endpoint;
@@ -136,10 +137,13 @@ pub trait Collectives {
     fn abort(&mut self, error: &RuntimeError);
 
     /// [`all_reduce`](Self::all_reduce) of the `f32` elements `x`, of declared type `ty`, in
-    /// place: every member ends with the whole reduction.
+    /// place: every member ends with the whole reduction. `x` is a `Vec` so that an
+    /// implementation may lend the buffer itself to its peers for the duration of the call
+    /// (the in-process communicator does); the caller gets it back, with its allocation, on
+    /// success and on failure.
     fn all_reduce_f32(
         &mut self,
-        x: &mut [f32],
+        x: &mut Vec<f32>,
         ty: &TensorType,
         axes: &[String],
         reduce: ReduceKind,

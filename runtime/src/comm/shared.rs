@@ -5,13 +5,21 @@
 //! timeout, fails at once when any rank announces a failure or a member that has not arrived
 //! has gone, and reports a member that called something else.
 //!
-//! Every collective takes two barriers. Before the first, each member publishes what the
-//! others need of its operand; at the first, it checks its call against its ring
-//! predecessor's. Between the two it reads the others' buffers. An all-reduce reduces its own
-//! chunk there (chunked reduce-scatter, each member reading the others' contributions) and
-//! publishes it, and after the second barrier copies the others' reduced chunks (all-gather);
-//! the other collectives only read between the barriers, and the second keeps a member from
-//! overwriting its buffers before everyone has read them.
+//! Every collective takes two barriers. Before the first, each member makes what the others
+//! need of its operand visible; at the first, it checks its call against its ring
+//! predecessor's. Between the two it reads (and, in an all-reduce, writes) the others'
+//! buffers; the second keeps a member from taking back or overwriting its buffer before
+//! everyone is done with it.
+//!
+//! An all-reduce moves no operand: each member moves its own buffer (the caller's `Vec`) into
+//! its slot of [`GroupSlots::buffers`] and takes it back after the second barrier. Between
+//! the barriers member `p` owns chunk `p` of every buffer: block by block (a few KiB, so the
+//! partial sums stay in the first-level cache) it reads that block of every member's buffer,
+//! folds them, and writes the rounded result into that block of every buffer, its own
+//! included. Each element of each buffer is read once and written once, which is the least an
+//! all-reduce of separate buffers can move (`2 n` times the operand over the group, against
+//! `2` for one memcpy of it). Buffers are locked per block and one at a time, so no member
+//! waits on another for longer than one block's copy.
 //!
 //! Reductions add in the ring algorithm's order (chunk `c` from member `c + 1` around to
 //! member `c`), with partial sums in `f64` and one rounding at the end, so this path gives the
@@ -53,12 +61,12 @@ struct GroupState {
 
 /// The buffers of one group, by member position: `inputs[m][p]` holds what member `m`
 /// publishes for piece `p` (for the collectives that are not cut into pieces, `p = 0` holds
-/// the whole operand), and `results[m]` member `m`'s reduced chunk of an all-reduce. They
-/// grow to the largest call and keep their capacity, so a run allocates nothing here after
-/// its first step.
+/// the whole operand); they grow to the largest call and keep their capacity, so a run
+/// allocates nothing here after its first step. `buffers[m]` holds member `m`'s own buffer
+/// during an all-reduce, and an empty `Vec` (no allocation) between two.
 pub(crate) struct GroupSlots {
     pub(crate) inputs: Vec<Vec<RwLock<Vec<f32>>>>,
-    pub(crate) results: Vec<RwLock<Vec<f32>>>,
+    pub(crate) buffers: Vec<RwLock<Vec<f32>>>,
 }
 
 /// A member's place in one barrier, for waiting and for error messages.
@@ -112,6 +120,11 @@ impl World {
         self.wake.notify_all();
     }
 
+    /// The first failure announced in this launch (originating rank and reason), if any.
+    pub(crate) fn failure(&self) -> Option<(usize, String)> {
+        lock(&self.state).failed.clone()
+    }
+
     /// The buffers of the group `members` (made by its first caller).
     pub(crate) fn slots(&self, members: &Arc<[usize]>) -> Arc<GroupSlots> {
         let mut slots = lock(&self.slots);
@@ -121,7 +134,7 @@ impl World {
                 inputs: (0..n)
                     .map(|_| (0..n).map(|_| RwLock::new(Vec::new())).collect())
                     .collect(),
-                results: (0..n).map(|_| RwLock::new(Vec::new())).collect(),
+                buffers: (0..n).map(|_| RwLock::new(Vec::new())).collect(),
             })
         }))
     }
@@ -239,6 +252,46 @@ impl Rounding {
 /// Elements reduced at a time: the partial sums of one block stay in the first-level cache.
 pub(crate) const BLOCK: usize = 2048;
 
+/// The ring's `f64` fold of `b` into the partial result `a` (the left operand): a NaN, once
+/// met, stays. Generic over the kind so that each loop below is monomorphic and vectorises.
+trait Combine: Copy {
+    fn combine(a: f64, b: f64) -> f64;
+}
+
+#[derive(Clone, Copy)]
+struct SumOf;
+#[derive(Clone, Copy)]
+struct MaxOf;
+#[derive(Clone, Copy)]
+struct MinOf;
+
+impl Combine for SumOf {
+    #[inline(always)]
+    fn combine(a: f64, b: f64) -> f64 {
+        a + b
+    }
+}
+
+impl Combine for MaxOf {
+    #[inline(always)]
+    fn combine(a: f64, b: f64) -> f64 {
+        if a.is_nan() || a >= b { a } else { b }
+    }
+}
+
+impl Combine for MinOf {
+    #[inline(always)]
+    fn combine(a: f64, b: f64) -> f64 {
+        if a.is_nan() || a <= b { a } else { b }
+    }
+}
+
+fn fold_with<C: Combine>(acc: &mut [f64], src: &[f32]) {
+    for (a, &b) in acc.iter_mut().zip(src) {
+        *a = C::combine(*a, f64::from(b));
+    }
+}
+
 /// Folds `src` into the partial results `acc` (or starts them, `first`), as the ring's `f64`
 /// fold does: the partial result is the left operand, and a NaN, once met, stays.
 #[inline]
@@ -250,23 +303,9 @@ pub(crate) fn fold_block(kind: ReduceKind, acc: &mut [f64], src: &[f32], first: 
         return;
     }
     match kind {
-        ReduceKind::Sum => {
-            for (a, &b) in acc.iter_mut().zip(src) {
-                *a += f64::from(b);
-            }
-        }
-        ReduceKind::Max => {
-            for (a, &b) in acc.iter_mut().zip(src) {
-                let b = f64::from(b);
-                *a = if a.is_nan() || *a >= b { *a } else { b };
-            }
-        }
-        ReduceKind::Min => {
-            for (a, &b) in acc.iter_mut().zip(src) {
-                let b = f64::from(b);
-                *a = if a.is_nan() || *a <= b { *a } else { b };
-            }
-        }
+        ReduceKind::Sum => fold_with::<SumOf>(acc, src),
+        ReduceKind::Max => fold_with::<MaxOf>(acc, src),
+        ReduceKind::Min => fold_with::<MinOf>(acc, src),
     }
 }
 
@@ -282,6 +321,36 @@ pub(crate) fn write_block(rounding: Rounding, acc: &[f64], out: &mut [f32]) {
         for (o, &a) in out.iter_mut().zip(acc) {
             *o = round_to_dtype(a, rounding.dtype) as f32;
         }
+    }
+}
+
+fn finish_with<C: Combine>(rounding: Rounding, acc: &[f64], src: &[f32], out: &mut [f32]) {
+    let elems = out.iter_mut().zip(acc).zip(src);
+    if rounding.to_f32_only() {
+        for ((o, &a), &b) in elems {
+            *o = C::combine(a, f64::from(b)) as f32;
+        }
+    } else {
+        for ((o, &a), &b) in elems {
+            *o = round_to_dtype(C::combine(a, f64::from(b)), rounding.dtype) as f32;
+        }
+    }
+}
+
+/// Folds the last contribution `src` into `acc` and writes the rounded results into `out`:
+/// [`fold_block`] then [`write_block`] in one pass, with the same bits.
+#[inline]
+pub(crate) fn finish_block(
+    kind: ReduceKind,
+    rounding: Rounding,
+    acc: &[f64],
+    src: &[f32],
+    out: &mut [f32],
+) {
+    match kind {
+        ReduceKind::Sum => finish_with::<SumOf>(rounding, acc, src, out),
+        ReduceKind::Max => finish_with::<MaxOf>(rounding, acc, src, out),
+        ReduceKind::Min => finish_with::<MinOf>(rounding, acc, src, out),
     }
 }
 

@@ -1,7 +1,8 @@
 //! The conformance suite of [`Collectives`] implementations, part one: every collective and
 //! point-to-point op of the IR, on 1-D, 2-D and 3-D meshes and groups over every axis
 //! combination (every group of a 2x2x2 mesh), against the result computed directly from all
-//! ranks' operands; uneven sizes; message order; and bitwise reproducibility.
+//! ranks' operands; uneven sizes; message order; the documented order of a sum; and bitwise
+//! reproducibility.
 //!
 //! Every check is a function of the implementation under test, given as a [`Launcher`] made
 //! from [`CommOptions`], and looks only at the ranks the launcher ran in this process (an MPI
@@ -488,6 +489,44 @@ pub fn reductions_are_bitwise_reproducible<L: Launcher>(make: Make<'_, L>) -> Te
     Ok(())
 }
 
+pub fn sums_add_in_the_ring_order<L: Launcher>(make: Make<'_, L>) -> TestResult {
+    // The documented order: element `i` of chunk `c` (chunk `c` spans `c * len / n` up to
+    // `(c + 1) * len / n`) is summed in `f64` from member `c + 1` around to member `c`.
+    // Member `c + 1 + j` holds `[2^60, 1, -2^60, 0.5][j]` there, so the ring's order gives
+    // ((2^60 + 1) - 2^60) + 0.5 = 0.5 (the 1 is lost in f64), and every other starting
+    // member 0 or 1. An uneven length longer than one reduction block of the f32 path.
+    let n = 4;
+    let len = 4 * 2048 + 6;
+    let mesh = DeviceMesh::parse("x=4")?;
+    let big = 2f64.powi(60);
+    let pattern = [big, 1.0, -big, 0.5];
+    let chunk = |i: usize| (0..n).find(|&c| i < (c + 1) * len / n).unwrap_or(n - 1);
+    let ops: Vec<Tensor> = (0..n)
+        .map(|r| {
+            let values = (0..len)
+                .map(|i| pattern[(r + 2 * n - chunk(i) - 1) % n])
+                .collect();
+            Tensor::from_f64(TensorType::new(DType::F32, [len]), values)
+        })
+        .collect::<Result<_, _>>()?;
+    let op = Op::AllReduce {
+        axes: axes(&["x"]),
+        reduce: ReduceKind::Sum,
+    };
+    for (rank, r) in run_on_ranks(make, &mesh, &op, &ops) {
+        let t = r_or(r)?;
+        let got = t.floats().expect("floats");
+        if let Some(i) = got.iter().position(|&x| x != 0.5) {
+            panic!(
+                "rank {rank}: element {i} (chunk {}) is {}",
+                chunk(i),
+                got[i]
+            );
+        }
+    }
+    Ok(())
+}
+
 fn r_or(t: Result<Vec<Tensor>, RuntimeError>) -> Result<Tensor, RuntimeError> {
     t.map(|mut v| v.remove(0))
 }
@@ -569,6 +608,10 @@ pub fn cases<L: Launcher>() -> Vec<(&'static str, Check<L>)> {
             "f64_precision_keeps_unrounded_sums",
             f64_precision_keeps_unrounded_sums::<L>,
         ),
+        (
+            "sums_add_in_the_ring_order",
+            sums_add_in_the_ring_order::<L>,
+        ),
     ]
 }
 
@@ -632,6 +675,11 @@ macro_rules! collectives_conformance {
             #[test]
             fn f64_precision_keeps_unrounded_sums() -> TestResult {
                 $crate::collectives::f64_precision_keeps_unrounded_sums(&$make)
+            }
+
+            #[test]
+            fn sums_add_in_the_ring_order() -> TestResult {
+                $crate::collectives::sums_add_in_the_ring_order(&$make)
             }
         }
     };
