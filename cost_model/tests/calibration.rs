@@ -118,21 +118,23 @@ fn every_reference_table_is_read_and_the_megatron_tables_are_expressed() {
 /// Per table: (median |error| at most, worst |error| at most, share predicted too fast at
 /// most). Today's figures, each with about a point of headroom: llm-foundry 6.6% / 28.1%
 /// (fp8 rows 7-15% too slow), Megatron-Core 2.8% / 28.1% (the 1.7B row, whose micro-batch
-/// the README does not give), SC'21 Table 1 9.6% / 11.3% (every row too fast), the
-/// all-reduce sweep 2.8% median (its worst rows are the 4-node 32-64 KiB calls that took
-/// 3-6 ms, far below any latency model), the MAMF GEMMs 4.8% / 20.1%.
+/// the README does not give), SC'21 Table 1 6.1% / 9.9% (the small models with full
+/// recomputation still 8-10% too fast), SC'21 Table 2 9.1% / 35.6% (PTD-P within 5%, the
+/// ZeRO-3 rows 13-36% too fast), Korthikanti Table 5 2.9% / 6.5%, the all-reduce sweep 2.8%
+/// median (its worst rows are the 4-node 32-64 KiB calls that took 3-6 ms, far below any
+/// latency model), the MAMF GEMMs 4.8% / 20.1%.
 const BOUNDS: [(&str, f64, f64, f64); 8] = [
     ("korthikanti2022_table4_per_layer_22B", 0.025, 0.05, 0.6),
     (
         "korthikanti2022_tables3_5_seqpar_selective",
-        0.045,
+        0.04,
         0.075,
-        0.9,
+        0.7,
     ),
     ("llmfoundry_mpt_benchmarks", 0.075, 0.30, 0.75),
     ("megatron_core_h100_weak_scaling_readme", 0.04, 0.30, 0.7),
-    ("megatron_sc21_table1_weak_scaling_a100", 0.105, 0.125, 1.0),
-    ("megatron_sc21_table2_zero3_vs_ptdp", 0.12, 0.37, 1.0),
+    ("megatron_sc21_table1_weak_scaling_a100", 0.07, 0.11, 0.95),
+    ("megatron_sc21_table2_zero3_vs_ptdp", 0.10, 0.37, 1.0),
     ("mlengineering_allreduce_busbw", 0.04, f64::INFINITY, 0.95),
     ("mlengineering_mamf_gemm", 0.06, 0.22, 0.5),
 ];
