@@ -961,8 +961,14 @@ impl<'a> Ctx<'a> {
                     + self.gemm(GemmShape::new(heads, t, d, s), true)
                     + self.gemm(GemmShape::new(heads, s, t, d), true)
                     + self.gemm(GemmShape::new(heads, t, d, s), true)
-                    + self.mem(scores * (2.0 * self.e + 1.0))
-                    + self.mem(scores * 3.0 * self.e)
+                    + self
+                        .m
+                        .compute
+                        .score_memory_time(scores * (2.0 * self.e + 1.0), self.cl())
+                    + self
+                        .m
+                        .compute
+                        .score_memory_time(scores * 3.0 * self.e, self.cl())
             }
             AttentionKernel::Flash | AttentionKernel::Flash1 | AttentionKernel::Fused => {
                 // The backward recomputes the scores: 2.5x the forward FLOPs.
