@@ -263,6 +263,15 @@ impl CostModel {
         model
     }
 
+    /// The same model with its software's overlap all off ([`Software::without_overlap`]):
+    /// a plan's step under it is the pessimistic end of its predicted range, and a search
+    /// under it (`plan --robust`) ranks plans by that end.
+    pub fn without_overlap(&self) -> CostModel {
+        let mut m = self.clone();
+        self.software.without_overlap().apply(&mut m);
+        m
+    }
+
     /// Over how many ranks ZeRO shards dense and expert state under `plan`: every
     /// data-parallel rank for dense state, the ranks holding the same experts for expert
     /// state, on the GPU stack (Megatron-LM's distributed optimizer) and on autopar's CPU

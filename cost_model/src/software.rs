@@ -218,6 +218,21 @@ impl Software {
         SoftwareSpec::parse(spec)?.resolve()
     }
 
+    /// The profile with nothing overlapped: gradient reduction after the backward, the
+    /// tensor-parallel collectives and the ZeRO gathers awaited where they are issued,
+    /// stage-to-stage transfers blocking. A plan's step under it is the pessimistic end of its
+    /// predicted range: what it costs if none of the overlap the profile counts on happens.
+    pub fn without_overlap(&self) -> Software {
+        Software {
+            overlap_grad_reduce: false,
+            tp_backward_overlap: false,
+            tp_forward_overlap: false,
+            overlap_param_gather: false,
+            p2p_blocking: true,
+            ..self.clone()
+        }
+    }
+
     /// Writes the profile into `model`'s parameters.
     pub fn apply(&self, model: &mut CostModel) {
         model.compute.attention = self.attention;
