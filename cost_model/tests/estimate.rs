@@ -386,3 +386,26 @@ fn blocking_transfers_and_awaited_backward_all_reduces_cost_time() {
     );
     assert!(awaited.iter_time_s > blocking.iter_time_s);
 }
+
+/// The pessimistic end of a plan's range: with no overlap the step is never faster, and it
+/// is slower where the profile hides communication.
+#[test]
+fn without_overlap_is_the_slow_end_of_the_range() {
+    let cfg = TransformerConfig::gpt("13b", 40, 5120, 40, 2048, 51200);
+    let m = a100(4);
+    let none = m.without_overlap();
+    assert!(!none.software.overlap_grad_reduce && none.software.p2p_blocking);
+    assert!(!none.comm.overlap_tp_backward && !none.comm.overlap_tp_forward);
+    for text in [
+        "dp=4,tp=8,mbs=1,gbs=64",
+        "dp=2,tp=4,pp=4,vpp=2,mbs=1,gbs=64,schedule=interleaved,sp=true",
+        "dp=32,mbs=1,gbs=64,zero=3",
+    ] {
+        let plan = Plan::parse(text).unwrap();
+        let (fast, slow) = (
+            m.estimate(&cfg, &plan).unwrap(),
+            none.estimate(&cfg, &plan).unwrap(),
+        );
+        assert!(slow.iter_time_s > fast.iter_time_s, "{text}");
+    }
+}
