@@ -398,7 +398,8 @@ fn overlap_notes(model: &CostModel, plans: &[RankedPlan], ranges: &[Range]) -> V
     let cluster = &model.cluster;
     let sixteen_bit = matches!(best.plan.dtype, DType::BF16 | DType::F16) && !best.plan.fp8;
     if let (true, Some(ceiling)) = (sixteen_bit, cluster.gpu.arch.published_mfu_ceiling()) {
-        let mfu = best.estimate.mfu;
+        // The prediction with the profile's overlap (under --robust, not the ranked one).
+        let mfu = rb.overlapped_mfu;
         if mfu > ceiling {
             let sw = &model.software;
             let dtype = best.plan.dtype;
