@@ -129,10 +129,11 @@ struct EstimateArgs {
     #[arg(long)]
     cluster: String,
     /// The training stack whose speed is modelled: autopar (default), megatron-lm-2021,
-    /// megatron-core, nemo, deepspeed, fsdp or torchtitan, with knobs overridden as
-    /// `NAME,knob=value` (attention=flash|flash1|fused|unfused, overlap_grad_reduce,
-    /// tp_backward_overlap, tp_forward_overlap, tp_comm_overlap, overlap_param_gather,
-    /// param_gather=layer|tensor, fusion=fused|eager, reduce_dtype=bf16|fp32, bucket_mb=MIB).
+    /// megatron-lm-2022, megatron-core, nemo, deepspeed, fsdp or torchtitan, with knobs
+    /// overridden as `NAME,knob=value` (attention=flash|flash1|fused|unfused,
+    /// overlap_grad_reduce, tp_backward_overlap, tp_forward_overlap, tp_comm_overlap,
+    /// overlap_param_gather, param_gather=layer|tensor, fusion=fused|eager,
+    /// reduce_dtype=bf16|fp32, bucket_mb=MIB, p2p_blocking).
     /// Replaces a cluster file's [software].
     #[arg(long, value_name = "PROFILE")]
     software: Option<String>,

@@ -29,10 +29,11 @@ pub struct PlanArgs {
     #[arg(long, value_parser = crate::parse_batch)]
     batch: usize,
     /// The training stack whose speed is modelled: autopar (default), megatron-lm-2021,
-    /// megatron-core, nemo, deepspeed, fsdp or torchtitan, with knobs overridden as
-    /// `NAME,knob=value` (attention=flash|flash1|fused|unfused, overlap_grad_reduce,
-    /// tp_backward_overlap, tp_forward_overlap, tp_comm_overlap, overlap_param_gather,
-    /// param_gather=layer|tensor, fusion=fused|eager, reduce_dtype=bf16|fp32, bucket_mb=MIB).
+    /// megatron-lm-2022, megatron-core, nemo, deepspeed, fsdp or torchtitan, with knobs
+    /// overridden as `NAME,knob=value` (attention=flash|flash1|fused|unfused,
+    /// overlap_grad_reduce, tp_backward_overlap, tp_forward_overlap, tp_comm_overlap,
+    /// overlap_param_gather, param_gather=layer|tensor, fusion=fused|eager,
+    /// reduce_dtype=bf16|fp32, bucket_mb=MIB, p2p_blocking).
     /// Replaces a cluster file's [software].
     #[arg(long, value_name = "PROFILE")]
     software: Option<String>,
@@ -78,6 +79,15 @@ pub struct PlanArgs {
     /// Worker threads (0: all cores).
     #[arg(long, default_value_t = 0)]
     threads: usize,
+    /// Rank plans by the pessimistic end of their predicted range: the step with none of the
+    /// software profile's overlap (gradient reduction, tensor-parallel collectives, ZeRO
+    /// gathers and stage transfers all exposed).
+    #[arg(long)]
+    robust: bool,
+    /// Also say how much of the best plan's lead over the runner-up depends on overlap, and
+    /// what a predicted MFU above the highest published on the GPU rests on.
+    #[arg(long)]
+    explain: bool,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -111,6 +121,10 @@ pub fn plan(args: PlanArgs) -> Result<()> {
     let devices = cluster.num_devices();
     let gpu = cluster.gpu.model.clone();
     let model = CostModel::new(cluster);
+    let no_overlap = model.without_overlap();
+    // The model the search ranks with: the profile's, or with --robust the one without
+    // overlap.
+    let ranking = if args.robust { &no_overlap } else { &model };
     let cfg = driver::model_config(&args.model)?;
     let mut opts = SearchOptions::new(args.batch);
     opts.fp8 = args.dtype == PlanDtype::Fp8;
@@ -147,7 +161,7 @@ pub fn plan(args: PlanArgs) -> Result<()> {
             done,
         );
     };
-    let result = search_with_progress(&model, &cfg, &opts, &report);
+    let result = search_with_progress(ranking, &cfg, &opts, &report);
     if let Ok(mut ticker) = ticker.lock() {
         ticker.finish();
     }
@@ -175,6 +189,13 @@ pub fn plan(args: PlanArgs) -> Result<()> {
         );
     };
 
+    // Each ranked plan's predicted range: the step at the profile's overlap and at none.
+    let ranges: Vec<Range> = result
+        .plans
+        .iter()
+        .map(|p| Range::of(&model, &no_overlap, &cfg, p, args.robust))
+        .collect::<Result<_>>()?;
+
     if let Some(path) = &args.save {
         std::fs::write(path, serde_json::to_string_pretty(&best.plan)? + "\n")
             .with_context(|| format!("cannot write `{path}`"))?;
@@ -195,7 +216,7 @@ pub fn plan(args: PlanArgs) -> Result<()> {
             layer: LayerPlacement::MEGATRON,
             ..best.plan.clone()
         };
-        let est = model
+        let est = ranking
             .estimate(&cfg, &megatron)
             .context("estimating the plan with Megatron-LM's layer placement")?;
         comparisons.push(Comparison::new(
@@ -213,10 +234,10 @@ pub fn plan(args: PlanArgs) -> Result<()> {
             p.fp8 = opts.fp8;
             Some(("your reference".to_string(), p))
         }
-        None => megatron_reference(&model, &cfg, &opts),
+        None => megatron_reference(ranking, &cfg, &opts),
     };
     if let Some((name, p)) = &reference {
-        let est = model
+        let est = ranking
             .estimate(&cfg, p)
             .context("estimating the reference plan")?;
         comparisons.push(Comparison::new(
@@ -238,12 +259,17 @@ pub fn plan(args: PlanArgs) -> Result<()> {
             .plans
             .iter()
             .enumerate()
-            .map(|(i, p)| {
+            .zip(&ranges)
+            .map(|((i, p), r)| {
                 serde_json::json!({
                     "rank": i + 1,
                     "plan": p.plan.to_string(),
                     "config": p.plan,
                     "estimate": p.estimate,
+                    "step_s_range": {
+                        "overlapped": r.overlapped_s,
+                        "no_overlap": r.no_overlap_s,
+                    },
                 })
             })
             .collect();
@@ -252,9 +278,11 @@ pub fn plan(args: PlanArgs) -> Result<()> {
             "cluster": args.cluster,
             "devices": devices,
             "global_batch": args.batch,
+            "ranked_by": if args.robust { "no_overlap" } else { "overlapped" },
             "stats": result.stats,
             "plans": plans,
             "explanations": comparisons,
+            "overlap": args.explain.then(|| overlap_notes(&model, &result.plans, &ranges)),
             "export": export,
         });
         return super::print_stdout(&(serde_json::to_string_pretty(&doc)? + "\n"));
@@ -268,7 +296,7 @@ pub fn plan(args: PlanArgs) -> Result<()> {
         return super::print_stdout(&(header + &text));
     }
     let mut out = header(&args, &cfg, devices, &gpu, &result);
-    out += &table(&result.plans);
+    out += &table(&result.plans, &ranges);
     out += &format!("\nbest plan: {}\n", best.plan);
     if !comparisons.is_empty() {
         out += "\nwhy it wins\n";
@@ -276,7 +304,139 @@ pub fn plan(args: PlanArgs) -> Result<()> {
             out += &format!("\n{c}");
         }
     }
+    if args.explain {
+        out += "\nwhat rests on overlap\n";
+        for line in overlap_notes(&model, &result.plans, &ranges) {
+            out += &format!("  {line}\n");
+        }
+    }
     super::print_stdout(&out)
+}
+
+/// A plan's predicted step at both ends: with the overlap its software profile counts on,
+/// and with none.
+struct Range {
+    overlapped_s: f64,
+    no_overlap_s: f64,
+    /// MFU at each end.
+    overlapped_mfu: f64,
+    no_overlap_mfu: f64,
+}
+
+impl Range {
+    /// The range of `p`, which the search estimated under the no-overlap model when
+    /// `robust`, under the profile's otherwise.
+    fn of(
+        model: &CostModel,
+        no_overlap: &CostModel,
+        cfg: &TransformerConfig,
+        p: &RankedPlan,
+        robust: bool,
+    ) -> Result<Range> {
+        let (other_model, what) = if robust {
+            (model, "with the profile's overlap")
+        } else {
+            (no_overlap, "without overlap")
+        };
+        let other = other_model
+            .estimate(cfg, &p.plan)
+            .with_context(|| format!("estimating {} {what}", p.plan))?;
+        let (overlapped, none) = if robust {
+            (&other, &p.estimate)
+        } else {
+            (&p.estimate, &other)
+        };
+        Ok(Range {
+            overlapped_s: overlapped.iter_time_s,
+            no_overlap_s: none.iter_time_s,
+            overlapped_mfu: overlapped.mfu,
+            no_overlap_mfu: none.mfu,
+        })
+    }
+}
+
+/// What `--explain` adds: how much of the best plan's lead over the runner-up depends on
+/// overlap, and, where the best plan's predicted MFU is above the highest published on its
+/// GPU generation in 16-bit training, the mechanisms the prediction rests on.
+fn overlap_notes(model: &CostModel, plans: &[RankedPlan], ranges: &[Range]) -> Vec<String> {
+    let mut out = Vec::new();
+    let (Some(best), Some(rb)) = (plans.first(), ranges.first()) else {
+        return out;
+    };
+    out.push(format!(
+        "best plan: {:.3} s per step with the profile's overlap ({:.1}% MFU), {:.3} s without \
+         any ({:.1}% MFU): overlap hides {:.3} s",
+        rb.overlapped_s,
+        100.0 * rb.overlapped_mfu,
+        rb.no_overlap_s,
+        100.0 * rb.no_overlap_mfu,
+        rb.no_overlap_s - rb.overlapped_s
+    ));
+    if let (Some(_), Some(r2)) = (plans.get(1), ranges.get(1)) {
+        let lead = r2.overlapped_s - rb.overlapped_s;
+        let lead_none = r2.no_overlap_s - rb.no_overlap_s;
+        let dependent = lead - lead_none;
+        let verdict = if lead_none < 0.0 {
+            format!(
+                "without overlap the runner-up is faster by {:.3} s: all of the lead depends on \
+                 overlap",
+                -lead_none
+            )
+        } else if lead > 0.0 && dependent > 0.0 {
+            format!(
+                "{dependent:.3} s of it ({:.0}%) depends on overlap; {lead_none:.3} s remains \
+                 without any",
+                100.0 * dependent / lead
+            )
+        } else {
+            format!("none of it depends on overlap: without any the lead is {lead_none:.3} s")
+        };
+        out.push(format!(
+            "lead over the runner-up: {lead:.3} s per step with the profile's overlap; {verdict}"
+        ));
+    }
+    let cluster = &model.cluster;
+    let sixteen_bit = matches!(best.plan.dtype, DType::BF16 | DType::F16) && !best.plan.fp8;
+    if let (true, Some(ceiling)) = (sixteen_bit, cluster.gpu.arch.published_mfu_ceiling()) {
+        // The prediction with the profile's overlap (under --robust, not the ranked one).
+        let mfu = rb.overlapped_mfu;
+        if mfu > ceiling {
+            let sw = &model.software;
+            let dtype = best.plan.dtype;
+            let ceiling_flops = cluster
+                .gemm_ceiling_flops(dtype, false, model.compute.gemm_ceiling_default)
+                .unwrap_or(0.0);
+            let mut why = vec![format!(
+                "dense GEMMs at {:.0}% of the {}'s measured matmul maximum ({:.0}% of peak)",
+                100.0 * model.compute.gemm_sustained_fraction,
+                cluster.gpu.model,
+                100.0 * model.compute.gemm_sustained_fraction * ceiling_flops
+                    / cluster.peak_flops(dtype)
+            )];
+            if rb.no_overlap_s > rb.overlapped_s {
+                why.push(format!(
+                    "{:.3} s of communication hidden under computation (at none, {:.1}% MFU)",
+                    rb.no_overlap_s - rb.overlapped_s,
+                    100.0 * rb.no_overlap_mfu
+                ));
+            }
+            why.push(format!("attention by the `{}` kernel", sw.attention.name()));
+            if best.plan.recompute == autopar_cost_model::Recompute::None {
+                why.push(format!(
+                    "no recomputation ({:.1} GiB of activations kept per GPU)",
+                    best.estimate.memory.activations / (1u64 << 30) as f64
+                ));
+            }
+            out.push(format!(
+                "predicted {:.1}% MFU is above {:.0}%, the highest published for 16-bit training \
+                 on this GPU generation; it rests on {}",
+                100.0 * mfu,
+                100.0 * ceiling,
+                why.join(", ")
+            ));
+        }
+    }
+    out
 }
 
 /// The constraints of `--annotate FILE` combined with `--pin` (see
@@ -325,9 +485,9 @@ fn header(
     out
 }
 
-fn table(plans: &[RankedPlan]) -> String {
+fn table(plans: &[RankedPlan], ranges: &[Range]) -> String {
     let mut out = format!(
-        "{:>4} {:>5} {:>3} {:>3} {:>3} {:>3} {:>3} {:>4} {:>4} {:<9} {:<3} {:<6} {:<11} {:<14} {:>8} {:>10} {:>7} {:>7} {:>6} {:>7}\n",
+        "{:>4} {:>5} {:>3} {:>3} {:>3} {:>3} {:>3} {:>4} {:>4} {:<9} {:<3} {:<6} {:<11} {:<14} {:>8} {:>17} {:>10} {:>7} {:>7} {:>6} {:>7}\n",
         "rank",
         "dp",
         "tp",
@@ -343,16 +503,17 @@ fn table(plans: &[RankedPlan]) -> String {
         "schedule",
         "placement",
         "step s",
+        "range (no overlap)",
         "tokens/s",
         "TFLOP/s",
         "hw TF/s",
         "MFU",
         "mem GiB"
     );
-    for (i, p) in plans.iter().enumerate() {
+    for (i, (p, r)) in plans.iter().zip(ranges).enumerate() {
         let (plan, e) = (&p.plan, &p.estimate);
         out += &format!(
-            "{:>4} {:>5} {:>3} {:>3} {:>3} {:>3} {:>3} {:>4} {:>4} {:<9} {:<3} {:<6} {:<11} {:<14} {:>8.3} {:>10.0} {:>7.1} {:>7.1} {:>5.1}% {:>7.1}\n",
+            "{:>4} {:>5} {:>3} {:>3} {:>3} {:>3} {:>3} {:>4} {:>4} {:<9} {:<3} {:<6} {:<11} {:<14} {:>8.3} {:>17} {:>10.0} {:>7.1} {:>7.1} {:>5.1}% {:>7.1}\n",
             i + 1,
             plan.dp,
             plan.tp,
@@ -368,6 +529,7 @@ fn table(plans: &[RankedPlan]) -> String {
             plan.schedule.name(),
             placed_axes(plan).join("-"),
             e.iter_time_s,
+            format!("{:.3}-{:.3}", r.overlapped_s, r.no_overlap_s),
             e.tokens_per_s,
             e.model_tflops_per_gpu,
             e.hardware_tflops_per_gpu,

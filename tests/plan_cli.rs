@@ -183,3 +183,56 @@ fn layer_placements_are_searched_pinned_and_explained() {
     let err = autopar_err(&[&base[..], &["--pin", "attn=xyz"]].concat());
     assert!(err.contains("attn") && err.contains("3 letters"), "{err}");
 }
+
+/// Every ranked plan comes with its predicted range (the step with the profile's overlap and
+/// with none); `--robust` ranks by the pessimistic end; `--explain` says how much of the lead
+/// over the runner-up depends on overlap.
+#[test]
+fn ranges_robust_ranking_and_overlap_explained() {
+    let base = [&GPT3_13B_ON_16[..], &["--top", "4"]].concat();
+    let range = |p: &serde_json::Value| {
+        let r = &p["step_s_range"];
+        let (a, b) = (
+            r["overlapped"].as_f64().expect("overlapped"),
+            r["no_overlap"].as_f64().expect("no_overlap"),
+        );
+        assert!(a > 0.0 && a <= b * (1.0 + 1e-9), "{p}");
+        (a, b)
+    };
+    let doc = json(&[&base[..], &["--json", "--explain"]].concat());
+    assert_eq!(doc["ranked_by"], "overlapped");
+    let plans = doc["plans"].as_array().expect("plans");
+    assert!(plans.len() >= 2, "{doc}");
+    for p in plans {
+        let (a, _) = range(p);
+        let t = p["estimate"]["iter_time_s"].as_f64().expect("time");
+        assert!((a - t).abs() <= 1e-9 * t, "{p}");
+    }
+    let notes: Vec<&str> = doc["overlap"]
+        .as_array()
+        .expect("--explain notes")
+        .iter()
+        .filter_map(|n| n.as_str())
+        .collect();
+    assert!(
+        notes.iter().any(|n| n.contains("lead over the runner-up")),
+        "{notes:?}"
+    );
+
+    let doc = json(&[&base[..], &["--json", "--robust"]].concat());
+    assert_eq!(doc["ranked_by"], "no_overlap");
+    let ends: Vec<f64> = doc["plans"]
+        .as_array()
+        .expect("plans")
+        .iter()
+        .map(|p| range(p).1)
+        .collect();
+    assert!(
+        ends.windows(2).all(|w| w[0] <= w[1] * (1.0 + 1e-9)),
+        "{ends:?}"
+    );
+
+    let text = autopar_ok(&[&base[..], &["--explain"]].concat());
+    assert!(text.contains("range (no overlap)"), "{text}");
+    assert!(text.contains("what rests on overlap"), "{text}");
+}

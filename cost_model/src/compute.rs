@@ -114,6 +114,15 @@ pub struct ComputeParams {
     /// 0.8, what a streaming copy reaches on A100 and H100 (about 1.6 of 2.0 TB/s and 2.7 of
     /// 3.35 TB/s in NVIDIA's and users' bandwidth tests), element-wise kernels a little less.
     pub memory_bandwidth_fraction: f64,
+    /// Fraction of HBM bandwidth that the kernels over unfused attention's `s x s` scores
+    /// reach: the fused scale-mask-softmax (fp32 math on 16-bit rows, with the causal mask),
+    /// the dropout that draws a Philox number per score, and their backward. 0.65, from
+    /// Korthikanti et al. 2022 Table 4: selective recomputation reruns exactly these kernels
+    /// and the two score GEMMs, and adds 1.3 ms to the 22B layer's backward (13.2 against
+    /// 11.9 ms), where at [`ComputeParams::memory_bandwidth_fraction`] they would take
+    /// 1.1 ms.
+    #[serde(default = "default_score_bandwidth_fraction")]
+    pub score_bandwidth_fraction: f64,
     /// Fixed time of one kernel (launch gap and tail), added to each op.
     pub kernel_overhead_s: f64,
     /// How attention runs.
@@ -156,6 +165,7 @@ impl Default for ComputeParams {
             ],
             gemm_split_k: vec![1, 2, 4, 8],
             memory_bandwidth_fraction: 0.8,
+            score_bandwidth_fraction: default_score_bandwidth_fraction(),
             kernel_overhead_s: 3e-6,
             attention: AttentionKernel::Flash,
             fusion: Fusion::Fused,
@@ -165,6 +175,10 @@ impl Default for ComputeParams {
             fp8_cast_bytes_per_element: 7.0,
         }
     }
+}
+
+fn default_score_bandwidth_fraction() -> f64 {
+    0.65
 }
 
 /// What an op is bound by.
@@ -252,6 +266,15 @@ impl ComputeParams {
             return 0.0;
         }
         bytes / (cluster.hbm_bandwidth() * self.memory_bandwidth_fraction) + self.kernel_overhead_s
+    }
+
+    /// Seconds for a kernel over unfused attention's scores to move `bytes`, at
+    /// [`ComputeParams::score_bandwidth_fraction`], plus the kernel cost.
+    pub fn score_memory_time(&self, bytes: f64, cluster: &Cluster) -> f64 {
+        if bytes <= 0.0 {
+            return 0.0;
+        }
+        bytes / (cluster.hbm_bandwidth() * self.score_bandwidth_fraction) + self.kernel_overhead_s
     }
 
     /// Seconds for a GEMM of `shape` in `dtype` whose operands and result total `bytes`.
@@ -602,8 +625,8 @@ impl ComputeParams {
         let qk_bytes = ((heads * s * d) + (heads * t * d)) as f64 * e + scores * e;
         let pv_bytes = scores * e + ((heads * t * dv) + (heads * s * dv)) as f64 * e;
         self.gemm_time(qk, dtype, qk_bytes, cluster)
-            + self.memory_time(scores * 2.0 * e, cluster)
-            + self.memory_time(scores * (2.0 * e + 1.0), cluster)
+            + self.score_memory_time(scores * 2.0 * e, cluster)
+            + self.score_memory_time(scores * (2.0 * e + 1.0), cluster)
             + self.gemm_time(pv, dtype, pv_bytes, cluster)
     }
 }

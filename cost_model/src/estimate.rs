@@ -263,6 +263,15 @@ impl CostModel {
         model
     }
 
+    /// The same model with its software's overlap all off ([`Software::without_overlap`]):
+    /// a plan's step under it is the pessimistic end of its predicted range, and a search
+    /// under it (`plan --robust`) ranks plans by that end.
+    pub fn without_overlap(&self) -> CostModel {
+        let mut m = self.clone();
+        self.software.without_overlap().apply(&mut m);
+        m
+    }
+
     /// Over how many ranks ZeRO shards dense and expert state under `plan`: every
     /// data-parallel rank for dense state, the ranks holding the same experts for expert
     /// state, on the GPU stack (Megatron-LM's distributed optimizer) and on autopar's CPU
@@ -961,8 +970,14 @@ impl<'a> Ctx<'a> {
                     + self.gemm(GemmShape::new(heads, t, d, s), true)
                     + self.gemm(GemmShape::new(heads, s, t, d), true)
                     + self.gemm(GemmShape::new(heads, t, d, s), true)
-                    + self.mem(scores * (2.0 * self.e + 1.0))
-                    + self.mem(scores * 3.0 * self.e)
+                    + self
+                        .m
+                        .compute
+                        .score_memory_time(scores * (2.0 * self.e + 1.0), self.cl())
+                    + self
+                        .m
+                        .compute
+                        .score_memory_time(scores * 3.0 * self.e, self.cl())
             }
             AttentionKernel::Flash | AttentionKernel::Flash1 | AttentionKernel::Fused => {
                 // The backward recomputes the scores: 2.5x the forward FLOPs.
@@ -1073,13 +1088,22 @@ impl<'a> Ctx<'a> {
 
     /// `c` over one layer's ZeRO-3 state at `bytes` per parameter, cut into collectives as the
     /// software does: one for the layer, or one per weight tensor (the same bytes, a latency
-    /// per tensor).
+    /// per tensor, and for gathers the list all-gather's work, [`GatherUnit::Tensor`]).
     fn zero3_collective(&self, c: Collective, bytes: f64) -> f64 {
         match self.m.software.param_gather {
             GatherUnit::Layer => self.layer_zero_collective(c, bytes),
             GatherUnit::Tensor => {
                 let tensors = layer_weight_tensors(self.cfg) as f64;
-                tensors * self.layer_zero_collective(c, bytes / tensors)
+                let mut t = tensors * self.layer_zero_collective(c, bytes / tensors);
+                if c == Collective::AllGather {
+                    // Each tensor's gather zero-fills its full buffer, receives it through a
+                    // flat copy and copies it out one rank's view at a time.
+                    let gathered = self.layer_params_per_rank() * bytes;
+                    let ranks = self.shards.dense.max(1.0);
+                    t += self.mem(3.0 * gathered)
+                        + tensors * ranks * self.m.compute.kernel_overhead_s;
+                }
+                t
             }
         }
     }
@@ -1278,8 +1302,15 @@ impl<'a> Ctx<'a> {
     /// scatter/gather optimisation; with sequence parallelism the activation is already
     /// scattered).
     fn p2p(&self, rank: usize) -> f64 {
+        let (send, gather) = self.p2p_parts(rank);
+        send + gather
+    }
+
+    /// [`Ctx::p2p`] in its two parts: the send from pipeline rank `rank` to the next, and the
+    /// all-gather over `tp` the receiver runs to rebuild a scattered activation.
+    fn p2p_parts(&self, rank: usize) -> (f64, f64) {
         if self.plan.pp <= 1 {
-            return 0.0;
+            return (0.0, 0.0);
         }
         let bytes = self.act() * self.e / self.plan.tp as f64;
         let pp_index = self.mapping.mesh().axis_index(axis::PP).unwrap_or(0);
@@ -1310,11 +1341,13 @@ impl<'a> Ctx<'a> {
                 });
             GroupInfo { size: 2, ..pp }
         };
-        let mut t = self.coll(Collective::SendRecv, bytes, &group);
-        if self.plan.tp > 1 && !self.sp {
-            t += self.tp_gather();
-        }
-        t
+        let send = self.coll(Collective::SendRecv, bytes, &group);
+        let gather = if self.plan.tp > 1 && !self.sp {
+            self.tp_gather()
+        } else {
+            0.0
+        };
+        (send, gather)
     }
 
     /// Forward and backward of one layer, per-virtual-stage times, FLOPs of a layer and of
@@ -1364,10 +1397,30 @@ impl<'a> Ctx<'a> {
             fwd,
             bwd,
         } = self.stages();
-        let fwd_c: Vec<Cost> = fwd.iter().map(|&t| Cost::from_secs(t)).collect();
-        let bwd_c: Vec<Cost> = bwd.iter().map(|&t| Cost::from_secs(t)).collect();
-        let p2p: Vec<Cost> = (0..plan.pp).map(|r| Cost::from_secs(self.p2p(r))).collect();
         let pp = plan.pp;
+        let p2p: Vec<Cost> = (0..pp).map(|r| Cost::from_secs(self.p2p(r))).collect();
+        // Blocking transfers (`Software::p2p_blocking`) are time the ranks spend in them: a
+        // chunk's pass takes its send to the next virtual stage and the gather of what it
+        // received, and a message arrives when its sender's pass ends.
+        let blocking = self.m.software.p2p_blocking && pp > 1;
+        let (mut fwd_busy, mut bwd_busy) = (fwd.clone(), bwd.clone());
+        if blocking {
+            let parts: Vec<(f64, f64)> = (0..pp).map(|r| self.p2p_parts(r)).collect();
+            for vs in 0..v {
+                let rank = vs % pp;
+                let prev = (rank + pp - 1) % pp;
+                if vs + 1 < v {
+                    fwd_busy[vs] += parts[rank].0;
+                    bwd_busy[vs] += parts[rank].1;
+                }
+                if vs > 0 {
+                    fwd_busy[vs] += parts[prev].1;
+                    bwd_busy[vs] += parts[prev].0;
+                }
+            }
+        }
+        let fwd_c: Vec<Cost> = fwd_busy.iter().map(|&t| Cost::from_secs(t)).collect();
+        let bwd_c: Vec<Cost> = bwd_busy.iter().map(|&t| Cost::from_secs(t)).collect();
         let timeline = schedule.simulate(
             |rank, a| match *a {
                 Action::Forward { chunk, .. } => fwd_c[chunk * pp + rank].nanos(),
@@ -1375,6 +1428,7 @@ impl<'a> Ctx<'a> {
                 _ => 0,
             },
             |rank, a| match *a {
+                _ if blocking => 0,
                 Action::SendActivation { .. } => p2p[rank].nanos(),
                 Action::SendGradient { .. } => p2p[(rank + pp - 1) % pp].nanos(),
                 _ => 0,

@@ -24,7 +24,14 @@ pub enum GatherUnit {
     Layer,
     /// One collective per weight tensor (DeepSpeed ZeRO-3 gathers parameter by parameter
     /// from its module hooks): a ring latency per tensor, which grows with the number of
-    /// ranks and dominates small tensors (biases, norm scales).
+    /// ranks and dominates small tensors (biases, norm scales). Each gather is DeepSpeed's
+    /// `_allgather_param` of 2021 (`partition_parameters.py`): it allocates the full tensor
+    /// with `torch.zeros` and passes `torch.distributed.all_gather` a list of one view per
+    /// rank, which PyTorch's NCCL process group gathers into a flat buffer of its own and
+    /// copies back view by view, one copy kernel per rank
+    /// (`ProcessGroupNCCL::allgather`). So a gather also writes the tensor three times
+    /// over HBM and pays one kernel's fixed time per rank, a cost that grows with the
+    /// data-parallel size as the ring latency does.
     Tensor,
 }
 
@@ -79,12 +86,21 @@ pub struct Software {
     /// precision, `reduce_dtype=float32`). The ZeRO-0/1 all-reduce of accumulated gradients
     /// always moves the fp32 buffer ([`crate::memory::MemoryParams::grad_bytes_per_param`]).
     pub reduce_bytes: f64,
+    /// Stage-to-stage transfers block both ends: the sender waits for its send to complete
+    /// before its next micro-batch, and the receiver gathers a scattered activation itself
+    /// before computing on it. Megatron-LM until Megatron-Core's `--overlap-p2p-comm` waits
+    /// on every `batch_isend_irecv` and then calls `torch.cuda.synchronize()`
+    /// (`p2p_communication.py`, "to protect against race condition"), so no transfer runs
+    /// under computation; `false` where the transfers run on their own stream.
+    #[serde(default)]
+    pub p2p_blocking: bool,
 }
 
 /// The names of the built-in profiles.
-pub const PROFILES: [&str; 7] = [
+pub const PROFILES: [&str; 8] = [
     "autopar",
     "megatron-lm-2021",
+    "megatron-lm-2022",
     "megatron-core",
     "nemo",
     "deepspeed",
@@ -105,6 +121,7 @@ impl Default for Software {
             bucket_mb: Some(DEFAULT_BUCKET_MB),
             fusion: Fusion::Fused,
             reduce_bytes: 2.0,
+            p2p_blocking: false,
         }
     }
 }
@@ -119,10 +136,16 @@ impl Software {
     /// - `autopar` (the default): this project's GPU stack as designed: FlashAttention-style
     ///   attention, gradient reduction in 25 MiB buckets, tensor-parallel backward
     ///   collectives and ZeRO-3 gathers all overlapped, gathers one per layer.
-    /// - `megatron-lm-2021`: Megatron-LM as measured in SC'21 and Korthikanti et al. 2022:
-    ///   attention as two batched GEMMs around a fused softmax, its "local" DDP reducing
-    ///   gradients after the backward, the asynchronous tensor-parallel all-reduce of the
-    ///   backward.
+    /// - `megatron-lm-2021`: Megatron-LM as measured in SC'21 (the code of its
+    ///   `examples/sc21` scripts, August 2021): attention as two batched GEMMs around a fused
+    ///   softmax, its "local" DDP reducing gradients after the backward, the tensor-parallel
+    ///   all-reduce of the backward awaited where it is issued (`_CopyToModelParallelRegion`
+    ///   reduces the input gradient synchronously; the asynchronous all-reduce under the
+    ///   weight-gradient GEMM, `--async-tensor-model-parallel-allreduce`, came later), and
+    ///   blocking stage-to-stage transfers.
+    /// - `megatron-lm-2022`: Megatron-LM as measured in Korthikanti et al. 2022: the same,
+    ///   with the asynchronous tensor-parallel all-reduce of the backward (and sequence
+    ///   parallelism's all-gather and reduce-scatter under the weight-gradient GEMMs).
     /// - `megatron-core` and `nemo` (which builds on it): Transformer Engine's fused
     ///   attention (cuDNN, native to Hopper), `--overlap-grad-reduce` and
     ///   `--overlap-param-gather` of the distributed optimizer, bucketed per layer, and
@@ -159,6 +182,14 @@ impl Software {
             "megatron-lm-2021" => Software {
                 attention: AttentionKernel::Unfused,
                 overlap_grad_reduce: false,
+                tp_backward_overlap: false,
+                p2p_blocking: true,
+                ..by_layer
+            },
+            "megatron-lm-2022" => Software {
+                attention: AttentionKernel::Unfused,
+                overlap_grad_reduce: false,
+                p2p_blocking: true,
                 ..by_layer
             },
             "deepspeed" => Software {
@@ -185,6 +216,21 @@ impl Software {
     /// `deepspeed,overlap_param_gather=true` or `megatron-core,attention=unfused`.
     pub fn parse(spec: &str) -> Result<Software, CostError> {
         SoftwareSpec::parse(spec)?.resolve()
+    }
+
+    /// The profile with nothing overlapped: gradient reduction after the backward, the
+    /// tensor-parallel collectives and the ZeRO gathers awaited where they are issued,
+    /// stage-to-stage transfers blocking. A plan's step under it is the pessimistic end of its
+    /// predicted range: what it costs if none of the overlap the profile counts on happens.
+    pub fn without_overlap(&self) -> Software {
+        Software {
+            overlap_grad_reduce: false,
+            tp_backward_overlap: false,
+            tp_forward_overlap: false,
+            overlap_param_gather: false,
+            p2p_blocking: true,
+            ..self.clone()
+        }
     }
 
     /// Writes the profile into `model`'s parameters.
@@ -233,6 +279,9 @@ pub struct SoftwareSpec {
     /// See [`Software::reduce_bytes`]: `bf16` or `fp32`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reduce_dtype: Option<String>,
+    /// See [`Software::p2p_blocking`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub p2p_blocking: Option<bool>,
 }
 
 impl SoftwareSpec {
@@ -299,11 +348,13 @@ impl SoftwareSpec {
                     out.fusion.replace(f).is_none()
                 }
                 "reduce_dtype" => out.reduce_dtype.replace(value.to_string()).is_none(),
+                "p2p_blocking" => out.p2p_blocking.replace(flag()?).is_none(),
                 other => {
                     return Err(bad(format!(
                         "unknown software option `{other}` (attention, overlap_grad_reduce, \
                          tp_backward_overlap, tp_forward_overlap, tp_comm_overlap, \
-                         overlap_param_gather, param_gather, fusion, reduce_dtype, bucket_mb)"
+                         overlap_param_gather, param_gather, fusion, reduce_dtype, bucket_mb, \
+                         p2p_blocking)"
                     )));
                 }
             };
@@ -359,6 +410,9 @@ impl SoftwareSpec {
         }
         if let Some(v) = self.param_gather {
             s.param_gather = v;
+        }
+        if let Some(v) = self.p2p_blocking {
+            s.p2p_blocking = v;
         }
         if let Some(mb) = self.bucket_mb {
             if !mb.is_finite() || mb < 0.0 {

@@ -118,23 +118,29 @@ fn every_reference_table_is_read_and_the_megatron_tables_are_expressed() {
 /// Per table: (median |error| at most, worst |error| at most, share predicted too fast at
 /// most). Today's figures, each with about a point of headroom: llm-foundry 6.6% / 28.1%
 /// (fp8 rows 7-15% too slow), Megatron-Core 2.8% / 28.1% (the 1.7B row, whose micro-batch
-/// the README does not give), SC'21 Table 1 9.6% / 11.3% (every row too fast), the
-/// all-reduce sweep 2.8% median (its worst rows are the 4-node 32-64 KiB calls that took
-/// 3-6 ms, far below any latency model), the MAMF GEMMs 4.8% / 20.1%.
-const BOUNDS: [(&str, f64, f64, f64); 8] = [
-    ("korthikanti2022_table4_per_layer_22B", 0.025, 0.05, 0.6),
+/// the README does not give), SC'21 Table 1 5.1% / 6.6%, SC'21 Table 2 4.8% / 18.5% (PTD-P
+/// within 5%, the 530B ZeRO-3 rows 18% too fast), Korthikanti Table 4 2.1% / 3.8% and
+/// Table 5 2.1% / 4.7%, the all-reduce sweep 2.8%
+/// median (its worst rows are the 4-node 32-64 KiB calls that took 3-6 ms, far below any
+/// latency model), the MAMF GEMMs 4.8% / 20.1%, the NCCL maintainers' and users' bus
+/// bandwidths 0.6% / 11.5% (2 nodes with 4 HDR NICs, 86 GB/s measured against the ring's 96)
+/// and 0.3% / 1.9%.
+const BOUNDS: [(&str, f64, f64, f64); 10] = [
+    ("korthikanti2022_table4_per_layer_22B", 0.025, 0.045, 0.5),
     (
         "korthikanti2022_tables3_5_seqpar_selective",
-        0.045,
-        0.075,
-        0.9,
+        0.03,
+        0.055,
+        0.65,
     ),
     ("llmfoundry_mpt_benchmarks", 0.075, 0.30, 0.75),
     ("megatron_core_h100_weak_scaling_readme", 0.04, 0.30, 0.7),
-    ("megatron_sc21_table1_weak_scaling_a100", 0.105, 0.125, 1.0),
-    ("megatron_sc21_table2_zero3_vs_ptdp", 0.12, 0.37, 1.0),
+    ("megatron_sc21_table1_weak_scaling_a100", 0.06, 0.075, 0.95),
+    ("megatron_sc21_table2_zero3_vs_ptdp", 0.055, 0.195, 0.9),
     ("mlengineering_allreduce_busbw", 0.04, f64::INFINITY, 0.95),
     ("mlengineering_mamf_gemm", 0.06, 0.22, 0.5),
+    ("nccl_busbw_reference", 0.015, 0.13, 0.5),
+    ("nccl_issue_reference_busbw", 0.01, 0.03, 0.5),
 ];
 
 #[test]
@@ -177,8 +183,10 @@ fn every_table_holds_its_bounds() {
 /// DeepSpeed ZeRO-3 (SC'21 Table 2) gathers weights parameter by parameter, each gather a
 /// ring over every data-parallel rank, on the critical path: its step does not get faster
 /// from 768 to 1536 GPUs at the same batch (measured: 66.7 s both), where one overlapped
-/// gather per layer would halve it. The table's errors are held where the `deepspeed`
-/// profile brought them (median 19.6% -> 10.9%, worst -77% -> -36%).
+/// gather per layer would halve it. Each gather also copies its result out one kernel per
+/// rank (the list `all_gather` of DeepSpeed's 2021 code), so the latency it pays grows with
+/// the data-parallel size twice over; with it every ZeRO-3 row is predicted slower than its
+/// PTD-P row, and the table stays within 6% median and 20% worst.
 #[test]
 fn zero3_under_deepspeed_stops_scaling_as_measured() {
     let r = report();
@@ -202,26 +210,29 @@ fn zero3_under_deepspeed_stops_scaling_as_measured() {
             a.measured / b.measured
         );
     }
-    // Where ZeRO-3 is measured slower than PTD-P at the same GPU count, the larger meshes
-    // are predicted so too.
-    for gpus in [
-        "174.6B on 768 GPUs",
-        "174.6B on 1536 GPUs",
-        "529.6B on 1120 GPUs",
-        "529.6B on 2240 GPUs",
+    // ZeRO-3 is measured slower than PTD-P on every model and GPU count: so is it predicted
+    // (the 530B ZeRO-3 row on 640 GPUs stands against PTD-P's on 560).
+    for (zero3, ptdp) in [
+        ("174.6B on 384 GPUs", "174.6B on 384 GPUs"),
+        ("174.6B on 768 GPUs", "174.6B on 768 GPUs"),
+        ("174.6B on 1536 GPUs", "174.6B on 1536 GPUs"),
+        ("529.6B on 640 GPUs", "529.6B on 560 GPUs"),
+        ("529.6B on 1120 GPUs", "529.6B on 1120 GPUs"),
+        ("529.6B on 2240 GPUs", "529.6B on 2240 GPUs"),
     ] {
         let (z, p) = (
-            row(&format!("ZeRO-3 {gpus}")),
-            row(&format!("PTD-P {gpus}")),
+            row(&format!("ZeRO-3 {zero3}")),
+            row(&format!("PTD-P {ptdp}")),
         );
+        assert!(z.measured > p.measured);
         assert!(
             z.predicted > p.predicted,
-            "{gpus}: ZeRO-3 {} vs PTD-P {}",
+            "{zero3}: ZeRO-3 {} vs PTD-P {}",
             z.predicted,
             p.predicted
         );
     }
     let median = t.summary.median_abs_error.expect("a median");
-    assert!(median <= 0.12, "median {:.1}%", 100.0 * median);
-    assert!(worst(t) <= 0.40, "worst {:.1}%", 100.0 * worst(t));
+    assert!(median <= 0.06, "median {:.1}%", 100.0 * median);
+    assert!(worst(t) <= 0.20, "worst {:.1}%", 100.0 * worst(t));
 }

@@ -351,3 +351,61 @@ fn fusion_and_attention_generation_change_the_step() {
     assert!(h_native < 0.8 * h_fa2, "{h_native} vs {h_fa2}");
     assert!((a_native - a_fa2).abs() < 1e-12);
 }
+
+/// Megatron-LM's blocking stage-to-stage transfers put every send and the receiver's
+/// gather on the ranks' time, so the step is slower by at least half a transfer per
+/// micro-batch and chunk of a rank; and the 2021 code's awaited tensor-parallel
+/// all-reduce of the backward exposes what the 2022 code hides under the weight gradients.
+#[test]
+fn blocking_transfers_and_awaited_backward_all_reduces_cost_time() {
+    use autopar_cost_model::Software;
+    let cfg = TransformerConfig::gpt("40b", 48, 8192, 64, 2048, 51200);
+    let plan = Plan::parse(
+        "dp=2,tp=8,pp=4,vpp=2,mbs=1,gbs=32,recompute=full,schedule=interleaved,dtype=f16",
+    )
+    .unwrap();
+    let estimate = |sw: &str| {
+        let mut m = a100(8);
+        Software::parse(sw).unwrap().apply(&mut m);
+        m.estimate(&cfg, &plan).unwrap()
+    };
+    let free = estimate("megatron-lm-2022,p2p_blocking=false");
+    let blocking = estimate("megatron-lm-2022");
+    let transfers = (plan.micro_batches() * plan.vpp) as f64;
+    assert!(
+        blocking.iter_time_s - free.iter_time_s > transfers * free.time.p2p_s * 0.5,
+        "{} vs {} (transfer {})",
+        blocking.iter_time_s,
+        free.iter_time_s,
+        free.time.p2p_s
+    );
+    let awaited = estimate("megatron-lm-2021");
+    assert!(
+        awaited.time.layer_backward.comm_exposed_s
+            > 2.0 * blocking.time.layer_backward.comm_exposed_s
+    );
+    assert!(awaited.iter_time_s > blocking.iter_time_s);
+}
+
+/// The pessimistic end of a plan's range: with no overlap the step is never faster, and it
+/// is slower where the profile hides communication.
+#[test]
+fn without_overlap_is_the_slow_end_of_the_range() {
+    let cfg = TransformerConfig::gpt("13b", 40, 5120, 40, 2048, 51200);
+    let m = a100(4);
+    let none = m.without_overlap();
+    assert!(!none.software.overlap_grad_reduce && none.software.p2p_blocking);
+    assert!(!none.comm.overlap_tp_backward && !none.comm.overlap_tp_forward);
+    for text in [
+        "dp=4,tp=8,mbs=1,gbs=64",
+        "dp=2,tp=4,pp=4,vpp=2,mbs=1,gbs=64,schedule=interleaved,sp=true",
+        "dp=32,mbs=1,gbs=64,zero=3",
+    ] {
+        let plan = Plan::parse(text).unwrap();
+        let (fast, slow) = (
+            m.estimate(&cfg, &plan).unwrap(),
+            none.estimate(&cfg, &plan).unwrap(),
+        );
+        assert!(slow.iter_time_s > fast.iter_time_s, "{text}");
+    }
+}
