@@ -204,10 +204,10 @@ pub fn run_options(args: &RunArgs, mut options: CompileOptions) -> Result<()> {
     if launch.device == driver::Device::Cuda
         && (launch.backend == driver::BackendKind::Interpreter
             || launch.threads.is_some()
-            || !launch.wide_accumulation)
+            || launch.wide_accumulation)
     {
         bail!(
-            "--interpreter, --threads and --f32-accumulation choose a CPU backend: not with --device cuda"
+            "--interpreter, --threads and --wide-accumulation choose a CPU backend: not with --device cuda"
         );
     }
     options.dump_after = args.diag.dump_after.clone();
@@ -245,6 +245,8 @@ pub fn run_options(args: &RunArgs, mut options: CompileOptions) -> Result<()> {
         },
         verify: args.verify,
         first_step: session.first_step,
+        // `run_launched` sets it for the backend it starts.
+        accumulation: driver::runtime::Accumulation::Wide,
     };
     let initial = session
         .initial

@@ -215,6 +215,7 @@ fn activation_peak(model: &str, batch: usize, cp: usize) -> u64 {
         steps: 1,
         verify: true,
         first_step: 0,
+        ..RunOptions::default()
     };
     let summary = run_step(&step, &verify);
     assert!(summary.verify.as_ref().is_some_and(|v| v.ok()));
