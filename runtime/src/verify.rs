@@ -37,14 +37,22 @@ use crate::tensor::Tensor;
 ///   about `sqrt(k) 2^-24`, and training amplifies it step after step (Adam normalises a
 ///   gradient that cancels, so noise in it becomes an update of up to the learning rate):
 ///   after 60 steps of `gpt-tiny` the state moves by about `1e-4` from accumulation alone,
-///   more than any fixed f32 tolerance that still catches bugs after a few steps. A correct
-///   parallel run adds its own f32 noise (another order of the terms, sharded sums) of the
-///   same statistics, so its error is a sample of the same size as the floor: measured over
-///   the verify configurations of the tests (gpt, llama and moe tiny models on dp, tp, pp,
-///   cp, ep and ZeRO meshes, 2 to 60 steps), the parallel error was at most RATIO times the
-///   floor. [`Tolerance::NOISE_FACTOR`] leaves a
-///   margin above that, while a defect (a term dropped, a shard misplaced, a wrong scale)
-///   moves a tensor by far more than its rounding noise and still fails.
+///   after 3 steps already by more than `1e-4` on some meshes, beyond any fixed f32 tolerance
+///   that still catches bugs. A correct parallel run adds its own f32 noise (another order
+///   of the terms, sharded sums, attention's probabilities held in f32), so its error is
+///   another sample of about the floor's size. Measured over the verify configurations of
+///   the tests (`gpt-tiny`, `llama-tiny`, `moe-tiny` on `dp=2`, `tp=2`, `dp=2,tp=2`, `pp=2`,
+///   `cp=2`, `ep=2` and ZeRO-1/2/3, AdamW, 3 and 60 steps), the parallel error was 0.2 to 1.2
+///   times the floor for `llama-tiny` and `moe-tiny` and 1.2 to 2.8 times for `gpt-tiny` (the
+///   largest on `pp=2` with two micro-batches, whose floor is the smallest: the fast
+///   backend's noise shrinks less with shorter sums than the sequential chains' do).
+///   [`Tolerance::NOISE_FACTOR`] = 5 leaves a margin of 1.8 above the worst, while a defect
+///   (a term dropped, a shard misplaced, a scale off by 1e-3 on a weight of size 1) moves a
+///   tensor by several times its rounding noise and still fails. One kind of run is beyond
+///   any noise floor: top-k routing (`moe_route`) over many steps, where noise can send a
+///   token to another expert in one run and not in the other (`moe-tiny` after 55 to 60
+///   steps on `dp=2`, `ep=2`, `pp=2` and ZeRO meshes, and on one device: an error ten times
+///   the floor, appearing at once); wide accumulation keeps such runs within `1e-4`.
 /// - Relative errors are taken against `max(|reference|, 1)` ([`Tolerance::REL_FLOOR`]).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Tolerance(pub f64);
@@ -66,7 +74,7 @@ impl Tolerance {
 
     /// How many times the f32-accumulation noise floor a parallel run may differ by (see
     /// the policy above).
-    pub const NOISE_FACTOR: f64 = 4.0;
+    pub const NOISE_FACTOR: f64 = 5.0;
 
     /// The tolerance for a compute dtype.
     pub fn for_compute(compute: DType) -> Tolerance {
@@ -516,7 +524,7 @@ mod tests {
         assert!((r.tolerance - Tolerance::NOISE_FACTOR * noise.max_abs_err).abs() < 1e-12);
         let line = r.line();
         assert!(
-            line.starts_with("verify: max_abs_err=2.500e-4 max_rel_err=2.500e-4 tolerance=4.00")
+            line.starts_with("verify: max_abs_err=2.500e-4 max_rel_err=2.500e-4 tolerance=5.00")
                 && line.ends_with(" (f32-accumulation noise 1.000e-4) OK"),
             "{line}"
         );
