@@ -245,8 +245,8 @@ pub fn run_options(args: &RunArgs, mut options: CompileOptions) -> Result<()> {
         },
         verify: args.verify,
         first_step: session.first_step,
-        // `run_launched` sets it for the backend it starts.
-        accumulation: driver::runtime::Accumulation::Wide,
+        // `run_launched` sets `accumulation` for the backend it starts.
+        ..driver::RunOptions::default()
     };
     let initial = session
         .initial
