@@ -37,10 +37,12 @@ pub struct LauncherArgs {
     /// ranks of this process, at least 1].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=1024), conflicts_with = "interpreter")]
     pub threads: Option<u64>,
-    /// Sum the fast backend's f32 matrix products in f32 instead of f64: faster, but Adam
-    /// turns the rounding noise of gradients that cancel into updates `--verify` may flag.
+    /// Sum the fast backend's f32 matrix products in f64 instead of f32 (the default, as
+    /// PyTorch's GEMMs do): about half the GEMM throughput, with gradients within rounding of
+    /// the reference's. Without it, `--verify` also runs an f32-accumulating reference and
+    /// allows for the noise it measures.
     #[arg(long, conflicts_with = "interpreter")]
-    pub f32_accumulation: bool,
+    pub wide_accumulation: bool,
 }
 
 /// The launchers of `--launcher`.
@@ -88,7 +90,7 @@ impl LauncherArgs {
                 BackendKind::Fast
             },
             threads: self.threads.map(|n| n as usize),
-            wide_accumulation: !self.f32_accumulation,
+            wide_accumulation: self.wide_accumulation,
         })
     }
 }

@@ -204,10 +204,10 @@ pub fn run_options(args: &RunArgs, mut options: CompileOptions) -> Result<()> {
     if launch.device == driver::Device::Cuda
         && (launch.backend == driver::BackendKind::Interpreter
             || launch.threads.is_some()
-            || !launch.wide_accumulation)
+            || launch.wide_accumulation)
     {
         bail!(
-            "--interpreter, --threads and --f32-accumulation choose a CPU backend: not with --device cuda"
+            "--interpreter, --threads and --wide-accumulation choose a CPU backend: not with --device cuda"
         );
     }
     options.dump_after = args.diag.dump_after.clone();
@@ -245,6 +245,8 @@ pub fn run_options(args: &RunArgs, mut options: CompileOptions) -> Result<()> {
         },
         verify: args.verify,
         first_step: session.first_step,
+        // `run_launched` sets `accumulation` for the backend it starts.
+        ..driver::RunOptions::default()
     };
     let initial = session
         .initial
@@ -323,8 +325,24 @@ pub fn run_options(args: &RunArgs, mut options: CompileOptions) -> Result<()> {
     if let Some(v) = &report.verify {
         print_stdout(&format!("{}\n", v.line()))?;
         if !v.ok() {
+            // Top-k routing is discontinuous: rounding noise can send a token to another
+            // expert (or past an expert's capacity) in one run and not in the other, a jump
+            // no noise floor predicts.
+            let routed = step
+                .global
+                .node_ids()
+                .into_iter()
+                .any(|n| matches!(step.global.node(n).op, driver::ir::Op::MoeRoute { .. }));
+            let hint = match v.noise_floor.is_some() && routed {
+                true => {
+                    "; with f32 accumulation, rounding noise can flip a routing decision of \
+                     `moe_route` over many steps: --wide-accumulation keeps the run within \
+                     rounding of the reference"
+                }
+                false => "",
+            };
             bail!(
-                "the parallel run differs from the single-device reference (worst: `{}`)",
+                "the parallel run differs from the single-device reference (worst: `{}`){hint}",
                 v.worst
             );
         }

@@ -218,6 +218,7 @@ fn pipeline_ranks_hold_only_their_stages_state() {
         steps: 2,
         verify: true,
         first_step: 0,
+        ..autopar_driver::RunOptions::default()
     };
     let summary = autopar_driver::run(&program, &two_steps, |_| {}).expect("runs");
     assert!(summary.verify.expect("verified").ok());

@@ -44,6 +44,7 @@ fn run_steps(step: &CompiledStep, seed: u64, steps: u64, verify: bool) -> RunRep
         steps,
         verify,
         first_step: 0,
+        ..RunOptions::default()
     };
     run(step, &o, |_| {}).expect("runs")
 }

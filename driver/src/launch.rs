@@ -8,7 +8,9 @@
 
 use std::time::Duration;
 
-use autopar_runtime::{CommOptions, CpuBackend, FastCpuBackend, Launcher, ThreadLauncher};
+use autopar_runtime::{
+    Accumulation, CommOptions, CpuBackend, FastCpuBackend, Launcher, ThreadLauncher,
+};
 
 use crate::Error;
 use crate::compile::CompiledStep;
@@ -87,8 +89,9 @@ pub struct Launch {
     /// Threads per rank for the fast backend; `None`: the available cores divided by the
     /// ranks this process runs (at least 1).
     pub threads: Option<usize>,
-    /// Whether the fast backend's f32 einsums accumulate in f64 (the default, within
-    /// `--verify`'s tolerance of the reference) or in f32 (faster).
+    /// Whether the fast backend's f32 einsums accumulate in f64, or in f32 (the default, as
+    /// PyTorch's and cuBLAS's GEMMs do, and about twice as fast; `--verify` then measures
+    /// the noise such accumulation adds and allows for it).
     pub wide_accumulation: bool,
 }
 
@@ -100,7 +103,19 @@ impl Default for Launch {
             collective_timeout: CommOptions::DEFAULT_TIMEOUT,
             backend: BackendKind::Fast,
             threads: None,
-            wide_accumulation: true,
+            wide_accumulation: false,
+        }
+    }
+}
+
+impl Launch {
+    /// How the CPU backend this launch names accumulates f32 contractions: the interpreter
+    /// and the fast backend with `wide_accumulation` in `f64`, the fast backend otherwise in
+    /// `f32`.
+    pub fn accumulation(&self) -> Accumulation {
+        match (self.backend, self.wide_accumulation) {
+            (BackendKind::Fast, false) => Accumulation::F32,
+            (BackendKind::Interpreter, _) | (BackendKind::Fast, true) => Accumulation::Wide,
         }
     }
 }
@@ -119,7 +134,8 @@ pub fn available_cores() -> usize {
 /// Whether this build can launch MPI processes (the `mpi` feature).
 pub const MPI_AVAILABLE: bool = cfg!(feature = "mpi");
 
-/// Runs `step` on CPU ranks started as `launch` says, on the backend it names ([`run_on`]).
+/// Runs `step` on CPU ranks started as `launch` says, on the backend it names ([`run_on`]),
+/// with [`RunOptions::accumulation`] set to what that backend does.
 pub fn run_launched(
     step: &CompiledStep,
     launch: &Launch,
@@ -190,12 +206,16 @@ fn on_backend<L: Launcher + 'static>(
     hooks: RunHooks<'_>,
     on_step: impl FnMut(&StepEvent),
 ) -> Result<RunReport, Error> {
+    let options = RunOptions {
+        accumulation: launch.accumulation(),
+        ..*options
+    };
     match launch.backend {
         BackendKind::Interpreter => run_on(
             step,
             launcher,
             &CpuBackend::default(),
-            options,
+            &options,
             hooks,
             on_step,
         ),
@@ -204,7 +224,7 @@ fn on_backend<L: Launcher + 'static>(
             let threads = threads_per_rank(launch.threads, available_cores(), local);
             let backend = FastCpuBackend::new(threads, local)?
                 .with_wide_accumulation(launch.wide_accumulation);
-            run_on(step, launcher, &backend, options, hooks, on_step)
+            run_on(step, launcher, &backend, &options, hooks, on_step)
         }
     }
 }

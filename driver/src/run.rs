@@ -8,8 +8,11 @@
 //! held in the backend's buffers. Pipelines run through the pipeline executor on the same
 //! backend.
 //!
-//! The one tolerance policy of `--verify` is [`Tolerance::for_compute`]: it depends only on
-//! the compute dtype, and a NaN or an infinity in either run is a failure.
+//! The one tolerance policy of `--verify` is [`Tolerance`]'s: [`Tolerance::for_compute`] for
+//! the compute dtype, widened by a measured noise floor ([`Tolerance::with_noise_floor`])
+//! when the backend under test accumulates f32 contractions in f32 ([`RunOptions::accumulation`]):
+//! a second reference, accumulating so, runs beside the first. A NaN or an infinity in either
+//! run is a failure.
 
 use std::collections::BTreeMap;
 
@@ -17,8 +20,8 @@ use autopar_ir::DType;
 use autopar_passes::train::GRADS_FINITE;
 use autopar_runtime::verify::{Comparison, Tolerance, VerifyReport};
 use autopar_runtime::{
-    self as rt, Backend, CpuBackend, ExecutionPlan, Launcher, PipelineStepReport, TensorMap,
-    ThreadLauncher, root_cause,
+    self as rt, Accumulation, Backend, CpuBackend, ExecutionPlan, Launcher, PipelineStepReport,
+    TensorMap, ThreadLauncher, root_cause,
 };
 
 use crate::Error;
@@ -38,6 +41,12 @@ pub struct RunOptions {
     /// starts after its checkpoint's). It selects each step's data, so that a resumed run
     /// is fed what the uninterrupted one was.
     pub first_step: u64,
+    /// How the backend under test accumulates the dot products of f32 contractions (einsums,
+    /// attention). With [`Accumulation::F32`], `verify` of an f32 step also advances a
+    /// reference that accumulates so, and holds the run to the tolerance its noise allows
+    /// ([`Tolerance::with_noise_floor`]). [`run_on`] cannot tell what a backend does, so its
+    /// caller says; [`crate::run_launched`] sets it for the backend it starts.
+    pub accumulation: Accumulation,
 }
 
 impl Default for RunOptions {
@@ -47,6 +56,7 @@ impl Default for RunOptions {
             steps: 1,
             verify: false,
             first_step: 0,
+            accumulation: Accumulation::Wide,
         }
     }
 }
@@ -226,7 +236,9 @@ where
                 Some(_) => Some((0..n).map(init).collect::<Result<Vec<_>, _>>()?),
                 None => None,
             };
-            Some(Reference::new(step, options.seed, given.as_deref())?)
+            let noise =
+                options.accumulation == Accumulation::F32 && step.compute_dtype == DType::F32;
+            Some(Reference::new(step, options.seed, given.as_deref(), noise)?)
         }
         false => None,
     };
@@ -361,7 +373,11 @@ where
         })
         .collect();
     if let Some(r) = reference {
-        report.verify = Some(r.finish(step, &gathered.states)?);
+        let mut states = gathered.states;
+        perturbation()?
+            .map(|(name, rel)| perturb(&mut states, &name, rel))
+            .transpose()?;
+        report.verify = Some(r.finish(step, &states)?);
     }
     Ok(report)
 }
@@ -403,6 +419,39 @@ fn fault_injection() -> Result<Option<(usize, u64)>, Error> {
             "AUTOPAR_FAULT_EXIT=`{v}`: expected RANK:STEP, e.g. 3:2"
         ))
     })
+}
+
+/// The test-only defect hook: `AUTOPAR_FAULT_PERTURB=TENSOR:REL` scales the parallel run's
+/// final `TENSOR`, on every rank that holds it, by `1 + REL` before `--verify` compares it,
+/// to check that a defect of that size fails the comparison. Unset, nothing happens.
+fn perturbation() -> Result<Option<(String, f64)>, Error> {
+    let Ok(v) = std::env::var("AUTOPAR_FAULT_PERTURB") else {
+        return Ok(None);
+    };
+    let parsed = v
+        .rsplit_once(':')
+        .and_then(|(name, rel)| Some((name.trim().to_string(), rel.trim().parse().ok()?)));
+    parsed.map(Some).ok_or_else(|| {
+        Error::Usage(format!(
+            "AUTOPAR_FAULT_PERTURB=`{v}`: expected TENSOR:REL, e.g. wte:1e-3"
+        ))
+    })
+}
+
+/// Scales tensor `name` of every rank's state that holds it by `1 + rel`.
+fn perturb(states: &mut [TensorMap], name: &str, rel: f64) -> Result<(), Error> {
+    let mut found = false;
+    for t in states.iter_mut().filter_map(|s| s.get_mut(name)) {
+        let scaled = t.to_f64_vec().iter().map(|x| x * (1.0 + rel)).collect();
+        *t = rt::Tensor::from_f64(t.ty().clone(), scaled)?;
+        found = true;
+    }
+    match found {
+        true => Ok(()),
+        false => Err(Error::Usage(format!(
+            "AUTOPAR_FAULT_PERTURB: no rank holds a state tensor `{name}`"
+        ))),
+    }
 }
 
 /// The ranks' state between steps, for the ranks this process runs.
@@ -807,20 +856,31 @@ fn held_types(step: &CompiledStep, rank: usize) -> Vec<(String, autopar_ir::Tens
 }
 
 /// The single-device reference, advanced step by step beside the ranks, and the running
-/// comparison with them.
+/// comparison with them; with f32 accumulation under test, also the f32-accumulating
+/// reference that measures the noise floor.
 struct Reference<'a> {
     graph: &'a autopar_ir::Graph,
+    state: TensorMap,
+    comparison: Comparison,
+    noise: Option<NoiseFloor>,
+}
+
+/// A reference whose contractions accumulate in f32 ([`Accumulation::F32`]), advanced on the
+/// same state and batches as the wide one, and its comparison with it: what a correct run
+/// with f32 accumulation differs by on this trajectory.
+struct NoiseFloor {
     state: TensorMap,
     comparison: Comparison,
 }
 
 impl<'a> Reference<'a> {
     /// The reference of `step`, starting from the state drawn from `seed`, or from the
-    /// ranks' `initial` states gathered.
+    /// ranks' `initial` states gathered; with `noise`, the noise-floor reference beside it.
     fn new(
         step: &'a CompiledStep,
         seed: u64,
         initial: Option<&[TensorMap]>,
+        noise: bool,
     ) -> Result<Self, Error> {
         let graph = step.reference.as_ref().ok_or_else(|| {
             Error::Usage(
@@ -835,27 +895,39 @@ impl<'a> Reference<'a> {
                 *slot = step.state.gather(name, ranks)?;
             }
         }
+        let tolerance = Tolerance::for_compute(step.compute_dtype);
         Ok(Reference {
             graph,
+            noise: noise.then(|| NoiseFloor {
+                state: state.clone(),
+                comparison: Comparison::new(tolerance),
+            }),
             state,
-            comparison: Comparison::new(Tolerance::for_compute(step.compute_dtype)),
+            comparison: Comparison::new(tolerance),
         })
     }
 
     /// Runs the reference step on its state (advanced in place) and compares its loss with
-    /// the ranks' `loss`.
+    /// the ranks' `loss`; the noise-floor reference likewise, compared with the reference.
     fn step(&mut self, batch: &TensorMap, loss: f64) -> Result<(), Error> {
         let out = rt::run(self.graph, &self.state, batch, rt::RunOptions::default())?;
-        self.comparison.loss(loss, out.scalar("loss")?);
-        for (name, t) in out.outputs {
-            if let Some(slot) = self.state.get_mut(&name) {
-                *slot = t;
-            }
+        let reference_loss = out.scalar("loss")?;
+        self.comparison.loss(loss, reference_loss);
+        advance(&mut self.state, out);
+        if let Some(noise) = self.noise.as_mut() {
+            let f32_accumulation = rt::RunOptions {
+                accumulation: Accumulation::F32,
+                ..rt::RunOptions::default()
+            };
+            let out = rt::run(self.graph, &noise.state, batch, f32_accumulation)?;
+            noise.comparison.loss(out.scalar("loss")?, reference_loss);
+            advance(&mut noise.state, out);
         }
         Ok(())
     }
 
-    /// Compares every state tensor, gathered from the ranks' `states`, with the reference's.
+    /// Compares every state tensor, gathered from the ranks' `states`, with the reference's
+    /// (and the noise-floor reference's too).
     fn finish(mut self, step: &CompiledStep, states: &[TensorMap]) -> Result<VerifyReport, Error> {
         for t in &step.state.tensors {
             let Some(want) = self.state.get(&t.name) else {
@@ -863,7 +935,27 @@ impl<'a> Reference<'a> {
             };
             let got = step.state.gather(&t.name, states)?;
             self.comparison.tensor(&t.name, &got, want)?;
+            if let Some(noise) = self.noise.as_mut() {
+                let floor = noise.state.get(&t.name).ok_or_else(|| {
+                    Error::Usage(format!("the noise-floor reference has no `{}`", t.name))
+                })?;
+                noise.comparison.tensor(&t.name, floor, want)?;
+            }
         }
-        Ok(self.comparison.finish())
+        Ok(match self.noise {
+            Some(noise) => self
+                .comparison
+                .finish_with_noise(&noise.comparison.finish()),
+            None => self.comparison.finish(),
+        })
+    }
+}
+
+/// Replaces each tensor of `state` that the step outputs (a parameter's next value) by it.
+fn advance(state: &mut TensorMap, out: rt::RunOutput) {
+    for (name, t) in out.outputs {
+        if let Some(slot) = state.get_mut(&name) {
+            *slot = t;
+        }
     }
 }

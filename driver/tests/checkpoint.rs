@@ -115,6 +115,7 @@ fn train(
         steps: last - first,
         verify: false,
         first_step: first,
+        ..RunOptions::default()
     };
     let report = run_with(&step, &options, hooks, |_| {})?;
     let state = step

@@ -1,26 +1,38 @@
 //! The fast CPU backend against the reference interpreter on whole training steps of the
 //! zoo's tiny models: one step's every output (next parameters and optimizer state, loss),
-//! and runs of several steps through the driver with `--verify` on single devices, SPMD
-//! meshes and pipelines, in f32 and bf16.
+//! with f64 and with f32 accumulation against the reference accumulating alike, and runs of
+//! several steps through the driver with `--verify` on single devices, SPMD meshes and
+//! pipelines, in f32 and bf16.
 
 use std::collections::BTreeMap;
 
 use autopar_driver::ir::DType;
 use autopar_driver::{CompileOptions, Error, RunHooks, RunOptions, compile, run_on};
 use autopar_runtime::{
-    self as rt, Backend, FastCpuBackend, FastTensor, SingleDevice, TensorMap, ThreadLauncher,
+    self as rt, Accumulation, Backend, FastCpuBackend, FastTensor, SingleDevice, TensorMap,
+    ThreadLauncher,
 };
 
 /// The largest difference of every output of one step of `model`'s single-device training
-/// step between the fast backend (with `threads`) and the interpreter, and the magnitude of
-/// the reference output, by output name.
-fn one_step(model: &str, threads: usize) -> Result<BTreeMap<String, (f64, f64)>, Error> {
+/// step between the fast backend (with `threads`, its f32 products accumulated as
+/// `accumulation` says) and the interpreter accumulating alike, and the magnitude of the
+/// reference output, by output name.
+fn one_step(
+    model: &str,
+    threads: usize,
+    accumulation: Accumulation,
+) -> Result<BTreeMap<String, (f64, f64)>, Error> {
     let step = compile(&CompileOptions::new(model))?;
     let graph = &step.locals[0];
     let state = step.state.init_rank(0, 7)?;
     let batch = rt::synthetic_batch(&step.global, 7, 0)?;
-    let want = rt::run(graph, &state, &batch, rt::RunOptions::default())?;
-    let backend = FastCpuBackend::new(threads, 1)?;
+    let options = rt::RunOptions {
+        accumulation,
+        ..rt::RunOptions::default()
+    };
+    let want = rt::run(graph, &state, &batch, options)?;
+    let backend =
+        FastCpuBackend::new(threads, 1)?.with_wide_accumulation(accumulation == Accumulation::Wide);
     let exe = backend.load(graph, rt::ExecutionPlan::new(graph)?)?;
     let up = |m: &TensorMap| -> Result<BTreeMap<String, FastTensor>, rt::RuntimeError> {
         m.iter()
@@ -46,10 +58,14 @@ fn one_step(model: &str, threads: usize) -> Result<BTreeMap<String, (f64, f64)>,
 #[test]
 fn one_step_matches_the_interpreter() -> Result<(), Error> {
     for model in ["gpt-tiny", "llama-tiny", "moe-tiny"] {
-        for threads in [1, 2] {
-            let diffs = one_step(model, threads)?;
+        for (threads, acc) in [1, 2].into_iter().flat_map(|t| {
+            [Accumulation::Wide, Accumulation::F32]
+                .into_iter()
+                .map(move |a| (t, a))
+        }) {
+            let diffs = one_step(model, threads, acc)?;
             for (name, (d, scale)) in &diffs {
-                eprintln!("{model} x{threads} {name}: {d:.3e} of {scale:.3e}");
+                eprintln!("{model} x{threads} {acc:?} {name}: {d:.3e} of {scale:.3e}");
                 // Adam's first moments are a tenth of the gradients: they show gradient
                 // errors unscaled by the normalised update.
                 let bound = if name.starts_with("adam_m") || name.starts_with("adam_v") {
@@ -59,7 +75,7 @@ fn one_step_matches_the_interpreter() -> Result<(), Error> {
                 };
                 assert!(
                     *d <= bound,
-                    "{model} x{threads}: `{name}` differs by {d:e} (scale {scale:e})"
+                    "{model} x{threads} {acc:?}: `{name}` differs by {d:e} (scale {scale:e})"
                 );
             }
         }
@@ -67,7 +83,8 @@ fn one_step_matches_the_interpreter() -> Result<(), Error> {
     Ok(())
 }
 
-/// Runs `steps` steps of `model` on `mesh` on the fast backend with `--verify`.
+/// Runs `steps` steps of `model` on `mesh` on the fast backend (f32 accumulation, its
+/// default) with `--verify`, which for f32 compute measures the noise floor.
 fn verified(model: &str, mesh: &str, micro_batches: usize, dtype: DType) -> Result<(), Error> {
     let mut options = CompileOptions::new(model).on_mesh(mesh)?;
     options.train.micro_batches = micro_batches;
@@ -76,6 +93,7 @@ fn verified(model: &str, mesh: &str, micro_batches: usize, dtype: DType) -> Resu
     let run = RunOptions {
         steps: 3,
         verify: true,
+        accumulation: Accumulation::F32,
         ..RunOptions::default()
     };
     let ranks = step.mesh.num_devices();
@@ -90,6 +108,8 @@ fn verified(model: &str, mesh: &str, micro_batches: usize, dtype: DType) -> Resu
     )?;
     let v = report.verify.expect("verified");
     assert!(v.ok(), "{model} on {mesh} ({dtype}): {v:?}");
+    // Only f32 compute has an f32-accumulation noise floor to measure.
+    assert_eq!(v.noise_floor.is_some(), dtype == DType::F32, "{v:?}");
     assert_eq!(report.losses.len(), 3);
     Ok(())
 }

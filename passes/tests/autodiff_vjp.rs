@@ -13,10 +13,13 @@ use autopar_ir::{
 use autopar_passes::PassError;
 use autopar_passes::autodiff::{differentiate, has_vjp};
 use autopar_runtime::rng::Stream;
-use autopar_runtime::{Data, Precision, RunOptions, Tensor, TensorMap, init_parameters, run};
+use autopar_runtime::{
+    Accumulation, Data, Precision, RunOptions, Tensor, TensorMap, init_parameters, run,
+};
 
 const F64: RunOptions = RunOptions {
     precision: Precision::F64,
+    accumulation: Accumulation::Wide,
 };
 
 /// A graph whose parameters are fed from `values`, with a scalar `loss` output; the float

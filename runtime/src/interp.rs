@@ -10,7 +10,7 @@ use autopar_ir::{Graph, IrError, Node, Op, ValueId};
 use crate::TensorMap;
 use crate::comm::{Collectives, SingleDevice, communicate};
 use crate::error::{Feed, RuntimeError, fed};
-use crate::kernels::eval_op;
+use crate::kernels::{Accumulation, eval_op_with};
 use crate::plan::ExecutionPlan;
 use crate::tensor::{Precision, Tensor};
 
@@ -19,6 +19,10 @@ use crate::tensor::{Precision, Tensor};
 pub struct RunOptions {
     /// Whether float results are rounded to their declared dtypes.
     pub precision: Precision,
+    /// How the dot products of einsum and attention accumulate: in `f64` (the default, the
+    /// reference's semantics) or as f32 multiply-add chains, to measure the rounding noise of
+    /// a backend that accumulates so.
+    pub accumulation: Accumulation,
 }
 
 /// What a run produces: the named graph outputs and the memory it needed. `B` is the
@@ -211,7 +215,7 @@ fn eval_node<'a>(
     let results = if node.op.is_communication() {
         communicate(comm, &node.op, &operands)?
     } else {
-        eval_op(&node.op, &operands, options.precision)?
+        eval_op_with(&node.op, &operands, options.precision, options.accumulation)?
     };
     Ok(results.into_iter().map(Cow::Owned).collect())
 }

@@ -81,7 +81,7 @@ pub use executor::{RankProgram, SpmdOptions, run_spmd, run_spmd_per_rank};
 pub use fast::{FastCpuBackend, FastExecutable, FastTensor};
 pub use init::{element_init, init_parameter, init_parameters};
 pub use interp::{RunOptions, RunOutput, run, run_planned, run_with_collectives};
-pub use kernels::eval_op;
+pub use kernels::{Accumulation, eval_op, eval_op_with};
 #[cfg(feature = "mpi")]
 pub use launch::MpiLauncher;
 pub use launch::{Launcher, RankResults, ThreadLauncher, root_cause};

@@ -11,7 +11,15 @@ fn initial_loss(c: GptConfig, precision: Precision) -> Result<f64, Box<dyn std::
     autopar_ir::verify(&g)?;
     let params: TensorMap = init_parameters(&g, 0)?;
     let batch = synthetic_batch(&g, 0, 0)?;
-    let out = run(&g, &params, &batch, RunOptions { precision })?;
+    let out = run(
+        &g,
+        &params,
+        &batch,
+        RunOptions {
+            precision,
+            ..RunOptions::default()
+        },
+    )?;
     assert!(out.peak_bytes > 0);
     Ok(out.scalar("loss")?)
 }

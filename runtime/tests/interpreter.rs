@@ -216,6 +216,7 @@ fn declared_precision_rounds_and_f64_precision_does_not() -> TestResult {
         &inputs,
         RunOptions {
             precision: Precision::F64,
+            ..RunOptions::default()
         },
     )?;
     assert_eq!(wide.scalar("y")?, 0.2);

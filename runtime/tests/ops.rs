@@ -953,7 +953,15 @@ fn attention_matches_its_decomposition() -> TestResult {
         g.add_output("reference", reference)?;
         autopar_ir::verify(&g)?;
         for precision in [Precision::Declared, Precision::F64] {
-            let out = run(&g, &TensorMap::new(), &inputs, RunOptions { precision })?;
+            let out = run(
+                &g,
+                &TensorMap::new(),
+                &inputs,
+                RunOptions {
+                    precision,
+                    ..RunOptions::default()
+                },
+            )?;
             let (f, r) = (out.output("fused")?, out.output("reference")?);
             let tol = match precision {
                 Precision::Declared => 1e-5,
@@ -1040,6 +1048,7 @@ fn attention_with_positions_matches_its_decomposition() -> TestResult {
             &inputs,
             RunOptions {
                 precision: Precision::F64,
+                ..RunOptions::default()
             },
         )?;
         let get = |n: &str| out.output(n);

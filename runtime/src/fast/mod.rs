@@ -8,8 +8,8 @@
 //! size.
 //!
 //! Kernels, by family: [`gemm`] (einsum as strided `gemm` calls, no transposed copies, the
-//! result written in place, with `gemm`'s own threads; f32 products accumulate in f64 by
-//! default), [`elementwise`] (one monomorphised
+//! result written in place, with `gemm`'s own threads; f32 products accumulate in f32 by
+//! default, as PyTorch's do, or in f64), [`elementwise`] (one monomorphised
 //! loop per op and dtype), [`reduce`] (reductions, softmax, layer and RMS norm,
 //! cross-entropy; sums accumulate in `f64` as the reference does), [`layout`] (broadcast,
 //! transpose, slice, concat, gather, scatter-add), [`attention`] (attention and its backward
@@ -83,7 +83,7 @@ impl Default for FastCpuBackend {
     fn default() -> Self {
         FastCpuBackend {
             threads: 1,
-            wide: true,
+            wide: false,
             pool: None,
         }
     }
@@ -108,14 +108,15 @@ impl FastCpuBackend {
             })?;
         Ok(FastCpuBackend {
             threads,
-            wide: true,
+            wide: false,
             pool: Some(Arc::new(pool)),
         })
     }
 
-    /// Whether f32 einsums accumulate in f64 (`true`, the default: results within `--verify`'s
-    /// f32 tolerance of the reference after Adam steps) or in f32 (faster, about twice the
-    /// GEMM throughput, with gradients that differ from the reference by f32 rounding noise).
+    /// Whether f32 einsums accumulate in f64 (`true`: gradients within rounding of the
+    /// reference's f64 sums) or in f32 (`false`, the default, as PyTorch's and cuBLAS's GEMMs:
+    /// about twice the GEMM throughput; gradients differ from the reference by f32 rounding
+    /// noise, which `--verify` measures with an f32-accumulating reference).
     pub fn with_wide_accumulation(mut self, wide: bool) -> FastCpuBackend {
         self.wide = wide;
         self

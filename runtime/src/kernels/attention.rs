@@ -4,7 +4,7 @@
 use autopar_ir::TensorType;
 
 use super::reduction::softmax_in_place;
-use super::{floats, ints, matmul, strided_copy};
+use super::{Accumulation, floats, ints, matmul, strided_copy};
 use crate::error::RuntimeError;
 use crate::tensor::{Data, Tensor};
 
@@ -52,8 +52,10 @@ pub(crate) fn rotary(
 
 /// Scaled dot-product attention of `q[b, s, hq, d]`, `k[b, t, hkv, d]`, `v[b, t, hkv, dv]`:
 /// query head `h` uses kv head `h / (hq / hkv)`, and with `causal` query `i` sees keys `0..=i`,
-/// or, with `positions = (q_pos, k_pos)`, the keys `j` with `k_pos[j] <= q_pos[i]`.
+/// or, with `positions = (q_pos, k_pos)`, the keys `j` with `k_pos[j] <= q_pos[i]`. The two
+/// products (`q k^T` and `p v`) accumulate as `acc` says; the softmax in `f64`.
 pub(crate) fn attention(
+    acc: Accumulation,
     causal: bool,
     scale: f64,
     [q, k, v]: [&Tensor; 3],
@@ -85,7 +87,7 @@ pub(crate) fn attention(
             let q_h = &q_heads[(bi * hq + h) * s * d..][..s * d];
             let k_t = &k_heads_t[(bi * hkv + kh) * d * t..][..d * t];
             let v_h = &v_heads[(bi * hkv + kh) * t * dv..][..t * dv];
-            matmul(s, t, d, q_h, k_t, &mut probs);
+            matmul(acc, s, t, d, q_h, k_t, &mut probs);
             for (i, row) in probs.chunks_exact_mut(t.max(1)).enumerate().take(s) {
                 if let Some((qp, kp)) = positions {
                     // Masked logits are `-inf`, so their weight is `exp(-inf) = 0`.
@@ -110,7 +112,7 @@ pub(crate) fn attention(
                 }
                 masked.fill(0.0);
             }
-            matmul(s, dv, t, &probs, v_h, &mut head_out);
+            matmul(acc, s, dv, t, &probs, v_h, &mut head_out);
             for i in 0..s {
                 result[((bi * s + i) * hq + h) * dv..][..dv]
                     .copy_from_slice(&head_out[i * dv..][..dv]);
@@ -130,8 +132,11 @@ fn bad_rank(t: &Tensor) -> RuntimeError {
 /// The gradients `dq`, `dk`, `dv` of [`attention`] (see `Op::AttentionBackward`), from `q`,
 /// `k`, `v`, the attention's result `o` and its gradient `g`: the probabilities `p` of every
 /// query row are recomputed, then `dv += p g`, `ds = p (g·v - g·o) scale`, `dq += ds k` and
-/// `dk += ds q`, key by key.
+/// `dk += ds q`, key by key. The products that are matrix products in a GEMM formulation
+/// (`q·k`, `g·v`, and the sums into `dv`, `dq`, `dk`) accumulate as `acc` says; `g·o`, a
+/// row reduction, in `f64`.
 pub(crate) fn attention_backward(
+    acc: Accumulation,
     causal: bool,
     scale: f64,
     [q, k, v, o, g]: [&Tensor; 5],
@@ -164,6 +169,7 @@ pub(crate) fn attention_backward(
         vec![0.0; b * t * hkv * dv],
     );
     let dot = |x: &[f64], y: &[f64]| x.iter().zip(y).map(|(a, c)| a * c).sum::<f64>();
+    let dot_acc = |x: &[f64], y: &[f64]| x.iter().zip(y).fold(0.0, |s, (a, c)| acc.add(s, a * c));
     let mut row = vec![0.0; t];
     for bi in 0..b {
         for h in 0..hq {
@@ -180,7 +186,7 @@ pub(crate) fn attention_backward(
                         (true, None) => j <= i,
                     };
                     *x = if visible {
-                        scale * dot(&qv[qi..qi + d], &kv[key(j)..key(j) + d])
+                        scale * dot_acc(&qv[qi..qi + d], &kv[key(j)..key(j) + d])
                     } else {
                         f64::NEG_INFINITY
                     };
@@ -189,13 +195,13 @@ pub(crate) fn attention_backward(
                 let gi = &gv[oi..oi + dv];
                 let centre = dot(gi, &ov[oi..oi + dv]);
                 for (j, &p) in row.iter().enumerate() {
-                    let ds = p * (dot(gi, &vv[val(j)..val(j) + dv]) - centre) * scale;
+                    let ds = p * (dot_acc(gi, &vv[val(j)..val(j) + dv]) - centre) * scale;
                     for x in 0..dv {
-                        dvs[val(j) + x] += p * gi[x];
+                        dvs[val(j) + x] = acc.add(dvs[val(j) + x], p * gi[x]);
                     }
                     for x in 0..d {
-                        dq[qi + x] += ds * kv[key(j) + x];
-                        dk[key(j) + x] += ds * qv[qi + x];
+                        dq[qi + x] = acc.add(dq[qi + x], ds * kv[key(j) + x]);
+                        dk[key(j) + x] = acc.add(dk[key(j) + x], ds * qv[qi + x]);
                     }
                 }
             }

@@ -3,7 +3,7 @@
 
 use autopar_ir::{EinsumSpec, TensorType};
 
-use super::{floats, matmul, strided_copy};
+use super::{Accumulation, floats, matmul, strided_copy};
 use crate::error::RuntimeError;
 use crate::tensor::{Data, Tensor, strides};
 
@@ -12,8 +12,9 @@ use crate::tensor::{Data, Tensor, strides};
 /// Labels fall in four groups: batch (both operands and the output), contracting (both
 /// operands only), and the free labels of each operand (`m` from the left, `n` from the right).
 /// Each group may be empty, which covers outer products (no contracting labels) and pure
-/// batch products.
+/// batch products. The products over the contracting labels accumulate as `acc` says.
 pub(crate) fn einsum(
+    acc: Accumulation,
     spec: &EinsumSpec,
     a: &Tensor,
     b: &Tensor,
@@ -49,6 +50,7 @@ pub(crate) fn einsum(
     let mut c = vec![0.0; nb * m * n];
     for i in 0..nb {
         matmul(
+            acc,
             m,
             n,
             k,

@@ -65,7 +65,15 @@ pub fn run_op_with(
     for (i, v) in results.iter().enumerate() {
         g.add_output(format!("y{i}"), *v)?;
     }
-    let out = run(&g, &TensorMap::new(), &inputs, RunOptions { precision })?;
+    let out = run(
+        &g,
+        &TensorMap::new(),
+        &inputs,
+        RunOptions {
+            precision,
+            ..RunOptions::default()
+        },
+    )?;
     (0..results.len())
         .map(|i| out.output(&format!("y{i}")).cloned())
         .collect()
