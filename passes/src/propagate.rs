@@ -46,7 +46,8 @@
 //! deterministic. A demand is the shard that the user's placements require downstream: a
 //! value the user sharded, or the next value of a weight the user sharded, demands its
 //! shard, and a node whose results are demanded passes the demand on to every operand all
-//! its strategies giving those results agree on (`AxisPass::shard_demands`). So a
+//! its strategies giving those results, with its weights and inputs taken as they are, agree
+//! on (`AxisPass::shard_demands`; a demand never splits a weight the user replicated). So a
 //! weight's gradient is computed in the weight's sharding where that costs nothing more:
 //! the scatter-add of a vocabulary-sharded embedding builds each device's rows (Megatron's
 //! `VocabParallelEmbedding`) instead of the whole table sliced for the update. A policy's
@@ -703,8 +704,11 @@ impl AxisPass<'_> {
     /// shard, or the next value of a weight the user sharded, demands it (the seeds
     /// [`AxisSetup::pass`] leaves in `demand`; a policy's placements, such as ZeRO's, seed
     /// nothing), and a node whose results are demanded passes on a demand for every operand on
-    /// which all its strategies giving those results (and taking its stationary operands as
-    /// they are stored) agree, when that is a shard. A value whose consumers demand different
+    /// which all its strategies giving those results and taking its sources (weights, inputs)
+    /// as they are agree, when that is a shard. A node that would have to slice a source to
+    /// meet its demand passes on nothing: the demand follows what the user sharded, it does
+    /// not split a weight the user replicated (an update of a replicated weight whose
+    /// optimizer state is sharded slices the weight, and the gradient stays replicated). A value whose consumers demand different
     /// shards demands none. So the gradient of a weight sharded on this axis demands the
     /// weight's sharding all the way back to the op that computes it (the optimizer update
     /// takes both alike, through the clipping scale), and the scatter-add of a
@@ -731,7 +735,8 @@ impl AxisPass<'_> {
                         .zip(&asked)
                         .all(|(r, a)| a.is_none_or(|a| a == *r))
                         && node.inputs.iter().zip(&s.operands).all(|(&v, &p)| {
-                            !self.stationary[v.0 as usize] || self.place[v.0 as usize] == Some(p)
+                            !self.g.node(self.g.value(v).producer).op.is_source()
+                                || self.seen(v) == p
                         })
                 })
                 .collect();
