@@ -64,6 +64,12 @@ fn llama_forward_matches_onnx_runtime() {
 /// Every collective of rank 0's partitioned training step: op, attributes and result type
 /// (names and scopes differ between an import and the zoo, nothing else may).
 fn collectives(model: &str, loss: bool) -> Vec<String> {
+    let (step, _) = partitioned(model, loss);
+    describe(&step.locals[0], |_| true)
+}
+
+/// Rank 0's partitioned training step of `model` on `dp=2,tp=2`, and its weights' count.
+fn partitioned(model: &str, loss: bool) -> (driver::CompiledStep, usize) {
     let mut o = CompileOptions::new(model)
         .on_mesh("dp=2,tp=2")
         .expect("mesh");
@@ -72,10 +78,15 @@ fn collectives(model: &str, loss: bool) -> Vec<String> {
     o.stop_after = Some(Pass::Partition);
     o.reference = false;
     let step = driver::compile(&o).unwrap_or_else(|e| panic!("{model}: {e}"));
-    let g = &step.locals[0];
+    let weights = step.train.as_ref().map_or(0, |t| t.weights.len());
+    (step, weights)
+}
+
+/// The collectives among the nodes of `g` that `keep` selects, as [`collectives`] lists them.
+fn describe(g: &autopar_ir::Graph, keep: impl Fn(autopar_ir::NodeId) -> bool) -> Vec<String> {
     g.nodes_in_order()
         .into_iter()
-        .filter(|&n| g.node(n).op.is_communication())
+        .filter(|&n| g.node(n).op.is_communication() && keep(n))
         .map(|n| {
             let node = g.node(n);
             let ty = g.ty(node.outputs[0]);
@@ -94,10 +105,27 @@ fn gpt2_partitions_with_the_collectives_of_the_zoo_model() {
 
 #[test]
 fn llama_partitions_with_the_collectives_of_the_zoo_model() {
-    assert_eq!(
-        collectives(&model("llama-tiny.onnx"), true),
-        collectives("llama-tiny", false)
-    );
+    let (onnx, weights) = partitioned(&model("llama-tiny.onnx"), true);
+    let (zoo, zoo_weights) = partitioned("llama-tiny", false);
+    assert_eq!(weights, zoo_weights);
+    let (onnx, zoo) = (&onnx.locals[0], &zoo.locals[0]);
+    let optimizer =
+        |g: &autopar_ir::Graph, n| g.meta(n).phase == Some(autopar_ir::Phase::Optimizer);
+    let outside = |g: &autopar_ir::Graph| describe(g, |n| !optimizer(g, n));
+    assert!(outside(onnx).len() > 20, "{:?}", outside(onnx));
+    assert_eq!(outside(onnx), outside(zoo));
+    // The gradient norm adds the weights' squared norms in the order the model lists its
+    // weights (the file's order for an import), and a partial sum over `tp` (a sharded
+    // weight's term) is reduced where a replicated weight's term joins it: how many scalar
+    // all-reduces that takes depends on the order (the collectives pass batches them into
+    // one). Both reduce only scalars over `tp` there, at most one per weight.
+    for g in [onnx, zoo] {
+        let norm = describe(g, |n| optimizer(g, n));
+        assert!(!norm.is_empty() && norm.len() <= weights, "{norm:?}");
+        for c in &norm {
+            assert_eq!(c, r#"AllReduce { axes: ["tp"], reduce: Sum } -> f32[]"#);
+        }
+    }
 }
 
 #[test]

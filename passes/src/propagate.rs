@@ -34,8 +34,24 @@
 //! partial sums is not mistaken for free). A reshard that a consumer earlier in topological
 //! order already asks for costs nothing: the partitioner caches resharded copies (the backward
 //! of expert parallelism's combine reuses the forward's all-to-all of the experts' output
-//! instead of gathering the tokens' gradient). Ties go to the first strategy in
-//! the table's fixed order (all-replicated first), so the result is deterministic.
+//! instead of gathering the tokens' gradient). A value's bytes are those it will have once
+//! every axis has run: before the first axis, each later axis's demands (below) are found on
+//! the global types, and a value a later axis is expected to shard is priced at its shard
+//! (on `dp`, which runs before `tp`, the gradient of a vocabulary-sharded embedding costs the
+//! all-reduce of its `tp` shard, not of the whole table, and wins over gathering the tokens'
+//! gradients).
+//!
+//! **Ties** go first to a strategy whose results meet their *demand*, then to the first
+//! strategy in the table's fixed order (all-replicated first), so the result is
+//! deterministic. A demand is the shard that the user's placements require downstream: a
+//! value the user sharded, or the next value of a weight the user sharded, demands its
+//! shard, and a node whose results are demanded passes the demand on to every operand all
+//! its strategies giving those results, with its weights and inputs taken as they are, agree
+//! on (`AxisPass::shard_demands`; a demand never splits a weight the user replicated). So a
+//! weight's gradient is computed in the weight's sharding where that costs nothing more:
+//! the scatter-add of a vocabulary-sharded embedding builds each device's rows (Megatron's
+//! `VocabParallelEmbedding`) instead of the whole table sliced for the update. A policy's
+//! placements (ZeRO's, sequence parallelism's) demand nothing.
 //!
 //! **Admissible** strategies follow four rules that keep the result close to what Megatron and
 //! GSPMD produce, and away from clever but costly local optima:
@@ -314,95 +330,57 @@ pub fn propagate_sharding(g: &mut Graph, c: &Constraints) -> Result<ShardingPlan
         stage_res.insert(n, node.outputs.iter().map(|&v| g.ty(v).clone()).collect());
     }
 
-    for (k, (axis, size)) in active.iter().enumerate() {
-        let mut ax = AxisPass {
-            g: &*g,
-            order: &order,
-            position: order.iter().enumerate().map(|(i, &n)| (n, i)).collect(),
-            axis,
-            size: *size,
-            place: vec![None; n_values],
-            fixed: vec![None; n_values],
-            gather: vec![false; n_values],
-            stationary: vec![false; n_values],
-            cands: HashMap::new(),
-            choice: HashMap::new(),
-            stage_ops: &stage_ops,
-            stage_res: &stage_res,
-            stage_op: &stage_op,
-            operands: &c.operands,
+    // What later axes will shard, estimated before any axis runs (on the global types), so
+    // that an earlier axis prices every value at the size it will have: on `dp` before `tp`,
+    // the gradient of a vocabulary-sharded embedding costs the all-reduce of its shard, not
+    // of the whole table.
+    let setup = AxisSetup {
+        g: &*g,
+        order: &order,
+        n_values,
+        user: &user,
+        c,
+        tied: &tied,
+        replicated_outputs: &replicated_outputs,
+    };
+    let mut divisor: Vec<Vec<f64>> = vec![vec![1.0; n_values]; active.len()];
+    for (j, (axis, size)) in active.iter().enumerate().skip(1) {
+        // An error here (an uneven data split) is reported, with the local sizes, by the
+        // axis's own pass below; without hints the earlier axes price global sizes.
+        let Ok(demand) = setup
+            .pass(
+                axis,
+                *size,
+                &stage_ops,
+                &stage_res,
+                &stage_op,
+                vec![1.0; n_values],
+            )
+            .and_then(|mut ax| {
+                ax.list_candidates()?;
+                Ok(ax.shard_demands())
+            })
+        else {
+            continue;
         };
-        // Fixed placements: user annotations, then policy constraints, then outputs.
-        for v in g.value_ids() {
-            let i = v.0 as usize;
-            if let Some(s) = &user[i] {
-                ax.fixed[i] = s.get(axis);
-            }
-            if ax.fixed[i].is_none()
-                && let Some(list) = c.fixed.get(&v)
-            {
-                ax.fixed[i] = list.iter().find(|(a, _)| a == axis).map(|&(_, p)| p);
-            }
-            ax.gather[i] = c.gather_on_use.contains(&(v, axis.clone()));
-            ax.stationary[i] = !ax.gather[i]
-                && g.node(g.value(v).producer).op.is_source()
-                && user[i]
-                    .as_ref()
-                    .is_some_and(|s| matches!(s.get(axis), Some(Placement::Shard(_))));
-        }
-        // Sources.
-        for &n in &order {
-            let node = g.node(n);
-            if node.op.is_communication() {
-                return Err(PassError::BadGraph {
-                    graph: g.name().to_string(),
-                    detail: format!(
-                        "{n} (`{}`) is communication; propagation takes a graph without any",
-                        node.op.name()
-                    ),
-                });
-            }
-            if !node.op.is_source() {
-                continue;
-            }
-            let v = node.outputs[0];
-            let i = v.0 as usize;
-            let data_input = matches!(node.op, Op::Input { .. })
-                && c.data_axis.as_deref() == Some(axis.as_str());
-            let p = match (ax.fixed[i], stage_res[&n][0].dims().first()) {
-                (Some(p), _) => p,
-                (None, Some(&b)) if data_input && b.is_multiple_of(*size) => Placement::Shard(0),
-                (None, Some(&b)) if data_input => {
-                    return Err(PassError::UnevenShard {
-                        tensor: tensor_name(g, v),
-                        ty: g.ty(v).to_string(),
-                        dim: 0,
-                        size: g.ty(v).dims()[0],
-                        axis: axis.clone(),
-                        ways: g.ty(v).dims()[0] / b * size,
-                    });
+        for (i, d) in demand.iter().enumerate() {
+            if matches!(d, Some(Placement::Shard(_))) {
+                for row in divisor.iter_mut().take(j) {
+                    row[i] *= *size as f64;
                 }
-                (None, _) => Placement::Replicate,
-            };
-            ax.place[i] = Some(p);
-            ax.fixed[i] = Some(p);
-        }
-        // State outputs follow their parameters; other outputs are replicated.
-        for (&out, &param) in &tied {
-            if user[out.0 as usize]
-                .as_ref()
-                .and_then(|s| s.get(axis))
-                .is_none()
-            {
-                ax.fixed[out.0 as usize] = ax.place[param.0 as usize];
             }
         }
-        for &out in &replicated_outputs {
-            let i = out.0 as usize;
-            if ax.fixed[i].is_none() && !g.node(g.value(out).producer).op.is_source() {
-                ax.fixed[i] = Some(Placement::Replicate);
-            }
-        }
+    }
+
+    for (k, (axis, size)) in active.iter().enumerate() {
+        let mut ax = setup.pass(
+            axis,
+            *size,
+            &stage_ops,
+            &stage_res,
+            &stage_op,
+            std::mem::take(&mut divisor[k]),
+        )?;
         ax.run()?;
         let mut chosen: Vec<(NodeId, AxisStrategy)> = Vec::new();
         for &n in &order {
@@ -472,6 +450,143 @@ pub fn propagate_sharding(g: &mut Graph, c: &Constraints) -> Result<ShardingPlan
     }
     verify(g)?;
     Ok(plan)
+}
+
+/// What every axis's pass starts from: the graph, its user annotations and the policy's
+/// constraints, and the outputs tied to parameters or replicated.
+struct AxisSetup<'a> {
+    g: &'a Graph,
+    order: &'a [NodeId],
+    n_values: usize,
+    user: &'a [Option<Sharding>],
+    c: &'a Constraints,
+    tied: &'a HashMap<ValueId, ValueId>,
+    replicated_outputs: &'a BTreeSet<ValueId>,
+}
+
+impl<'a> AxisSetup<'a> {
+    /// The pass along `axis` over the given stage types, with its fixed placements and
+    /// sources placed, and `divisor` per value (how many ways later axes are expected to
+    /// split it).
+    fn pass(
+        &self,
+        axis: &'a str,
+        size: usize,
+        stage_ops: &'a HashMap<NodeId, Vec<TensorType>>,
+        stage_res: &'a HashMap<NodeId, Vec<TensorType>>,
+        stage_op: &'a HashMap<NodeId, Op>,
+        divisor: Vec<f64>,
+    ) -> Result<AxisPass<'a>, PassError> {
+        let g = self.g;
+        let (user, c, order) = (self.user, self.c, self.order);
+        let n_values = self.n_values;
+        let mut ax = AxisPass {
+            g,
+            order,
+            position: order.iter().enumerate().map(|(i, &n)| (n, i)).collect(),
+            axis,
+            size,
+            place: vec![None; n_values],
+            fixed: vec![None; n_values],
+            gather: vec![false; n_values],
+            stationary: vec![false; n_values],
+            cands: HashMap::new(),
+            choice: HashMap::new(),
+            stage_ops,
+            stage_res,
+            stage_op,
+            operands: &c.operands,
+            divisor,
+            demand: Vec::new(),
+        };
+        // Fixed placements: user annotations, then policy constraints, then outputs.
+        for v in g.value_ids() {
+            let i = v.0 as usize;
+            if let Some(s) = &user[i] {
+                ax.fixed[i] = s.get(axis);
+            }
+            if ax.fixed[i].is_none()
+                && let Some(list) = c.fixed.get(&v)
+            {
+                ax.fixed[i] = list.iter().find(|(a, _)| a == axis).map(|&(_, p)| p);
+            }
+            ax.gather[i] = c.gather_on_use.contains(&(v, axis.to_string()));
+            ax.stationary[i] = !ax.gather[i]
+                && g.node(g.value(v).producer).op.is_source()
+                && user[i]
+                    .as_ref()
+                    .is_some_and(|s| matches!(s.get(axis), Some(Placement::Shard(_))));
+        }
+        // Sources.
+        for &n in order {
+            let node = g.node(n);
+            if node.op.is_communication() {
+                return Err(PassError::BadGraph {
+                    graph: g.name().to_string(),
+                    detail: format!(
+                        "{n} (`{}`) is communication; propagation takes a graph without any",
+                        node.op.name()
+                    ),
+                });
+            }
+            if !node.op.is_source() {
+                continue;
+            }
+            let v = node.outputs[0];
+            let i = v.0 as usize;
+            let data_input =
+                matches!(node.op, Op::Input { .. }) && c.data_axis.as_deref() == Some(axis);
+            let p = match (ax.fixed[i], stage_res[&n][0].dims().first()) {
+                (Some(p), _) => p,
+                (None, Some(&b)) if data_input && b.is_multiple_of(size) => Placement::Shard(0),
+                (None, Some(&b)) if data_input => {
+                    return Err(PassError::UnevenShard {
+                        tensor: tensor_name(g, v),
+                        ty: g.ty(v).to_string(),
+                        dim: 0,
+                        size: g.ty(v).dims()[0],
+                        axis: axis.to_string(),
+                        ways: g.ty(v).dims()[0] / b * size,
+                    });
+                }
+                (None, _) => Placement::Replicate,
+            };
+            ax.place[i] = Some(p);
+            ax.fixed[i] = Some(p);
+        }
+        // State outputs follow their parameters; other outputs are replicated.
+        for (&out, &param) in self.tied {
+            if user[out.0 as usize]
+                .as_ref()
+                .and_then(|s| s.get(axis))
+                .is_none()
+            {
+                ax.fixed[out.0 as usize] = ax.place[param.0 as usize];
+            }
+        }
+        // Demands start where the user sharded: annotated values and the next values of
+        // stationary weights.
+        ax.demand = vec![None; n_values];
+        for v in g.value_ids() {
+            let i = v.0 as usize;
+            let by_user = user[i].as_ref().and_then(|s| s.get(axis));
+            if matches!(by_user, Some(Placement::Shard(_))) {
+                ax.demand[i] = by_user;
+            }
+        }
+        for (&out, &param) in self.tied {
+            if ax.stationary[param.0 as usize] {
+                ax.demand[out.0 as usize] = ax.fixed[out.0 as usize];
+            }
+        }
+        for &out in self.replicated_outputs {
+            let i = out.0 as usize;
+            if ax.fixed[i].is_none() && !g.node(g.value(out).producer).op.is_source() {
+                ax.fixed[i] = Some(Placement::Replicate);
+            }
+        }
+        Ok(ax)
+    }
 }
 
 /// Axes sharding one dim must be listed in mesh order (outermost first), the nesting the
@@ -551,16 +666,18 @@ struct AxisPass<'a> {
     stage_op: &'a HashMap<NodeId, Op>,
     /// [`Constraints::operands`].
     operands: &'a BTreeMap<(NodeId, String), Vec<Placement>>,
+    /// Per value, how many ways the later axes are expected to split it: its bytes on this
+    /// axis are its stage size divided by that.
+    divisor: Vec<f64>,
+    /// Per value, the sharding required downstream on this axis ([`Self::shard_demands`]),
+    /// which breaks ties between strategies of equal cost.
+    demand: Vec<Option<Placement>>,
 }
 
 impl AxisPass<'_> {
     fn run(&mut self) -> Result<(), PassError> {
-        for &n in self.order {
-            if !self.g.node(n).op.is_source() {
-                let list = self.candidates(n)?;
-                self.cands.insert(n, list);
-            }
-        }
+        self.list_candidates()?;
+        self.demand = self.shard_demands();
         self.forward()?;
         for _ in 0..MAX_SWEEPS {
             let changed = self.backward()?;
@@ -570,6 +687,97 @@ impl AxisPass<'_> {
             }
         }
         Ok(())
+    }
+
+    /// Lists the candidate strategies of every non-source node.
+    fn list_candidates(&mut self) -> Result<(), PassError> {
+        for &n in self.order {
+            if !self.g.node(n).op.is_source() {
+                let list = self.candidates(n)?;
+                self.cands.insert(n, list);
+            }
+        }
+        Ok(())
+    }
+
+    /// The shardings that the user's placements impose upstream: a value the user fixed to a
+    /// shard, or the next value of a weight the user sharded, demands it (the seeds
+    /// [`AxisSetup::pass`] leaves in `demand`; a policy's placements, such as ZeRO's, seed
+    /// nothing), and a node whose results are demanded passes on a demand for every operand on
+    /// which all its strategies giving those results and taking its sources (weights, inputs)
+    /// as they are agree, when that is a shard. A node that would have to slice a source to
+    /// meet its demand passes on nothing: the demand follows what the user sharded, it does
+    /// not split a weight the user replicated (an update of a replicated weight whose
+    /// optimizer state is sharded slices the weight, and the gradient stays replicated). A value whose consumers demand different
+    /// shards demands none. So the gradient of a weight sharded on this axis demands the
+    /// weight's sharding all the way back to the op that computes it (the optimizer update
+    /// takes both alike, through the clipping scale), and the scatter-add of a
+    /// vocabulary-sharded embedding's gradient is asked for the table's rows.
+    fn shard_demands(&self) -> Vec<Option<Placement>> {
+        let is_shard = |p: &Option<Placement>| matches!(p, Some(Placement::Shard(_)));
+        let mut demand = self.demand.clone();
+        let mut conflict = vec![false; demand.len()];
+        for &n in self.order.iter().rev() {
+            let node = self.g.node(n);
+            if node.op.is_source() {
+                continue;
+            }
+            let asked: Vec<Option<Placement>> =
+                node.outputs.iter().map(|v| demand[v.0 as usize]).collect();
+            if !asked.iter().any(is_shard) {
+                continue;
+            }
+            let matching: Vec<&AxisStrategy> = self.cands[&n]
+                .iter()
+                .filter(|s| {
+                    s.results
+                        .iter()
+                        .zip(&asked)
+                        .all(|(r, a)| a.is_none_or(|a| a == *r))
+                        && node.inputs.iter().zip(&s.operands).all(|(&v, &p)| {
+                            !self.g.node(self.g.value(v).producer).op.is_source()
+                                || self.seen(v) == p
+                        })
+                })
+                .collect();
+            let Some(first) = matching.first() else {
+                continue;
+            };
+            for (i, &v) in node.inputs.iter().enumerate() {
+                let vi = v.0 as usize;
+                let p = first.operands[i];
+                if self.fixed[vi].is_some()
+                    || !matches!(p, Placement::Shard(_))
+                    || matching.iter().any(|s| s.operands[i] != p)
+                {
+                    continue;
+                }
+                match demand[vi] {
+                    None if !conflict[vi] => demand[vi] = Some(p),
+                    Some(q) if q != p => {
+                        demand[vi] = None;
+                        conflict[vi] = true;
+                    }
+                    _ => {}
+                }
+            }
+        }
+        demand
+    }
+
+    /// True when every result of strategy `s` at `n` that has a demand comes out as
+    /// demanded, and at least one has.
+    fn meets_demand(&self, n: NodeId, s: &AxisStrategy) -> bool {
+        let node = self.g.node(n);
+        let mut any = false;
+        for (&v, &r) in node.outputs.iter().zip(&s.results) {
+            match self.demand.get(v.0 as usize).copied().flatten() {
+                Some(d) if d == r => any = true,
+                Some(_) => return false,
+                None => {}
+            }
+        }
+        any
     }
 
     fn chosen(&self, n: NodeId) -> Result<&AxisStrategy, PassError> {
@@ -664,7 +872,7 @@ impl AxisPass<'_> {
         let mut anchored = false;
         for (i, (&v, &want)) in node.inputs.iter().zip(&s.operands).enumerate() {
             let have = self.seen(v);
-            let bytes = self.stage_ops[&n][i].size_bytes() as f64;
+            let bytes = self.stage_ops[&n][i].size_bytes() as f64 / self.divisor[v.0 as usize];
             let cost = reshard_cost(have, want, bytes, self.size)?;
             if self.stationary[v.0 as usize] && have != want {
                 return None;
@@ -718,7 +926,7 @@ impl AxisPass<'_> {
         let mut total = self.operand_cost(n, s)?;
         let node = self.g.node(n);
         for (j, (&v, &got)) in node.outputs.iter().zip(&s.results).enumerate() {
-            let bytes = self.stage_res[&n][j].size_bytes() as f64;
+            let bytes = self.stage_res[&n][j].size_bytes() as f64 / self.divisor[v.0 as usize];
             match self.fixed[v.0 as usize] {
                 Some(f) => total += reshard_cost(got, f, bytes, self.size)?,
                 None if matches!(got, Placement::Partial(_)) => {
@@ -747,14 +955,18 @@ impl AxisPass<'_> {
             if self.g.node(n).op.is_source() {
                 continue;
             }
-            let mut best: Option<(usize, f64)> = None;
+            // Least cost; on a tie, a strategy whose results meet their demand (the shard a
+            // weight's gradient must end in), then the table's order.
+            let mut best: Option<(usize, f64, bool)> = None;
             for (i, s) in self.cands[&n].iter().enumerate() {
-                if let Some(c) = self.cost(n, s)
-                    && best.is_none_or(|(_, b)| c < b)
-                {
-                    best = Some((i, c));
+                if let Some(c) = self.cost(n, s) {
+                    let meets = self.meets_demand(n, s);
+                    if best.is_none_or(|(_, b, m)| c < b || (c == b && meets && !m)) {
+                        best = Some((i, c, meets));
+                    }
                 }
             }
+            let mut best = best.map(|(i, c, _)| (i, c));
             // A choice the backward sweep made stays while nothing is cheaper, so that the
             // sweeps converge instead of undoing each other on ties.
             if let (Some((_, b)), Some(&cur)) = (best, self.choice.get(&n))
