@@ -4,7 +4,8 @@
 //! whatever cannot be merged becomes a loop around the calls (contracting labels accumulate
 //! into the result). The result is written in place, by `gemm`'s own threads for a large
 //! product, or by one thread per batch slice when the batch leads the result. f32 products
-//! accumulate in f64 unless the backend is told otherwise ([`super::FastCpuBackend::with_wide_accumulation`]).
+//! accumulate in f32 (as PyTorch's and cuBLAS's do), or in f64 when the backend is told so
+//! ([`super::FastCpuBackend::with_wide_accumulation`]).
 
 use autopar_ir::{EinsumSpec, TensorType};
 use rayon::prelude::*;
@@ -146,7 +147,7 @@ pub(crate) fn einsum(
         k_offsets: offsets(&k_rest),
         outer_leads: !outer.is_empty() && merged_is_suffix(&m, &n),
     };
-    // f32 products accumulate in f64 when the backend says so (the default): a weight
+    // f32 products accumulate in f64 when the backend says so (`--wide-accumulation`): a weight
     // gradient's sum over the batch often cancels far below the size of its terms, and Adam's
     // normalised step turns f32 noise in such a gradient into a visible update. bf16 and f16
     // products accumulate in f32, already far wider than their dtype.
