@@ -244,6 +244,54 @@ mod tests {
     use crate::placement::{Placement, ReduceKind, Sharding};
     use crate::types::DType;
 
+    /// JSON has no NaN or infinity: non-finite constants (an attention mask's `-inf`) travel
+    /// as strings, NaN with its bits, and load back to the same values.
+    #[test]
+    fn non_finite_constants_round_trip() {
+        let nan = f64::from_bits(0x7ff8_0000_0000_1234);
+        for value in [f64::NEG_INFINITY, f64::INFINITY, nan, -0.0, 1.5e300] {
+            let mut g = Graph::new("c");
+            let c = g
+                .add(
+                    Op::Constant {
+                        ty: TensorType::new(DType::F32, [2]),
+                        value,
+                    },
+                    &[],
+                )
+                .unwrap();
+            g.add_output("c", c).unwrap();
+            let text = to_json(&g);
+            let back = from_json(&text).unwrap_or_else(|e| panic!("{value}: {e}\n{text}"));
+            let got = back
+                .node_ids()
+                .into_iter()
+                .find_map(|n| match back.node(n).op {
+                    Op::Constant { value, .. } => Some(value),
+                    _ => None,
+                })
+                .expect("a constant");
+            assert_eq!(got.to_bits(), value.to_bits(), "{text}");
+        }
+        let bad = to_json(&{
+            let mut g = Graph::new("c");
+            let c = g
+                .add(
+                    Op::Constant {
+                        ty: TensorType::new(DType::F32, []),
+                        value: f64::INFINITY,
+                    },
+                    &[],
+                )
+                .unwrap();
+            g.add_output("c", c).unwrap();
+            g
+        })
+        .replace("\"inf\"", "\"infinity\"");
+        let err = from_json(&bad).unwrap_err().to_string();
+        assert!(err.contains("`infinity` is not a number"), "{err}");
+    }
+
     #[test]
     fn json_round_trips_and_has_stable_fields() {
         let mut g = Graph::new("j");

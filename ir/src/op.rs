@@ -421,6 +421,7 @@ pub enum Op {
         /// Type of the result.
         ty: TensorType,
         /// The fill value (0 or 1 for `bool`, integral for integers).
+        #[serde(with = "any_f64")]
         value: f64,
     },
 
@@ -930,6 +931,54 @@ impl Op {
 impl fmt::Display for Op {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
+    }
+}
+
+/// A fill value in JSON, which has no NaN or infinity: finite values are numbers, the others
+/// strings (`"inf"`, `"-inf"`, and `"nan(0x...)"` with the value's bits, as `.air` writes
+/// them), so that a constant of `-inf` (an attention mask) or NaN survives a dump and a load.
+mod any_f64 {
+    use serde::{Deserialize, Deserializer, Serializer, de::Error};
+
+    pub fn serialize<S: Serializer>(x: &f64, s: S) -> Result<S::Ok, S::Error> {
+        if x.is_finite() {
+            s.serialize_f64(*x)
+        } else if x.is_nan() {
+            s.serialize_str(&format!("nan(0x{:016x})", x.to_bits()))
+        } else if *x > 0.0 {
+            s.serialize_str("inf")
+        } else {
+            s.serialize_str("-inf")
+        }
+    }
+
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Repr {
+        Number(f64),
+        Name(String),
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+        match Repr::deserialize(d)? {
+            Repr::Number(x) => Ok(x),
+            Repr::Name(name) => match name.as_str() {
+                "inf" => Ok(f64::INFINITY),
+                "-inf" => Ok(f64::NEG_INFINITY),
+                "nan" => Ok(f64::NAN),
+                other => other
+                    .strip_prefix("nan(0x")
+                    .and_then(|h| h.strip_suffix(')'))
+                    .and_then(|h| u64::from_str_radix(h, 16).ok())
+                    .map(f64::from_bits)
+                    .filter(|x| x.is_nan())
+                    .ok_or_else(|| {
+                        D::Error::custom(format!(
+                            "`{other}` is not a number, `inf`, `-inf`, `nan` or `nan(0x<bits>)`"
+                        ))
+                    }),
+            },
+        }
     }
 }
 
