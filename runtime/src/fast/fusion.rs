@@ -833,7 +833,8 @@ fn as_f32(t: TileVal, i: usize) -> f32 {
         TileVal::F32(s) => s[i],
         TileVal::Scalar(x) => x as f32,
         TileVal::Bool(s) => f32::from(u8::from(s[i])),
-        TileVal::Int(s) => s[i] as f32,
+        // Through f64, as the reference converts integers (one rounding below 2^53).
+        TileVal::Int(s) => s[i] as f64 as f32,
     }
 }
 
