@@ -22,6 +22,7 @@ use autopar_ir::{DType, FusionBody, Op, ReduceOp, TensorType};
 use rayon::prelude::*;
 
 use super::elementwise::{Side, binary_f32, compare_f32, unary_f32};
+use super::reduce::sum64;
 use super::simd::vectorized;
 use super::storage::{Elems, round_slice};
 use super::{Ctx, FastTensor, Val, eval};
@@ -767,25 +768,6 @@ fn reduce_rows_into(func: ReduceOp, x: &[f32], row: usize, out: &mut [f32]) {
             };
         }
     });
-}
-
-/// The sum of a row in f64, in eight partial sums (vectorised).
-#[inline(always)]
-fn sum64(r: &[f32]) -> f64 {
-    const LANES: usize = 8;
-    let mut acc = [0.0f64; LANES];
-    let chunks = r.chunks_exact(LANES);
-    let tail = chunks.remainder();
-    for c in chunks {
-        for j in 0..LANES {
-            acc[j] += f64::from(c[j]);
-        }
-    }
-    let mut s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-    for &x in tail {
-        s += f64::from(x);
-    }
-    s
 }
 
 /// Adds (or takes the max or min of) each run of `acc.len()` elements of `x` into `acc`; the

@@ -51,7 +51,7 @@ const LANES: usize = 8;
 
 /// The sum of a row in f64, in [`LANES`] partial sums (vectorised, and keeping f64 accuracy).
 #[inline(always)]
-fn sum64(row: &[f32]) -> f64 {
+pub(crate) fn sum64(row: &[f32]) -> f64 {
     sum64_of(row, f64::from)
 }
 
