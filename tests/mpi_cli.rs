@@ -170,12 +170,6 @@ fn a_rank_that_dies_ends_the_job_and_the_others_name_it() {
         "3",
         "--collective-timeout",
         &timeout.to_string(),
-        // One all-reduce per gradient, the message pattern this check was tuned on: with the
-        // gradients in one bucket, rank 0 (which waits on rank 3) and rank 1 (which waits on
-        // rank 0) start waiting within scheduler jitter of each other, and on a loaded
-        // machine rank 1's timeout can come first and end the job before rank 0 reports.
-        "--bucket-mb",
-        "0",
     ];
     let (out, elapsed) = launch(4, &args, &[("AUTOPAR_FAULT_EXIT", "3:2")]);
     let stderr = text(&out.stderr);
@@ -187,9 +181,12 @@ fn a_rank_that_dies_ends_the_job_and_the_others_name_it() {
         stderr.contains("rank 3: exiting at the start of step 2"),
         "{stderr}"
     );
-    // Every survivor that reports names the collective and, at least one of them, rank 3.
-    // (A survivor that reaches its deadline more than the abort grace after the first one is
-    // ended before it reports: on an oversubscribed, loaded machine that happens.)
+    // Every survivor that reports names the collective and rank 3: directly, or through the
+    // rank it waits for. Rank 3 may die with its last message of step 1 half sent, leaving a
+    // survivor waiting in step 1 while the others wait for it in step 2; the chain of waiting
+    // ranks runs across the two. (A survivor that reaches its deadline more than the abort
+    // grace after the first one is ended before it reports: on an oversubscribed, loaded
+    // machine that happens.)
     let reports: Vec<&str> = (0..3)
         .filter_map(|r| {
             stderr
@@ -200,13 +197,11 @@ fn a_rank_that_dies_ends_the_job_and_the_others_name_it() {
     assert!(!reports.is_empty(), "no survivor reported:\n{stderr}");
     for line in &reports {
         assert!(line.contains("all_reduce"), "{line}");
+        assert!(
+            line.contains(&format!("nothing from rank 3 within {timeout}s")),
+            "a survivor blames another rank than 3:\n{stderr}"
+        );
     }
-    assert!(
-        reports
-            .iter()
-            .any(|l| l.contains(&format!("nothing from rank 3 within {timeout}s"))),
-        "no survivor named rank 3:\n{stderr}"
-    );
     // Step 1 ran everywhere; step 2 never finished.
     let stdout = text(&out.stdout);
     assert!(

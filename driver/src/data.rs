@@ -31,9 +31,9 @@ impl DataFile {
     /// Reads `path` for the inputs of `step`.
     pub fn open(path: &Path, step: &CompiledStep) -> Result<DataFile, Error> {
         let bad = |detail: String| checkpoint_error(path, detail);
-        let bytes = std::fs::read(path).map_err(|source| Error::Io {
+        let bytes = std::fs::read(path).map_err(|error| Error::Io {
             path: path.display().to_string(),
-            source,
+            error,
         })?;
         let st = SafeTensors::deserialize(&bytes)
             .map_err(|e| bad(format!("is not a safetensors file: {e}")))?;

@@ -7,12 +7,12 @@ use thiserror::Error;
 #[derive(Debug, Error)]
 pub enum Error {
     /// A file could not be read or written.
-    #[error("{path}: {source}")]
+    #[error("{path}: {error}")]
     Io {
         /// The file.
         path: String,
         /// What the OS said.
-        source: std::io::Error,
+        error: std::io::Error,
     },
     /// A `.air` file does not parse.
     #[error("{path}:{error}")]

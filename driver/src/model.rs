@@ -155,9 +155,9 @@ fn no_batch(path: &str, batch: Option<usize>) -> Result<(), Error> {
 
 /// Reads a text file, naming it in the error.
 pub fn read(path: &str) -> Result<String, Error> {
-    std::fs::read_to_string(path).map_err(|source| Error::Io {
+    std::fs::read_to_string(path).map_err(|error| Error::Io {
         path: path.to_string(),
-        source,
+        error,
     })
 }
 

@@ -150,7 +150,7 @@ pub enum RuntimeError {
     #[error(transparent)]
     Ir(#[from] IrError),
     /// An error raised while executing one node, with the node's id and scope for context.
-    #[error("at {node} ({op}{}): {source}", scope.as_deref().map(|s| format!(" in `{s}`")).unwrap_or_default())]
+    #[error("at {node} ({op}{}): {error}", scope.as_deref().map(|s| format!(" in `{s}`")).unwrap_or_default())]
     AtNode {
         /// The node.
         node: NodeId,
@@ -159,7 +159,7 @@ pub enum RuntimeError {
         /// Its scope (layer path), if any.
         scope: Option<String>,
         /// The underlying error.
-        source: Box<RuntimeError>,
+        error: Box<RuntimeError>,
     },
     /// A peer did not deliver its part of a collective or point-to-point exchange in time:
     /// it died, diverged (waits in another collective) or is stuck.
@@ -280,12 +280,12 @@ pub enum RuntimeError {
         detail: String,
     },
     /// An error raised on one rank of a multi-rank run.
-    #[error("rank {rank}: {source}")]
+    #[error("rank {rank}: {error}")]
     OnRank {
         /// The rank.
         rank: usize,
         /// Its error.
-        source: Box<RuntimeError>,
+        error: Box<RuntimeError>,
     },
 }
 
@@ -294,8 +294,8 @@ impl RuntimeError {
     /// around it.
     pub fn innermost(&self) -> &RuntimeError {
         match self {
-            RuntimeError::AtNode { source, .. } | RuntimeError::OnRank { source, .. } => {
-                source.innermost()
+            RuntimeError::AtNode { error, .. } | RuntimeError::OnRank { error, .. } => {
+                error.innermost()
             }
             other => other,
         }

@@ -133,7 +133,7 @@ pub fn run_planned(
                 node: n,
                 op: node.op.name(),
                 scope: node.scope.clone(),
-                source: Box::new(other),
+                error: Box::new(other),
             },
         };
         let results = eval_node(node, &live, params, inputs, options, comm).map_err(context)?;

@@ -80,7 +80,7 @@ impl Launcher for ThreadLauncher {
                     });
                     let result = result.map_err(|e| RuntimeError::OnRank {
                         rank,
-                        source: Box::new(e),
+                        error: Box::new(e),
                     });
                     (rank, result)
                 })
@@ -184,7 +184,7 @@ impl Launcher for MpiLauncher {
         let rank = comm.rank();
         let result = run_rank(&mut comm, &body).map_err(|e| RuntimeError::OnRank {
             rank,
-            source: Box::new(e),
+            error: Box::new(e),
         });
         Ok(vec![(rank, result)])
     }
@@ -253,7 +253,7 @@ mod tests {
     fn peer_failed(rank: usize) -> RuntimeError {
         RuntimeError::OnRank {
             rank,
-            source: Box::new(RuntimeError::PeerFailed {
+            error: Box::new(RuntimeError::PeerFailed {
                 op: "all_reduce",
                 group: vec![0, 1, 2],
                 rank,
@@ -267,7 +267,7 @@ mod tests {
     fn the_root_cause_is_the_first_error_that_is_not_a_consequence() {
         let root = RuntimeError::OnRank {
             rank: 2,
-            source: Box::new(RuntimeError::DivisionByZero { op: "div" }),
+            error: Box::new(RuntimeError::DivisionByZero { op: "div" }),
         };
         let results: RankResults<u8> =
             vec![(0, Err(peer_failed(0))), (1, Ok(1)), (2, Err(root.clone()))];

@@ -381,7 +381,7 @@ fn setup_errors_are_reported_before_running() -> TestResult {
     // A missing feed on every rank is reported with the lowest rank.
     let err = run_spmd(&mesh, &[one[0], one[0]], SpmdOptions::default()).expect_err("no feeds");
     assert!(
-        matches!(&err, RuntimeError::OnRank { rank: 0, source } if matches!(**source, RuntimeError::Missing { .. })),
+        matches!(&err, RuntimeError::OnRank { rank: 0, error } if matches!(**error, RuntimeError::Missing { .. })),
         "{err}"
     );
     Ok(())

@@ -219,9 +219,9 @@ pub fn load(
     path: &Path,
     expected: &BTreeMap<String, TensorType>,
 ) -> Result<(Family, TensorMap), Error> {
-    let bytes = fs::read(path).map_err(|source| Error::Io {
+    let bytes = fs::read(path).map_err(|error| Error::Io {
         path: path.display().to_string(),
-        source,
+        error,
     })?;
     let st = SafeTensors::deserialize(&bytes)
         .map_err(|e| bad(path, format!("is not a safetensors file: {e}")))?;
@@ -490,8 +490,8 @@ pub fn write(path: &Path, tensors: &[HfTensor]) -> Result<(), Error> {
     let meta = std::collections::HashMap::from([("format".to_string(), "pt".to_string())]);
     let out = safetensors::serialize(views, Some(meta))
         .map_err(|e| bad(path, format!("cannot encode: {e}")))?;
-    fs::write(path, out).map_err(|source| Error::Io {
+    fs::write(path, out).map_err(|error| Error::Io {
         path: path.display().to_string(),
-        source,
+        error,
     })
 }

@@ -700,10 +700,10 @@ fn sync_dir(path: &Path) -> Result<(), Error> {
         .map_err(|e| io(path, e))
 }
 
-fn io(path: &Path, source: std::io::Error) -> Error {
+fn io(path: &Path, error: std::io::Error) -> Error {
     Error::Io {
         path: path.display().to_string(),
-        source,
+        error,
     }
 }
 

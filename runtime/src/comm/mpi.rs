@@ -19,9 +19,12 @@
 //! communicator's timeout, and then fail naming the collective, the group and the rank that
 //! held them up: a rank that has waited a while tells the others whom it waits for, so that
 //! a timeout follows the chain of waiting ranks to the one that waits for nobody (dead, stuck
-//! or computing) instead of blaming a peer that waits too. Polling rather than waiting inside MPI lets a rank report and the job end
-//! within the timeout whether a peer died, diverged or is stuck; it needs no thread and no
-//! `unsafe`.
+//! or computing) instead of blaming a peer that waits too. A matched message is received
+//! without blocking too (`MPI_Imrecv`, tested as the wait goes on): a large message's body
+//! follows its envelope only while the sender makes progress, and a sender that died in
+//! between would hold a blocking receive forever. Polling rather than waiting inside MPI
+//! lets a rank report and the job end within the timeout whether a peer died, diverged or is
+//! stuck, without a watchdog thread.
 //!
 //! A message is a little-endian byte string: the channel (which collective, or which
 //! point-to-point message, and which step of its algorithm), the signature of the call that
@@ -38,8 +41,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ::mpi::Threading;
+use ::mpi::datatype::Equivalence;
 use ::mpi::environment::Universe;
-use ::mpi::point_to_point::{Destination, MatchedReceiveVec, Source};
+use ::mpi::point_to_point::{Destination, Message, Source, Status};
+use ::mpi::request::{Request, StaticScope};
 use ::mpi::topology::{Color, Communicator, SimpleCommunicator};
 use autopar_ir::{DType, DeviceMesh, TensorType};
 
@@ -165,7 +170,6 @@ impl MpiConnection {
             rank,
             failed: BTreeMap::new(),
             exited: BTreeMap::new(),
-            waiting: BTreeMap::new(),
             timeout: options.timeout,
         };
         let held = std::mem::take(&mut self.shared.borrow_mut().notices);
@@ -216,6 +220,11 @@ struct Shared {
     early: HashMap<(u64, usize, Channel), Delivery>,
     /// Notices of later epochs than the launch that received them.
     notices: Vec<(u64, usize, Notice)>,
+    /// Ranks that said they have been waiting a while, and for which rank. What a rank waits
+    /// for is a fact about the process, whichever launch it is in: a rank still waiting in an
+    /// earlier launch (on a peer that died with its message half sent) holds up the ranks
+    /// that have gone on to the next, and the chain must run through it.
+    waiting: BTreeMap<usize, usize>,
 }
 
 impl Shared {
@@ -275,6 +284,7 @@ impl Shared {
             groups: ManuallyDrop::new(groups),
             early: HashMap::new(),
             notices: Vec::new(),
+            waiting: BTreeMap::new(),
         }))
     }
 
@@ -327,8 +337,6 @@ pub(crate) struct MpiTransport {
     failed: BTreeMap<usize, String>,
     /// Ranks that said they left, and when this rank learnt it.
     exited: BTreeMap<usize, Instant>,
-    /// Ranks that said they have been waiting a while, and for which rank.
-    waiting: BTreeMap<usize, usize>,
     timeout: Duration,
 }
 
@@ -337,9 +345,10 @@ impl MpiTransport {
     /// another rank, and so on along the chain (a rank that died waits for nobody). A cycle
     /// (ranks waiting for each other: a divergence) blames the direct peer.
     fn blame(&self, peer: usize) -> usize {
+        let shared = self.shared.borrow();
         let mut blamed = peer;
         let mut seen = vec![self.rank, peer];
-        while let Some(&next) = self.waiting.get(&blamed) {
+        while let Some(&next) = shared.waiting.get(&blamed) {
             if seen.contains(&next) {
                 return peer;
             }
@@ -367,23 +376,40 @@ impl MpiTransport {
                     .base
                     .any_process()
                     .immediate_matched_probe_with_tag(NOTICE)
-                    .map(|msg| msg.matched_receive_vec::<u8>())
             };
-            let Some((bytes, status)) = got else { break };
+            let Some((msg, status)) = got else { break };
             let from = status.source_rank() as usize;
-            match decode_notice(&bytes) {
+            // Notices are short; one that never finishes arriving holds this rank no longer
+            // than a receive's timeout.
+            let bytes = Incoming::start(msg, &status).finish_by(Instant::now() + self.timeout);
+            match bytes.as_deref().and_then(decode_notice) {
                 Some((epoch, notice)) => self.file_notice(epoch, from, notice),
-                // A notice this rank cannot read still means something went wrong there.
+                // A notice this rank cannot read (or that never finished arriving) still
+                // means something went wrong there.
                 None => {
-                    self.failed
-                        .entry(from)
-                        .or_insert_with(|| "sent an unreadable notice".into());
+                    self.failed.entry(from).or_insert_with(|| {
+                        match bytes {
+                            Some(_) => "sent an unreadable notice",
+                            None => "began a notice and never finished it",
+                        }
+                        .into()
+                    });
                 }
             }
         }
     }
 
     fn file_notice(&mut self, epoch: u64, from: usize, notice: Notice) {
+        if let Notice::Waiting { on } = notice {
+            // Filed whatever its epoch: notices from one rank arrive in the order it sent them,
+            // so the last one filed is what it waits for now.
+            let mut shared = self.shared.borrow_mut();
+            match usize::try_from(on) {
+                Ok(on) if on < shared.n => shared.waiting.insert(from, on),
+                _ => shared.waiting.remove(&from),
+            };
+            return;
+        }
         if epoch > self.epoch {
             self.shared.borrow_mut().notices.push((epoch, from, notice));
             return;
@@ -398,14 +424,7 @@ impl MpiTransport {
             Notice::Exited => {
                 self.exited.entry(from).or_insert_with(Instant::now);
             }
-            Notice::Waiting { on } => match usize::try_from(on) {
-                Ok(on) if on < self.shared.borrow().n => {
-                    self.waiting.insert(from, on);
-                }
-                _ => {
-                    self.waiting.remove(&from);
-                }
-            },
+            Notice::Waiting { .. } => {}
         }
     }
 
@@ -478,12 +497,15 @@ impl Transport for MpiTransport {
         let tell_after = (self.timeout / 4).min(Duration::from_secs(1));
         let mut told = false;
         let mut idle = 0u32;
+        // A message matched for this receive whose body is still arriving; one left
+        // unfinished when the receive fails stays with MPI (see [`Incoming`]).
+        let mut incoming = None;
         let outcome = loop {
             if !told && started.elapsed() >= tell_after {
                 self.tell_waiting(Some(from));
                 told = true;
             }
-            match self.poll(from, channel, cx) {
+            match self.poll(from, channel, &mut incoming, cx) {
                 Ok(Some(d)) => break Ok(d),
                 Ok(None) => {}
                 Err(e) => break Err(e),
@@ -499,6 +521,8 @@ impl Transport for MpiTransport {
             }
             back_off(&mut idle);
         };
+        // A rank whose wait failed goes on holding up whoever waits for it: it says so no
+        // more only when the message came.
         if told && outcome.is_ok() {
             self.tell_waiting(None);
         }
@@ -524,6 +548,7 @@ impl MpiTransport {
         &mut self,
         from: usize,
         channel: &Channel,
+        incoming: &mut Option<Incoming>,
         cx: &Context<'_>,
     ) -> Result<Option<Delivery>, RuntimeError> {
         loop {
@@ -531,14 +556,27 @@ impl MpiTransport {
             if let Some(e) = self.failure(cx) {
                 return Err(e);
             }
-            let received = {
-                let shared = self.shared.borrow();
-                let (comm, source) = shared.route(from, channel)?;
-                comm.process_at_rank(source)
-                    .immediate_matched_probe_with_tag(DATA)
-                    .map(|msg| msg.matched_receive_vec::<u8>().0)
+            let pending = match incoming.take() {
+                Some(pending) => Some(pending),
+                None => {
+                    let shared = self.shared.borrow();
+                    let (comm, source) = shared.route(from, channel)?;
+                    comm.process_at_rank(source)
+                        .immediate_matched_probe_with_tag(DATA)
+                        .map(|(msg, status)| Incoming::start(msg, &status))
+                }
             };
-            if let Some(bytes) = received {
+            if let Some(pending) = pending {
+                // A large message's body follows its envelope only while the sender makes
+                // progress: until it is all here, this receive goes on waiting as for any
+                // message (telling the others, watching notices, keeping its deadline).
+                let bytes = match pending.test() {
+                    Ok(bytes) => bytes,
+                    Err(pending) => {
+                        *incoming = Some(pending);
+                        return Ok(None);
+                    }
+                };
                 let (epoch, ch, d) =
                     decode_data(&bytes).ok_or_else(|| RuntimeError::CollectiveMismatch {
                         op: cx.op,
@@ -590,6 +628,69 @@ impl Drop for MpiTransport {
 /// Waits a little before the next poll: yields the processor at first (a peer on the same
 /// core may be about to send), then sleeps, so that ranks oversubscribing the cores do not
 /// starve the ones that compute.
+/// A message a probe matched, being received without blocking (`MPI_Imrecv`): a large
+/// message's body follows its envelope only while the sender makes progress, and
+/// `MPI_Mrecv` would wait forever for a sender that died in between.
+///
+/// A receive that MPI has begun cannot be withdrawn. Dropping an unfinished `Incoming` (its
+/// receive failed) therefore leaves the request and the buffer with MPI for the life of the
+/// process, deliberately: the price, paid once on the way to a failed job, of a receive that
+/// never blocks past its deadline.
+struct Incoming {
+    /// Never dropped: `Request` panics when dropped unfinished, and a finished one is taken
+    /// out by [`Incoming::test`].
+    request: ManuallyDrop<Request<'static, [u8]>>,
+    /// The allocation MPI writes into, ours again once the receive completes.
+    buffer: *mut [u8],
+}
+
+impl Incoming {
+    #[allow(unsafe_code)]
+    fn start(msg: Message, status: &Status) -> Incoming {
+        let len = usize::try_from(status.count(u8::equivalent_datatype())).unwrap_or(0);
+        let buffer: *mut [u8] = Box::into_raw(vec![0u8; len].into_boxed_slice());
+        // SAFETY: `buffer` is a live allocation that nothing else refers to; it is lent to MPI
+        // until the receive completes, or for the life of the process.
+        let request = msg.immediate_matched_receive_into(StaticScope, unsafe { &mut *buffer });
+        Incoming {
+            request: ManuallyDrop::new(request),
+            buffer,
+        }
+    }
+
+    /// The message, if it has all arrived; else the receive, still in progress.
+    #[allow(unsafe_code)]
+    fn test(mut self) -> Result<Vec<u8>, Incoming> {
+        // SAFETY: `self.request` is not used again: it is moved back into `self` on `Err`,
+        // and `self` is consumed on `Ok`.
+        let request = unsafe { ManuallyDrop::take(&mut self.request) };
+        match request.test() {
+            // SAFETY: the receive is complete, so MPI no longer writes to the buffer, and the
+            // request that borrowed it is gone: the allocation is ours again.
+            Ok(_) => Ok(unsafe { Box::from_raw(self.buffer) }.into_vec()),
+            Err(pending) => {
+                self.request = ManuallyDrop::new(pending);
+                Err(self)
+            }
+        }
+    }
+
+    /// The message, waiting for the rest of it until `deadline` at most.
+    fn finish_by(mut self, deadline: Instant) -> Option<Vec<u8>> {
+        let mut idle = 0u32;
+        loop {
+            match self.test() {
+                Ok(bytes) => return Some(bytes),
+                Err(pending) => self = pending,
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            back_off(&mut idle);
+        }
+    }
+}
+
 fn back_off(idle: &mut u32) {
     *idle = idle.saturating_add(1);
     match *idle {

@@ -484,7 +484,7 @@ impl Backend for FastCpuBackend {
                     node: n,
                     op: node.op.name(),
                     scope: node.scope.clone(),
-                    source: Box::new(other),
+                    error: Box::new(other),
                 },
             };
             let started = exe.profile.as_ref().map(|_| Instant::now());
