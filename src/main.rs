@@ -391,11 +391,14 @@ impl TrainArgs {
             warmup: self.warmup,
             decay,
         };
-        schedule.check().map_err(|e| match self.min_lr {
-            Some(m) if e.contains("final learning rate") => {
+        schedule.check().map_err(|e| match (e, self.min_lr) {
+            (driver::LrScheduleError::FinalRatio { .. }, Some(m)) => {
                 anyhow::anyhow!("--min-lr {m} must lie between 0 and --lr {lr}")
             }
-            _ => anyhow::anyhow!("{e} (--lr-decay-steps, --warmup)"),
+            (driver::LrScheduleError::FinalRatio { .. }, None) => anyhow::anyhow!("{e} (--min-lr)"),
+            (driver::LrScheduleError::DecayEndsInWarmup { .. }, _) => {
+                anyhow::anyhow!("{e} (--lr-decay-steps, --warmup)")
+            }
         })?;
         Ok(schedule)
     }

@@ -7,8 +7,8 @@ use autopar_driver::ir::{DType, Op, text, verify};
 use autopar_driver::load_train_step;
 use autopar_driver::passes::recompute::Recompute;
 use autopar_driver::passes::train::{
-    GOOD_STEPS, GRAD_NORM, GRADS_FINITE, LOSS_SCALE, LossScaling, LrDecay, LrSchedule, Optimizer,
-    STEP_COUNT, TrainOptions, TrainStep, adam_m_name, has_tag,
+    GOOD_STEPS, GRAD_NORM, GRADS_FINITE, LOSS_SCALE, LossScaling, LrDecay, LrSchedule,
+    LrScheduleError, Optimizer, STEP_COUNT, TrainOptions, TrainStep, adam_m_name, has_tag,
 };
 use autopar_driver::runtime::{RunOptions, StepReport, Tensor, TensorMap, Trainer};
 
@@ -427,10 +427,17 @@ fn lr_schedules_are_checked() {
             min_ratio: 0.1,
         },
     };
+    let err = bad.check().unwrap_err();
+    assert_eq!(
+        err,
+        LrScheduleError::DecayEndsInWarmup {
+            steps: 10,
+            warmup: 10
+        }
+    );
     assert!(
-        bad.check()
-            .unwrap_err()
-            .contains("must end after the warmup")
+        err.to_string().contains("must end after the warmup"),
+        "{err}"
     );
     let bad = LrSchedule {
         warmup: 0,
@@ -439,7 +446,10 @@ fn lr_schedules_are_checked() {
             min_ratio: 1.5,
         },
     };
-    assert!(bad.check().is_err());
+    assert_eq!(
+        bad.check(),
+        Err(LrScheduleError::FinalRatio { min_ratio: 1.5 })
+    );
     let cos = LrSchedule {
         warmup: 2,
         decay: LrDecay::Cosine {

@@ -69,5 +69,6 @@ pub use autopar_passes::fuse::FuseReport;
 pub use autopar_passes::parallelize::{Annotation, ParallelOptions};
 pub use autopar_passes::recompute::Recompute;
 pub use autopar_passes::train::{
-    GRADS_FINITE, LossScaling, LrDecay, LrSchedule, Optimizer, TrainOptions, TrainStep,
+    GRADS_FINITE, LossScaling, LrDecay, LrSchedule, LrScheduleError, Optimizer, TrainOptions,
+    TrainStep,
 };

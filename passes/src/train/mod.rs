@@ -265,27 +265,45 @@ impl LrSchedule {
 
     /// Checks the schedule's numbers: a decay must end after the warmup, and its final ratio
     /// lie in `[0, 1]`.
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), LrScheduleError> {
         match self.decay {
             LrDecay::Constant => Ok(()),
             LrDecay::Cosine { steps, min_ratio } | LrDecay::Linear { steps, min_ratio } => {
                 if steps <= self.warmup {
-                    return Err(format!(
-                        "the learning-rate decay must end after the warmup: it ends at step \
-                         {steps}, the warmup lasts {} steps",
-                        self.warmup
-                    ));
+                    return Err(LrScheduleError::DecayEndsInWarmup {
+                        steps,
+                        warmup: self.warmup,
+                    });
                 }
                 if !(0.0..=1.0).contains(&min_ratio) {
-                    return Err(format!(
-                        "the final learning rate must be between 0 and the peak rate: ratio \
-                         {min_ratio}"
-                    ));
+                    return Err(LrScheduleError::FinalRatio { min_ratio });
                 }
                 Ok(())
             }
         }
     }
+}
+
+/// What is wrong with an [`LrSchedule`]'s numbers.
+#[derive(Clone, Copy, Debug, PartialEq, thiserror::Error)]
+pub enum LrScheduleError {
+    /// The decay ends at or before the end of the warmup.
+    #[error(
+        "the learning-rate decay must end after the warmup: it ends at step {steps}, the \
+         warmup lasts {warmup} steps"
+    )]
+    DecayEndsInWarmup {
+        /// The step the decay ends at.
+        steps: u64,
+        /// The warmup's length in steps.
+        warmup: u64,
+    },
+    /// The final rate is not between 0 and the peak rate.
+    #[error("the final learning rate must be between 0 and the peak rate: ratio {min_ratio}")]
+    FinalRatio {
+        /// The final rate over the peak rate.
+        min_ratio: f64,
+    },
 }
 
 /// Dynamic loss scaling (see the module docs).
