@@ -202,10 +202,12 @@ fn a_rank_that_dies_ends_the_job_and_the_others_name_it() {
             "a survivor blames another rank than 3:\n{stderr}"
         );
     }
-    // Step 1 ran everywhere; step 2 never finished.
+    // Step 2 never finished. (Step 1 may not have either: rank 3 finished it with its last
+    // message posted, and when that message's body had not left when rank 3 died, rank 0
+    // waits for it in step 1 and never prints the loss.)
     let stdout = text(&out.stdout);
     assert!(
-        stdout.contains("step 1 loss: ") && !stdout.contains("step 2 loss: "),
+        stdout.matches("step 1 loss: ").count() <= 1 && !stdout.contains("step 2 loss: "),
         "{stdout}"
     );
 }
