@@ -799,8 +799,11 @@ fn llm_foundry(rows: &[Line]) -> Read {
 
 /// The best matmul TFLOP/s found per accelerator (ml-engineering's MAMF finder), against the
 /// cost model's time for one GEMM of the shape that reached it (operands and result through
-/// HBM; fp8 operands with a bf16 result), on the accelerators with a cluster preset. The
-/// presets take their matmul ceiling from this table, so what the rows test is the tile and
+/// HBM; fp8 operands with a bf16 result), on the accelerators with a cluster preset or a
+/// one-GPU description (GH200, A100 PCIe: [`crate::cluster::gh200_gpu`],
+/// [`crate::cluster::a100_pcie_gpu`]); other NVIDIA parts (B300, GB200) wait for a source of
+/// their SM count, and other vendors' for a model of their GEMM libraries. The
+/// descriptions take their matmul ceiling from this table, so what the rows test is the tile and
 /// wave model at the best shape; and the benchmark is short, so the GEMM runs at the
 /// measured ceiling, without the sustained-load fraction of a training run.
 fn mamf_gemm(rows: &[Line]) -> Vec<Result<Reading, &'static str>> {
@@ -811,18 +814,31 @@ fn mamf_gemm(rows: &[Line]) -> Vec<Result<Reading, &'static str>> {
             if dtype != "bf16" && !fp8 {
                 return Err("dtype not modelled");
             }
-            let preset = match r.get("accelerator") {
-                "NVIDIA A100 SXM" => "dgx-a100:nodes=1",
-                "NVIDIA H100 SXM" => "dgx-h100:nodes=1",
-                "NVIDIA H200 SXM" => "hgx-h200:nodes=1",
-                "NVIDIA B200 SXM" => "dgx-b200:nodes=1",
-                _ => return Err("accelerator without a cluster preset"),
+            let accelerator = r.get("accelerator");
+            let (preset, cluster) = match accelerator {
+                "NVIDIA A100 SXM" => ("dgx-a100:nodes=1", None),
+                "NVIDIA H100 SXM" => ("dgx-h100:nodes=1", None),
+                "NVIDIA H200 SXM" => ("hgx-h200:nodes=1", None),
+                "NVIDIA B200 SXM" => ("dgx-b200:nodes=1", None),
+                "NVIDIA GH200 SXM" => ("gh200-gpu", Some(crate::cluster::gh200_gpu())),
+                "NVIDIA A100 PCIe" => ("a100-pcie-gpu", Some(crate::cluster::a100_pcie_gpu())),
+                a if !a.starts_with("NVIDIA") => {
+                    return Err("not an NVIDIA GPU: the tile model is cuBLAS's on NVIDIA SMs");
+                }
+                _ => {
+                    return Err(
+                        "NVIDIA GPU whose SM count and HBM bandwidth no source at hand gives",
+                    );
+                }
             };
             let need = |k: &str| r.int(k).map(|v| v as u64).ok_or("GEMM shape missing");
             let (m, n, k) = (need("M_derived")?, need("N_derived")?, need("K_derived")?);
             let measured = r.num("mamf_tflops").ok_or("no measured throughput")?;
-            let mut model =
-                CostModel::new(Cluster::preset(preset).map_err(|_| "no cluster preset")?);
+            let cluster = match cluster {
+                Some(c) => c,
+                None => Cluster::preset(preset).map_err(|_| "no cluster preset")?,
+            };
+            let mut model = CostModel::new(cluster);
             model.compute.gemm_sustained_fraction = 1.0;
             let shape = GemmShape::new(1, m, n, k);
             let e = if fp8 { 1.0 } else { 2.0 };
