@@ -799,8 +799,11 @@ fn llm_foundry(rows: &[Line]) -> Read {
 
 /// The best matmul TFLOP/s found per accelerator (ml-engineering's MAMF finder), against the
 /// cost model's time for one GEMM of the shape that reached it (operands and result through
-/// HBM; fp8 operands with a bf16 result), on the accelerators with a cluster preset. The
-/// presets take their matmul ceiling from this table, so what the rows test is the tile and
+/// HBM; fp8 operands with a bf16 result), on the accelerators with a cluster preset or a
+/// one-GPU description (GH200, A100 PCIe: [`crate::cluster::gh200_gpu`],
+/// [`crate::cluster::a100_pcie_gpu`]); other NVIDIA parts (B300, GB200) wait for a source of
+/// their SM count, and other vendors' for a model of their GEMM libraries. The
+/// descriptions take their matmul ceiling from this table, so what the rows test is the tile and
 /// wave model at the best shape; and the benchmark is short, so the GEMM runs at the
 /// measured ceiling, without the sustained-load fraction of a training run.
 fn mamf_gemm(rows: &[Line]) -> Vec<Result<Reading, &'static str>> {
@@ -811,18 +814,31 @@ fn mamf_gemm(rows: &[Line]) -> Vec<Result<Reading, &'static str>> {
             if dtype != "bf16" && !fp8 {
                 return Err("dtype not modelled");
             }
-            let preset = match r.get("accelerator") {
-                "NVIDIA A100 SXM" => "dgx-a100:nodes=1",
-                "NVIDIA H100 SXM" => "dgx-h100:nodes=1",
-                "NVIDIA H200 SXM" => "hgx-h200:nodes=1",
-                "NVIDIA B200 SXM" => "dgx-b200:nodes=1",
-                _ => return Err("accelerator without a cluster preset"),
+            let accelerator = r.get("accelerator");
+            let (preset, cluster) = match accelerator {
+                "NVIDIA A100 SXM" => ("dgx-a100:nodes=1", None),
+                "NVIDIA H100 SXM" => ("dgx-h100:nodes=1", None),
+                "NVIDIA H200 SXM" => ("hgx-h200:nodes=1", None),
+                "NVIDIA B200 SXM" => ("dgx-b200:nodes=1", None),
+                "NVIDIA GH200 SXM" => ("gh200-gpu", Some(crate::cluster::gh200_gpu())),
+                "NVIDIA A100 PCIe" => ("a100-pcie-gpu", Some(crate::cluster::a100_pcie_gpu())),
+                a if !a.starts_with("NVIDIA") => {
+                    return Err("not an NVIDIA GPU: the tile model is cuBLAS's on NVIDIA SMs");
+                }
+                _ => {
+                    return Err(
+                        "NVIDIA GPU whose SM count and HBM bandwidth no source at hand gives",
+                    );
+                }
             };
             let need = |k: &str| r.int(k).map(|v| v as u64).ok_or("GEMM shape missing");
             let (m, n, k) = (need("M_derived")?, need("N_derived")?, need("K_derived")?);
             let measured = r.num("mamf_tflops").ok_or("no measured throughput")?;
-            let mut model =
-                CostModel::new(Cluster::preset(preset).map_err(|_| "no cluster preset")?);
+            let cluster = match cluster {
+                Some(c) => c,
+                None => Cluster::preset(preset).map_err(|_| "no cluster preset")?,
+            };
+            let mut model = CostModel::new(cluster);
             model.compute.gemm_sustained_fraction = 1.0;
             let shape = GemmShape::new(1, m, n, k);
             let e = if fp8 { 1.0 } else { 2.0 };
@@ -854,16 +870,54 @@ fn mamf_gemm(rows: &[Line]) -> Vec<Result<Reading, &'static str>> {
 /// Per-call cost of a timed `torch.distributed.all_reduce` in ml-engineering's
 /// `all_reduce_bench.py`, fitted on its sweep's small-message floor (see
 /// [`mlengineering_allreduce`]).
-const TORCH_DISTRIBUTED_CALL_S: f64 = 45e-6;
+const TORCH_DISTRIBUTED_CALL_S: f64 = 32e-6;
+
+/// How much slower than a larger payload of its sweep a measured point may be before it is
+/// read as not the collective's (run-to-run noise of a timed benchmark, generously: 20%).
+const SWEEP_NOISE: f64 = 0.2;
 
 /// All-reduce bus bandwidth (nccl-tests convention) against the cost model's collective time
 /// for the same payload and GPU count, on the presets' GPUs (H100, H200, B200; the AWS
 /// p6-b200 nodes' 8x 400 Gb/s EFA stand in as the DGX B200 preset's 8x 400 Gb/s NICs).
 /// NCCL's NVLink SHARP rows are kept (it is NCCL's default); rows run with
 /// `NCCL_NVLS_ENABLE=0` are estimated without it.
+///
+/// A row whose measured time is more than [`SWEEP_NOISE`] above the time of a larger
+/// payload in the same sweep (same system, tool, GPU count and NVLS setting) is skipped: an
+/// all-reduce of more bytes over the same GPUs does no less work, so no cost of the
+/// collective falls with its size, and such a point records something else (the 4-node
+/// sweep's 32 and 64 KiB points take 3-6 ms where 128 KiB to 2 MiB take 0.36-0.57 ms).
 fn mlengineering_allreduce(rows: &[Line]) -> Vec<Result<Reading, &'static str>> {
+    let sweep = |r: &Line| {
+        (
+            r.get("system").to_string(),
+            r.get("tool").to_string(),
+            r.get("gpus_total").to_string(),
+            r.get("nvls_enabled").to_string(),
+        )
+    };
+    // Measured seconds of a row: busbw = bytes * 2(n-1)/n / time.
+    let seconds = |r: &Line| {
+        let n = r.num("gpus_total")?;
+        let bytes = r.num("payload_bytes")?;
+        let busbw = r.num("busbw_GBps").filter(|b| *b > 0.0)?;
+        (n > 1.0).then(|| bytes * 2.0 * (n - 1.0) / n / (busbw * 1e9))
+    };
+    let slower_than_larger = |r: &Line| {
+        let (Some(t), Some(bytes)) = (seconds(r), r.num("payload_bytes")) else {
+            return false;
+        };
+        rows.iter().any(|o| {
+            sweep(o) == sweep(r)
+                && o.num("payload_bytes").is_some_and(|b| b > bytes)
+                && seconds(o).is_some_and(|u| t > u * (1.0 + SWEEP_NOISE))
+        })
+    };
     rows.iter()
         .map(|r| {
+            if slower_than_larger(r) {
+                return Err("measured time above a larger payload's in the same sweep");
+            }
             let system = r.get("system");
             let kind = if system.contains("H200") {
                 "hgx-h200"
@@ -903,8 +957,9 @@ fn mlengineering_allreduce(rows: &[Line]) -> Vec<Result<Reading, &'static str>> 
             };
             // all_reduce_bench.py times torch.distributed calls, each with its host dispatch
             // and a device synchronisation: the sweep's floor (47-51 us from 32 KiB to 1 MiB
-            // on one node, where the transfer itself is a few microseconds) is that per-call
-            // cost, which nccl-tests' back-to-back launches do not pay.
+            // on one node) less NCCL's LL ring latency on 8 GPUs (6.6 + 14 x 0.6 us, see
+            // `comm::Protocol`) is that per-call cost, which nccl-tests' back-to-back
+            // launches do not pay.
             if r.get("tool").contains("all_reduce_bench.py") {
                 model.comm.launch_overhead_s = TORCH_DISTRIBUTED_CALL_S;
             }

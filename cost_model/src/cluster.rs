@@ -679,6 +679,43 @@ pub fn hgx_h200(nodes: usize) -> Cluster {
     c
 }
 
+/// One GH200 superchip's GPU (the Hopper die of H100 with 132 SMs, 989 TFLOP/s bf16 and
+/// 1979 fp8 dense, NVIDIA GH200 datasheet) in the 141 GB HBM3e version the MAMF table's
+/// GH200 row names ("900W 141GiB HBM3e version"), at the 4.8 TB/s of H200's 141 GB of HBM3e
+/// (hardware_specs.csv; the datasheet's 144 GB version has 4.9). Maximum achievable matmul 828.6 TFLOP/s
+/// bf16 and 1535 fp8 (MAMF table, GH200 row), above the H100's 794.5 at its higher power
+/// limit. For single-GPU figures: the node around it is the DGX H100's.
+pub fn gh200_gpu() -> Cluster {
+    let mut c = dgx_h100(1);
+    c.name = "gh200-gpu".into();
+    c.gpus_per_node = 1;
+    c.gpu.model = "GH200-141GB".into();
+    c.gpu.hbm_capacity_gib = 140.0;
+    c.gpu.hbm_bandwidth_gb_per_s = 4800.0;
+    c.gpu.mamf_tflops = Some(MamfTflops {
+        bf16: 828.6,
+        fp8: Some(1535.0),
+    });
+    c
+}
+
+/// One A100 PCIe 80 GB (the A100 die, 108 SMs, 312 TFLOP/s bf16 dense; 1935 GB/s of HBM2e:
+/// NVIDIA A100 datasheet, PCIe 80GB column). Maximum achievable bf16 matmul 252.9 TFLOP/s
+/// (MAMF table, A100 PCIe row), below the SXM part's 271.2 at its 300 W limit. For
+/// single-GPU figures: the node around it is the DGX A100's.
+pub fn a100_pcie_gpu() -> Cluster {
+    let mut c = dgx_a100(1);
+    c.name = "a100-pcie-gpu".into();
+    c.gpus_per_node = 1;
+    c.gpu.model = "A100-PCIe-80GB".into();
+    c.gpu.hbm_bandwidth_gb_per_s = 1935.0;
+    c.gpu.mamf_tflops = Some(MamfTflops {
+        bf16: 252.9,
+        fp8: None,
+    });
+    c
+}
+
 /// DGX A100 with the 40 GB part: 1555 GB/s of HBM2 (hardware_specs.csv, A100 bandwidth row),
 /// otherwise the 80 GB node.
 pub fn dgx_a100_40gb(nodes: usize) -> Cluster {
@@ -851,6 +888,13 @@ mod tests {
             let c = Cluster::preset(name).unwrap();
             assert!(c.gpu.mamf_tflops.is_some(), "{name}");
             assert_eq!(Cluster::from_toml(&c.to_toml()).unwrap(), c, "{name}");
+        }
+        // The one-GPU descriptions are valid clusters with their own ceilings.
+        for (c, bf16) in [(gh200_gpu(), 828.6e12), (a100_pcie_gpu(), 252.9e12)] {
+            c.validate().unwrap();
+            assert_eq!(c.num_devices(), 1);
+            assert_eq!(c.gemm_ceiling_flops(DType::BF16, false, 0.8), Some(bf16));
+            assert_eq!(Cluster::from_toml(&c.to_toml()).unwrap(), c);
         }
         let h = dgx_h100(1);
         assert_eq!(

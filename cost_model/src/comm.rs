@@ -22,11 +22,14 @@
 //! reduce-scatter inside nodes, all-reduce across nodes on each node's NICs, all-gather
 //! inside nodes; NVLink SHARP all-reduce inside a node moves
 //! each byte once to the switch and once back (`2 a + S/B_nvls`, `B_nvls` the algorithm
-//! bandwidth). The cheapest of ring, tree and NVLS is chosen, as NCCL's tuner does.
+//! bandwidth). The cheapest of ring, tree and NVLS is chosen, as NCCL's tuner does. Inside a
+//! GPU node `a` and the share of `B` are those of the cheapest of NCCL's protocols
+//! ([`Protocol`]: LL, LL128, Simple), so small messages pay microseconds of latency at a
+//! fraction of the bandwidth and large ones the full bandwidth after tens of microseconds.
 
 use serde::{Deserialize, Serialize};
 
-use crate::cluster::Cluster;
+use crate::cluster::{Cluster, GpuArch};
 use crate::cost::Cost;
 use crate::mapping::GroupInfo;
 
@@ -107,7 +110,68 @@ pub struct CommParams {
     /// The all-reduce algorithm when one is imposed (NCCL's `NCCL_ALGO`, or a measurement
     /// that records which one NCCL ran); `None` lets the model take the cheapest.
     pub force_algorithm: Option<Algorithm>,
+    /// Price ring and tree collectives inside a GPU node as NCCL's three protocols do (see
+    /// [`Protocol`]) and take the cheapest, as NCCL's tuner does, with NVLink SHARP at
+    /// NCCL's latency for it; otherwise (across nodes, and on clusters of
+    /// [`crate::cluster::GpuArch::Other`]) one latency per step from the cluster description
+    /// and the fabric's full bandwidth.
+    #[serde(default = "yes")]
+    pub nccl_protocols: bool,
 }
+
+fn yes() -> bool {
+    true
+}
+
+/// NCCL's protocols, which trade bandwidth for latency. LL sends 4 bytes of data with a
+/// 4-byte flag in each 8-byte store (lowest latency, a quarter of the bus bandwidth in
+/// NCCL's model), LL128 120 bytes of data per 128-byte line (92%), Simple whole chunks
+/// behind a memory fence (full bandwidth, the highest latency). The figures are NCCL's own
+/// performance model (`src/graph/tuning.cc` of NCCL 2.19: `baseLat`, `hwLat`, `llMaxBws`
+/// and the bandwidth refinements of `ncclTopoTuneModel`), which its tuner uses to pick
+/// algorithm and protocol per call. The model prices collectives inside a node this way;
+/// across nodes it keeps one latency per step from the cluster description, because
+/// NCCL's table prices rings of thousands of ranks below what the SC'21 ZeRO-3 rows and
+/// the 4-node EFA sweep of the reference tables measure.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Protocol {
+    /// Low latency: 8-byte stores, half of them flags.
+    Ll,
+    /// 128-byte lines, 8 bytes of each a flag.
+    Ll128,
+    /// Bulk chunks with fences.
+    Simple,
+}
+
+const PROTOCOLS: [Protocol; 3] = [Protocol::Ll, Protocol::Ll128, Protocol::Simple];
+
+impl Protocol {
+    fn index(self) -> usize {
+        match self {
+            Protocol::Ll => 0,
+            Protocol::Ll128 => 1,
+            Protocol::Simple => 2,
+        }
+    }
+}
+
+/// NCCL's fixed latency of a ring collective per protocol (LL, LL128, Simple), us.
+const RING_BASE_US: [f64; 3] = [6.6, 14.0, 8.4];
+/// NCCL's fixed latency of a tree all-reduce per protocol, us.
+const TREE_BASE_US: [f64; 3] = [6.8, 14.0, 0.0];
+/// Latency of one ring step over NVLink and over PCIe, per protocol, us.
+const RING_HOP_NVLINK_US: [f64; 3] = [0.6, 1.9, 3.4];
+const RING_HOP_PCI_US: [f64; 3] = [1.0, 2.5, 5.7];
+/// Latency of one tree level over NVLink and over PCIe, per protocol, us.
+const TREE_HOP_NVLINK_US: [f64; 3] = [0.6, 1.25, 28.0];
+const TREE_HOP_PCI_US: [f64; 3] = [1.0, 1.9, 28.0];
+/// LL128's share of the ring's bus bandwidth (120 of 128 bytes, NCCL's 0.92).
+const LL128_SHARE: f64 = 0.92;
+/// The most LL reaches on one Ampere or Hopper node, GB/s (NCCL's `llMaxBws`).
+const LL_MAX_BUSBW_GB_PER_S: f64 = 87.7;
+/// NVLink SHARP's latency inside a node, us (NCCL's `hwLat` for NVLS over NVLink).
+const NVLS_LATENCY_US: f64 = 23.0;
 
 impl Default for CommParams {
     fn default() -> Self {
@@ -119,6 +183,7 @@ impl Default for CommParams {
             overlap_tp_forward: false,
             nvls: true,
             force_algorithm: None,
+            nccl_protocols: true,
         }
     }
 }
@@ -199,8 +264,20 @@ impl CommParams {
             };
         }
         let (steps, factor) = ring_factor(coll, nf);
+        let nccl = self.nccl_protocols && cluster.gpu.arch != GpuArch::Other;
+        let ring_by_protocol = nccl
+            && group.intra_node()
+            && matches!(
+                coll,
+                Collective::AllReduce | Collective::AllGather | Collective::ReduceScatter
+            );
+        let ring = if ring_by_protocol {
+            self.launch_overhead_s + self.nccl_ring(coll, bytes, bw, nf, cluster)
+        } else {
+            self.launch_overhead_s + steps * alpha + factor * bytes / bw
+        };
         let mut best = CommCost {
-            time_s: self.launch_overhead_s + steps * alpha + factor * bytes / bw,
+            time_s: ring,
             algorithm: Algorithm::Ring,
         };
         // An imposed all-reduce algorithm replaces the ring whenever it applies here.
@@ -222,7 +299,11 @@ impl CommParams {
             // Reduce up and broadcast down for all-reduce; for broadcast, every inner node
             // forwards the data to two children.
             let tree_factor = 2.0;
-            let t = self.launch_overhead_s + tree_steps * alpha + tree_factor * bytes / bw;
+            let t = if nccl && coll == Collective::AllReduce && group.intra_node() {
+                self.launch_overhead_s + self.nccl_tree(bytes, bw, nf, cluster)
+            } else {
+                self.launch_overhead_s + tree_steps * alpha + tree_factor * bytes / bw
+            };
             if better(t, Algorithm::Tree, &best) {
                 best = CommCost {
                     time_s: t,
@@ -237,7 +318,12 @@ impl CommParams {
             cluster.intra_node.nvls_algbw_gb_per_s,
         ) {
             // One multimem store to the switch and one load of the reduced buffer.
-            let t = self.launch_overhead_s + 2.0 * a_intra + bytes / (algbw * 1e9);
+            let latency = if nccl {
+                NVLS_LATENCY_US * 1e-6
+            } else {
+                2.0 * a_intra
+            };
+            let t = self.launch_overhead_s + latency + bytes / (algbw * 1e9);
             if better(t, Algorithm::Nvls, &best) {
                 best = CommCost {
                     time_s: t,
@@ -270,6 +356,68 @@ impl CommParams {
                     algorithm: Algorithm::Hierarchical,
                 };
             }
+        }
+        best
+    }
+
+    /// Per-step latencies inside a node, per protocol, by fabric (ring, tree).
+    fn intra_hops(cluster: &Cluster) -> ([f64; 3], [f64; 3]) {
+        if cluster
+            .intra_node
+            .fabric
+            .to_ascii_lowercase()
+            .contains("pci")
+        {
+            (RING_HOP_PCI_US, TREE_HOP_PCI_US)
+        } else {
+            (RING_HOP_NVLINK_US, TREE_HOP_NVLINK_US)
+        }
+    }
+
+    /// Seconds (without the launch) of a ring all-reduce, all-gather or reduce-scatter inside
+    /// one node under the cheapest protocol NCCL may run: the protocol's fixed latency, its
+    /// per-step latency on the node's fabric for each of the ring's steps, and the bytes at
+    /// the protocol's share of the bus bandwidth `bw` (bytes/s).
+    fn nccl_ring(&self, coll: Collective, bytes: f64, bw: f64, n: f64, cluster: &Cluster) -> f64 {
+        let (steps, factor) = ring_factor(coll, n);
+        let (hops, _) = Self::intra_hops(cluster);
+        let mut best = f64::INFINITY;
+        for p in PROTOCOLS {
+            let i = p.index();
+            let latency = RING_BASE_US[i] + steps * hops[i];
+            let busbw = match p {
+                Protocol::Simple => bw,
+                Protocol::Ll128 => bw * LL128_SHARE,
+                Protocol::Ll => {
+                    let share = if coll == Collective::AllReduce {
+                        0.25
+                    } else {
+                        1.0 / 3.0
+                    };
+                    (bw * share).min(LL_MAX_BUSBW_GB_PER_S * 1e9)
+                }
+            };
+            best = best.min(latency * 1e-6 + factor * bytes / busbw);
+        }
+        best
+    }
+
+    /// Seconds (without the launch) of NCCL's tree all-reduce inside one node (a chain of
+    /// `n` members, up and down) under its cheapest protocol, at half the tree's bus
+    /// bandwidth: 92% of `bw`, LL a 3.8th of that, LL128 7/9 of it.
+    fn nccl_tree(&self, bytes: f64, bw: f64, n: f64, cluster: &Cluster) -> f64 {
+        let (_, hops) = Self::intra_hops(cluster);
+        let tree_bw = bw * 0.92;
+        let mut best = f64::INFINITY;
+        for p in PROTOCOLS {
+            let i = p.index();
+            let latency = TREE_BASE_US[i] + 2.0 * (n - 1.0) * hops[i];
+            let busbw = match p {
+                Protocol::Simple => tree_bw,
+                Protocol::Ll128 => tree_bw * 7.0 / 9.0,
+                Protocol::Ll => (tree_bw / 3.8).min(LL_MAX_BUSBW_GB_PER_S * 1e9),
+            };
+            best = best.min(latency * 1e-6 + 2.0 * bytes / busbw);
         }
         best
     }
@@ -316,6 +464,7 @@ mod tests {
         overlap_tp_forward: false,
         nvls: true,
         force_algorithm: None,
+        nccl_protocols: true,
     };
 
     /// NVLink SHARP: all-reduce busbw above the ring's, growing with the group as
@@ -353,13 +502,69 @@ mod tests {
         close(P.exposed(1.0, 3.0), 0.1);
     }
 
+    /// The per-step latency of the cluster description, as across nodes.
+    const ALPHA: CommParams = CommParams {
+        nccl_protocols: false,
+        ..P
+    };
+
+    /// Inside a GPU node the ring runs NCCL's cheapest protocol: LL for small messages
+    /// (6.6 + 14 x 0.6 us, a quarter of the bus bandwidth), LL128 for mid-size ones
+    /// (14 + 14 x 1.9 us, 92%), Simple (8.4 + 14 x 3.4 us, all of it) for large ones.
+    #[test]
+    fn nccl_protocols_inside_a_node_by_hand() {
+        let c = cluster::dgx_a100(1);
+        let g = intra(8);
+        let t = |s: f64| P.collective(Collective::AllReduce, s, &g, &c);
+        let ll = |s: f64| 5e-6 + (6.6 + 14.0 * 0.6) * 1e-6 + 1.75 * s / (230e9 / 4.0);
+        let ll128 = |s: f64| 5e-6 + (14.0 + 14.0 * 1.9) * 1e-6 + 1.75 * s / (230e9 * 0.92);
+        let simple = |s: f64| 5e-6 + (8.4 + 14.0 * 3.4) * 1e-6 + 1.75 * s / 230e9;
+        for (s, want) in [
+            (32768.0, ll(32768.0)),
+            (4e6, ll128(4e6)),
+            (1e9, simple(1e9)),
+        ] {
+            let got = t(s);
+            assert_eq!(got.algorithm, Algorithm::Ring, "{s}");
+            close(got.time_s, want);
+        }
+        // All-gather's LL keeps a third of the bandwidth.
+        close(
+            P.collective(Collective::AllGather, 32768.0, &g, &c).time_s,
+            5e-6 + (6.6 + 7.0 * 0.6) * 1e-6 + 0.875 * 32768.0 / (230e9 / 3.0),
+        );
+        // Off, or on a cluster that is not of GPUs: the cluster's latency per step.
+        close(
+            ALPHA.collective(Collective::AllReduce, 1e9, &g, &c).time_s,
+            5e-6 + 14e-6 + 1.75e9 / 230e9,
+        );
+        let cpu = cluster::Cluster::preset("cpu:ranks=8").unwrap();
+        assert_eq!(
+            P.collective(Collective::AllReduce, 4e6, &g, &cpu),
+            ALPHA.collective(Collective::AllReduce, 4e6, &g, &cpu)
+        );
+        // Across nodes the cluster's latency per step stands.
+        let g2 = GroupInfo {
+            size: 16,
+            nodes_spanned: 2,
+            members_per_node: 8,
+            nics_per_group: 8,
+            groups_per_nic: 1,
+        };
+        let c2 = cluster::dgx_a100(2);
+        assert_eq!(
+            P.collective(Collective::AllGather, 4e6, &g2, &c2),
+            ALPHA.collective(Collective::AllGather, 4e6, &g2, &c2)
+        );
+    }
+
     #[test]
     fn ring_collectives_inside_a_node_by_hand() {
         let c = cluster::dgx_a100(1);
         let g = intra(8);
         let s = 1e9;
         // all-reduce: 5 us + 14 steps x 1 us + 2*7/8 * 1 GB / 230 GB/s.
-        let ar = P.collective(Collective::AllReduce, s, &g, &c);
+        let ar = ALPHA.collective(Collective::AllReduce, s, &g, &c);
         assert_eq!(ar.algorithm, Algorithm::Ring);
         close(ar.time_s, 5e-6 + 14e-6 + 1.75 * s / 230e9);
         // all-gather and reduce-scatter: 5 us + 7 us + 7/8 * S / B.
@@ -369,13 +574,13 @@ mod tests {
             Collective::AllToAll,
         ] {
             close(
-                P.collective(coll, s, &g, &c).time_s,
+                ALPHA.collective(coll, s, &g, &c).time_s,
                 12e-6 + 0.875 * s / 230e9,
             );
         }
         // broadcast: the pipelined chain, 5 + 7 us + S / B (ring beats tree at 1 GB).
         close(
-            P.collective(Collective::Broadcast, s, &g, &c).time_s,
+            ALPHA.collective(Collective::Broadcast, s, &g, &c).time_s,
             12e-6 + s / 230e9,
         );
         // send/recv: 5 + 1 us + S / B.
@@ -384,14 +589,14 @@ mod tests {
             6e-6 + s / 230e9,
         );
         // busbw of a large all-reduce is the fabric's.
-        let bb = P.bus_bandwidth(Collective::AllReduce, 8e9, &g, &c);
+        let bb = ALPHA.bus_bandwidth(Collective::AllReduce, 8e9, &g, &c);
         assert!((bb - 230e9).abs() / 230e9 < 0.001, "{bb}");
     }
 
     #[test]
     fn small_all_reduce_takes_the_tree() {
         let c = cluster::dgx_a100(1);
-        let t = P.collective(Collective::AllReduce, 1024.0, &intra(8), &c);
+        let t = ALPHA.collective(Collective::AllReduce, 1024.0, &intra(8), &c);
         assert_eq!(t.algorithm, Algorithm::Tree);
         // 5 us + 2*3 steps + 2 * 1 KiB / 230 GB/s.
         close(t.time_s, 5e-6 + 6e-6 + 2.0 * 1024.0 / 230e9);

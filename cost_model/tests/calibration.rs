@@ -116,29 +116,28 @@ fn every_reference_table_is_read_and_the_megatron_tables_are_expressed() {
 }
 
 /// Per table: (median |error| at most, worst |error| at most, share predicted too fast at
-/// most). Today's figures, each with about a point of headroom: llm-foundry 6.6% / 28.1%
-/// (fp8 rows 7-15% too slow), Megatron-Core 2.8% / 28.1% (the 1.7B row, whose micro-batch
-/// the README does not give), SC'21 Table 1 5.1% / 6.6%, SC'21 Table 2 4.8% / 18.5% (PTD-P
-/// within 5%, the 530B ZeRO-3 rows 18% too fast), Korthikanti Table 4 2.1% / 3.8% and
-/// Table 5 2.1% / 4.7%, the all-reduce sweep 2.8%
-/// median (its worst rows are the 4-node 32-64 KiB calls that took 3-6 ms, far below any
-/// latency model), the MAMF GEMMs 4.8% / 20.1%, the NCCL maintainers' and users' bus
-/// bandwidths 0.6% / 11.5% (2 nodes with 4 HDR NICs, 86 GB/s measured against the ring's 96)
-/// and 0.3% / 1.9%.
+/// most). Today's figures, each with about a point of headroom: llm-foundry 6.6% / 28.2%
+/// (fp8 rows 7-15% too slow), Megatron-Core 3.9% / 28.2% (the 1.7B row, whose micro-batch
+/// the README does not give), SC'21 Table 1 4.7% / 5.9%, SC'21 Table 2 4.6% / 18.5% (PTD-P
+/// within 5%, the 530B ZeRO-3 rows 18% too fast), Korthikanti Table 4 3.0% / 4.9% and
+/// Table 5 1.9% / 5.0%, the all-reduce sweep 4.0% / 60.1% (B200 inside one node at 4-64
+/// MiB, where the model runs NVLink SHARP at its 8 GiB rate and the sweep does not), the
+/// MAMF GEMMs 4.5% / 12.5% (GH200 and A100 PCIe included), the NCCL maintainers' and users' bus bandwidths 0.6% / 11.5%
+/// (2 nodes with 4 HDR NICs, 86 GB/s measured against the ring's 96) and 0.2% / 1.9%.
 const BOUNDS: [(&str, f64, f64, f64); 10] = [
-    ("korthikanti2022_table4_per_layer_22B", 0.025, 0.045, 0.5),
+    ("korthikanti2022_table4_per_layer_22B", 0.04, 0.06, 0.5),
     (
         "korthikanti2022_tables3_5_seqpar_selective",
         0.03,
-        0.055,
+        0.06,
         0.65,
     ),
     ("llmfoundry_mpt_benchmarks", 0.075, 0.30, 0.75),
-    ("megatron_core_h100_weak_scaling_readme", 0.04, 0.30, 0.7),
-    ("megatron_sc21_table1_weak_scaling_a100", 0.06, 0.075, 0.95),
-    ("megatron_sc21_table2_zero3_vs_ptdp", 0.055, 0.195, 0.9),
-    ("mlengineering_allreduce_busbw", 0.04, f64::INFINITY, 0.95),
-    ("mlengineering_mamf_gemm", 0.06, 0.22, 0.5),
+    ("megatron_core_h100_weak_scaling_readme", 0.05, 0.30, 0.75),
+    ("megatron_sc21_table1_weak_scaling_a100", 0.055, 0.07, 0.95),
+    ("megatron_sc21_table2_zero3_vs_ptdp", 0.055, 0.195, 0.85),
+    ("mlengineering_allreduce_busbw", 0.05, 0.65, 0.85),
+    ("mlengineering_mamf_gemm", 0.06, 0.14, 0.1),
     ("nccl_busbw_reference", 0.015, 0.13, 0.5),
     ("nccl_issue_reference_busbw", 0.01, 0.03, 0.5),
 ];
@@ -166,8 +165,19 @@ fn every_table_holds_its_bounds() {
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
-    // Every all-reduce row is expressed, B200 and multi-node included.
-    assert_eq!(table(&r, "mlengineering_allreduce_busbw").rows.len(), 61);
+    // Every all-reduce row with a payload is expressed, B200 and multi-node included, but
+    // the 4-node sweep's 32-128 KiB points, which took longer than 256 KiB did.
+    let sweep = table(&r, "mlengineering_allreduce_busbw");
+    assert_eq!(sweep.rows.len(), 58);
+    let out_of_order = sweep
+        .skipped
+        .iter()
+        .find(|s| s.reason.contains("larger payload"))
+        .map_or(0, |s| s.rows);
+    assert_eq!(out_of_order, 3, "{:?}", sweep.skipped);
+    // The MAMF GEMMs of every NVIDIA part with a description (A100 SXM and PCIe, H100, H200,
+    // GH200, B200), bf16 and fp8.
+    assert_eq!(table(&r, "mlengineering_mamf_gemm").rows.len(), 9);
     // fp8 rows: estimated, within 20%.
     let foundry = table(&r, "llmfoundry_mpt_benchmarks");
     for row in foundry.rows.iter().filter(|r| r.plan.contains("dtype=fp8")) {

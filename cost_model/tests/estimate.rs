@@ -319,7 +319,7 @@ fn fp8_is_priced_where_the_gpu_has_it_and_refused_where_not() {
         h100.estimate(&cfg, &fp8).unwrap(),
     );
     let speedup = b.iter_time_s / f.iter_time_s;
-    assert!(speedup > 1.15 && speedup < 2.0, "{speedup}");
+    assert!(speedup > 1.1 && speedup < 2.0, "{speedup}");
     assert!(f.memory.weights > b.memory.weights);
     assert!(f.mfu < f.model_tflops_per_gpu * 1e12 / 989e12);
 }
