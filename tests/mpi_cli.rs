@@ -48,6 +48,20 @@ fn launch(n: usize, args: &[&str], env: &[(&str, &str)]) -> (Output, Duration) {
     (out, start.elapsed())
 }
 
+/// Whether an `mpirun` job that should succeed did. Open MPI 4's `mpirun` can report a rank
+/// that finalized and exited cleanly as "exiting improperly" with PID 0 (open-mpi/ompi#7833,
+/// a race in its runtime's bookkeeping of exits, left unfixed on the 4.x branches); that
+/// report alone, with no rank reporting an error, counts as success here. Callers still
+/// compare the job's whole output with the thread launcher's, so a rank that really stopped
+/// early fails them.
+fn job_succeeded(out: &Output) -> bool {
+    let stderr = text(&out.stderr);
+    out.status.success()
+        || (stderr.contains("with PID 0 on")
+            && stderr.contains("exiting improperly")
+            && !stderr.contains("error: "))
+}
+
 /// The `step i loss: x` and `verify: ...` lines of a run.
 fn losses_and_verdict(stdout: &str) -> Vec<String> {
     stdout
@@ -66,7 +80,7 @@ fn same_as_threads(n: usize, args: &[&str]) {
     };
     assert!(threads.status.success(), "{}", text(&threads.stderr));
     let mpi = under_mpirun(n, args);
-    assert!(mpi.status.success(), "{}", text(&mpi.stderr));
+    assert!(job_succeeded(&mpi), "{}", text(&mpi.stderr));
     let (want, got) = (text(&threads.stdout), text(&mpi.stdout));
     let want_lines = losses_and_verdict(&want);
     assert!(want_lines.iter().any(|l| l.ends_with(" OK")), "{want}");
@@ -140,7 +154,7 @@ fn launch_runs_a_searched_plan_on_every_process_alike() {
         "--verify",
     ];
     let (out, _) = launch(4, &args, &[]);
-    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(job_succeeded(&out), "{}", text(&out.stderr));
     let stdout = text(&out.stdout);
     // Rank 0 alone prints the plan (every process searched and found the same one).
     assert_eq!(stdout.matches("plan: ").count(), 1, "{stdout}");
