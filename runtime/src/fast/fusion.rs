@@ -10,7 +10,11 @@
 //! - per column: a reduction over the leading dims (a bias or norm-weight gradient), which
 //!   must be a result of the body: each task accumulates its tiles, and the tasks' partial
 //!   sums are added in task order at the end (a fixed order, whatever the thread count);
-//! - a scalar (constants, splats).
+//! - a scalar (constants, splats);
+//! - small: smaller than the iteration space and only broadcast to it. A small value computed
+//!   from small operands (a causal mask compared on `[s, s]` positions, then broadcast over
+//!   batch and heads) is evaluated once, before the tiles, on the fast kernels, and read
+//!   through its broadcasts like an operand.
 //!
 //! Any other body (reductions of other dims, integer arithmetic, results of several
 //! iteration spaces) runs instruction by instruction on the fast kernels. Either way every
@@ -58,6 +62,9 @@ struct Tiled {
     row: usize,
     /// Elements of a tile: a multiple of the row and column lengths.
     tile: usize,
+    /// The small values evaluated before the tiles, in body order; source `np + k` is the
+    /// `k`-th (sources `0..np` are the operands).
+    pre: Vec<usize>,
 }
 
 /// How many elements of a tile a value has.
@@ -82,7 +89,10 @@ enum Step {
     Small,
     /// A float or bool scalar.
     Scalar(f64),
-    /// A broadcast of body value `src` (an operand) to full size, read at offsets `view`.
+    /// A small value computed before the tiles (source `np + k` for the `k`-th of them).
+    Pre,
+    /// A broadcast of source `src` (an operand or a small value computed before the tiles)
+    /// to full size, read at offsets `view`.
     Broadcast { src: usize, view: Vec<usize> },
     /// A per-row value repeated over its row.
     RowBroadcast { src: usize },
@@ -200,6 +210,10 @@ fn tile_plan(body: &FusionBody, types: &[TensorType]) -> Option<Tiled> {
     };
     let mut class: Vec<Class> = Vec::with_capacity(types.len());
     let mut steps: Vec<Step> = Vec::with_capacity(types.len());
+    // The source index of every value readable as a whole tensor: operands and small values
+    // computed before the tiles.
+    let mut source: Vec<Option<usize>> = (0..np).map(Some).collect();
+    let mut pre = Vec::new();
     for t in &body.params {
         let e = t.num_elements() as usize;
         if !kind_ok(t) {
@@ -234,6 +248,22 @@ fn tile_plan(body: &FusionBody, types: &[TensorType]) -> Option<Tiled> {
         let readable = |a: usize| {
             matches!(class[a], Class::Full | Class::Row) || matches!(steps[a], Step::Scalar(_))
         };
+        // A small value from small values (at least one of them computed data, the others
+        // scalars) is computed before the tiles.
+        let small = |a: usize| class[a] == Class::Scalar && source[a].is_some();
+        let scalar = |a: usize| matches!(steps[a], Step::Scalar(_));
+        if own == Class::Scalar
+            && !matches!(instr.op, Op::Constant { .. } | Op::Reduce { .. })
+            && args.iter().any(|&a| small(a))
+            && args.iter().all(|&a| small(a) || scalar(a))
+        {
+            source.push(Some(np + pre.len()));
+            pre.push(v);
+            class.push(Class::Scalar);
+            steps.push(Step::Pre);
+            continue;
+        }
+        source.push(None);
         let (step, cls) = match &instr.op {
             Op::Constant { value, ty } => (
                 Step::Scalar(round_to_dtype(*value, ty.dtype)),
@@ -243,7 +273,7 @@ fn tile_plan(body: &FusionBody, types: &[TensorType]) -> Option<Tiled> {
                 let src = *args.first()?;
                 if let Step::Scalar(x) = steps[src] {
                     (Step::Scalar(x), Class::Scalar)
-                } else if own == Class::Full && src < np {
+                } else if let (Class::Full, Some(at)) = (own, source[src]) {
                     let st = strides(types[src].dims());
                     let mut view = vec![0; ty.rank()];
                     for (j, &d) in dims.iter().enumerate() {
@@ -251,7 +281,7 @@ fn tile_plan(body: &FusionBody, types: &[TensorType]) -> Option<Tiled> {
                             view[d] = st[j];
                         }
                     }
-                    (Step::Broadcast { src, view }, Class::Full)
+                    (Step::Broadcast { src: at, view }, Class::Full)
                 } else if own == Class::Full
                     && class[src] == Class::Row
                     && dims.iter().enumerate().all(|(j, &d)| j == d)
@@ -341,6 +371,7 @@ fn tile_plan(body: &FusionBody, types: &[TensorType]) -> Option<Tiled> {
         n,
         row,
         tile,
+        pre,
     })
 }
 
@@ -447,11 +478,13 @@ fn run_tiled(ctx: &Ctx, c: &Compiled, t: &Tiled, args: &[&Val]) -> Result<Vec<Va
     let np = c.body.params.len();
     let results = &c.body.results;
     let n = t.n;
-    // Operands dense (a splat operand is written out once: they are rare in bodies).
-    let operands: Vec<FastTensor> = args.iter().map(|a| ctx.dense(a)).collect();
+    // Operands dense (a splat operand is written out once: they are rare in bodies), then
+    // the small values computed before the tiles.
+    let mut operands: Vec<FastTensor> = args.iter().map(|a| ctx.dense(a)).collect();
     if operands.len() != np {
         return Err(RuntimeError::NotAKernel { op: "fusion" });
     }
+    operands.extend(precompute(ctx, c, t, args)?);
     let size_of = |r: usize| match t.class[r] {
         Class::Row => n / t.row,
         Class::Col => 0,
@@ -579,6 +612,49 @@ fn run_tiled(ctx: &Ctx, c: &Compiled, t: &Tiled, args: &[&Val]) -> Result<Vec<Va
     Ok(values)
 }
 
+/// The small values of a tiled body, evaluated in body order on the fast kernels (their
+/// operands are operands of the fusion, earlier small values or scalars).
+fn precompute(
+    ctx: &Ctx,
+    c: &Compiled,
+    t: &Tiled,
+    args: &[&Val],
+) -> Result<Vec<FastTensor>, RuntimeError> {
+    let np = c.body.params.len();
+    let mut done: Vec<(usize, Val)> = Vec::with_capacity(t.pre.len());
+    for &v in &t.pre {
+        let instr = &c.body.instrs[v - np];
+        let mut vals = Vec::with_capacity(instr.operands.len());
+        for &a in &instr.operands {
+            let val = if a < np {
+                args[a].clone()
+            } else if let Some((_, x)) = done.iter().find(|(p, _)| *p == a) {
+                x.clone()
+            } else if let Step::Scalar(x) = t.steps[a] {
+                Val::Splat(c.types[a].clone(), x)
+            } else {
+                return Err(RuntimeError::NotAKernel { op: "fusion" });
+            };
+            vals.push(val);
+        }
+        let refs: Vec<&Val> = vals.iter().collect();
+        let mut r = eval(
+            ctx,
+            &instr.op,
+            &refs,
+            std::slice::from_ref(&c.types[v]),
+            None,
+        )?;
+        if r.len() != 1 {
+            return Err(RuntimeError::NotAKernel {
+                op: instr.op.name(),
+            });
+        }
+        done.push((v, r.swap_remove(0)));
+    }
+    Ok(done.iter().map(|(_, x)| ctx.dense(x)).collect())
+}
+
 /// The column reduction `v` from every task's partial accumulators, added in task order.
 fn combine_cols(
     ctx: &Ctx,
@@ -637,7 +713,7 @@ fn tile_val<'a>(
         },
         Step::Scalar(x) => TileVal::Scalar(*x),
         Step::Alias(src) => tile_val(c, t, operands, scratch, *src, span),
-        Step::Small | Step::ColReduce { .. } => TileVal::Scalar(f64::NAN),
+        Step::Small | Step::Pre | Step::ColReduce { .. } => TileVal::Scalar(f64::NAN),
         Step::Broadcast { .. }
         | Step::RowBroadcast { .. }
         | Step::Compute { .. }
@@ -662,7 +738,7 @@ fn run_tile(
         let ty = &c.types[v];
         let (_, len) = span.of(t.class[v]);
         match &t.steps[v] {
-            Step::Operand(_) | Step::Small | Step::Scalar(_) | Step::Alias(_) => {}
+            Step::Operand(_) | Step::Small | Step::Pre | Step::Scalar(_) | Step::Alias(_) => {}
             Step::Broadcast { src, view } => {
                 let dims = ty.dims();
                 match operands[*src].elems() {
@@ -748,26 +824,27 @@ fn run_tile(
 
 /// Each row of `row` elements of `x` reduced into one element of `out`, in f64 for sums.
 fn reduce_rows_into(func: ReduceOp, x: &[f32], row: usize, out: &mut [f32]) {
-    vectorized(|| {
-        for (o, r) in out.iter_mut().zip(x.chunks_exact(row)) {
-            *o = match func {
-                ReduceOp::Sum => sum64(r) as f32,
-                ReduceOp::Mean => (sum64(r) / row as f64) as f32,
-                ReduceOp::Max => {
-                    r.iter().fold(
-                        f32::NEG_INFINITY,
-                        |a, &b| if a.is_nan() || a >= b { a } else { b },
-                    )
-                }
-                ReduceOp::Min => {
-                    r.iter().fold(
-                        f32::INFINITY,
-                        |a, &b| if a.is_nan() || a <= b { a } else { b },
-                    )
-                }
-            };
-        }
-    });
+    vectorized(
+        #[inline(always)]
+        || {
+            for (o, r) in out.iter_mut().zip(x.chunks_exact(row)) {
+                *o =
+                    match func {
+                        ReduceOp::Sum => sum64(r) as f32,
+                        ReduceOp::Mean => (sum64(r) / row as f64) as f32,
+                        ReduceOp::Max => r.iter().fold(f32::NEG_INFINITY, |a, &b| {
+                            if a.is_nan() || a >= b { a } else { b }
+                        }),
+                        ReduceOp::Min => {
+                            r.iter().fold(
+                                f32::INFINITY,
+                                |a, &b| if a.is_nan() || a <= b { a } else { b },
+                            )
+                        }
+                    };
+            }
+        },
+    );
 }
 
 /// Adds (or takes the max or min of) each run of `acc.len()` elements of `x` into `acc`; the
@@ -777,18 +854,21 @@ fn accumulate_cols(func: ReduceOp, x: &[f32], acc: &mut [f64]) {
     if w == 0 {
         return;
     }
-    vectorized(|| {
-        for r in x.chunks_exact(w) {
-            for (a, &b) in acc.iter_mut().zip(r) {
-                let b = f64::from(b);
-                *a = match func {
-                    ReduceOp::Sum | ReduceOp::Mean => *a + b,
-                    ReduceOp::Max => nan_max64(*a, b),
-                    ReduceOp::Min => nan_min64(*a, b),
-                };
+    vectorized(
+        #[inline(always)]
+        || {
+            for r in x.chunks_exact(w) {
+                for (a, &b) in acc.iter_mut().zip(r) {
+                    let b = f64::from(b);
+                    *a = match func {
+                        ReduceOp::Sum | ReduceOp::Mean => *a + b,
+                        ReduceOp::Max => nan_max64(*a, b),
+                        ReduceOp::Min => nan_min64(*a, b),
+                    };
+                }
             }
-        }
-    });
+        },
+    );
 }
 
 fn side<'a>(t: TileVal<'a>) -> Option<Side<'a>> {
@@ -833,30 +913,33 @@ fn as_i64(t: TileVal, i: usize) -> i64 {
 /// `buf[i] = f(a[i], b[i])` on integer tile values (either may be a scalar).
 #[inline(always)]
 fn compare_ints(a: TileVal, b: TileVal, buf: &mut [bool], f: impl Fn(i64, i64) -> bool) {
-    vectorized(|| match (a, b) {
-        (TileVal::Int(p), TileVal::Int(q)) => {
-            for ((o, &p), &q) in buf.iter_mut().zip(p).zip(q) {
-                *o = f(p, q);
+    vectorized(
+        #[inline(always)]
+        || match (a, b) {
+            (TileVal::Int(p), TileVal::Int(q)) => {
+                for ((o, &p), &q) in buf.iter_mut().zip(p).zip(q) {
+                    *o = f(p, q);
+                }
             }
-        }
-        (TileVal::Int(p), q) => {
-            let q = as_i64(q, 0);
-            for (o, &p) in buf.iter_mut().zip(p) {
-                *o = f(p, q);
+            (TileVal::Int(p), q) => {
+                let q = as_i64(q, 0);
+                for (o, &p) in buf.iter_mut().zip(p) {
+                    *o = f(p, q);
+                }
             }
-        }
-        (p, TileVal::Int(q)) => {
-            let p = as_i64(p, 0);
-            for (o, &q) in buf.iter_mut().zip(q) {
-                *o = f(p, q);
+            (p, TileVal::Int(q)) => {
+                let p = as_i64(p, 0);
+                for (o, &q) in buf.iter_mut().zip(q) {
+                    *o = f(p, q);
+                }
             }
-        }
-        (p, q) => {
-            for (i, o) in buf.iter_mut().enumerate() {
-                *o = f(as_i64(p, i), as_i64(q, i));
+            (p, q) => {
+                for (i, o) in buf.iter_mut().enumerate() {
+                    *o = f(as_i64(p, i), as_i64(q, i));
+                }
             }
-        }
-    });
+        },
+    );
 }
 
 /// One bool-valued instruction over a tile.
@@ -933,11 +1016,38 @@ fn compute_floats(
             _ => return Err(bad()),
         },
         Op::Select => match (vals[0], side(vals[1]), side(vals[2])) {
-            (TileVal::Bool(c), Some(Side::Slice(a)), Some(Side::Slice(b))) => vectorized(|| {
-                for (((o, &c), &p), &q) in buf.iter_mut().zip(c).zip(a).zip(b) {
-                    *o = if c { p } else { q };
-                }
-            }),
+            (TileVal::Bool(c), Some(Side::Slice(a)), Some(Side::Slice(b))) => vectorized(
+                #[inline(always)]
+                || {
+                    for (((o, &c), &p), &q) in buf.iter_mut().zip(c).zip(a).zip(b) {
+                        *o = if c { p } else { q };
+                    }
+                },
+            ),
+            (TileVal::Bool(c), Some(Side::Scalar(p)), Some(Side::Slice(b))) => vectorized(
+                #[inline(always)]
+                || {
+                    for ((o, &c), &q) in buf.iter_mut().zip(c).zip(b) {
+                        *o = if c { p } else { q };
+                    }
+                },
+            ),
+            (TileVal::Bool(c), Some(Side::Slice(a)), Some(Side::Scalar(q))) => vectorized(
+                #[inline(always)]
+                || {
+                    for ((o, &c), &p) in buf.iter_mut().zip(c).zip(a) {
+                        *o = if c { p } else { q };
+                    }
+                },
+            ),
+            (TileVal::Bool(c), Some(Side::Scalar(p)), Some(Side::Scalar(q))) => vectorized(
+                #[inline(always)]
+                || {
+                    for (o, &c) in buf.iter_mut().zip(c) {
+                        *o = if c { p } else { q };
+                    }
+                },
+            ),
             _ => {
                 for (i, o) in buf.iter_mut().enumerate() {
                     *o = if as_bool(vals[0], i) {
@@ -949,11 +1059,14 @@ fn compute_floats(
             }
         },
         Op::Cast { .. } => match vals[0] {
-            TileVal::Bool(s) => vectorized(|| {
-                for (o, &b) in buf.iter_mut().zip(s) {
-                    *o = f32::from(u8::from(b));
-                }
-            }),
+            TileVal::Bool(s) => vectorized(
+                #[inline(always)]
+                || {
+                    for (o, &b) in buf.iter_mut().zip(s) {
+                        *o = f32::from(u8::from(b));
+                    }
+                },
+            ),
             v => {
                 for (i, o) in buf.iter_mut().enumerate() {
                     *o = as_f32(v, i);
@@ -1086,6 +1199,52 @@ mod tests {
         }];
         three.results = vec![1];
         assert!(!Compiled::new(&three)?.is_tiled());
+        Ok(())
+    }
+
+    #[test]
+    fn small_values_from_operands_are_computed_before_the_tiles() -> Result<(), RuntimeError> {
+        // A `[4, 4]` mask compared from a `[4]` operand, broadcast over `[2, 4, 4]` scores.
+        let sq = [4, 4];
+        let full = [2, 4, 4];
+        let bcast = |shape: &[usize], dims: Vec<usize>| Op::Broadcast {
+            shape: Shape::new(shape.to_vec()),
+            dims,
+        };
+        let instr = |op, operands| FusedInstr { op, operands };
+        let mask = FusionBody {
+            params: vec![
+                TensorType::new(DType::I64, [4]),
+                TensorType::new(DType::F32, full),
+            ],
+            instrs: vec![
+                instr(bcast(&sq, vec![1]), vec![0]),
+                instr(bcast(&sq, vec![0]), vec![0]),
+                instr(
+                    Op::Compare {
+                        func: autopar_ir::CompareOp::Gt,
+                    },
+                    vec![2, 3],
+                ),
+                instr(bcast(&full, vec![1, 2]), vec![4]),
+                instr(
+                    Op::Constant {
+                        ty: TensorType::new(DType::F32, full),
+                        value: f64::NEG_INFINITY,
+                    },
+                    vec![],
+                ),
+                instr(Op::Select, vec![5, 6, 1]),
+            ],
+            results: vec![7],
+        };
+        let c = Compiled::new(&mask)?;
+        assert!(c.is_tiled());
+        assert_eq!(c.tiled.as_ref().map(|t| t.pre.clone()), Some(vec![2, 3, 4]));
+        // A small computed value as a result has no tile form: the body runs stepwise.
+        let mut direct = mask.clone();
+        direct.results = vec![4];
+        assert!(!Compiled::new(&direct)?.is_tiled());
         Ok(())
     }
 
