@@ -26,7 +26,7 @@ use autopar_ir::{DType, FusionBody, Op, ReduceOp, TensorType};
 use rayon::prelude::*;
 
 use super::elementwise::{Side, binary_f32, compare_f32, unary_f32};
-use super::reduce::sum64;
+use super::reduce::{sum64, sum64_of};
 use super::simd::vectorized;
 use super::storage::{Elems, round_slice};
 use super::{Ctx, FastTensor, Val, eval};
@@ -49,6 +49,10 @@ pub(crate) struct Compiled {
     body: FusionBody,
     types: Vec<TensorType>,
     tiled: Option<Tiled>,
+    /// For the stepwise form, per instruction: `Some(x)` for an f32 sum over all dims of
+    /// `square x` whose square has no other use (a gradient norm's terms), computed in one
+    /// pass without writing the squares; the square itself is then skipped.
+    square_sums: Vec<Option<usize>>,
 }
 
 /// The tiled form of a body.
@@ -132,10 +136,12 @@ impl Compiled {
             types.push(out.swap_remove(0));
         }
         let tiled = tile_plan(body, &types);
+        let square_sums = square_sums(body, &types);
         Ok(Compiled {
             body: body.clone(),
             types,
             tiled,
+            square_sums,
         })
     }
 
@@ -144,6 +150,56 @@ impl Compiled {
     pub fn is_tiled(&self) -> bool {
         self.tiled.is_some()
     }
+}
+
+/// Per instruction, the operand `x` when it is an f32 sum over every dim of `square x` and
+/// that square is used by nothing else (see [`Compiled`]).
+fn square_sums(body: &FusionBody, types: &[TensorType]) -> Vec<Option<usize>> {
+    let np = body.params.len();
+    let mut uses = vec![0usize; types.len()];
+    for &v in body
+        .instrs
+        .iter()
+        .flat_map(|i| &i.operands)
+        .chain(&body.results)
+    {
+        uses[v] += 1;
+    }
+    body.instrs
+        .iter()
+        .enumerate()
+        .map(|(i, instr)| {
+            let Op::Reduce {
+                func: ReduceOp::Sum,
+                dims,
+            } = &instr.op
+            else {
+                return None;
+            };
+            let sq = *instr.operands.first()?;
+            let def = body.instrs.get(sq.checked_sub(np)?)?;
+            let all = {
+                let mut d = dims.clone();
+                d.sort_unstable();
+                d.dedup();
+                d.len() == types[sq].rank() && d.iter().enumerate().all(|(i, &x)| i == x)
+            };
+            let x = *def.operands.first()?;
+            let square = matches!(
+                def.op,
+                Op::Unary {
+                    func: autopar_ir::UnaryOp::Square
+                }
+            );
+            (square
+                && all
+                && uses[sq] == 1
+                && [x, sq, np + i]
+                    .iter()
+                    .all(|&v| types[v].dtype == DType::F32))
+            .then_some(x)
+        })
+        .collect()
 }
 
 /// Whether `dims` (of a value of rank `rank`) are `first..rank` (a suffix) or `0..last` (a
@@ -407,10 +463,37 @@ pub(crate) fn run(ctx: &Ctx, c: &Compiled, args: &[&Val]) -> Result<Vec<Val>, Ru
 /// Instruction by instruction on the fast kernels.
 fn run_stepwise(ctx: &Ctx, c: &Compiled, args: &[&Val]) -> Result<Vec<Val>, RuntimeError> {
     let np = c.body.params.len();
+    // The squares that a fused square-sum reads directly (never computed).
+    let skipped: Vec<usize> = c
+        .body
+        .instrs
+        .iter()
+        .zip(&c.square_sums)
+        .filter_map(|(instr, s)| s.and(instr.operands.first().copied()))
+        .collect();
     let mut values: Vec<Val> = args.iter().map(|&a| a.clone()).collect();
     for (i, instr) in c.body.instrs.iter().enumerate() {
-        let operands: Vec<&Val> = instr.operands.iter().map(|&v| &values[v]).collect();
         let out = std::slice::from_ref(&c.types[np + i]);
+        if skipped.contains(&(np + i)) {
+            // Never read: its only use is the fused square-sum.
+            values.push(Val::Splat(out[0].clone(), f64::NAN));
+            continue;
+        }
+        if let Some(x) = c.square_sums[i] {
+            let x = ctx.dense(&values[x]);
+            let Elems::F32(v) = x.elems() else {
+                return Err(RuntimeError::NotAKernel { op: "fusion" });
+            };
+            let sum = vectorized(
+                #[inline(always)]
+                || sum64_of(v, |a| f64::from(a * a)),
+            );
+            let mut o = ctx.f32s(1);
+            o[0] = sum as f32;
+            values.push(Val::Dense(ctx.float(&out[0], o)));
+            continue;
+        }
+        let operands: Vec<&Val> = instr.operands.iter().map(|&v| &values[v]).collect();
         let mut r = eval(ctx, &instr.op, &operands, out, None)?;
         if r.len() != 1 {
             return Err(RuntimeError::NotAKernel {
@@ -1245,6 +1328,38 @@ mod tests {
         let mut direct = mask.clone();
         direct.results = vec![4];
         assert!(!Compiled::new(&direct)?.is_tiled());
+        Ok(())
+    }
+
+    #[test]
+    fn sums_of_squares_fuse_only_when_the_square_has_no_other_use() -> Result<(), RuntimeError> {
+        let square = Op::Unary {
+            func: autopar_ir::UnaryOp::Square,
+        };
+        let sum = |dims: Vec<usize>| Op::Reduce {
+            func: ReduceOp::Sum,
+            dims,
+        };
+        // ^2 = square ^0; ^3 = sum ^2 over [0, 1]: fused. ^4 = square ^1; ^5 = sum ^4 over
+        // [0] with ^4 also a result: not fused. ^6 = sum ^2 over [1]: a second use of ^2.
+        let mut b = body(
+            vec![
+                (square.clone(), vec![0]),
+                (sum(vec![0, 1]), vec![2]),
+                (square.clone(), vec![1]),
+                (sum(vec![0]), vec![4]),
+            ],
+            vec![3, 5, 4],
+        );
+        assert_eq!(
+            Compiled::new(&b)?.square_sums,
+            vec![None, Some(0), None, None]
+        );
+        b.instrs.push(FusedInstr {
+            op: sum(vec![1]),
+            operands: vec![2],
+        });
+        assert!(Compiled::new(&b)?.square_sums.iter().all(Option::is_none));
         Ok(())
     }
 

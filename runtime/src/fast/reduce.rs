@@ -64,7 +64,7 @@ pub(crate) fn sum64(row: &[f32]) -> f64 {
 
 /// The sum of `f(x)` over a row, in [`LANES`] partial sums.
 #[inline(always)]
-fn sum64_of(row: &[f32], f: impl Fn(f32) -> f64) -> f64 {
+pub(crate) fn sum64_of(row: &[f32], f: impl Fn(f32) -> f64) -> f64 {
     let mut acc = [0.0f64; LANES];
     let chunks = row.chunks_exact(LANES);
     let tail = chunks.remainder();
