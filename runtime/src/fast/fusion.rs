@@ -17,7 +17,9 @@
 //!   through its broadcasts like an operand.
 //!
 //! Any other body (reductions of other dims, integer arithmetic, results of several
-//! iteration spaces) runs instruction by instruction on the fast kernels. Either way every
+//! iteration spaces) runs instruction by instruction on the fast kernels, except that an f32
+//! sum over every dim of a square used nowhere else (a gradient norm's terms) is taken in one
+//! pass over the squared operand, without writing the squares. Either way every
 //! instruction's result is rounded to its declared dtype, as the unfused nodes would be, and
 //! sums accumulate in f64 as the reduction kernels do.
 
