@@ -625,6 +625,107 @@ fn fusion_bodies_with_reductions_and_integers() -> TestResult {
             ],
             tol(dtype),
         );
+        // A gradient norm's terms: sums of squares over every dim (fused into one pass for
+        // f32 when the square has no other use), one square also returned, one summed over
+        // a single dim only.
+        let norm_terms = FusionBody {
+            params: vec![ty(&dims), ty(&[width])],
+            instrs: vec![
+                instr(
+                    Op::Unary {
+                        func: UnaryOp::Square,
+                    },
+                    vec![0],
+                ),
+                instr(
+                    Op::Reduce {
+                        func: ReduceOp::Sum,
+                        dims: vec![0, 1],
+                    },
+                    vec![2],
+                ),
+                instr(
+                    Op::Unary {
+                        func: UnaryOp::Square,
+                    },
+                    vec![1],
+                ),
+                instr(red(ReduceOp::Sum, 0), vec![4]),
+                instr(bin(BinaryOp::Add), vec![3, 5]),
+                instr(
+                    Op::Unary {
+                        func: UnaryOp::Square,
+                    },
+                    vec![0],
+                ),
+                instr(red(ReduceOp::Sum, 1), vec![7]),
+            ],
+            results: vec![6, 4, 8],
+        };
+        check(
+            Op::Fusion { body: norm_terms },
+            &[
+                rand(&mut rng, dtype, &dims, 2.0),
+                rand(&mut rng, dtype, &[width], 2.0),
+            ],
+            tol(dtype) * 4.0,
+        );
+        // A causal mask computed on `[s, s]` positions (before the tiles), broadcast over
+        // batch and heads into two scaled score tensors, and selects with scalar branches.
+        let (b, h, sq) = (3, 2, 24);
+        let full = [b, h, sq, sq];
+        let scores = ty(&full);
+        let pos = TensorType::new(DType::I64, vec![sq]);
+        let sq2 = [sq, sq];
+        let mask = FusionBody {
+            params: vec![pos, scores.clone(), scores],
+            instrs: vec![
+                instr(bcast(&sq2, 1), vec![0]),
+                instr(bcast(&sq2, 0), vec![0]),
+                instr(
+                    Op::Compare {
+                        func: CompareOp::Gt,
+                    },
+                    vec![3, 4],
+                ),
+                instr(
+                    Op::Constant {
+                        ty: ty(&full),
+                        value: 0.125,
+                    },
+                    vec![],
+                ),
+                instr(bin(BinaryOp::Mul), vec![1, 6]),
+                instr(
+                    Op::Broadcast {
+                        shape: Shape::new(full.to_vec()),
+                        dims: vec![2, 3],
+                    },
+                    vec![5],
+                ),
+                instr(
+                    Op::Constant {
+                        ty: ty(&full),
+                        value: f64::NEG_INFINITY,
+                    },
+                    vec![],
+                ),
+                instr(Op::Select, vec![8, 9, 7]),
+                instr(bin(BinaryOp::Mul), vec![2, 6]),
+                instr(Op::Select, vec![8, 10, 9]),
+                instr(Op::Select, vec![8, 6, 9]),
+            ],
+            results: vec![10, 12, 13, 8],
+        };
+        check(
+            Op::Fusion { body: mask },
+            &[
+                ints(&[sq], (0..sq as i64).collect()),
+                rand(&mut rng, dtype, &full, 2.0),
+                rand(&mut rng, dtype, &full, 2.0),
+            ],
+            tol(dtype),
+        );
     }
     Ok(())
 }

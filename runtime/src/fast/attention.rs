@@ -11,6 +11,7 @@ use super::elementwise::{floats, ints};
 use super::gemm::{MatMul, matmul};
 use super::layout::strided_copy_into;
 use super::reduce::softmax_row;
+use super::simd::vectorized;
 use super::{Ctx, FastTensor};
 use crate::error::RuntimeError;
 
@@ -65,6 +66,7 @@ struct Mask<'a> {
 }
 
 /// Turns the raw scores of query row `i` into its probabilities, in place.
+#[inline(always)]
 fn probabilities(mask: Mask, scale: f32, i: usize, row: &mut [f32], scratch: &mut [f32]) {
     match (mask.causal, mask.positions) {
         (true, Some((qp, kp))) => {
@@ -131,9 +133,14 @@ fn head_probs(
         kv,
     )?;
     if sh.t > 0 {
-        for (i, row) in probs.chunks_exact_mut(sh.t).enumerate().take(sh.s) {
-            probabilities(mask, scale, i, row, scratch);
-        }
+        vectorized(
+            #[inline(always)]
+            || {
+                for (i, row) in probs.chunks_exact_mut(sh.t).enumerate().take(sh.s) {
+                    probabilities(mask, scale, i, row, scratch);
+                }
+            },
+        );
     }
     Ok(())
 }
@@ -332,22 +339,27 @@ pub(crate) fn attention_backward(
                 vv,
             )?;
             // ds = p (dp - g.o) scale, over dp.
-            for i in 0..sh.s {
-                let at = g_off + i * sh.hq * sh.dv;
-                let centre: f64 = gv[at..at + sh.dv]
-                    .iter()
-                    .zip(&ov[at..at + sh.dv])
-                    .map(|(&a, &b)| f64::from(a) * f64::from(b))
-                    .sum();
-                let centre = centre as f32;
-                let (p_row, d_row) = (
-                    &probs[i * sh.t..(i + 1) * sh.t],
-                    &mut dp[i * sh.t..(i + 1) * sh.t],
-                );
-                for (d, &p) in d_row.iter_mut().zip(p_row) {
-                    *d = p * (*d - centre) * scale32;
-                }
-            }
+            vectorized(
+                #[inline(always)]
+                || {
+                    for i in 0..sh.s {
+                        let at = g_off + i * sh.hq * sh.dv;
+                        let centre: f64 = gv[at..at + sh.dv]
+                            .iter()
+                            .zip(&ov[at..at + sh.dv])
+                            .map(|(&a, &b)| f64::from(a) * f64::from(b))
+                            .sum();
+                        let centre = centre as f32;
+                        let (p_row, d_row) = (
+                            &probs[i * sh.t..(i + 1) * sh.t],
+                            &mut dp[i * sh.t..(i + 1) * sh.t],
+                        );
+                        for (d, &p) in d_row.iter_mut().zip(p_row) {
+                            *d = p * (*d - centre) * scale32;
+                        }
+                    }
+                },
+            );
             // dq = ds k.
             matmul(
                 MatMul {

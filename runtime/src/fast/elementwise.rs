@@ -24,17 +24,23 @@ pub(crate) enum Side<'a> {
 /// `out[i] = f(x[i])` on one thread, vectorised.
 #[inline(always)]
 fn apply1<F: Fn(f32) -> f32>(x: &[f32], out: &mut [f32], f: &F) {
-    vectorized(|| out.iter_mut().zip(x).for_each(|(o, &a)| *o = f(a)));
+    vectorized(
+        #[inline(always)]
+        || out.iter_mut().zip(x).for_each(|(o, &a)| *o = f(a)),
+    );
 }
 
 /// `out[i] = f(a[i], b[i])` on one thread, vectorised.
 #[inline(always)]
 fn apply2<F: Fn(f32, f32) -> f32>(a: &[f32], b: &[f32], out: &mut [f32], f: &F) {
-    vectorized(|| {
-        for ((o, &p), &q) in out.iter_mut().zip(a).zip(b) {
-            *o = f(p, q);
-        }
-    });
+    vectorized(
+        #[inline(always)]
+        || {
+            for ((o, &p), &q) in out.iter_mut().zip(a).zip(b) {
+                *o = f(p, q);
+            }
+        },
+    );
 }
 
 /// `out[i] = f(x[i])`, split over threads when large.
@@ -186,24 +192,27 @@ pub(crate) fn binary_f32(ctx: &Ctx, func: BinaryOp, a: Side, b: Side, out: &mut 
 pub(crate) fn compare_f32(func: CompareOp, a: Side, b: Side, out: &mut [bool]) {
     #[inline(always)]
     fn go(a: Side, b: Side, out: &mut [bool], f: impl Fn(f32, f32) -> bool) {
-        vectorized(|| match (a, b) {
-            (Side::Slice(a), Side::Slice(b)) => {
-                for ((o, &p), &q) in out.iter_mut().zip(a).zip(b) {
-                    *o = f(p, q);
+        vectorized(
+            #[inline(always)]
+            || match (a, b) {
+                (Side::Slice(a), Side::Slice(b)) => {
+                    for ((o, &p), &q) in out.iter_mut().zip(a).zip(b) {
+                        *o = f(p, q);
+                    }
                 }
-            }
-            (Side::Slice(a), Side::Scalar(q)) => {
-                for (o, &p) in out.iter_mut().zip(a) {
-                    *o = f(p, q);
+                (Side::Slice(a), Side::Scalar(q)) => {
+                    for (o, &p) in out.iter_mut().zip(a) {
+                        *o = f(p, q);
+                    }
                 }
-            }
-            (Side::Scalar(p), Side::Slice(b)) => {
-                for (o, &q) in out.iter_mut().zip(b) {
-                    *o = f(p, q);
+                (Side::Scalar(p), Side::Slice(b)) => {
+                    for (o, &q) in out.iter_mut().zip(b) {
+                        *o = f(p, q);
+                    }
                 }
-            }
-            (Side::Scalar(p), Side::Scalar(q)) => out.fill(f(p, q)),
-        })
+                (Side::Scalar(p), Side::Scalar(q)) => out.fill(f(p, q)),
+            },
+        )
     }
     match func {
         CompareOp::Eq => go(a, b, out, |p, q| p == q),

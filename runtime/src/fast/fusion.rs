@@ -10,10 +10,16 @@
 //! - per column: a reduction over the leading dims (a bias or norm-weight gradient), which
 //!   must be a result of the body: each task accumulates its tiles, and the tasks' partial
 //!   sums are added in task order at the end (a fixed order, whatever the thread count);
-//! - a scalar (constants, splats).
+//! - a scalar (constants, splats);
+//! - small: smaller than the iteration space and only broadcast to it. A small value computed
+//!   from small operands (a causal mask compared on `[s, s]` positions, then broadcast over
+//!   batch and heads) is evaluated once, before the tiles, on the fast kernels, and read
+//!   through its broadcasts like an operand.
 //!
 //! Any other body (reductions of other dims, integer arithmetic, results of several
-//! iteration spaces) runs instruction by instruction on the fast kernels. Either way every
+//! iteration spaces) runs instruction by instruction on the fast kernels, except that an f32
+//! sum over every dim of a square used nowhere else (a gradient norm's terms) is taken in one
+//! pass over the squared operand, without writing the squares. Either way every
 //! instruction's result is rounded to its declared dtype, as the unfused nodes would be, and
 //! sums accumulate in f64 as the reduction kernels do.
 
@@ -22,7 +28,7 @@ use autopar_ir::{DType, FusionBody, Op, ReduceOp, TensorType};
 use rayon::prelude::*;
 
 use super::elementwise::{Side, binary_f32, compare_f32, unary_f32};
-use super::reduce::sum64;
+use super::reduce::{sum64, sum64_of};
 use super::simd::vectorized;
 use super::storage::{Elems, round_slice};
 use super::{Ctx, FastTensor, Val, eval};
@@ -45,6 +51,10 @@ pub(crate) struct Compiled {
     body: FusionBody,
     types: Vec<TensorType>,
     tiled: Option<Tiled>,
+    /// For the stepwise form, per instruction: `Some(x)` for an f32 sum over all dims of
+    /// `square x` whose square has no other use (a gradient norm's terms), computed in one
+    /// pass without writing the squares; the square itself is then skipped.
+    square_sums: Vec<Option<usize>>,
 }
 
 /// The tiled form of a body.
@@ -58,6 +68,9 @@ struct Tiled {
     row: usize,
     /// Elements of a tile: a multiple of the row and column lengths.
     tile: usize,
+    /// The small values evaluated before the tiles, in body order; source `np + k` is the
+    /// `k`-th (sources `0..np` are the operands).
+    pre: Vec<usize>,
 }
 
 /// How many elements of a tile a value has.
@@ -82,7 +95,10 @@ enum Step {
     Small,
     /// A float or bool scalar.
     Scalar(f64),
-    /// A broadcast of body value `src` (an operand) to full size, read at offsets `view`.
+    /// A small value computed before the tiles (source `np + k` for the `k`-th of them).
+    Pre,
+    /// A broadcast of source `src` (an operand or a small value computed before the tiles)
+    /// to full size, read at offsets `view`.
     Broadcast { src: usize, view: Vec<usize> },
     /// A per-row value repeated over its row.
     RowBroadcast { src: usize },
@@ -122,10 +138,12 @@ impl Compiled {
             types.push(out.swap_remove(0));
         }
         let tiled = tile_plan(body, &types);
+        let square_sums = square_sums(body, &types);
         Ok(Compiled {
             body: body.clone(),
             types,
             tiled,
+            square_sums,
         })
     }
 
@@ -134,6 +152,56 @@ impl Compiled {
     pub fn is_tiled(&self) -> bool {
         self.tiled.is_some()
     }
+}
+
+/// Per instruction, the operand `x` when it is an f32 sum over every dim of `square x` and
+/// that square is used by nothing else (see [`Compiled`]).
+fn square_sums(body: &FusionBody, types: &[TensorType]) -> Vec<Option<usize>> {
+    let np = body.params.len();
+    let mut uses = vec![0usize; types.len()];
+    for &v in body
+        .instrs
+        .iter()
+        .flat_map(|i| &i.operands)
+        .chain(&body.results)
+    {
+        uses[v] += 1;
+    }
+    body.instrs
+        .iter()
+        .enumerate()
+        .map(|(i, instr)| {
+            let Op::Reduce {
+                func: ReduceOp::Sum,
+                dims,
+            } = &instr.op
+            else {
+                return None;
+            };
+            let sq = *instr.operands.first()?;
+            let def = body.instrs.get(sq.checked_sub(np)?)?;
+            let all = {
+                let mut d = dims.clone();
+                d.sort_unstable();
+                d.dedup();
+                d.len() == types[sq].rank() && d.iter().enumerate().all(|(i, &x)| i == x)
+            };
+            let x = *def.operands.first()?;
+            let square = matches!(
+                def.op,
+                Op::Unary {
+                    func: autopar_ir::UnaryOp::Square
+                }
+            );
+            (square
+                && all
+                && uses[sq] == 1
+                && [x, sq, np + i]
+                    .iter()
+                    .all(|&v| types[v].dtype == DType::F32))
+            .then_some(x)
+        })
+        .collect()
 }
 
 /// Whether `dims` (of a value of rank `rank`) are `first..rank` (a suffix) or `0..last` (a
@@ -200,6 +268,10 @@ fn tile_plan(body: &FusionBody, types: &[TensorType]) -> Option<Tiled> {
     };
     let mut class: Vec<Class> = Vec::with_capacity(types.len());
     let mut steps: Vec<Step> = Vec::with_capacity(types.len());
+    // The source index of every value readable as a whole tensor: operands and small values
+    // computed before the tiles.
+    let mut source: Vec<Option<usize>> = (0..np).map(Some).collect();
+    let mut pre = Vec::new();
     for t in &body.params {
         let e = t.num_elements() as usize;
         if !kind_ok(t) {
@@ -234,6 +306,22 @@ fn tile_plan(body: &FusionBody, types: &[TensorType]) -> Option<Tiled> {
         let readable = |a: usize| {
             matches!(class[a], Class::Full | Class::Row) || matches!(steps[a], Step::Scalar(_))
         };
+        // A small value from small values (at least one of them computed data, the others
+        // scalars) is computed before the tiles.
+        let small = |a: usize| class[a] == Class::Scalar && source[a].is_some();
+        let scalar = |a: usize| matches!(steps[a], Step::Scalar(_));
+        if own == Class::Scalar
+            && !matches!(instr.op, Op::Constant { .. } | Op::Reduce { .. })
+            && args.iter().any(|&a| small(a))
+            && args.iter().all(|&a| small(a) || scalar(a))
+        {
+            source.push(Some(np + pre.len()));
+            pre.push(v);
+            class.push(Class::Scalar);
+            steps.push(Step::Pre);
+            continue;
+        }
+        source.push(None);
         let (step, cls) = match &instr.op {
             Op::Constant { value, ty } => (
                 Step::Scalar(round_to_dtype(*value, ty.dtype)),
@@ -243,7 +331,7 @@ fn tile_plan(body: &FusionBody, types: &[TensorType]) -> Option<Tiled> {
                 let src = *args.first()?;
                 if let Step::Scalar(x) = steps[src] {
                     (Step::Scalar(x), Class::Scalar)
-                } else if own == Class::Full && src < np {
+                } else if let (Class::Full, Some(at)) = (own, source[src]) {
                     let st = strides(types[src].dims());
                     let mut view = vec![0; ty.rank()];
                     for (j, &d) in dims.iter().enumerate() {
@@ -251,7 +339,7 @@ fn tile_plan(body: &FusionBody, types: &[TensorType]) -> Option<Tiled> {
                             view[d] = st[j];
                         }
                     }
-                    (Step::Broadcast { src, view }, Class::Full)
+                    (Step::Broadcast { src: at, view }, Class::Full)
                 } else if own == Class::Full
                     && class[src] == Class::Row
                     && dims.iter().enumerate().all(|(j, &d)| j == d)
@@ -341,6 +429,7 @@ fn tile_plan(body: &FusionBody, types: &[TensorType]) -> Option<Tiled> {
         n,
         row,
         tile,
+        pre,
     })
 }
 
@@ -376,10 +465,37 @@ pub(crate) fn run(ctx: &Ctx, c: &Compiled, args: &[&Val]) -> Result<Vec<Val>, Ru
 /// Instruction by instruction on the fast kernels.
 fn run_stepwise(ctx: &Ctx, c: &Compiled, args: &[&Val]) -> Result<Vec<Val>, RuntimeError> {
     let np = c.body.params.len();
+    // The squares that a fused square-sum reads directly (never computed).
+    let skipped: Vec<usize> = c
+        .body
+        .instrs
+        .iter()
+        .zip(&c.square_sums)
+        .filter_map(|(instr, s)| s.and(instr.operands.first().copied()))
+        .collect();
     let mut values: Vec<Val> = args.iter().map(|&a| a.clone()).collect();
     for (i, instr) in c.body.instrs.iter().enumerate() {
-        let operands: Vec<&Val> = instr.operands.iter().map(|&v| &values[v]).collect();
         let out = std::slice::from_ref(&c.types[np + i]);
+        if skipped.contains(&(np + i)) {
+            // Never read: its only use is the fused square-sum.
+            values.push(Val::Splat(out[0].clone(), f64::NAN));
+            continue;
+        }
+        if let Some(x) = c.square_sums[i] {
+            let x = ctx.dense(&values[x]);
+            let Elems::F32(v) = x.elems() else {
+                return Err(RuntimeError::NotAKernel { op: "fusion" });
+            };
+            let sum = vectorized(
+                #[inline(always)]
+                || sum64_of(v, |a| f64::from(a * a)),
+            );
+            let mut o = ctx.f32s(1);
+            o[0] = sum as f32;
+            values.push(Val::Dense(ctx.float(&out[0], o)));
+            continue;
+        }
+        let operands: Vec<&Val> = instr.operands.iter().map(|&v| &values[v]).collect();
         let mut r = eval(ctx, &instr.op, &operands, out, None)?;
         if r.len() != 1 {
             return Err(RuntimeError::NotAKernel {
@@ -447,11 +563,13 @@ fn run_tiled(ctx: &Ctx, c: &Compiled, t: &Tiled, args: &[&Val]) -> Result<Vec<Va
     let np = c.body.params.len();
     let results = &c.body.results;
     let n = t.n;
-    // Operands dense (a splat operand is written out once: they are rare in bodies).
-    let operands: Vec<FastTensor> = args.iter().map(|a| ctx.dense(a)).collect();
+    // Operands dense (a splat operand is written out once: they are rare in bodies), then
+    // the small values computed before the tiles.
+    let mut operands: Vec<FastTensor> = args.iter().map(|a| ctx.dense(a)).collect();
     if operands.len() != np {
         return Err(RuntimeError::NotAKernel { op: "fusion" });
     }
+    operands.extend(precompute(ctx, c, t, args)?);
     let size_of = |r: usize| match t.class[r] {
         Class::Row => n / t.row,
         Class::Col => 0,
@@ -579,6 +697,49 @@ fn run_tiled(ctx: &Ctx, c: &Compiled, t: &Tiled, args: &[&Val]) -> Result<Vec<Va
     Ok(values)
 }
 
+/// The small values of a tiled body, evaluated in body order on the fast kernels (their
+/// operands are operands of the fusion, earlier small values or scalars).
+fn precompute(
+    ctx: &Ctx,
+    c: &Compiled,
+    t: &Tiled,
+    args: &[&Val],
+) -> Result<Vec<FastTensor>, RuntimeError> {
+    let np = c.body.params.len();
+    let mut done: Vec<(usize, Val)> = Vec::with_capacity(t.pre.len());
+    for &v in &t.pre {
+        let instr = &c.body.instrs[v - np];
+        let mut vals = Vec::with_capacity(instr.operands.len());
+        for &a in &instr.operands {
+            let val = if a < np {
+                args[a].clone()
+            } else if let Some((_, x)) = done.iter().find(|(p, _)| *p == a) {
+                x.clone()
+            } else if let Step::Scalar(x) = t.steps[a] {
+                Val::Splat(c.types[a].clone(), x)
+            } else {
+                return Err(RuntimeError::NotAKernel { op: "fusion" });
+            };
+            vals.push(val);
+        }
+        let refs: Vec<&Val> = vals.iter().collect();
+        let mut r = eval(
+            ctx,
+            &instr.op,
+            &refs,
+            std::slice::from_ref(&c.types[v]),
+            None,
+        )?;
+        if r.len() != 1 {
+            return Err(RuntimeError::NotAKernel {
+                op: instr.op.name(),
+            });
+        }
+        done.push((v, r.swap_remove(0)));
+    }
+    Ok(done.iter().map(|(_, x)| ctx.dense(x)).collect())
+}
+
 /// The column reduction `v` from every task's partial accumulators, added in task order.
 fn combine_cols(
     ctx: &Ctx,
@@ -637,7 +798,7 @@ fn tile_val<'a>(
         },
         Step::Scalar(x) => TileVal::Scalar(*x),
         Step::Alias(src) => tile_val(c, t, operands, scratch, *src, span),
-        Step::Small | Step::ColReduce { .. } => TileVal::Scalar(f64::NAN),
+        Step::Small | Step::Pre | Step::ColReduce { .. } => TileVal::Scalar(f64::NAN),
         Step::Broadcast { .. }
         | Step::RowBroadcast { .. }
         | Step::Compute { .. }
@@ -662,7 +823,7 @@ fn run_tile(
         let ty = &c.types[v];
         let (_, len) = span.of(t.class[v]);
         match &t.steps[v] {
-            Step::Operand(_) | Step::Small | Step::Scalar(_) | Step::Alias(_) => {}
+            Step::Operand(_) | Step::Small | Step::Pre | Step::Scalar(_) | Step::Alias(_) => {}
             Step::Broadcast { src, view } => {
                 let dims = ty.dims();
                 match operands[*src].elems() {
@@ -748,26 +909,27 @@ fn run_tile(
 
 /// Each row of `row` elements of `x` reduced into one element of `out`, in f64 for sums.
 fn reduce_rows_into(func: ReduceOp, x: &[f32], row: usize, out: &mut [f32]) {
-    vectorized(|| {
-        for (o, r) in out.iter_mut().zip(x.chunks_exact(row)) {
-            *o = match func {
-                ReduceOp::Sum => sum64(r) as f32,
-                ReduceOp::Mean => (sum64(r) / row as f64) as f32,
-                ReduceOp::Max => {
-                    r.iter().fold(
-                        f32::NEG_INFINITY,
-                        |a, &b| if a.is_nan() || a >= b { a } else { b },
-                    )
-                }
-                ReduceOp::Min => {
-                    r.iter().fold(
-                        f32::INFINITY,
-                        |a, &b| if a.is_nan() || a <= b { a } else { b },
-                    )
-                }
-            };
-        }
-    });
+    vectorized(
+        #[inline(always)]
+        || {
+            for (o, r) in out.iter_mut().zip(x.chunks_exact(row)) {
+                *o =
+                    match func {
+                        ReduceOp::Sum => sum64(r) as f32,
+                        ReduceOp::Mean => (sum64(r) / row as f64) as f32,
+                        ReduceOp::Max => r.iter().fold(f32::NEG_INFINITY, |a, &b| {
+                            if a.is_nan() || a >= b { a } else { b }
+                        }),
+                        ReduceOp::Min => {
+                            r.iter().fold(
+                                f32::INFINITY,
+                                |a, &b| if a.is_nan() || a <= b { a } else { b },
+                            )
+                        }
+                    };
+            }
+        },
+    );
 }
 
 /// Adds (or takes the max or min of) each run of `acc.len()` elements of `x` into `acc`; the
@@ -777,18 +939,21 @@ fn accumulate_cols(func: ReduceOp, x: &[f32], acc: &mut [f64]) {
     if w == 0 {
         return;
     }
-    vectorized(|| {
-        for r in x.chunks_exact(w) {
-            for (a, &b) in acc.iter_mut().zip(r) {
-                let b = f64::from(b);
-                *a = match func {
-                    ReduceOp::Sum | ReduceOp::Mean => *a + b,
-                    ReduceOp::Max => nan_max64(*a, b),
-                    ReduceOp::Min => nan_min64(*a, b),
-                };
+    vectorized(
+        #[inline(always)]
+        || {
+            for r in x.chunks_exact(w) {
+                for (a, &b) in acc.iter_mut().zip(r) {
+                    let b = f64::from(b);
+                    *a = match func {
+                        ReduceOp::Sum | ReduceOp::Mean => *a + b,
+                        ReduceOp::Max => nan_max64(*a, b),
+                        ReduceOp::Min => nan_min64(*a, b),
+                    };
+                }
             }
-        }
-    });
+        },
+    );
 }
 
 fn side<'a>(t: TileVal<'a>) -> Option<Side<'a>> {
@@ -833,30 +998,33 @@ fn as_i64(t: TileVal, i: usize) -> i64 {
 /// `buf[i] = f(a[i], b[i])` on integer tile values (either may be a scalar).
 #[inline(always)]
 fn compare_ints(a: TileVal, b: TileVal, buf: &mut [bool], f: impl Fn(i64, i64) -> bool) {
-    vectorized(|| match (a, b) {
-        (TileVal::Int(p), TileVal::Int(q)) => {
-            for ((o, &p), &q) in buf.iter_mut().zip(p).zip(q) {
-                *o = f(p, q);
+    vectorized(
+        #[inline(always)]
+        || match (a, b) {
+            (TileVal::Int(p), TileVal::Int(q)) => {
+                for ((o, &p), &q) in buf.iter_mut().zip(p).zip(q) {
+                    *o = f(p, q);
+                }
             }
-        }
-        (TileVal::Int(p), q) => {
-            let q = as_i64(q, 0);
-            for (o, &p) in buf.iter_mut().zip(p) {
-                *o = f(p, q);
+            (TileVal::Int(p), q) => {
+                let q = as_i64(q, 0);
+                for (o, &p) in buf.iter_mut().zip(p) {
+                    *o = f(p, q);
+                }
             }
-        }
-        (p, TileVal::Int(q)) => {
-            let p = as_i64(p, 0);
-            for (o, &q) in buf.iter_mut().zip(q) {
-                *o = f(p, q);
+            (p, TileVal::Int(q)) => {
+                let p = as_i64(p, 0);
+                for (o, &q) in buf.iter_mut().zip(q) {
+                    *o = f(p, q);
+                }
             }
-        }
-        (p, q) => {
-            for (i, o) in buf.iter_mut().enumerate() {
-                *o = f(as_i64(p, i), as_i64(q, i));
+            (p, q) => {
+                for (i, o) in buf.iter_mut().enumerate() {
+                    *o = f(as_i64(p, i), as_i64(q, i));
+                }
             }
-        }
-    });
+        },
+    );
 }
 
 /// One bool-valued instruction over a tile.
@@ -933,11 +1101,38 @@ fn compute_floats(
             _ => return Err(bad()),
         },
         Op::Select => match (vals[0], side(vals[1]), side(vals[2])) {
-            (TileVal::Bool(c), Some(Side::Slice(a)), Some(Side::Slice(b))) => vectorized(|| {
-                for (((o, &c), &p), &q) in buf.iter_mut().zip(c).zip(a).zip(b) {
-                    *o = if c { p } else { q };
-                }
-            }),
+            (TileVal::Bool(c), Some(Side::Slice(a)), Some(Side::Slice(b))) => vectorized(
+                #[inline(always)]
+                || {
+                    for (((o, &c), &p), &q) in buf.iter_mut().zip(c).zip(a).zip(b) {
+                        *o = if c { p } else { q };
+                    }
+                },
+            ),
+            (TileVal::Bool(c), Some(Side::Scalar(p)), Some(Side::Slice(b))) => vectorized(
+                #[inline(always)]
+                || {
+                    for ((o, &c), &q) in buf.iter_mut().zip(c).zip(b) {
+                        *o = if c { p } else { q };
+                    }
+                },
+            ),
+            (TileVal::Bool(c), Some(Side::Slice(a)), Some(Side::Scalar(q))) => vectorized(
+                #[inline(always)]
+                || {
+                    for ((o, &c), &p) in buf.iter_mut().zip(c).zip(a) {
+                        *o = if c { p } else { q };
+                    }
+                },
+            ),
+            (TileVal::Bool(c), Some(Side::Scalar(p)), Some(Side::Scalar(q))) => vectorized(
+                #[inline(always)]
+                || {
+                    for (o, &c) in buf.iter_mut().zip(c) {
+                        *o = if c { p } else { q };
+                    }
+                },
+            ),
             _ => {
                 for (i, o) in buf.iter_mut().enumerate() {
                     *o = if as_bool(vals[0], i) {
@@ -949,11 +1144,14 @@ fn compute_floats(
             }
         },
         Op::Cast { .. } => match vals[0] {
-            TileVal::Bool(s) => vectorized(|| {
-                for (o, &b) in buf.iter_mut().zip(s) {
-                    *o = f32::from(u8::from(b));
-                }
-            }),
+            TileVal::Bool(s) => vectorized(
+                #[inline(always)]
+                || {
+                    for (o, &b) in buf.iter_mut().zip(s) {
+                        *o = f32::from(u8::from(b));
+                    }
+                },
+            ),
             v => {
                 for (i, o) in buf.iter_mut().enumerate() {
                     *o = as_f32(v, i);
@@ -1086,6 +1284,84 @@ mod tests {
         }];
         three.results = vec![1];
         assert!(!Compiled::new(&three)?.is_tiled());
+        Ok(())
+    }
+
+    #[test]
+    fn small_values_from_operands_are_computed_before_the_tiles() -> Result<(), RuntimeError> {
+        // A `[4, 4]` mask compared from a `[4]` operand, broadcast over `[2, 4, 4]` scores.
+        let sq = [4, 4];
+        let full = [2, 4, 4];
+        let bcast = |shape: &[usize], dims: Vec<usize>| Op::Broadcast {
+            shape: Shape::new(shape.to_vec()),
+            dims,
+        };
+        let instr = |op, operands| FusedInstr { op, operands };
+        let mask = FusionBody {
+            params: vec![
+                TensorType::new(DType::I64, [4]),
+                TensorType::new(DType::F32, full),
+            ],
+            instrs: vec![
+                instr(bcast(&sq, vec![1]), vec![0]),
+                instr(bcast(&sq, vec![0]), vec![0]),
+                instr(
+                    Op::Compare {
+                        func: autopar_ir::CompareOp::Gt,
+                    },
+                    vec![2, 3],
+                ),
+                instr(bcast(&full, vec![1, 2]), vec![4]),
+                instr(
+                    Op::Constant {
+                        ty: TensorType::new(DType::F32, full),
+                        value: f64::NEG_INFINITY,
+                    },
+                    vec![],
+                ),
+                instr(Op::Select, vec![5, 6, 1]),
+            ],
+            results: vec![7],
+        };
+        let c = Compiled::new(&mask)?;
+        assert!(c.is_tiled());
+        assert_eq!(c.tiled.as_ref().map(|t| t.pre.clone()), Some(vec![2, 3, 4]));
+        // A small computed value as a result has no tile form: the body runs stepwise.
+        let mut direct = mask.clone();
+        direct.results = vec![4];
+        assert!(!Compiled::new(&direct)?.is_tiled());
+        Ok(())
+    }
+
+    #[test]
+    fn sums_of_squares_fuse_only_when_the_square_has_no_other_use() -> Result<(), RuntimeError> {
+        let square = Op::Unary {
+            func: autopar_ir::UnaryOp::Square,
+        };
+        let sum = |dims: Vec<usize>| Op::Reduce {
+            func: ReduceOp::Sum,
+            dims,
+        };
+        // ^2 = square ^0; ^3 = sum ^2 over [0, 1]: fused. ^4 = square ^1; ^5 = sum ^4 over
+        // [0] with ^4 also a result: not fused. ^6 = sum ^2 over [1]: a second use of ^2.
+        let mut b = body(
+            vec![
+                (square.clone(), vec![0]),
+                (sum(vec![0, 1]), vec![2]),
+                (square.clone(), vec![1]),
+                (sum(vec![0]), vec![4]),
+            ],
+            vec![3, 5, 4],
+        );
+        assert_eq!(
+            Compiled::new(&b)?.square_sums,
+            vec![None, Some(0), None, None]
+        );
+        b.instrs.push(FusedInstr {
+            op: sum(vec![1]),
+            operands: vec![2],
+        });
+        assert!(Compiled::new(&b)?.square_sums.iter().all(Option::is_none));
         Ok(())
     }
 

@@ -51,13 +51,16 @@ pub(crate) fn sgd_update(
         let [new_p, new_m] = o else { return };
         let len = new_p.len();
         let (p, g, m) = (&p[at..at + len], &g[at..at + len], &m[at..at + len]);
-        vectorized(|| {
-            for j in 0..len {
-                let nm = momentum * f64::from(m[j]) + f64::from(g[j]);
-                new_m[j] = nm as f32;
-                new_p[j] = (f64::from(p[j]) * decay - lr * nm) as f32;
-            }
-        });
+        vectorized(
+            #[inline(always)]
+            || {
+                for j in 0..len {
+                    let nm = momentum * f64::from(m[j]) + f64::from(g[j]);
+                    new_m[j] = nm as f32;
+                    new_p[j] = (f64::from(p[j]) * decay - lr * nm) as f32;
+                }
+            },
+        );
     });
     let ty = param.ty();
     let new_m = outs.pop().unwrap_or_default();
@@ -100,17 +103,21 @@ pub(crate) fn adamw_update(
         let (p, g) = (&p[at..at + len], &g[at..at + len]);
         let (m, v) = (&m[at..at + len], &v[at..at + len]);
         let (new_m, new_v) = (&mut new_m[..len], &mut new_v[..len]);
-        vectorized(|| {
-            for j in 0..len {
-                let gi = f64::from(g[j]);
-                let nm = h.beta1 * f64::from(m[j]) + (1.0 - h.beta1) * gi;
-                let nv = h.beta2 * f64::from(v[j]) + (1.0 - h.beta2) * gi * gi;
-                let (m_hat, v_hat) = (nm / bias1, nv / bias2);
-                new_m[j] = nm as f32;
-                new_v[j] = nv as f32;
-                new_p[j] = (f64::from(p[j]) * decay - h.lr * m_hat / (v_hat.sqrt() + h.eps)) as f32;
-            }
-        });
+        vectorized(
+            #[inline(always)]
+            || {
+                for j in 0..len {
+                    let gi = f64::from(g[j]);
+                    let nm = h.beta1 * f64::from(m[j]) + (1.0 - h.beta1) * gi;
+                    let nv = h.beta2 * f64::from(v[j]) + (1.0 - h.beta2) * gi * gi;
+                    let (m_hat, v_hat) = (nm / bias1, nv / bias2);
+                    new_m[j] = nm as f32;
+                    new_v[j] = nv as f32;
+                    new_p[j] =
+                        (f64::from(p[j]) * decay - h.lr * m_hat / (v_hat.sqrt() + h.eps)) as f32;
+                }
+            },
+        );
     });
     let ty = param.ty();
     let new_v = outs.pop().unwrap_or_default();

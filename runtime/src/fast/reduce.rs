@@ -29,20 +29,27 @@ where
                 .zip(x.par_chunks(w * per))
                 .enumerate()
                 .for_each(|(c, (o, x))| {
-                    vectorized(|| {
-                        for (i, (o, x)) in o.chunks_exact_mut(ow).zip(x.chunks_exact(w)).enumerate()
-                        {
-                            f(c * per + i, x, o);
-                        }
-                    });
+                    vectorized(
+                        #[inline(always)]
+                        || {
+                            for (i, (o, x)) in
+                                o.chunks_exact_mut(ow).zip(x.chunks_exact(w)).enumerate()
+                            {
+                                f(c * per + i, x, o);
+                            }
+                        },
+                    );
                 });
         });
     } else {
-        vectorized(|| {
-            for (i, (o, x)) in out.chunks_exact_mut(ow).zip(x.chunks_exact(w)).enumerate() {
-                f(i, x, o);
-            }
-        });
+        vectorized(
+            #[inline(always)]
+            || {
+                for (i, (o, x)) in out.chunks_exact_mut(ow).zip(x.chunks_exact(w)).enumerate() {
+                    f(i, x, o);
+                }
+            },
+        );
     }
 }
 
@@ -57,7 +64,7 @@ pub(crate) fn sum64(row: &[f32]) -> f64 {
 
 /// The sum of `f(x)` over a row, in [`LANES`] partial sums.
 #[inline(always)]
-fn sum64_of(row: &[f32], f: impl Fn(f32) -> f64) -> f64 {
+pub(crate) fn sum64_of(row: &[f32], f: impl Fn(f32) -> f64) -> f64 {
     let mut acc = [0.0f64; LANES];
     let chunks = row.chunks_exact(LANES);
     let tail = chunks.remainder();
@@ -209,17 +216,49 @@ pub(crate) fn reduce(
 /// Reduces each contiguous row of `count` elements of `v` into one element of `o`.
 fn reduce_rows(ctx: &Ctx, func: ReduceOp, v: &[f32], count: usize, o: &mut [f32]) {
     match func {
-        ReduceOp::Sum => rows(ctx, v, count, o, 1, |_, r, o| o[0] = sum64(r) as f32),
-        ReduceOp::Mean => rows(ctx, v, count, o, 1, |_, r, o| {
-            o[0] = (sum64(r) / count as f64) as f32;
-        }),
-        ReduceOp::Max => rows(ctx, v, count, o, 1, |_, r, o| o[0] = max_of(r)),
-        ReduceOp::Min => rows(ctx, v, count, o, 1, |_, r, o| {
-            o[0] = r.iter().fold(
-                f32::INFINITY,
-                |a, &b| if a.is_nan() || a <= b { a } else { b },
-            );
-        }),
+        ReduceOp::Sum => rows(
+            ctx,
+            v,
+            count,
+            o,
+            1,
+            #[inline(always)]
+            |_, r, o| o[0] = sum64(r) as f32,
+        ),
+        ReduceOp::Mean => rows(
+            ctx,
+            v,
+            count,
+            o,
+            1,
+            #[inline(always)]
+            |_, r, o| {
+                o[0] = (sum64(r) / count as f64) as f32;
+            },
+        ),
+        ReduceOp::Max => rows(
+            ctx,
+            v,
+            count,
+            o,
+            1,
+            #[inline(always)]
+            |_, r, o| o[0] = max_of(r),
+        ),
+        ReduceOp::Min => rows(
+            ctx,
+            v,
+            count,
+            o,
+            1,
+            #[inline(always)]
+            |_, r, o| {
+                o[0] = r.iter().fold(
+                    f32::INFINITY,
+                    |a, &b| if a.is_nan() || a <= b { a } else { b },
+                );
+            },
+        ),
     }
 }
 
@@ -245,7 +284,15 @@ pub(crate) fn softmax(ctx: &Ctx, dim: usize, x: &FastTensor) -> Result<FastTenso
     let outer: usize = dims[..dim].iter().product();
     let mut o = ctx.f32s(v.len());
     if inner == 1 {
-        rows(ctx, v, n, &mut o, n, |_, r, o| softmax_row(r, o));
+        rows(
+            ctx,
+            v,
+            n,
+            &mut o,
+            n,
+            #[inline(always)]
+            |_, r, o| softmax_row(r, o),
+        );
         return Ok(ctx.float(x.ty(), o));
     }
     let (mut row, mut res) = (vec![0.0f32; n], vec![0.0f32; n]);
@@ -276,18 +323,26 @@ pub(crate) fn layer_norm(
     let (v, g, b) = (floats(op, x)?, floats(op, gamma)?, floats(op, beta)?);
     let h = x.ty().dims().last().copied().unwrap_or(1);
     let mut o = ctx.f32s(v.len());
-    rows(ctx, v, h, &mut o, h, |_, row, out| {
-        let hf = row.len() as f64;
-        let mean = sum64(row) / hf;
-        let var = sum64_of(row, |a| {
-            let d = f64::from(a) - mean;
-            d * d
-        }) / hf;
-        let inv = 1.0 / (var + eps).sqrt();
-        for (k, o) in out.iter_mut().enumerate() {
-            *o = ((f64::from(row[k]) - mean) * inv * f64::from(g[k]) + f64::from(b[k])) as f32;
-        }
-    });
+    rows(
+        ctx,
+        v,
+        h,
+        &mut o,
+        h,
+        #[inline(always)]
+        |_, row, out| {
+            let hf = row.len() as f64;
+            let mean = sum64(row) / hf;
+            let var = sum64_of(row, |a| {
+                let d = f64::from(a) - mean;
+                d * d
+            }) / hf;
+            let inv = 1.0 / (var + eps).sqrt();
+            for (k, o) in out.iter_mut().enumerate() {
+                *o = ((f64::from(row[k]) - mean) * inv * f64::from(g[k]) + f64::from(b[k])) as f32;
+            }
+        },
+    );
     Ok(ctx.float(x.ty(), o))
 }
 
@@ -302,13 +357,21 @@ pub(crate) fn rms_norm(
     let (v, g) = (floats(op, x)?, floats(op, gamma)?);
     let h = x.ty().dims().last().copied().unwrap_or(1);
     let mut o = ctx.f32s(v.len());
-    rows(ctx, v, h, &mut o, h, |_, row, out| {
-        let mean_sq = sum64_of(row, |a| f64::from(a) * f64::from(a)) / row.len() as f64;
-        let inv = 1.0 / (mean_sq + eps).sqrt();
-        for (k, o) in out.iter_mut().enumerate() {
-            *o = (f64::from(row[k]) * inv * f64::from(g[k])) as f32;
-        }
-    });
+    rows(
+        ctx,
+        v,
+        h,
+        &mut o,
+        h,
+        #[inline(always)]
+        |_, row, out| {
+            let mean_sq = sum64_of(row, |a| f64::from(a) * f64::from(a)) / row.len() as f64;
+            let inv = 1.0 / (mean_sq + eps).sqrt();
+            for (k, o) in out.iter_mut().enumerate() {
+                *o = (f64::from(row[k]) * inv * f64::from(g[k])) as f32;
+            }
+        },
+    );
     Ok(ctx.float(x.ty(), o))
 }
 
@@ -324,11 +387,19 @@ pub(crate) fn cross_entropy(
     let vocab = logits.ty().dims().last().copied().unwrap_or(1);
     let t = checked_ids(op, ints(op, targets)?, vocab)?;
     let mut o = ctx.f32s(t.len());
-    rows(ctx, l, vocab, &mut o, 1, |i, row, out| {
-        let max = max_of(row);
-        let s = sum64_of(row, |x| f64::from(exp_f32(x - max)));
-        let lse = f64::from(max) + s.ln();
-        out[0] = (lse - f64::from(row[t[i]])) as f32;
-    });
+    rows(
+        ctx,
+        l,
+        vocab,
+        &mut o,
+        1,
+        #[inline(always)]
+        |i, row, out| {
+            let max = max_of(row);
+            let s = sum64_of(row, |x| f64::from(exp_f32(x - max)));
+            let lse = f64::from(max) + s.ln();
+            out[0] = (lse - f64::from(row[t[i]])) as f32;
+        },
+    );
     Ok(ctx.float(out, o))
 }
