@@ -3,13 +3,16 @@
 //! mutations of valid inputs (bytes flipped, ranges cut or repeated, truncations, and tokens
 //! that break parsers: huge and negative numbers, brackets, quotes, separators) and must
 //! answer `Ok` or `Err` without panicking; whatever it accepts must satisfy the same
-//! round-trip property as its fuzz target. `cargo fuzz` explores further (see
-//! `fuzz/README.md`); this keeps every target's property under test in CI, for a bounded
-//! time.
+//! round-trip property as its fuzz target (one definition, `fuzz/properties.rs`, serves
+//! both). `cargo fuzz` explores further (see `fuzz/README.md`); this keeps every target's
+//! property under test in CI, for a bounded time.
 
 use autopar_cost_model::{Cluster, Plan};
-use autopar_ir::json::{from_json, to_json};
-use autopar_ir::text::{parse, print};
+use autopar_ir::json::to_json;
+use autopar_ir::text::parse;
+
+#[path = "../fuzz/properties.rs"]
+mod properties;
 
 /// Mutations per seed input.
 const MUTATIONS: usize = 3000;
@@ -116,13 +119,7 @@ fn air_seeds() -> Vec<String> {
 
 #[test]
 fn air_text_mutations_parse_or_fail_cleanly() {
-    each_mutation(&air_seeds(), 1, |src| {
-        let Ok(g) = parse(src) else { return false };
-        let text = print(&g);
-        let again = parse(&text).unwrap_or_else(|e| panic!("printed text does not parse: {e}"));
-        assert_eq!(print(&again), text);
-        true
-    });
+    each_mutation(&air_seeds(), 1, properties::air);
 }
 
 #[test]
@@ -131,13 +128,7 @@ fn json_graph_mutations_load_or_fail_cleanly() {
         .iter()
         .map(|s| to_json(&parse(s).expect("the seed parses")))
         .collect();
-    each_mutation(&seeds, 2, |src| {
-        let Ok(g) = from_json(src) else { return false };
-        let text = to_json(&g);
-        let again = from_json(&text).unwrap_or_else(|e| panic!("a dump does not load: {e}"));
-        assert_eq!(to_json(&again), text);
-        true
-    });
+    each_mutation(&seeds, 2, properties::json_graph);
 }
 
 #[test]
@@ -152,27 +143,7 @@ fn plan_mutations_parse_or_fail_cleanly() {
         let p = Plan::parse(t).expect("a seed plan");
         seeds.push(serde_json::to_string(&p).expect("a plan serialises"));
     }
-    let exercise = |p: &Plan| {
-        if p.check().is_ok() {
-            let _ = p.world_size();
-            let _ = p.micro_batches();
-            let _ = p.mesh_axes();
-        }
-    };
-    each_mutation(&seeds, 3, |src| {
-        let mut ok = false;
-        if let Ok(p) = serde_json::from_str::<Plan>(src) {
-            exercise(&p);
-            ok = true;
-        }
-        if let Ok(p) = Plan::parse(src) {
-            exercise(&p);
-            let again = Plan::parse(&p.to_string()).expect("a printed plan parses");
-            assert_eq!(again, p);
-            ok = true;
-        }
-        ok
-    });
+    each_mutation(&seeds, 3, properties::plan);
 }
 
 #[test]
@@ -182,27 +153,5 @@ fn cluster_mutations_parse_or_fail_cleanly() {
     for s in specs {
         seeds.push(Cluster::preset(s).expect("a preset").to_toml());
     }
-    let exercise = |c: &Cluster| {
-        let n = c.num_devices();
-        for device in [0, n / 2, n.saturating_sub(1)] {
-            let _ = c.node_of(device);
-            let _ = c.nic_of(device);
-        }
-        let again = Cluster::from_toml(&c.to_toml()).expect("written TOML reads back");
-        assert_eq!(&again, c);
-    };
-    each_mutation(&seeds, 4, |src| {
-        let mut ok = false;
-        if let Ok(c) = Cluster::from_toml(src) {
-            exercise(&c);
-            ok = true;
-        }
-        if src.len() < 256
-            && let Ok(c) = Cluster::preset(src)
-        {
-            exercise(&c);
-            ok = true;
-        }
-        ok
-    });
+    each_mutation(&seeds, 4, properties::cluster);
 }

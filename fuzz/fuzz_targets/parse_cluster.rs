@@ -4,29 +4,14 @@
 
 #![no_main]
 
-use autopar_cost_model::Cluster;
 use libfuzzer_sys::fuzz_target;
 
-fn exercise(c: &Cluster) {
-    let n = c.num_devices();
-    for device in [0, n / 2, n.saturating_sub(1)] {
-        let _ = c.node_of(device);
-        let _ = c.nic_of(device);
-    }
-    let again = Cluster::from_toml(&c.to_toml()).expect("written TOML reads back");
-    assert_eq!(&again, c);
-}
+#[path = "../properties.rs"]
+#[allow(dead_code)]
+mod properties;
 
 fuzz_target!(|data: &[u8]| {
-    let Ok(src) = std::str::from_utf8(data) else {
-        return;
-    };
-    if let Ok(c) = Cluster::from_toml(src) {
-        exercise(&c);
-    }
-    if src.len() < 256
-        && let Ok(c) = Cluster::preset(src)
-    {
-        exercise(&c);
+    if let Ok(src) = std::str::from_utf8(data) {
+        properties::cluster(src);
     }
 });
