@@ -400,31 +400,26 @@ impl MpiTransport {
     }
 
     fn file_notice(&mut self, epoch: u64, from: usize, notice: Notice) {
-        if let Notice::Waiting { on } = notice {
+        match notice {
             // Filed whatever its epoch: notices from one rank arrive in the order it sent them,
             // so the last one filed is what it waits for now.
-            let mut shared = self.shared.borrow_mut();
-            match usize::try_from(on) {
-                Ok(on) if on < shared.n => shared.waiting.insert(from, on),
-                _ => shared.waiting.remove(&from),
-            };
-            return;
-        }
-        if epoch > self.epoch {
-            self.shared.borrow_mut().notices.push((epoch, from, notice));
-            return;
-        }
-        if epoch < self.epoch {
-            return;
-        }
-        match notice {
+            Notice::Waiting { on } => {
+                let mut shared = self.shared.borrow_mut();
+                match usize::try_from(on) {
+                    Ok(on) if on < shared.n => shared.waiting.insert(from, on),
+                    _ => shared.waiting.remove(&from),
+                };
+            }
+            notice if epoch > self.epoch => {
+                self.shared.borrow_mut().notices.push((epoch, from, notice));
+            }
+            _ if epoch < self.epoch => {}
             Notice::Failed { origin, reason } => {
                 self.failed.entry(origin).or_insert(reason);
             }
             Notice::Exited => {
                 self.exited.entry(from).or_insert_with(Instant::now);
             }
-            Notice::Waiting { .. } => {}
         }
     }
 
@@ -625,9 +620,6 @@ impl Drop for MpiTransport {
     }
 }
 
-/// Waits a little before the next poll: yields the processor at first (a peer on the same
-/// core may be about to send), then sleeps, so that ranks oversubscribing the cores do not
-/// starve the ones that compute.
 /// A message a probe matched, being received without blocking (`MPI_Imrecv`): a large
 /// message's body follows its envelope only while the sender makes progress, and
 /// `MPI_Mrecv` would wait forever for a sender that died in between.
@@ -691,6 +683,9 @@ impl Incoming {
     }
 }
 
+/// Waits a little before the next poll: yields the processor at first (a peer on the same
+/// core may be about to send), then sleeps, so that ranks oversubscribing the cores do not
+/// starve the ones that compute.
 fn back_off(idle: &mut u32) {
     *idle = idle.saturating_add(1);
     match *idle {
