@@ -29,7 +29,8 @@
 //! Loops run compiled for the CPU's widest vector instructions (module `simd`).
 //!
 //! `AUTOPAR_PROFILE=1` makes every executable print, when dropped, the time it spent per op
-//! kind; `AUTOPAR_PROFILE=nodes` also lists its costliest nodes.
+//! kind; `AUTOPAR_PROFILE=nodes` also lists its 25 costliest nodes (`nodes:N`: its N
+//! costliest).
 
 pub mod attention;
 pub mod elementwise;
@@ -143,6 +144,8 @@ pub struct FastExecutable<'g> {
     profile: Option<Mutex<Profile>>,
     /// Time per plan position (`AUTOPAR_PROFILE=nodes`).
     node_profile: Option<Mutex<Vec<(u64, u128)>>>,
+    /// How many of the costliest nodes the profile lists (`AUTOPAR_PROFILE=nodes[:N]`).
+    nodes_shown: usize,
 }
 
 impl std::fmt::Debug for FastExecutable<'_> {
@@ -227,7 +230,7 @@ impl Drop for FastExecutable<'_> {
                 .to_string()
         };
         eprintln!("  costliest nodes:");
-        for &(pos, calls, ns) in costliest.iter().take(NODES_SHOWN) {
+        for &(pos, calls, ns) in costliest.iter().take(self.nodes_shown) {
             let node = self.graph.node(self.plan.order()[pos]);
             let mut text = node
                 .outputs
@@ -246,7 +249,8 @@ impl Drop for FastExecutable<'_> {
     }
 }
 
-/// Nodes `AUTOPAR_PROFILE=nodes` lists, and the characters of each node's text it shows.
+/// Nodes `AUTOPAR_PROFILE=nodes` lists unless `nodes:N` says how many, and the characters
+/// of each node's text it shows.
 const NODES_SHOWN: usize = 25;
 const NODE_TEXT: usize = 220;
 
@@ -431,8 +435,12 @@ impl Backend for FastCpuBackend {
         let profile_var = std::env::var_os("AUTOPAR_PROFILE").unwrap_or_default();
         let profile =
             (!profile_var.is_empty() && profile_var != "0").then(|| Mutex::new(Profile::new()));
-        let node_profile =
-            (profile_var == "nodes").then(|| Mutex::new(vec![(0, 0); plan.order().len()]));
+        let profile_var = profile_var.to_string_lossy();
+        let nodes_shown = match profile_var.split_once(':') {
+            Some(("nodes", n)) => n.parse().ok(),
+            _ => (profile_var == "nodes").then_some(NODES_SHOWN),
+        };
+        let node_profile = nodes_shown.map(|_| Mutex::new(vec![(0, 0); plan.order().len()]));
         Ok(FastExecutable {
             graph,
             plan,
@@ -443,6 +451,7 @@ impl Backend for FastCpuBackend {
             arena_bytes,
             profile,
             node_profile,
+            nodes_shown: nodes_shown.unwrap_or(0),
         })
     }
 
