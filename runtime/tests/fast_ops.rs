@@ -729,3 +729,67 @@ fn fusion_bodies_with_reductions_and_integers() -> TestResult {
     }
     Ok(())
 }
+
+/// Tiles that read a broadcast in place (a tile inside one run of consecutive source
+/// elements), tiles that straddle two runs and gather, and results written straight into
+/// the output (float, bool and per-row results, one also read by a later instruction) next
+/// to a result yielded twice, on sizes whose tiles do not divide the iteration space.
+#[test]
+fn fusion_tiles_read_broadcasts_and_write_results_in_place() -> TestResult {
+    let mut rng = Lcg(23);
+    let dims = [3, 5, 2000];
+    let bin = |func| Op::Binary { func };
+    let bcast = |dims_of: Vec<usize>| Op::Broadcast {
+        shape: Shape::new(dims.to_vec()),
+        dims: dims_of,
+    };
+    for dtype in FLOATS {
+        let ty = |d: &[usize]| TensorType::new(dtype, d.to_vec());
+        let mut body = FusionBody {
+            params: vec![
+                ty(&dims),
+                ty(&[5, 2000]),
+                TensorType::new(DType::I64, [3, 5]),
+                TensorType::new(DType::I64, [2000]),
+            ],
+            instrs: vec![
+                // ^4: runs of 10000 consecutive elements of ^1.
+                instr(bcast(vec![1, 2]), vec![1]),
+                instr(bin(BinaryOp::Add), vec![0, 4]),
+                // ^6: one label per run of 2000; ^7: runs of 2000.
+                instr(bcast(vec![0, 1]), vec![2]),
+                instr(bcast(vec![2]), vec![3]),
+                instr(
+                    Op::Compare {
+                        func: CompareOp::Eq,
+                    },
+                    vec![6, 7],
+                ),
+                instr(Op::Select, vec![8, 5, 0]),
+                instr(bin(BinaryOp::Mul), vec![9, 5]),
+            ],
+            results: vec![5, 8, 10, 10],
+        };
+        let x = rand(&mut rng, dtype, &dims, 2.0);
+        let w = rand(&mut rng, dtype, &[5, 2000], 1.0);
+        let labels = ints(&[3, 5], (0..15).map(|i| i * 131 % 2000).collect());
+        let positions = ints(&[2000], (0..2000).collect());
+        let operands = [x, w, labels, positions];
+        check(
+            Op::Fusion { body: body.clone() },
+            &operands,
+            tol(dtype) * 2.0,
+        );
+        // A per-row sum as a result: tiles become whole rows of 2000.
+        body.instrs.push(instr(
+            Op::Reduce {
+                func: ReduceOp::Sum,
+                dims: vec![2],
+            },
+            vec![10],
+        ));
+        body.results = vec![11, 5, 10];
+        check(Op::Fusion { body }, &operands, tol(dtype) * 4.0);
+    }
+    Ok(())
+}

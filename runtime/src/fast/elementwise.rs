@@ -382,6 +382,14 @@ fn int_binary(
     Ok(Val::Dense(ctx.int(out, o)))
 }
 
+/// `if c { p } else { q }`, chosen on the bits: loops over it vectorise to blends, where a
+/// branch, or a select between the two elements' addresses, compiles to gathers.
+#[inline(always)]
+pub(crate) fn blend(c: bool, p: f32, q: f32) -> f32 {
+    let m = 0u32.wrapping_sub(u32::from(c));
+    f32::from_bits((p.to_bits() & m) | (q.to_bits() & !m))
+}
+
 /// `cond ? a : b` element-wise.
 fn select(ctx: &Ctx, args: &[&Val], out: &TensorType) -> Result<Val, RuntimeError> {
     let n = out.num_elements() as usize;
@@ -398,13 +406,18 @@ fn select(ctx: &Ctx, args: &[&Val], out: &TensorType) -> Result<Val, RuntimeErro
         };
         match (a, b) {
             (Side::Slice(a), Side::Slice(b)) => {
-                for (((o, &c), &p), &q) in o.iter_mut().zip(c).zip(a).zip(b) {
-                    *o = if c { p } else { q };
-                }
+                vectorized(
+                    #[inline(always)]
+                    || {
+                        for (((o, &c), &p), &q) in o.iter_mut().zip(c).zip(a).zip(b) {
+                            *o = blend(c, p, q);
+                        }
+                    },
+                );
             }
             _ => {
                 for (i, (o, &c)) in o.iter_mut().zip(c).enumerate() {
-                    *o = if c { pick(i, a) } else { pick(i, b) };
+                    *o = blend(c, pick(i, a), pick(i, b));
                 }
             }
         }

@@ -3,7 +3,8 @@
 //! into a tile buffer (the element-wise kernels' monomorphised loops), nothing but the results
 //! is written at full size, and tiles are split over threads. Inside a tile a value is one of:
 //! - full: one element per element of the iteration space (element-wise results, float, bool
-//!   or integer operands, broadcasts of operands read through an index map);
+//!   or integer operands, broadcasts of operands read through an index map, or read in place
+//!   when the tile lies inside one run of consecutive source elements);
 //! - per row: one element per row, when the body reduces the trailing dims of full values
 //!   ("rows" of `R` elements: layer norm, softmax and their backward passes). Tiles hold whole
 //!   rows; a row reduction's result is used in the same tile, broadcast back over its row;
@@ -16,6 +17,9 @@
 //!   batch and heads) is evaluated once, before the tiles, on the fast kernels, and read
 //!   through its broadcasts like an operand.
 //!
+//! A result computed by an instruction or a row reduction is written straight into its output;
+//! selects blend on the bits (a branch would compile to gathers).
+//!
 //! Any other body (reductions of other dims, integer arithmetic, results of several
 //! iteration spaces) runs instruction by instruction on the fast kernels, except that an f32
 //! sum over every dim of a square used nowhere else (a gradient norm's terms) is taken in one
@@ -27,7 +31,7 @@ use autopar_ir::infer::infer;
 use autopar_ir::{DType, FusionBody, Op, ReduceOp, TensorType};
 use rayon::prelude::*;
 
-use super::elementwise::{Side, binary_f32, compare_f32, unary_f32};
+use super::elementwise::{Side, binary_f32, blend, compare_f32, unary_f32};
 use super::reduce::{sum64, sum64_of};
 use super::simd::vectorized;
 use super::storage::{Elems, round_slice};
@@ -35,8 +39,9 @@ use super::{Ctx, FastTensor, Val, eval};
 use crate::error::RuntimeError;
 use crate::tensor::{round_to_dtype, strides};
 
-/// Elements per tile: small enough that a body's tile buffers stay in L1/L2.
-pub const TILE: usize = 512;
+/// Elements per tile: few enough that a body's tile buffers (16 KiB of f32 each) stay in L2,
+/// enough that the per-instruction dispatch is spread over many elements.
+pub const TILE: usize = 4096;
 
 /// Tiles per thread task.
 const TILES_PER_TASK: usize = 32;
@@ -98,8 +103,13 @@ enum Step {
     /// A small value computed before the tiles (source `np + k` for the `k`-th of them).
     Pre,
     /// A broadcast of source `src` (an operand or a small value computed before the tiles)
-    /// to full size, read at offsets `view`.
-    Broadcast { src: usize, view: Vec<usize> },
+    /// to full size, read at offsets `view`. Runs of `block` elements (0: none) read
+    /// consecutive source elements, so a tile inside one run reads the source in place.
+    Broadcast {
+        src: usize,
+        view: Vec<usize>,
+        block: usize,
+    },
     /// A per-row value repeated over its row.
     RowBroadcast { src: usize },
     /// The same elements as body value `src`.
@@ -339,7 +349,15 @@ fn tile_plan(body: &FusionBody, types: &[TensorType]) -> Option<Tiled> {
                             view[d] = st[j];
                         }
                     }
-                    (Step::Broadcast { src: at, view }, Class::Full)
+                    let block = contiguous_block(ty.dims(), &view);
+                    (
+                        Step::Broadcast {
+                            src: at,
+                            view,
+                            block,
+                        },
+                        Class::Full,
+                    )
                 } else if own == Class::Full
                     && class[src] == Class::Row
                     && dims.iter().enumerate().all(|(j, &d)| j == d)
@@ -433,6 +451,44 @@ fn tile_plan(body: &FusionBody, types: &[TensorType]) -> Option<Tiled> {
     })
 }
 
+/// The length of the runs of a broadcast to `dims` read at offsets `view` whose elements are
+/// consecutive in the source (the trailing dims whose offsets are those of a dense layout),
+/// or 0 when the last dim is not read with stride 1.
+fn contiguous_block(dims: &[usize], view: &[usize]) -> usize {
+    let mut block = 1;
+    for (&d, &stride) in dims.iter().zip(view).rev() {
+        if d == 1 {
+            continue;
+        }
+        if stride != block {
+            break;
+        }
+        block *= d;
+    }
+    if block == 1 { 0 } else { block }
+}
+
+/// Where the tile `[at, at + len)` of a broadcast starts in its source, when the whole tile
+/// lies inside one run of `block` consecutive source elements.
+fn broadcast_view(
+    dims: &[usize],
+    view: &[usize],
+    block: usize,
+    at: usize,
+    len: usize,
+) -> Option<usize> {
+    if block == 0 || at % block + len > block {
+        return None;
+    }
+    let mut rem = at;
+    let mut off = 0;
+    for (&d, &stride) in dims.iter().zip(view).rev() {
+        off += (rem % d) * stride;
+        rem /= d;
+    }
+    Some(off)
+}
+
 /// True when the tiled loops handle the operand dtypes of `op`: floats for arithmetic,
 /// floats or integers (not mixed) for comparisons, a bool condition and float or bool
 /// branches for select, floats, bools or integers for casts to float or bool.
@@ -517,12 +573,31 @@ enum TileVal<'a> {
 }
 
 /// Per-task tile buffers, one per body value (only computed and broadcast ones are used),
-/// and the task's column accumulators.
-struct Scratch {
+/// the task's column accumulators, and its shares of the results: a result computed by an
+/// instruction or a row reduction (and yielded once) is written straight into its share
+/// (`placed`), and read back from there by later instructions of the tile.
+struct Scratch<'o> {
     f32s: Vec<Vec<f32>>,
     bools: Vec<Vec<bool>>,
     ints: Vec<Vec<i64>>,
     cols: Vec<Vec<f64>>,
+    /// The task's share of each result.
+    slots: Vec<TaskSlot<'o>>,
+    /// Per body value, the result slot it is computed in, if any.
+    placed: Vec<Option<usize>>,
+    /// The task's first element and first row.
+    start: usize,
+    start_row: usize,
+}
+
+impl Scratch<'_> {
+    /// Where value `v`'s tile lies in its slot: `(offset, length)` within the task's share.
+    fn placement(&self, t: &Tiled, v: usize, span: Span) -> (usize, usize) {
+        match t.class[v] {
+            Class::Row => (span.row_at - self.start_row, span.rows),
+            _ => (span.at - self.start, span.len),
+        }
+    }
 }
 
 /// Where a tile lies: its first element and row, and its lengths.
@@ -585,6 +660,16 @@ fn run_tiled(ctx: &Ctx, c: &Compiled, t: &Tiled, args: &[&Val]) -> Result<Vec<Va
             }
         })
         .collect();
+    // Results computed in their slots: instructions and row reductions yielded once, into a
+    // slot of their element kind.
+    let mut placed = vec![None; t.steps.len()];
+    for (i, &r) in results.iter().enumerate() {
+        let once = results.iter().filter(|&&x| x == r).count() == 1;
+        let computed = matches!(t.steps[r], Step::Compute { .. } | Step::RowReduce { .. });
+        if once && computed && matches!(t.class[r], Class::Full | Class::Row) {
+            placed[r] = Some(i);
+        }
+    }
     let chunk = t.tile * TILES_PER_TASK;
     let tasks = n.div_ceil(chunk);
     let mut per: Vec<Vec<TaskSlot>> = (0..tasks).map(|_| Vec::new()).collect();
@@ -620,11 +705,17 @@ fn run_tiled(ctx: &Ctx, c: &Compiled, t: &Tiled, args: &[&Val]) -> Result<Vec<Va
             wide: ctx.wide,
             workers: None,
         };
+        let start = k * chunk;
+        let end = (start + chunk).min(n);
         let mut scratch = Scratch {
             f32s: vec![Vec::new(); t.steps.len()],
             bools: vec![Vec::new(); t.steps.len()],
             ints: vec![Vec::new(); t.steps.len()],
             cols: vec![Vec::new(); t.steps.len()],
+            slots: std::mem::take(&mut slots),
+            placed: placed.clone(),
+            start,
+            start_row: start / t.row,
         };
         for &v in &col_values {
             if let Step::ColReduce { func, .. } = &t.steps[v] {
@@ -636,8 +727,6 @@ fn run_tiled(ctx: &Ctx, c: &Compiled, t: &Tiled, args: &[&Val]) -> Result<Vec<Va
                 scratch.cols[v] = vec![init; c.types[v].num_elements() as usize];
             }
         }
-        let start = k * chunk;
-        let end = (start + chunk).min(n);
         let mut at = start;
         while at < end {
             let len = t.tile.min(end - at);
@@ -648,12 +737,14 @@ fn run_tiled(ctx: &Ctx, c: &Compiled, t: &Tiled, args: &[&Val]) -> Result<Vec<Va
                 rows: len / t.row,
             };
             run_tile(&serial, c, t, &operands, span, &mut scratch)?;
-            for (slot, &r) in slots.iter_mut().zip(results) {
-                let (dst, l) = match t.class[r] {
-                    Class::Row => ((at - start) / t.row, span.rows),
-                    _ => (at - start, len),
-                };
-                match (slot, tile_val(c, t, &operands, &scratch, r, span)) {
+            for (i, &r) in results.iter().enumerate() {
+                if scratch.placed[r] == Some(i) {
+                    continue;
+                }
+                let (dst, l) = scratch.placement(t, r, span);
+                let mut slot = std::mem::replace(&mut scratch.slots[i], TaskSlot::None);
+                let value = tile_val(c, t, &operands, &scratch, r, span);
+                match (&mut slot, value) {
                     (TaskSlot::F32(o), TileVal::F32(v)) => o[dst..dst + l].copy_from_slice(v),
                     (TaskSlot::Bool(o), TileVal::Bool(v)) => o[dst..dst + l].copy_from_slice(v),
                     (TaskSlot::F32(o), TileVal::Scalar(x)) => o[dst..dst + l].fill(x as f32),
@@ -661,6 +752,7 @@ fn run_tiled(ctx: &Ctx, c: &Compiled, t: &Tiled, args: &[&Val]) -> Result<Vec<Va
                     (TaskSlot::None, _) => {}
                     _ => return Err(RuntimeError::NotAKernel { op: "fusion" }),
                 }
+                scratch.slots[i] = slot;
             }
             at += len;
         }
@@ -790,6 +882,14 @@ fn tile_val<'a>(
     span: Span,
 ) -> TileVal<'a> {
     let (at, len) = span.of(t.class[v]);
+    if let Some(k) = scratch.placed[v] {
+        let (off, len) = scratch.placement(t, v, span);
+        return match &scratch.slots[k] {
+            TaskSlot::F32(o) => TileVal::F32(&o[off..off + len]),
+            TaskSlot::Bool(o) => TileVal::Bool(&o[off..off + len]),
+            TaskSlot::None => TileVal::Scalar(f64::NAN),
+        };
+    }
     match &t.steps[v] {
         Step::Operand(i) => match operands[*i].elems() {
             Elems::F32(x) => TileVal::F32(&x[at..at + len]),
@@ -799,14 +899,100 @@ fn tile_val<'a>(
         Step::Scalar(x) => TileVal::Scalar(*x),
         Step::Alias(src) => tile_val(c, t, operands, scratch, *src, span),
         Step::Small | Step::Pre | Step::ColReduce { .. } => TileVal::Scalar(f64::NAN),
-        Step::Broadcast { .. }
-        | Step::RowBroadcast { .. }
-        | Step::Compute { .. }
-        | Step::RowReduce { .. } => match c.types[v].dtype {
-            DType::Bool => TileVal::Bool(&scratch.bools[v][..len]),
-            DType::I32 | DType::I64 => TileVal::Int(&scratch.ints[v][..len]),
-            _ => TileVal::F32(&scratch.f32s[v][..len]),
-        },
+        Step::Broadcast { src, view, block } => {
+            match broadcast_view(c.types[v].dims(), view, *block, at, len) {
+                Some(off) => match operands[*src].elems() {
+                    Elems::F32(x) => TileVal::F32(&x[off..off + len]),
+                    Elems::Bool(x) => TileVal::Bool(&x[off..off + len]),
+                    Elems::Int(x) => TileVal::Int(&x[off..off + len]),
+                },
+                None => match c.types[v].dtype {
+                    DType::Bool => TileVal::Bool(&scratch.bools[v][..len]),
+                    DType::I32 | DType::I64 => TileVal::Int(&scratch.ints[v][..len]),
+                    _ => TileVal::F32(&scratch.f32s[v][..len]),
+                },
+            }
+        }
+        Step::RowBroadcast { .. } | Step::Compute { .. } | Step::RowReduce { .. } => {
+            match c.types[v].dtype {
+                DType::Bool => TileVal::Bool(&scratch.bools[v][..len]),
+                DType::I32 | DType::I64 => TileVal::Int(&scratch.ints[v][..len]),
+                _ => TileVal::F32(&scratch.f32s[v][..len]),
+            }
+        }
+    }
+}
+
+/// Where one instruction of a tile writes: its result slot (taken out of the scratch while
+/// it is written, so that the operands can be read from the scratch meanwhile) or its tile
+/// buffers.
+enum Out<'o> {
+    Placed {
+        slot: usize,
+        taken: TaskSlot<'o>,
+        off: usize,
+    },
+    Buffers {
+        f32s: Vec<f32>,
+        bools: Vec<bool>,
+    },
+}
+
+impl<'o> Out<'o> {
+    fn take(scratch: &mut Scratch<'o>, t: &Tiled, v: usize, span: Span) -> Out<'o> {
+        match scratch.placed[v] {
+            Some(slot) => Out::Placed {
+                slot,
+                taken: std::mem::replace(&mut scratch.slots[slot], TaskSlot::None),
+                off: scratch.placement(t, v, span).0,
+            },
+            None => Out::Buffers {
+                f32s: std::mem::take(&mut scratch.f32s[v]),
+                bools: std::mem::take(&mut scratch.bools[v]),
+            },
+        }
+    }
+
+    /// The `len` floats to write (`None`: the slot holds bools).
+    fn f32s(&mut self, len: usize) -> Option<&mut [f32]> {
+        match self {
+            Out::Placed {
+                taken: TaskSlot::F32(o),
+                off,
+                ..
+            } => Some(&mut o[*off..*off + len]),
+            Out::Placed { .. } => None,
+            Out::Buffers { f32s, .. } => {
+                f32s.resize(len, 0.0);
+                Some(f32s)
+            }
+        }
+    }
+
+    /// The `len` bools to write (`None`: the slot holds floats).
+    fn bools(&mut self, len: usize) -> Option<&mut [bool]> {
+        match self {
+            Out::Placed {
+                taken: TaskSlot::Bool(o),
+                off,
+                ..
+            } => Some(&mut o[*off..*off + len]),
+            Out::Placed { .. } => None,
+            Out::Buffers { bools, .. } => {
+                bools.resize(len, false);
+                Some(bools)
+            }
+        }
+    }
+
+    fn put_back(self, scratch: &mut Scratch<'o>, v: usize) {
+        match self {
+            Out::Placed { slot, taken, .. } => scratch.slots[slot] = taken,
+            Out::Buffers { f32s, bools } => {
+                scratch.f32s[v] = f32s;
+                scratch.bools[v] = bools;
+            }
+        }
     }
 }
 
@@ -824,8 +1010,12 @@ fn run_tile(
         let (_, len) = span.of(t.class[v]);
         match &t.steps[v] {
             Step::Operand(_) | Step::Small | Step::Pre | Step::Scalar(_) | Step::Alias(_) => {}
-            Step::Broadcast { src, view } => {
+            Step::Broadcast { src, view, block } => {
                 let dims = ty.dims();
+                if broadcast_view(dims, view, *block, span.at, len).is_some() {
+                    // Read in place (see `tile_val`).
+                    continue;
+                }
                 match operands[*src].elems() {
                     Elems::F32(x) => {
                         let buf = &mut scratch.f32s[v];
@@ -867,14 +1057,16 @@ fn run_tile(
                 scratch.bools[v] = bbuf;
             }
             Step::RowReduce { func, src } => {
-                let mut buf = std::mem::take(&mut scratch.f32s[v]);
+                let mut out = Out::take(scratch, t, v, span);
                 let TileVal::F32(x) = tile_val(c, t, operands, scratch, *src, span) else {
                     return Err(RuntimeError::NotAKernel { op: "fusion" });
                 };
-                buf.resize(len, 0.0);
-                reduce_rows_into(*func, x, t.row, &mut buf);
-                round_slice(ty.dtype, &mut buf);
-                scratch.f32s[v] = buf;
+                let Some(buf) = out.f32s(len) else {
+                    return Err(RuntimeError::NotAKernel { op: "fusion" });
+                };
+                reduce_rows_into(*func, x, t.row, buf);
+                round_slice(ty.dtype, buf);
+                out.put_back(scratch, v);
             }
             Step::ColReduce { func, src, .. } => {
                 let mut acc = std::mem::take(&mut scratch.cols[v]);
@@ -885,22 +1077,29 @@ fn run_tile(
                 scratch.cols[v] = acc;
             }
             Step::Compute { op, args } => {
-                let mut fbuf = std::mem::take(&mut scratch.f32s[v]);
-                let mut bbuf = std::mem::take(&mut scratch.bools[v]);
-                let vals: Vec<TileVal> = args
-                    .iter()
-                    .map(|&a| tile_val(c, t, operands, scratch, a, span))
-                    .collect();
-                if ty.dtype == DType::Bool {
-                    bbuf.resize(len, false);
-                    compute_bools(op, &vals, &mut bbuf, ty.dtype)?;
-                } else {
-                    fbuf.resize(len, 0.0);
-                    compute_floats(serial, op, &vals, &mut fbuf, ty.dtype)?;
-                    round_slice(ty.dtype, &mut fbuf);
+                let mut out = Out::take(scratch, t, v, span);
+                // Element-wise ops have at most three operands.
+                let mut vals = [TileVal::Scalar(0.0); 3];
+                if args.len() > vals.len() {
+                    return Err(RuntimeError::NotAKernel { op: op.name() });
                 }
-                scratch.f32s[v] = fbuf;
-                scratch.bools[v] = bbuf;
+                for (slot, &a) in vals.iter_mut().zip(args) {
+                    *slot = tile_val(c, t, operands, scratch, a, span);
+                }
+                let vals = &vals[..args.len()];
+                if ty.dtype == DType::Bool {
+                    let Some(buf) = out.bools(len) else {
+                        return Err(RuntimeError::NotAKernel { op: "fusion" });
+                    };
+                    compute_bools(op, vals, buf, ty.dtype)?;
+                } else {
+                    let Some(buf) = out.f32s(len) else {
+                        return Err(RuntimeError::NotAKernel { op: "fusion" });
+                    };
+                    compute_floats(serial, op, vals, buf, ty.dtype)?;
+                    round_slice(ty.dtype, buf);
+                }
+                out.put_back(scratch, v);
             }
         }
     }
@@ -1105,7 +1304,7 @@ fn compute_floats(
                 #[inline(always)]
                 || {
                     for (((o, &c), &p), &q) in buf.iter_mut().zip(c).zip(a).zip(b) {
-                        *o = if c { p } else { q };
+                        *o = blend(c, p, q);
                     }
                 },
             ),
@@ -1113,7 +1312,7 @@ fn compute_floats(
                 #[inline(always)]
                 || {
                     for ((o, &c), &q) in buf.iter_mut().zip(c).zip(b) {
-                        *o = if c { p } else { q };
+                        *o = blend(c, p, q);
                     }
                 },
             ),
@@ -1121,7 +1320,7 @@ fn compute_floats(
                 #[inline(always)]
                 || {
                     for ((o, &c), &p) in buf.iter_mut().zip(c).zip(a) {
-                        *o = if c { p } else { q };
+                        *o = blend(c, p, q);
                     }
                 },
             ),
@@ -1129,7 +1328,7 @@ fn compute_floats(
                 #[inline(always)]
                 || {
                     for (o, &c) in buf.iter_mut().zip(c) {
-                        *o = if c { p } else { q };
+                        *o = blend(c, p, q);
                     }
                 },
             ),
