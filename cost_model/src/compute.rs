@@ -667,6 +667,8 @@ fn unary_flops(f: UnaryOp) -> f64 {
         UnaryOp::Exp | UnaryOp::Log | UnaryOp::Sigmoid | UnaryOp::Tanh => 4.0,
         UnaryOp::Silu => 5.0,
         UnaryOp::Gelu => 8.0,
+        // A tanh and about a dozen multiplies and adds.
+        UnaryOp::GeluGrad => 16.0,
         // erf as a rational approximation: about twice a tanh.
         UnaryOp::Erf => 8.0,
         UnaryOp::GeluErf => 11.0,

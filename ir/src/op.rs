@@ -126,6 +126,11 @@ pub enum UnaryOp {
     Relu,
     /// GELU, tanh approximation (as GPT-2 uses)
     Gelu,
+    /// The derivative of [`UnaryOp::Gelu`]: with `t = tanh(c (x + k x^3))`,
+    /// `(1 + t) / 2 + x (1 - t^2) c (1 + 3 k x^2) / 2` (`c = sqrt(2 / pi)`, `k = 0.044715`).
+    /// The gradient of GELU is `g * gelu_grad(x)`: one element-wise op where the expanded
+    /// formula takes seventeen, as PyTorch's `gelu_backward` kernel is one.
+    GeluGrad,
     /// `x * sigmoid(x)` (SwiGLU's gate)
     Silu,
     /// The error function.
@@ -141,7 +146,7 @@ pub enum UnaryOp {
 
 impl UnaryOp {
     /// Every unary op.
-    pub const ALL: [UnaryOp; 17] = [
+    pub const ALL: [UnaryOp; 18] = [
         UnaryOp::Neg,
         UnaryOp::Abs,
         UnaryOp::Exp,
@@ -154,6 +159,7 @@ impl UnaryOp {
         UnaryOp::Sigmoid,
         UnaryOp::Relu,
         UnaryOp::Gelu,
+        UnaryOp::GeluGrad,
         UnaryOp::Silu,
         UnaryOp::Erf,
         UnaryOp::GeluErf,
@@ -176,6 +182,7 @@ impl UnaryOp {
             UnaryOp::Sigmoid => "sigmoid",
             UnaryOp::Relu => "relu",
             UnaryOp::Gelu => "gelu",
+            UnaryOp::GeluGrad => "gelu_grad",
             UnaryOp::Silu => "silu",
             UnaryOp::Erf => "erf",
             UnaryOp::GeluErf => "gelu_erf",

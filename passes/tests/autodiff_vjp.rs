@@ -257,6 +257,7 @@ fn unary_domain(func: UnaryOp) -> Domain {
         | UnaryOp::Tanh
         | UnaryOp::Sigmoid
         | UnaryOp::Gelu
+        | UnaryOp::GeluGrad
         | UnaryOp::Silu
         | UnaryOp::Erf
         | UnaryOp::GeluErf

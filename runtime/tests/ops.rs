@@ -184,6 +184,13 @@ fn unary() -> TestResult {
                             (2.0 / std::f64::consts::PI).sqrt() * (v + 0.044715 * v.powi(3));
                         0.5 * v * (1.0 + inner.tanh())
                     }
+                    // d/dv of the line above: `(1 + t) / 2 + v sech^2(w) w' / 2`.
+                    UnaryOp::GeluGrad => {
+                        let a = (2.0 / std::f64::consts::PI).sqrt();
+                        let t = (a * (v + 0.044715 * v.powi(3))).tanh();
+                        0.5 * (1.0 + t)
+                            + 0.5 * v * (1.0 - t * t) * a * (1.0 + 3.0 * 0.044715 * v * v)
+                    }
                     UnaryOp::Silu => v * sigmoid(v),
                     UnaryOp::Erf => libm::erf(v),
                     UnaryOp::GeluErf => 0.5 * v * (1.0 + libm::erf(v / 2f64.sqrt())),

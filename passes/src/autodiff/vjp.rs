@@ -368,27 +368,36 @@ fn unary(
             let pos = e.compare(CompareOp::Gt, x, zero)?;
             e.keep_where(pos, g)
         }
-        // With `t = tanh(c (x + k x^3))`:
-        // `d = (1 + t) / 2 + x (1 - t^2) c (1 + 3 k x^2) / 2`.
+        // One op for the derivative (see `UnaryOp::GeluGrad`).
         UnaryOp::Gelu => {
+            let d = e.unary(UnaryOp::GeluGrad, x)?;
+            e.mul(g, d)
+        }
+        // GELU's second derivative. With `u = c (x + k x^3)`, `t = tanh u`,
+        // `u' = c (1 + 3 k x^2)`, `t' = (1 - t^2) u'` and `t'' = (1 - t^2) (6 c k x) - 2 t t' u'`:
+        // `gelu'' = t' + x t'' / 2`.
+        UnaryOp::GeluGrad => {
             let x2 = e.mul(x, x)?;
             let x3 = e.mul(x2, x)?;
             let kx3 = e.scale(x3, GELU_CUBIC)?;
             let inner = e.add(x, kx3)?;
             let u = e.scale(inner, SQRT_2_OVER_PI)?;
             let t = e.unary(UnaryOp::Tanh, u)?;
-            let one = e.full_like(t, 1.0)?;
-            let one_plus_t = e.add(one, t)?;
-            let left = e.scale(one_plus_t, 0.5)?;
             let t2 = e.mul(t, t)?;
             let sech2 = e.rsub(1.0, t2)?;
             let du = e.scale(x2, 3.0 * GELU_CUBIC * SQRT_2_OVER_PI)?;
             let c = e.full_like(du, SQRT_2_OVER_PI)?;
             let du = e.add(du, c)?;
+            let dt = e.mul(sech2, du)?;
+            let ddu = e.scale(x, 6.0 * GELU_CUBIC * SQRT_2_OVER_PI)?;
+            let curve = e.mul(sech2, ddu)?;
+            let tdt = e.mul(t, dt)?;
+            let tdtdu = e.mul(tdt, du)?;
+            let bend = e.scale(tdtdu, 2.0)?;
+            let ddt = e.sub(curve, bend)?;
             let half_x = e.scale(x, 0.5)?;
-            let right = e.mul(half_x, sech2)?;
-            let right = e.mul(right, du)?;
-            let d = e.add(left, right)?;
+            let right = e.mul(half_x, ddt)?;
+            let d = e.add(dt, right)?;
             e.mul(g, d)
         }
         // `d sin x = cos x`, `d cos x = -sin x`.

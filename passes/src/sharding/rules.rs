@@ -179,6 +179,7 @@ fn candidates(
                 | UnaryOp::Recip
                 | UnaryOp::Square
                 | UnaryOp::Gelu
+                | UnaryOp::GeluGrad
                 | UnaryOp::GeluErf
                 | UnaryOp::Silu
                 | UnaryOp::Sin

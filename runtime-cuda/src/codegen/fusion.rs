@@ -471,6 +471,7 @@ fn unary(func: UnaryOp, dtype: DType, x: &str) -> Option<String> {
         UnaryOp::Sigmoid => format!("ap_sigmoid({x})"),
         UnaryOp::Relu => format!("ap_relu({x})"),
         UnaryOp::Gelu => format!("ap_gelu({x})"),
+        UnaryOp::GeluGrad => format!("ap_gelu_grad({x})"),
         UnaryOp::Silu => format!("({x} * ap_sigmoid({x}))"),
         UnaryOp::Erf => format!("erff({x})"),
         UnaryOp::GeluErf => format!("ap_gelu_erf({x})"),

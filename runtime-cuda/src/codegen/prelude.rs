@@ -44,6 +44,10 @@ __device__ __forceinline__ float ap_sigmoid(float x) {
 __device__ __forceinline__ float ap_gelu(float x) {
   return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
 }
+__device__ __forceinline__ float ap_gelu_grad(float x) {
+  float t = tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x));
+  return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * 0.7978845608028654f * (1.0f + 0.134145f * x * x);
+}
 __device__ __forceinline__ float ap_gelu_erf(float x) {
   return 0.5f * x * (1.0f + erff(x * 0.7071067811865476f));
 }

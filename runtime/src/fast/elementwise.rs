@@ -128,6 +128,16 @@ fn gelu(x: f32) -> f32 {
     x / (1.0 + exp_f32(-2.0 * u))
 }
 
+/// The derivative of [`gelu`], in f32 (see `UnaryOp::GeluGrad`).
+#[inline(always)]
+fn gelu_grad(x: f32) -> f32 {
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    const K: f32 = 0.044_715;
+    let x2 = x * x;
+    let t = tanh_f32(SQRT_2_OVER_PI * (x + K * x2 * x));
+    0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * SQRT_2_OVER_PI * (1.0 + 3.0 * K * x2)
+}
+
 /// The logistic function (`exp` overflowing to infinity gives 0, as it should).
 #[inline(always)]
 fn sigmoid(x: f32) -> f32 {
@@ -150,6 +160,7 @@ pub(crate) fn unary_f32(ctx: &Ctx, func: UnaryOp, x: &[f32], out: &mut [f32]) {
         UnaryOp::Sigmoid => map1(ctx, x, out, sigmoid),
         UnaryOp::Relu => map1(ctx, x, out, |a| if a < 0.0 { 0.0 } else { a }),
         UnaryOp::Gelu => map1(ctx, x, out, gelu),
+        UnaryOp::GeluGrad => map1(ctx, x, out, gelu_grad),
         UnaryOp::Silu => map1(ctx, x, out, |a| a * sigmoid(a)),
         UnaryOp::Erf => map1(ctx, x, out, libm::erff),
         UnaryOp::GeluErf => map1(ctx, x, out, |a| {

@@ -11,6 +11,14 @@ pub(crate) fn gelu(x: f64) -> f64 {
     0.5 * x * (1.0 + (SQRT_2_OVER_PI * (x + 0.044_715 * x * x * x)).tanh())
 }
 
+/// The derivative of [`gelu`] (see `UnaryOp::GeluGrad`).
+pub(crate) fn gelu_grad(x: f64) -> f64 {
+    const SQRT_2_OVER_PI: f64 = 0.797_884_560_802_865_4;
+    const K: f64 = 0.044_715;
+    let t = (SQRT_2_OVER_PI * (x + K * x * x * x)).tanh();
+    0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * SQRT_2_OVER_PI * (1.0 + 3.0 * K * x * x)
+}
+
 /// Exact GELU, `x Phi(x) = 0.5 x (1 + erf(x / sqrt 2))`.
 pub(crate) fn gelu_erf(x: f64) -> f64 {
     0.5 * x * (1.0 + libm::erf(x * std::f64::consts::FRAC_1_SQRT_2))
@@ -41,6 +49,7 @@ fn unary_float(func: UnaryOp) -> fn(f64) -> f64 {
         // `x < 0` keeps NaN as NaN.
         UnaryOp::Relu => |x| if x < 0.0 { 0.0 } else { x },
         UnaryOp::Gelu => gelu,
+        UnaryOp::GeluGrad => gelu_grad,
         UnaryOp::Silu => |x| x * sigmoid(x),
         UnaryOp::Erf => libm::erf,
         UnaryOp::GeluErf => gelu_erf,
@@ -64,6 +73,7 @@ fn unary_int(func: UnaryOp) -> Option<fn(i64) -> i64> {
         | UnaryOp::Sigmoid
         | UnaryOp::Relu
         | UnaryOp::Gelu
+        | UnaryOp::GeluGrad
         | UnaryOp::Silu
         | UnaryOp::Erf
         | UnaryOp::GeluErf
