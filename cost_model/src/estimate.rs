@@ -29,7 +29,7 @@ use crate::memory::{
     tp_replicated_params_per_layer,
 };
 use crate::model::TransformerConfig;
-use crate::plan::{Plan, Recompute};
+use crate::plan::{Offload, Plan, Recompute};
 use crate::software::{Fusion, GatherUnit, Software};
 
 const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
@@ -106,7 +106,9 @@ pub struct ExposedComm {
     pub cp_s: f64,
     /// Expert parallelism's dispatch and combine all-to-alls.
     pub ep_s: f64,
-    /// ZeRO's per-layer traffic: ZeRO-3 weight gathers, ZeRO-2/3 gradient reduce-scatters.
+    /// ZeRO's per-layer traffic: ZeRO-3 weight gathers, ZeRO-2/3 gradient reduce-scatters,
+    /// and under CPU offload the PCIe copies of the shards (gradients down, offloaded
+    /// parameters up before their gathers).
     pub zero_s: f64,
 }
 
@@ -169,7 +171,8 @@ pub struct TimeBreakdown {
     pub grad_reduce_exposed_s: f64,
     /// All-reduce of the tied embedding gradient between the first and last stage.
     pub embedding_sync_s: f64,
-    /// Optimizer update.
+    /// Optimizer update (under CPU offload: the host's step, then the copy of the updated
+    /// 16-bit weights back to the GPU when only the optimizer is offloaded).
     pub optimizer_s: f64,
     /// All-gather of updated parameters (ZeRO-1/2).
     pub param_gather_s: f64,
@@ -297,6 +300,22 @@ impl CostModel {
                 self.cluster.gpu.model
             )));
         }
+        if plan.offload != Offload::None {
+            if self.cluster.runtime == Runtime::AutoparCpu {
+                return Err(CostError::PlanMismatch(format!(
+                    "offload={} moves GPU state to host memory; the CPU runtime has no GPU",
+                    plan.offload.name()
+                )));
+            }
+            if self.cluster.host.is_none() {
+                return Err(CostError::PlanMismatch(format!(
+                    "offload={} needs the host memory and PCIe links of the cluster's nodes, \
+                     which `{}` does not describe (a [host] table)",
+                    plan.offload.name(),
+                    self.cluster.name
+                )));
+            }
+        }
         if plan.fp8 && plan.dtype != DType::BF16 {
             return Err(CostError::PlanMismatch(
                 "dtype=fp8 runs its non-GEMM work in bf16; it cannot be combined with another dtype"
@@ -356,6 +375,20 @@ impl Plan {
         }
         if cfg.experts <= 1 && plan.ep > 1 {
             return mis(format!("ep={} on a model without experts", plan.ep));
+        }
+        if let Some(etp) = plan.etp {
+            if cfg.experts <= 1 && etp != plan.tp {
+                return mis(format!(
+                    "etp={etp} on a model without experts (`{}` has a dense MLP)",
+                    cfg.name
+                ));
+            }
+            if !cfg.ffn.is_multiple_of(etp) {
+                return mis(format!(
+                    "etp={etp} does not divide the experts' MLP width {} of `{}`",
+                    cfg.ffn, cfg.name
+                ));
+            }
         }
         Ok(())
     }
@@ -1117,6 +1150,42 @@ impl<'a> Ctx<'a> {
         }
     }
 
+    /// Host-device copy of `bytes` over this rank's share of its PCIe link (CPU offload);
+    /// zero without a `[host]`, which [`CostModel::check_plan`] refuses for offloading plans.
+    fn pcie(&self, bytes: f64) -> f64 {
+        self.cl()
+            .pcie_bandwidth_per_gpu()
+            .map_or(0.0, |bw| bytes / bw)
+    }
+
+    /// Parameters of one layer in this rank's ZeRO shard (dense over their shards, the
+    /// experts' over theirs).
+    fn layer_shard_params(&self) -> f64 {
+        let expert = expert_params_per_layer(self.cfg, self.plan);
+        self.layer_dense_params() / self.shards.dense + expert / self.shards.expert
+    }
+
+    /// The copy of one layer's offloaded fp32 parameter shard to the GPU before its gather
+    /// (`offload=params`: FSDP copies the CPU shard up, then casts and gathers it).
+    fn offloaded_param_copy(&self) -> f64 {
+        match self.plan.offload {
+            Offload::Params => self.pcie(self.layer_shard_params() * 4.0),
+            Offload::None | Offload::Optimizer => 0.0,
+        }
+    }
+
+    /// The copy of one layer's reduced gradient shard to the host, each micro-batch
+    /// (DeepSpeed's ZeRO-2 offload accumulates gradients on the CPU, FSDP's CPU offload
+    /// moves each reduce-scattered shard there), in the reduce-scatter's dtype.
+    fn offloaded_grad_copy(&self) -> f64 {
+        match self.plan.offload {
+            Offload::None => 0.0,
+            Offload::Optimizer | Offload::Params => {
+                self.pcie(self.layer_shard_params() * self.m.software.reduce_bytes)
+            }
+        }
+    }
+
     /// What the MLP's element-wise kernels touch per layer: the local MLP width times the
     /// tokens (`f/t * n`), the gate factor (2 for gated MLPs) and the experts each token visits.
     fn mlp_activation_shape(&self) -> (f64, f64, f64) {
@@ -1166,7 +1235,8 @@ impl<'a> Ctx<'a> {
         p.overlapped(CommKind::Context, cp, self.m.comm.exposed(cp, t_attn));
         let a2a = self.moe_all_to_all();
         p.exposed(CommKind::Expert, 2.0 * a2a);
-        let z3 = self.zero3_gather_pass();
+        // Offloaded parameters are copied up before their gather: one chain, prefetched alike.
+        let z3 = self.zero3_gather_pass() + self.offloaded_param_copy();
         let hidden_under = p.total_s();
         p.overlapped(CommKind::Zero, z3, self.zero3_exposed(z3, hidden_under));
         (p, flops)
@@ -1223,14 +1293,16 @@ impl<'a> Ctx<'a> {
         // gradients (that is what their memory is charged for), so there is no full-size
         // buffer to accumulate micro-batches into: each micro-batch's gradients are
         // reduce-scattered as its backward produces them.
-        let z3 = self.zero3_gather_pass();
-        let rs = match self.plan.zero_stage {
-            3 => self.zero3_collective(Collective::ReduceScatter, self.m.software.reduce_bytes),
-            2 => {
-                self.layer_zero_collective(Collective::ReduceScatter, self.m.software.reduce_bytes)
-            }
-            _ => 0.0,
-        };
+        let z3 = self.zero3_gather_pass() + self.offloaded_param_copy();
+        // Under CPU offload the reduced shard then goes down to the host: it follows the
+        // reduce-scatter on the same schedule.
+        let rs = self.offloaded_grad_copy()
+            + match self.plan.zero_stage {
+                3 => self.zero3_collective(Collective::ReduceScatter, self.m.software.reduce_bytes),
+                2 => self
+                    .layer_zero_collective(Collective::ReduceScatter, self.m.software.reduce_bytes),
+                _ => 0.0,
+            };
         if z3 + rs > 0.0 {
             let under = p.total_s();
             // The gradient reduce-scatter is issued after the layer's backward (it overlaps
@@ -1574,8 +1646,25 @@ impl<'a> Ctx<'a> {
         let (mut optimizer, mut param_gather) = (0.0f64, 0.0f64);
         for m in &memory {
             let dense = m.num_params - m.num_expert_params;
-            let updated = self.shards.bytes(plan, 1, dense, m.num_expert_params, 38.0);
-            optimizer = optimizer.max(self.mem(updated));
+            let step = match plan.offload {
+                Offload::None => {
+                    let updated = self.shards.bytes(plan, 1, dense, m.num_expert_params, 38.0);
+                    self.mem(updated)
+                }
+                // On the host, memory-bound over its DRAM, which the node's ranks share;
+                // then the updated 16-bit shard goes up (the next step's gathers copy
+                // offloaded parameters themselves).
+                offload => {
+                    let shard = self.shards.bytes(plan, 1, dense, m.num_expert_params, 1.0);
+                    let bw = self.cl().host_bandwidth_per_gpu().unwrap_or(f64::INFINITY);
+                    let up = match offload {
+                        Offload::Optimizer => self.pcie(shard * self.e),
+                        Offload::None | Offload::Params => 0.0,
+                    };
+                    self.m.software.cpu_optimizer.step_time(shard, bw) + up
+                }
+            };
+            optimizer = optimizer.max(step);
             if (1..=2).contains(&plan.zero_stage) {
                 let gather = self.zero_collective(
                     Collective::AllGather,
@@ -1626,6 +1715,25 @@ impl<'a> Ctx<'a> {
         let model_tflops = model_flops / iter / world / 1e12;
         let hardware_tflops = (model_flops + recompute_flops) / iter / world / 1e12;
         let capacity = self.cl().gpu.hbm_capacity_gib * GIB;
+        // Under CPU offload every rank of a node keeps its shard in the node's memory.
+        let host_per_node = memory.iter().map(|m| m.host).fold(0.0, f64::max)
+            * self.cl().gpus_per_node.min(plan.world_size()) as f64;
+        let host_capacity = self.cl().host_memory_bytes().unwrap_or(f64::INFINITY);
+        if host_per_node > host_capacity {
+            let mut e = self.infeasible(&format!(
+                "offload={}: the ranks of a node keep {:.1} GiB in host memory (master \
+                 weights, optimizer moments and gradients of their shards), but a node of `{}` \
+                 has {:.1} GiB",
+                plan.offload.name(),
+                host_per_node / GIB,
+                self.cl().name,
+                host_capacity / GIB
+            ));
+            e.memory = worst;
+            e.peak_memory_gib = e.memory.total / GIB;
+            e.memory_per_pipeline_rank = memory;
+            return e;
+        }
         let fits = worst.total <= capacity;
         let fits_reason = (!fits).then(|| {
             format!(
@@ -1774,6 +1882,7 @@ impl<'a> Ctx<'a> {
                 let z = &self.shards;
                 let dense = params - expert;
                 let mut weights = z.bytes(plan, 3, dense, expert, self.e);
+                let offload = plan.offload;
                 if plan.fp8 {
                     // Transformer Engine keeps an fp8 copy of every layer weight and its
                     // transpose (a byte each) across the micro-batches of a step.
@@ -1786,14 +1895,31 @@ impl<'a> Ctx<'a> {
                         2.0,
                     );
                 }
-                let gradients = z.bytes(plan, 2, dense, expert, mp.grad_bytes_per_param);
-                let optimizer = z.bytes(
+                let mut gradients = z.bytes(plan, 2, dense, expert, mp.grad_bytes_per_param);
+                let mut optimizer = z.bytes(
                     plan,
                     1,
                     dense - tp_sharded_state,
                     expert,
                     mp.optimizer_bytes_per_param,
                 );
+                // CPU offload: the fp32 state and gradients of the shard live on the host.
+                // With the optimizer offloaded the GPU keeps its 16-bit weights and a
+                // 16-bit gradient shard for each micro-batch's reduce-scatter; with the
+                // parameters offloaded as well it keeps neither between uses (the gathered
+                // layers are counted in `working`).
+                let mut host = 0.0;
+                if offload != Offload::None {
+                    host = optimizer + z.bytes(plan, 2, dense, expert, mp.grad_bytes_per_param);
+                    optimizer = 0.0;
+                    gradients = match offload {
+                        Offload::Params => 0.0,
+                        _ => z.bytes(plan, 2, dense, expert, self.e),
+                    };
+                    if offload == Offload::Params {
+                        weights = 0.0;
+                    }
+                }
                 let activations = in_flight as f64 * max_chunk_layers as f64 * per_layer_act;
                 let mut working = match plan.recompute {
                     Recompute::Full => full_layer_act,
@@ -1809,6 +1935,12 @@ impl<'a> Ctx<'a> {
                 if plan.zero_stage >= 3 {
                     // Two layers' gathered weights (current and prefetched).
                     working += 2.0 * self.layer_params_per_rank() * self.e;
+                }
+                if offload == Offload::Params {
+                    // A layer's unsharded gradients before their reduce-scatter, and the
+                    // fp32 shards copied up for the next gathers.
+                    working += self.layer_params_per_rank()
+                        * (self.m.software.reduce_bytes + 2.0 * 4.0 / z.dense.max(1.0));
                 }
                 let comm_buffers = 2.0 * msg
                     + if self.sp { self.act() * self.e } else { 0.0 }
@@ -1835,6 +1967,7 @@ impl<'a> Ctx<'a> {
                     reserved,
                     total,
                     capacity: self.cl().gpu.hbm_capacity_gib * GIB,
+                    host,
                 }
             })
             .collect()
@@ -1957,6 +2090,7 @@ impl Ctx<'_> {
             reserved: self.cl().gpu.reserved_gib * GIB,
             total: total + self.cl().gpu.reserved_gib * GIB,
             capacity: self.cl().gpu.hbm_capacity_gib * GIB,
+            host: 0.0,
         }
     }
 }

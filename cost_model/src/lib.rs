@@ -37,5 +37,5 @@ pub use layer::{LayerOp, LayerPlacement, OpPlacement};
 pub use mapping::{GroupInfo, MeshMapping};
 pub use memory::{MemoryBreakdown, MemoryParams, ZeroShards};
 pub use model::TransformerConfig;
-pub use plan::{Plan, Recompute};
-pub use software::{Fusion, GatherUnit, Software, SoftwareSpec};
+pub use plan::{Offload, Plan, Recompute};
+pub use software::{CpuOptimizer, Fusion, GatherUnit, Software, SoftwareSpec};

@@ -91,6 +91,12 @@ pub struct MemoryBreakdown {
     pub total: f64,
     /// Device capacity.
     pub capacity: f64,
+    /// Bytes this rank keeps in host memory under CPU offload ([`crate::plan::Offload`]):
+    /// its shard of the fp32 master weights, Adam moments and fp32 gradients (and, when the
+    /// parameters are offloaded, nothing more: FSDP's fp32 shard is the master). Not part of
+    /// `total`, which is the device's.
+    #[serde(default)]
+    pub host: f64,
 }
 
 /// Parameters of each placed op of one layer ([`LayerOp`]), before any division: the QKV

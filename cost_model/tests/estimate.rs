@@ -409,3 +409,64 @@ fn without_overlap_is_the_slow_end_of_the_range() {
         assert!(slow.iter_time_s > fast.iter_time_s, "{text}");
     }
 }
+
+/// GPT-3 175B on one DGX A100 node under ZeRO-3: too large for the GPUs' 640 GB without
+/// offload, and its 175B x 16 bytes of fp32 state (2.8 TB) too large for a 2 TB host.
+#[test]
+fn cpu_offload_moves_state_to_the_host_and_costs_pcie_time() {
+    let m = a100(1);
+    let cfg = TransformerConfig::gpt("13b", 40, 5120, 40, 2048, 51200);
+    let on_gpu = Plan::parse("dp=8,zero=3,mbs=1,gbs=64,recompute=full").unwrap();
+    let base = m.estimate(&cfg, &on_gpu).unwrap();
+    assert!(base.fits, "{:?}", base.fits_reason);
+    assert_eq!(base.memory.host, 0.0);
+    for offload in ["optimizer", "params"] {
+        let plan = Plan::parse(&format!("{on_gpu},offload={offload}")).unwrap();
+        let e = m.estimate(&cfg, &plan).unwrap();
+        assert!(e.fits, "{offload}: {:?}", e.fits_reason);
+        // The fp32 state leaves the GPU for the host...
+        assert_eq!(e.memory.optimizer, 0.0, "{offload}");
+        assert!(e.memory.host > base.memory.optimizer, "{offload}");
+        assert!(e.peak_memory_gib < base.peak_memory_gib, "{offload}");
+        // ... and the step pays for the copies and the CPU's optimizer step.
+        assert!(e.iter_time_s > base.iter_time_s, "{offload}");
+        assert!(e.time.optimizer_s > base.time.optimizer_s, "{offload}");
+        assert!(
+            e.time.layer_backward.comm_total_s > base.time.layer_backward.comm_total_s,
+            "{offload}"
+        );
+    }
+    let params = Plan::parse(&format!("{on_gpu},offload=params")).unwrap();
+    let e = m.estimate(&cfg, &params).unwrap();
+    assert_eq!((e.memory.weights, e.memory.gradients), (0.0, 0.0));
+    // FSDP's CPU optimizer is PyTorch's, slower than DeepSpeed's CPU-Adam.
+    let mut fsdp = a100(1);
+    autopar_cost_model::Software::parse("fsdp")
+        .unwrap()
+        .apply(&mut fsdp);
+    assert!(fsdp.estimate(&cfg, &params).unwrap().time.optimizer_s > e.time.optimizer_s * 4.0);
+
+    // 175B: 2.8 TB of fp32 state on a node with 2 TB of host memory.
+    let big = TransformerConfig::gpt3_175b();
+    let plan = Plan::parse("dp=8,zero=3,mbs=1,gbs=64,recompute=full,offload=params").unwrap();
+    let e = m.estimate(&big, &plan).unwrap();
+    assert!(!e.fits && !e.cost.is_feasible());
+    let why = e.fits_reason.unwrap();
+    assert!(why.contains("host memory") && why.contains("GiB"), "{why}");
+}
+
+#[test]
+fn offload_needs_a_described_host() {
+    let mut c = Cluster::preset("dgx-h100:nodes=1").unwrap();
+    c.host = None;
+    let cfg = TransformerConfig::gpt("small", 4, 1024, 16, 1024, 51200);
+    let plan = Plan::parse("dp=8,zero=2,gbs=8,offload=optimizer").unwrap();
+    let err = CostModel::new(c)
+        .estimate(&cfg, &plan)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("[host]"), "{err}");
+    let cpu = CostModel::new(Cluster::preset("cpu:ranks=2").unwrap());
+    let plan = Plan::parse("dp=2,zero=2,gbs=2,offload=optimizer").unwrap();
+    assert!(cpu.estimate(&cfg, &plan).is_err());
+}

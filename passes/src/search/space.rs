@@ -11,7 +11,8 @@ use serde::{Deserialize, Serialize};
 
 use autopar_cost_model::estimate::stage_layers;
 use autopar_cost_model::{
-    AttentionKernel, LayerOp, LayerPlacement, OpPlacement, Plan, Recompute, TransformerConfig,
+    AttentionKernel, LayerOp, LayerPlacement, Offload, OpPlacement, Plan, Recompute,
+    TransformerConfig,
 };
 use autopar_ir::axis;
 use autopar_ir::schedule::ScheduleKind;
@@ -42,6 +43,12 @@ pub struct Constraints {
     pub recompute: Option<Recompute>,
     /// Sequence parallelism.
     pub sp: Option<bool>,
+    /// CPU offload (`offload=none` keeps the search from offloading).
+    #[serde(default)]
+    pub offload: Option<Offload>,
+    /// Expert tensor parallelism ([`Plan::expert_tp`]).
+    #[serde(default)]
+    pub etp: Option<usize>,
     /// The attention ops' placement over `tp` as a code of [`Plan::layer`] (`ttt`, `sts`, ...).
     #[serde(default)]
     pub attention: Option<String>,
@@ -123,6 +130,24 @@ impl Constraints {
                 "zero" => c.zero = Some(one()?.zero_stage),
                 "recompute" => c.recompute = Some(one()?.recompute),
                 "sp" => c.sp = Some(one()?.sequence_parallel),
+                "offload" => {
+                    c.offload = Some(match v {
+                        "none" => Offload::None,
+                        "optimizer" => Offload::Optimizer,
+                        "params" => Offload::Params,
+                        _ => {
+                            return Err(err(format!(
+                                "expected none, optimizer or params, not `{v}`"
+                            )));
+                        }
+                    })
+                }
+                "etp" => {
+                    c.etp =
+                        Some(v.parse::<usize>().ok().filter(|&n| n > 0).ok_or_else(|| {
+                            err(format!("expected a positive integer, not `{v}`"))
+                        })?)
+                }
                 "attn" => {
                     let mut l = LayerPlacement::MEGATRON;
                     l.set_attention(v).map_err(err)?;
@@ -158,8 +183,8 @@ impl Constraints {
                 }
                 _ => {
                     return Err(err(
-                        "unknown key (expected dp, tp, pp, vpp, cp, ep, mbs, zero, recompute, \
-                         sp, attn, mlp, schedule, order, stages or runtime)"
+                        "unknown key (expected dp, tp, pp, vpp, cp, ep, etp, mbs, zero, \
+                         offload, recompute, sp, attn, mlp, schedule, order, stages or runtime)"
                             .into(),
                     ));
                 }
@@ -184,6 +209,8 @@ impl Constraints {
             && ok(&self.zero, plan.zero_stage)
             && ok(&self.recompute, plan.recompute)
             && ok(&self.sp, plan.sequence_parallel)
+            && ok(&self.offload, plan.offload)
+            && ok(&self.etp, plan.expert_tp())
             && self.admits_layer(&plan.layer)
             && ok(&self.schedule, plan.schedule)
             && self
@@ -551,6 +578,47 @@ pub(crate) fn zero_stages(s: &Shape, c: &Constraints) -> Vec<u8> {
         None if s.dp == 1 => vec![0],
         None => vec![0, 1, 2, 3],
     }
+}
+
+/// CPU offload for a plan at ZeRO stage `zero`: none, then (from ZeRO-2) the optimizer
+/// state and (at ZeRO-3) the parameters too, but only when `needed`, the plan's weights,
+/// gradients and optimizer state alone not fitting on the GPU without offload: offloading
+/// never makes a step faster in the cost model (it adds PCIe copies and a slower optimizer
+/// step and removes nothing), so it earns a place in the space only where the GPU cannot
+/// hold the plan otherwise. A pin overrides the rule.
+pub(crate) fn offloads(zero: u8, needed: bool, c: &Constraints) -> Vec<Offload> {
+    let allowed = |o: Offload| match o {
+        Offload::None => true,
+        Offload::Optimizer => zero >= 2,
+        Offload::Params => zero >= 3,
+    };
+    match c.offload {
+        Some(o) => [o].into_iter().filter(|&o| allowed(o)).collect(),
+        None if needed => Offload::ALL.into_iter().filter(|&o| allowed(o)).collect(),
+        None => vec![Offload::None],
+    }
+}
+
+/// Expert tensor parallelism for a mesh shape: for MoE models with `tp > 1`, every divisor
+/// of `tp` that divides the experts' width, `tp` itself (Megatron-Core's default) first, as
+/// `None`, the others as `Some(etp)`; dense models get `None` only. Below `tp` it needs
+/// sequence parallelism, which the caller checks.
+pub(crate) fn expert_tps(
+    cfg: &TransformerConfig,
+    s: &Shape,
+    c: &Constraints,
+) -> Vec<Option<usize>> {
+    let mut out = vec![None];
+    if cfg.experts > 1 && s.tp > 1 {
+        out.extend(
+            divisors(s.tp)
+                .into_iter()
+                .filter(|&e| e < s.tp && cfg.ffn.is_multiple_of(e))
+                .map(Some),
+        );
+    }
+    out.retain(|e| c.etp.is_none_or(|p| p == e.unwrap_or(s.tp)));
+    out
 }
 
 /// Sequence parallelism: only with `tp > 1` (the cost model ignores it otherwise), and only
