@@ -17,8 +17,8 @@ use crate::compute::{AttentionKernel, AttentionShape, ComputeParams, GemmShape, 
 use crate::cost::Cost;
 use crate::error::CostError;
 use crate::layer::{
-    LayerOp, LayerPlacement, OpPlacement, Overlap, Pass, TpCollective, Width, tp_collectives,
-    tp_collectives_unexplained,
+    LayerOp, LayerPlacement, OpPlacement, Overlap, Pass, TpCollective, Width,
+    attention_block_collectives, tp_collectives, tp_collectives_unexplained,
 };
 use crate::mapping::{GroupInfo, MeshMapping};
 use crate::memory::{
@@ -298,6 +298,13 @@ impl CostModel {
                 "dtype=fp8 needs fp8 tensor cores, and the cluster's {} has no fp8 peak \
                  (gpu.peak_tflops.fp8)",
                 self.cluster.gpu.model
+            )));
+        }
+        if self.cluster.runtime == Runtime::AutoparCpu && plan.expert_tp() < plan.tp {
+            return Err(CostError::PlanMismatch(format!(
+                "etp={} below tp={}: the CPU runtime splits experts over all of tp",
+                plan.expert_tp(),
+                plan.tp
             )));
         }
         if plan.offload != Offload::None {
@@ -710,8 +717,13 @@ struct Ctx<'a> {
     cp: GroupInfo,
     ep: GroupInfo,
     dp: GroupInfo,
-    /// The ranks that hold the same experts (the mesh's `dp` axis).
+    /// The ranks that hold the same experts (the mesh's `dp` axis, and with expert tensor
+    /// parallelism below `tp` the `tp / etp` ranks of a tensor-parallel group that hold the
+    /// same expert shards).
     dp_expert: GroupInfo,
+    /// A group of `etp` consecutive ranks of a tensor-parallel group: the experts' GEMMs
+    /// are split over it.
+    etp: GroupInfo,
     /// Over how many ranks ZeRO shards dense and expert state.
     shards: ZeroShards,
     e: f64,
@@ -736,7 +748,8 @@ impl<'a> Ctx<'a> {
             cp: mapping.axis_group(axis::CP)?.clone(),
             ep: mapping.axis_group(axis::EP)?.clone(),
             dp: mapping.group(&[axis::DP.to_string(), axis::EP.to_string()])?,
-            dp_expert: mapping.axis_group(axis::DP)?.clone(),
+            dp_expert: expert_data_group(plan, mapping)?,
+            etp: expert_tp_group(plan, mapping.axis_group(axis::TP)?),
             shards: m.zero_shards(plan),
             e: plan.dtype.size_bytes() as f64,
             n: (plan.micro_batch_size * cfg.seq / plan.cp) as u64,
@@ -841,14 +854,19 @@ impl<'a> Ctx<'a> {
         bytes
     }
 
-    /// The layer's tensor-parallel collectives of one pass (none without `tp`).
-    fn layer_tp_collectives(&self, pass: Pass) -> Vec<TpCollective> {
+    /// The layer's tensor-parallel collectives of one pass (none without `tp`), each with
+    /// whether it belongs to the MLP block.
+    fn layer_tp_collectives(&self, pass: Pass) -> Vec<(TpCollective, bool)> {
         if self.plan.tp <= 1 {
             return Vec::new();
         }
-        let mut l = tp_collectives_unexplained(&self.plan.layer, self.sp);
-        l.retain(|c| c.pass == pass);
-        l
+        let l = tp_collectives_unexplained(&self.plan.layer, self.sp);
+        let mlp_from = attention_block_collectives(&self.plan.layer, self.sp);
+        l.into_iter()
+            .enumerate()
+            .filter(|(_, c)| c.pass == pass)
+            .map(|(i, c)| (c, i >= mlp_from))
+            .collect()
     }
 
     /// The layer's tensor-parallel collectives with the reason of each, the forward's first.
@@ -903,17 +921,22 @@ impl<'a> Ctx<'a> {
             // about cf times these tokens, padding included; the estimate counts the tokens.
             // The all-to-all moves the tokens between ranks of `ep`, which splits the
             // sequences (groups) like `dp`, so per-rank sizes are those of `n`.
-            let per_expert = (self.n * c.top_k as u64).div_ceil(local);
+            // With expert tensor parallelism below `tp` each group of `etp` ranks takes its
+            // share of the tokens (`etp / tp`) on wider expert shards (`f / etp`).
+            let etp = self.plan.expert_tp() as u64;
+            let f_e = c.ffn as u64 / etp;
+            let routed = self.n * c.top_k as u64 * etp / t;
+            let per_expert = routed.div_ceil(local);
             vec![
                 (None, GemmShape::new(1, self.n, c.experts as u64, h), false),
                 (
                     Some(LayerOp::MlpIn),
-                    GemmShape::new(local, per_expert, gate * f_t, h),
+                    GemmShape::new(local, per_expert, gate * f_e, h),
                     true,
                 ),
                 (
                     Some(LayerOp::MlpOut),
-                    GemmShape::new(local, per_expert, h, f_t),
+                    GemmShape::new(local, per_expert, h, f_e),
                     true,
                 ),
             ]
@@ -1034,12 +1057,39 @@ impl<'a> Ctx<'a> {
 
     /// One all-to-all of a MoE layer over `ep` (dispatch or combine): the rank's routed
     /// tokens, `top_k` copies of its activations (capacity factor 1, as in the GEMMs).
+    ///
+    /// With expert tensor parallelism below `tp` (which needs sequence parallelism) the
+    /// rank dispatches its sequence shard, `1/tp` of the tokens, as Megatron-Core's
+    /// all-to-all dispatcher does before it gathers the received tokens over `etp`
+    /// (`MoEAlltoAllTokenDispatcher`: all-to-all over the expert-parallel group, then
+    /// all-gather over the expert tensor-parallel group; the reverse to combine).
     fn moe_all_to_all(&self) -> f64 {
         if self.cfg.experts <= 1 {
             return 0.0;
         }
-        let bytes = self.act() * self.cfg.top_k as f64 * self.e;
+        let mut bytes = self.act() * self.cfg.top_k as f64 * self.e;
+        if self.expert_tp_below_tp() {
+            bytes /= self.plan.tp as f64;
+        }
         self.coll(Collective::AllToAll, bytes, &self.ep)
+    }
+
+    /// Whether the experts are split over fewer ranks than the rest of the layer.
+    fn expert_tp_below_tp(&self) -> bool {
+        self.cfg.experts > 1 && self.plan.expert_tp() < self.plan.tp
+    }
+
+    /// One collective of the layer in seconds: the attention block's and a dense MLP's
+    /// over `tp`; a MoE block's, with expert tensor parallelism below `tp`, over the `etp`
+    /// group on the routed tokens its ranks share (the all-gather of the dispatched tokens
+    /// before the experts and the reduce-scatter after them, and their conjugates in the
+    /// backward: `top_k * etp / tp` of the tokens instead of all of them).
+    fn layer_tp_collective(&self, c: &TpCollective, moe_block: bool) -> f64 {
+        if moe_block && self.expert_tp_below_tp() {
+            let share = self.cfg.top_k as f64 * self.plan.expert_tp() as f64 / self.plan.tp as f64;
+            return self.coll(c.kind, self.tp_collective_bytes(c) * share, &self.etp);
+        }
+        self.tp_collective(c)
     }
 
     fn layer_params_per_rank(&self) -> f64 {
@@ -1099,12 +1149,7 @@ impl<'a> Ctx<'a> {
     /// `c` over the dense parameters' ZeRO group for `dense` bytes and over the experts' for
     /// `expert` bytes.
     fn zero_collective(&self, c: Collective, dense: f64, expert: f64) -> f64 {
-        let dense_group = if self.shards.dense == self.shards.expert {
-            &self.dp_expert
-        } else {
-            &self.dp
-        };
-        let mut t = self.coll(c, dense, dense_group);
+        let mut t = self.coll(c, dense, &self.dp);
         if expert > 0.0 {
             t += self.coll(c, expert, &self.dp_expert);
         }
@@ -1224,8 +1269,8 @@ impl<'a> Ctx<'a> {
         // With `--tp-comm-overlap` each collective is pipelined with its GEMM: one GEMM's
         // share of the layer's GEMM time each.
         let per_gemm = p.gemm_s / forward_tp.len().max(1) as f64;
-        for c in forward_tp {
-            let t = self.tp_collective(&c);
+        for (c, mlp) in forward_tp {
+            let t = self.layer_tp_collective(&c, mlp);
             match self.m.comm.overlap_tp_forward {
                 true => p.overlapped(CommKind::Tensor, t, self.m.comm.exposed(t, per_gemm)),
                 false => p.exposed(CommKind::Tensor, t),
@@ -1276,8 +1321,8 @@ impl<'a> Ctx<'a> {
         // Megatron-SP re-gathers a column-parallel GEMM's sharded input for its weight
         // gradient under the input-gradient GEMM and reduce-scatters the input gradient under
         // the weight-gradient GEMM (without SP, all-reduces it there).
-        for c in self.layer_tp_collectives(Pass::Backward) {
-            let t = self.tp_collective(&c);
+        for (c, mlp) in self.layer_tp_collectives(Pass::Backward) {
+            let t = self.layer_tp_collective(&c, mlp);
             match under(c.overlap) {
                 Some(gemm) if comm.overlap_tp_backward => {
                     p.overlapped(CommKind::Tensor, t, comm.exposed(t, gemm))
@@ -2093,6 +2138,43 @@ impl Ctx<'_> {
             host: 0.0,
         }
     }
+}
+
+/// The group of `etp` consecutive ranks of the tensor-parallel group `tp` (the first
+/// `etp` of its members; the ranks of a tensor-parallel group are consecutive under every
+/// axis order, so its sub-groups stay on as few nodes as the group allows).
+fn expert_tp_group(plan: &Plan, tp: &GroupInfo) -> GroupInfo {
+    let etp = plan.expert_tp().min(tp.size.max(1));
+    if etp >= tp.size {
+        return tp.clone();
+    }
+    let per_node = tp.members_per_node.clamp(1, etp);
+    let nodes = etp.div_ceil(per_node);
+    GroupInfo {
+        size: etp,
+        nodes_spanned: nodes,
+        members_per_node: per_node,
+        nics_per_group: if nodes > 1 { tp.nics_per_group } else { 0 },
+        groups_per_nic: if nodes > 1 { tp.groups_per_nic } else { 0 },
+    }
+}
+
+/// The ranks holding the same expert shards: the mesh's `dp` axis, and with `etp < tp` the
+/// `tp / etp` ranks of each tensor-parallel group that hold the same shards (Megatron-Core's
+/// expert data-parallel group, `dp * tp / (ep * etp)` ranks). Placed as the `dp` and `tp`
+/// axes together place their ranks, with the group's size.
+fn expert_data_group(plan: &Plan, mapping: &MeshMapping) -> Result<GroupInfo, CostError> {
+    let dp = mapping.axis_group(axis::DP)?;
+    let replicas = plan.tp / plan.expert_tp();
+    if replicas <= 1 {
+        return Ok(dp.clone());
+    }
+    let both = mapping.group(&[axis::DP.to_string(), axis::TP.to_string()])?;
+    Ok(GroupInfo {
+        size: dp.size * replicas,
+        members_per_node: both.members_per_node.min(dp.size * replicas),
+        ..both
+    })
 }
 
 /// Weight tensors of one transformer layer as training stacks hold them, for which a

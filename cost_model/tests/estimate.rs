@@ -470,3 +470,70 @@ fn offload_needs_a_described_host() {
     let plan = Plan::parse("dp=2,zero=2,gbs=2,offload=optimizer").unwrap();
     assert!(cpu.estimate(&cfg, &plan).is_err());
 }
+
+fn mixtral() -> TransformerConfig {
+    TransformerConfig {
+        name: "mixtral-8x7b".into(),
+        layers: 32,
+        hidden: 4096,
+        heads: 32,
+        kv_heads: 8,
+        ffn: 14336,
+        vocab: 32000,
+        seq: 4096,
+        experts: 8,
+        top_k: 2,
+        gated_mlp: true,
+        tied_embeddings: false,
+        learned_positions: false,
+    }
+}
+
+/// Expert tensor parallelism: the experts split over `etp` of the `tp` ranks, their weights
+/// over `ep x etp`, the MoE block's collectives over the `etp` group (none with `etp=1`).
+#[test]
+fn expert_tensor_parallelism_divides_expert_weights_and_moves_the_collectives() {
+    let m = CostModel::new(Cluster::preset("dgx-h100:nodes=4").unwrap());
+    let cfg = mixtral();
+    let est = |etp: &str| {
+        let plan = Plan::parse(&format!("dp=4,ep=4,tp=8,sp=true,mbs=1,gbs=64{etp}")).unwrap();
+        m.estimate(&cfg, &plan).unwrap()
+    };
+    let (full, two, one) = (est(""), est(",etp=2"), est(",etp=1"));
+    assert_eq!(
+        full.memory.num_expert_params,
+        est(",etp=8").memory.num_expert_params
+    );
+    let ratio = two.memory.num_expert_params / full.memory.num_expert_params;
+    assert!((ratio - 4.0).abs() < 1e-9, "{ratio}");
+    let ratio = one.memory.num_expert_params / full.memory.num_expert_params;
+    assert!((ratio - 8.0).abs() < 1e-9, "{ratio}");
+    // The MoE block's gathers and reduce-scatters: over 2 ranks with etp=2, none with etp=1,
+    // so tensor-parallel traffic falls with etp while the attention block's stays.
+    let tp_issued = |e: &autopar_cost_model::Estimate| e.time.layer_forward.exposed_by.tp_s;
+    assert!(
+        tp_issued(&one) < tp_issued(&two),
+        "{} {}",
+        tp_issued(&one),
+        tp_issued(&two)
+    );
+    assert!(tp_issued(&one) > 0.0);
+    // More expert state per rank: a larger peak.
+    assert!(one.peak_memory_gib > two.peak_memory_gib);
+    assert!(two.peak_memory_gib > full.peak_memory_gib);
+
+    for (bad, says) in [
+        (
+            "dp=4,ep=4,tp=8,sp=true,gbs=64,etp=3",
+            "does not divide tp=8",
+        ),
+        ("dp=4,ep=4,tp=8,gbs=64,etp=2", "needs sp=true"),
+    ] {
+        let err = Plan::parse(bad).unwrap_err().to_string();
+        assert!(err.contains(says), "{bad}: {err}");
+    }
+    let dense = TransformerConfig::gpt("small", 4, 1024, 16, 1024, 51200);
+    let plan = Plan::parse("tp=4,sp=true,gbs=8,etp=2").unwrap();
+    let err = m.estimate(&dense, &plan).unwrap_err().to_string();
+    assert!(err.contains("without experts"), "{err}");
+}

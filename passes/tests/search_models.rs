@@ -189,3 +189,24 @@ fn offload_does_not_make_the_405b_search_estimate_more() {
         off.stats
     );
 }
+
+/// Expert tensor parallelism is a dimension of the MoE search: with `tp=4` pinned, plans
+/// with the experts over 1 or 2 of the 4 ranks are estimated and ranked beside `etp=tp`.
+#[test]
+fn the_moe_search_explores_expert_tensor_parallelism() {
+    let m = model("dgx-h100:nodes=2");
+    let mut o = pinned(64, "tp=4,sp=true,pp=1,zero=1,recompute=full");
+    o.top_k = 1000;
+    let r = search(&m, &mixtral_8x7b(), &o).unwrap();
+    let etps: std::collections::BTreeSet<usize> =
+        r.plans.iter().map(|p| p.plan.expert_tp()).collect();
+    assert!(etps.contains(&4) && etps.len() > 1, "{etps:?}");
+    let pinned_tp = search(&m, &mixtral_8x7b(), &{
+        let mut p = pinned(64, "tp=4,sp=true,pp=1,zero=1,recompute=full,etp=4");
+        p.top_k = 1000;
+        p
+    })
+    .unwrap();
+    assert!(pinned_tp.plans.iter().all(|p| p.plan.etp.is_none()));
+    assert!(pinned_tp.stats.candidates < r.stats.candidates);
+}

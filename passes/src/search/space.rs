@@ -282,6 +282,16 @@ pub fn cpu_unsupported(cfg: &TransformerConfig, plan: &Plan) -> Vec<String> {
             plan.cp, cfg.experts
         ));
     }
+    if plan.expert_tp() < plan.tp {
+        out.push(format!(
+            "expert tensor parallelism below tp (etp={}, tp={})",
+            plan.expert_tp(),
+            plan.tp
+        ));
+    }
+    if plan.offload != Offload::None {
+        out.push(format!("CPU offload (offload={})", plan.offload.name()));
+    }
     out
 }
 
