@@ -127,6 +127,21 @@ impl PassTime {
         self.gemm_s + self.attention_s + self.memory_s + self.comm_exposed_s + self.recompute_s
     }
 
+    /// Adds `o`'s times to these.
+    fn add(&mut self, o: &PassTime) {
+        self.gemm_s += o.gemm_s;
+        self.attention_s += o.attention_s;
+        self.memory_s += o.memory_s;
+        self.comm_exposed_s += o.comm_exposed_s;
+        self.comm_total_s += o.comm_total_s;
+        self.recompute_s += o.recompute_s;
+        let (a, b) = (&mut self.exposed_by, &o.exposed_by);
+        a.tp_s += b.tp_s;
+        a.cp_s += b.cp_s;
+        a.ep_s += b.ep_s;
+        a.zero_s += b.zero_s;
+    }
+
     /// Communication nothing hides.
     fn exposed(&mut self, kind: CommKind, t: f64) {
         self.overlapped(kind, t, t);
@@ -450,6 +465,47 @@ impl CostModel {
         check_mapping(plan, mapping)?;
         let ctx = Ctx::new(self, cfg, plan, mapping)?;
         Ok(ctx.run(schedule))
+    }
+}
+
+/// The forward and backward of one layer's MLP block for one micro-batch, as the step
+/// estimate prices them inside the layer ([`CostModel::mlp_block_times`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct BlockTimes {
+    /// Forward.
+    pub forward: PassTime,
+    /// Backward (no recomputation).
+    pub backward: PassTime,
+}
+
+impl CostModel {
+    /// One layer's MLP block (for a mixture of experts: router, permutation, dispatch and
+    /// combine all-to-alls, grouped expert GEMMs, unpermutation) under `plan`, priced by the
+    /// code that prices it inside a layer of the step estimate, with the block's own
+    /// tensor-parallel collectives (those that gather its input and reduce its output) on
+    /// the critical path.
+    pub fn mlp_block_times(
+        &self,
+        cfg: &TransformerConfig,
+        plan: &Plan,
+    ) -> Result<BlockTimes, CostError> {
+        self.check_plan(cfg, plan)?;
+        let mapping = MeshMapping::new(&plan.mesh_axes(), &self.cluster)?;
+        let ctx = Ctx::new(self, cfg, plan, &mapping)?;
+        let (_, mlp) = ctx.layer_gemms();
+        let pass = |pass: Pass| {
+            let (mut p, _, _) = ctx.mlp_block(&mlp, pass);
+            for (c, in_block) in ctx.layer_tp_collectives(pass) {
+                if in_block {
+                    p.exposed(CommKind::Tensor, ctx.layer_tp_collective(&c, true));
+                }
+            }
+            p
+        };
+        Ok(BlockTimes {
+            forward: pass(Pass::Forward),
+            backward: pass(Pass::Backward),
+        })
     }
 }
 
@@ -1244,22 +1300,94 @@ impl<'a> Ctx<'a> {
         (f_t, gate, topk)
     }
 
+    /// The input- and weight-gradient GEMMs of a forward GEMM.
+    fn gemm_grads(&self, s: &GemmShape, batched: bool) -> (f64, f64) {
+        (
+            self.layer_gemm(GemmShape::new(s.batch, s.m, s.k, s.n), batched),
+            self.layer_gemm(GemmShape::new(s.batch, s.k, s.n, s.m), batched),
+        )
+    }
+
+    /// The MLP block of one layer in one pass, without the tensor-parallel collectives
+    /// that bring its input and take its output ([`Ctx::layer_tp_collectives`]): its GEMMs
+    /// (`mlp`, from [`Ctx::layer_gemms`]: a dense MLP's two, or a MoE's router and grouped
+    /// expert GEMMs), the activation between them, and for a mixture of experts the
+    /// router's softmax and top-k, the permutation of the routed tokens and its inverse, and
+    /// the dispatch and combine all-to-alls over `ep`. Returns the time, the dgrad and wgrad
+    /// of each placed op (backward) and the FLOPs (forward).
+    ///
+    /// Permutation as Megatron-Core's fused `permute`/`unpermute` (`moe_utils.py`): one read
+    /// of the rank's tokens and one write of their `top_k` copies grouped by expert, the
+    /// reverse (with the routing-weighted sum) after the experts; with more than one local
+    /// expert the all-to-all dispatcher also sorts the received chunks by expert and back
+    /// (`sort_chunks_by_idxs`), a read and a write of the routed tokens each. The backward
+    /// moves the same bytes. The router's fp32 logits are read and written by the softmax
+    /// and read by the top-k.
+    fn mlp_block(&self, mlp: &GemmList, pass: Pass) -> (PassTime, Vec<(LayerOp, f64, f64)>, f64) {
+        let mut p = PassTime::default();
+        let mut grads = Vec::new();
+        let mut flops = 0.0;
+        for (op, s, batched) in mlp {
+            match pass {
+                Pass::Forward => {
+                    p.gemm_s += self.layer_gemm(*s, *batched);
+                    flops += s.flops();
+                }
+                Pass::Backward => {
+                    let (dgrad, wgrad) = self.gemm_grads(s, *batched);
+                    p.gemm_s += dgrad + wgrad;
+                    if let Some(op) = op {
+                        grads.push((*op, dgrad, wgrad));
+                    }
+                }
+            }
+        }
+        let e = self.e;
+        let (f_t, gate, topk) = self.mlp_activation_shape();
+        // The activation: reads its input(s) and writes its output; the backward also reads
+        // the output gradient.
+        let passes = match pass {
+            Pass::Forward => gate + 1.0,
+            Pass::Backward => gate + 2.0,
+        };
+        p.memory_s += self.mem(f_t * topk * passes * e);
+        if self.cfg.experts > 1 {
+            let mut tokens = self.n as f64;
+            if self.expert_tp_below_tp() {
+                tokens /= self.plan.tp as f64;
+            }
+            let (h, k) = (self.cfg.hidden as f64, self.cfg.top_k as f64);
+            let permute = (tokens * h + tokens * k * h) * e;
+            let local = self.cfg.experts / self.plan.ep.max(1);
+            let sort = if local > 1 && self.plan.ep > 1 {
+                2.0 * tokens * k * h * e
+            } else {
+                0.0
+            };
+            let router = tokens * self.cfg.experts as f64 * 4.0 * 3.0;
+            p.memory_s += 2.0 * self.mem(permute) + 2.0 * self.mem(sort) + self.mem(router);
+            p.exposed(CommKind::Expert, 2.0 * self.moe_all_to_all());
+        }
+        (p, grads, flops)
+    }
+
     fn layer_forward(&self) -> (PassTime, f64) {
         let mut p = PassTime::default();
         let (attn, mlp) = self.layer_gemms();
         let act_sp = self.act_sp();
         let e = self.e;
-        // Two layer norms, two bias-dropout-residual adds, the MLP activation.
-        let (f_t, gate, topk) = self.mlp_activation_shape();
+        // Two layer norms, two bias-dropout-residual adds; the MLP block's own work.
         p.memory_s += 2.0 * self.mem(act_sp * 2.0 * e)
             + 2.0 * self.mem(act_sp * (3.0 * e + 1.0))
-            + self.mem(f_t * topk * (gate + 1.0) * e)
             + self.eager_overhead(false);
         let mut flops = 0.0;
-        for (_, s, batched) in attn.iter().chain(&mlp) {
+        for (_, s, batched) in &attn {
             p.gemm_s += self.layer_gemm(*s, *batched);
             flops += s.flops();
         }
+        let (block, _, block_flops) = self.mlp_block(&mlp, Pass::Forward);
+        p.add(&block);
+        flops += block_flops;
         let (t_attn, f_attn) = self.attention_forward();
         p.attention_s += t_attn;
         flops += f_attn;
@@ -1278,8 +1406,6 @@ impl<'a> Ctx<'a> {
         }
         let cp = self.cp_comm();
         p.overlapped(CommKind::Context, cp, self.m.comm.exposed(cp, t_attn));
-        let a2a = self.moe_all_to_all();
-        p.exposed(CommKind::Expert, 2.0 * a2a);
         // Offloaded parameters are copied up before their gather: one chain, prefetched alike.
         let z3 = self.zero3_gather_pass() + self.offloaded_param_copy();
         let hidden_under = p.total_s();
@@ -1292,22 +1418,22 @@ impl<'a> Ctx<'a> {
         let (attn, mlp) = self.layer_gemms();
         let act_sp = self.act_sp();
         let e = self.e;
-        let (f_t, gate, topk) = self.mlp_activation_shape();
         p.memory_s += 2.0 * self.mem(act_sp * 4.0 * e)
             + 2.0 * self.mem(act_sp * (3.0 * e + 1.0))
-            + self.mem(f_t * topk * (gate + 2.0) * e)
             + self.eager_overhead(true);
         // dgrad and wgrad of every GEMM, by op: the collectives of a column-parallel GEMM's
         // input run under them.
         let mut grads: Vec<(LayerOp, f64, f64)> = Vec::new();
-        for (op, s, batched) in attn.iter().chain(&mlp) {
-            let dgrad = self.layer_gemm(GemmShape::new(s.batch, s.m, s.k, s.n), *batched);
-            let wgrad = self.layer_gemm(GemmShape::new(s.batch, s.k, s.n, s.m), *batched);
+        for (op, s, batched) in &attn {
+            let (dgrad, wgrad) = self.gemm_grads(s, *batched);
             p.gemm_s += dgrad + wgrad;
             if let Some(op) = op {
                 grads.push((*op, dgrad, wgrad));
             }
         }
+        let (block, block_grads, _) = self.mlp_block(&mlp, Pass::Backward);
+        p.add(&block);
+        grads.extend(block_grads);
         p.attention_s += self.attention_backward();
         let comm = &self.m.comm;
         let under = |o: Overlap| {
@@ -1333,7 +1459,6 @@ impl<'a> Ctx<'a> {
         let cp = 2.0 * self.cp_comm();
         let under = p.attention_s;
         p.overlapped(CommKind::Context, cp, self.m.comm.exposed(cp, under));
-        p.exposed(CommKind::Expert, 2.0 * self.moe_all_to_all());
         // ZeRO-3 re-gathers the weights. ZeRO-2 and -3 hold only a 1/dp shard of the
         // gradients (that is what their memory is charged for), so there is no full-size
         // buffer to accumulate micro-batches into: each micro-batch's gradients are

@@ -30,7 +30,7 @@ pub use compute::{AttentionKernel, ComputeParams, OpCost};
 pub use cost::Cost;
 pub use error::CostError;
 pub use estimate::{
-    CostModel, Estimate, ExposedComm, OpCostModel, PassTime, StageTimes, TimeBreakdown,
+    BlockTimes, CostModel, Estimate, ExposedComm, OpCostModel, PassTime, StageTimes, TimeBreakdown,
     TimedCollective,
 };
 pub use layer::{LayerOp, LayerPlacement, OpPlacement};

@@ -537,3 +537,22 @@ fn expert_tensor_parallelism_divides_expert_weights_and_moves_the_collectives() 
     let err = m.estimate(&dense, &plan).unwrap_err().to_string();
     assert!(err.contains("without experts"), "{err}");
 }
+
+/// The MoE block the calibration prices alone is the one inside the layer: its all-to-alls
+/// are the layer's, its GEMMs a part of the layer's, and its backward twice its forward.
+#[test]
+fn the_moe_block_is_priced_by_the_layers_code() {
+    let m = CostModel::new(Cluster::preset("dgx-h100:nodes=1").unwrap());
+    let cfg = mixtral();
+    let plan = Plan::parse("dp=8,ep=8,mbs=1,gbs=8").unwrap();
+    let b = m.mlp_block_times(&cfg, &plan).unwrap();
+    let e = m.estimate(&cfg, &plan).unwrap();
+    let (lf, lb) = (&e.time.layer_forward, &e.time.layer_backward);
+    assert_eq!(b.forward.exposed_by.ep_s, lf.exposed_by.ep_s);
+    assert_eq!(b.backward.exposed_by.ep_s, lb.exposed_by.ep_s);
+    assert!(b.forward.exposed_by.ep_s > 0.0);
+    assert!(b.forward.gemm_s > 0.5 * lf.gemm_s && b.forward.gemm_s < lf.gemm_s);
+    assert!(b.forward.memory_s < lf.memory_s);
+    let ratio = b.backward.gemm_s / b.forward.gemm_s;
+    assert!((1.9..2.1).contains(&ratio), "{ratio}");
+}
