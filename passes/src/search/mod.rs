@@ -8,8 +8,11 @@
 //! devices and divides the model and the batch, every placement of its non-trivial axes on
 //! the devices, and for each the micro-batch sizes, pipeline layouts, ZeRO stages, recompute
 //! policies, sequence-parallel settings and layer placements (each of a layer's five ops split
-//! over `tp` or run on sequence shards, [`autopar_cost_model::LayerPlacement`]) that are valid.
-//! [`Constraints`] pin any of them.
+//! over `tp` or run on sequence shards, [`autopar_cost_model::LayerPlacement`]) that are valid;
+//! for mixtures of experts every expert tensor-parallel degree dividing `tp`
+//! ([`Plan::etp`]); and CPU offload ([`Plan::offload`]) for the base plans whose weights,
+//! gradients and optimizer state alone do not fit on the GPU (offloading only adds time in
+//! the cost model, so elsewhere it could not rank). [`Constraints`] pin any of them.
 //!
 //! # How it is pruned, exactly
 //!
@@ -543,6 +546,8 @@ impl Worker {
                         micro_batch_size: mbs,
                         global_batch: batch,
                         zero_stage: zero,
+                        dtype: opts.dtype,
+                        fp8: opts.fp8,
                         stage_layers: c.stage_layers.clone(),
                         ..Plan::default()
                     };
