@@ -535,7 +535,8 @@ impl Worker {
             for (vpp, kind) in space::pipelines(cfg, s.pp, m, c) {
                 for &zero in &zeros {
                     // Offload is in the space only where the GPU cannot hold the plan's state
-                    // without it (whatever `prune` says: the space is the same either way).
+                    // without it, the least that lets it (whatever `prune` says: the space is
+                    // the same either way).
                     let on_gpu = Plan {
                         dp: s.dp,
                         tp: s.tp,
@@ -551,10 +552,14 @@ impl Worker {
                         stage_layers: c.stage_layers.clone(),
                         ..Plan::default()
                     };
-                    let needed = zero >= 2
-                        && c.offload.is_none()
-                        && memory_lower_bound(model, cfg, &on_gpu, None) > capacity;
-                    for offload in space::offloads(zero, needed, c) {
+                    let fits = |offload| {
+                        let p = Plan {
+                            offload,
+                            ..on_gpu.clone()
+                        };
+                        memory_lower_bound(model, cfg, &p, None) <= capacity
+                    };
+                    for offload in space::offloads(zero, fits, c) {
                         let base = Plan {
                             dp: s.dp,
                             tp: s.tp,

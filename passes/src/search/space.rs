@@ -590,23 +590,33 @@ pub(crate) fn zero_stages(s: &Shape, c: &Constraints) -> Vec<u8> {
     }
 }
 
-/// CPU offload for a plan at ZeRO stage `zero`: none, then (from ZeRO-2) the optimizer
-/// state and (at ZeRO-3) the parameters too, but only when `needed`, the plan's weights,
-/// gradients and optimizer state alone not fitting on the GPU without offload: offloading
-/// never makes a step faster in the cost model (it adds PCIe copies and a slower optimizer
-/// step and removes nothing), so it earns a place in the space only where the GPU cannot
-/// hold the plan otherwise. A pin overrides the rule.
-pub(crate) fn offloads(zero: u8, needed: bool, c: &Constraints) -> Vec<Offload> {
+/// CPU offload for a plan at ZeRO stage `zero`: none, and the least offload that lets the
+/// plan's weights, gradients and optimizer state fit on the GPU when they do not without it
+/// (`fits` says whether they do under an offload): the optimizer state (from ZeRO-2) when
+/// nothing offloaded does not fit, the parameters too (at ZeRO-3) when that does not fit
+/// either. Offloading never makes a step faster in the cost model (it adds PCIe copies and a
+/// slower optimizer step and removes nothing), so it earns a place in the space only where
+/// the GPU cannot hold the plan otherwise. A pin overrides the rule.
+pub(crate) fn offloads(zero: u8, fits: impl Fn(Offload) -> bool, c: &Constraints) -> Vec<Offload> {
     let allowed = |o: Offload| match o {
         Offload::None => true,
         Offload::Optimizer => zero >= 2,
         Offload::Params => zero >= 3,
     };
-    match c.offload {
-        Some(o) => [o].into_iter().filter(|&o| allowed(o)).collect(),
-        None if needed => Offload::ALL.into_iter().filter(|&o| allowed(o)).collect(),
-        None => vec![Offload::None],
+    if let Some(o) = c.offload {
+        return [o].into_iter().filter(|&o| allowed(o)).collect();
     }
+    let mut out = vec![Offload::None];
+    for (less, more) in [
+        (Offload::None, Offload::Optimizer),
+        (Offload::Optimizer, Offload::Params),
+    ] {
+        if !allowed(more) || fits(less) {
+            break;
+        }
+        out.push(more);
+    }
+    out
 }
 
 /// Expert tensor parallelism for a mesh shape: for MoE models with `tp > 1`, every divisor
