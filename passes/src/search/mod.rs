@@ -70,6 +70,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
+use autopar_cost_model::cluster::Runtime;
 use autopar_cost_model::{
     CostModel, Estimate, LayerPlacement, MeshMapping, Plan, Recompute, TransformerConfig,
 };
@@ -520,7 +521,15 @@ impl Worker {
         let placements = space::layer_placements(cfg, &s, c);
         // Sequence parallelism with expert tensor parallelism: experts below `tp` take
         // sequence shards, so they need sp.
-        let etps = space::expert_tps(cfg, &s, c);
+        // Offload and experts over fewer ranks than tp are the GPU stack's: the CPU runtime
+        // (and a search for what it runs) has neither, nor offload a cluster without a host.
+        let gpu_stack = model.cluster.runtime == Runtime::MixedPrecisionGpu && !c.cpu_executable;
+        let can_offload = gpu_stack && model.cluster.host.is_some();
+        let etps = if gpu_stack || c.etp.is_some() {
+            space::expert_tps(cfg, &s, c)
+        } else {
+            vec![None]
+        };
         let sp_etps: Vec<(bool, Option<usize>)> = sps
             .iter()
             .flat_map(|&sp| etps.iter().map(move |&etp| (sp, etp)))
@@ -553,6 +562,9 @@ impl Worker {
                         ..Plan::default()
                     };
                     let fits = |offload| {
+                        if !can_offload {
+                            return true;
+                        }
                         let p = Plan {
                             offload,
                             ..on_gpu.clone()
