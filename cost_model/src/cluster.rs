@@ -1002,6 +1002,26 @@ mod tests {
     }
 
     #[test]
+    fn host_descriptions_are_checked() {
+        let c = dgx_h100(2);
+        assert_eq!(c.pcie_bandwidth_per_gpu(), Some(25e9));
+        assert_eq!(c.host_bandwidth_per_gpu(), Some(614.4e9 / 8.0));
+        let mut bad = c.clone();
+        bad.host.as_mut().unwrap().gpus_per_pcie_link = 9;
+        let err = bad.validate().unwrap_err().to_string();
+        assert!(err.contains("host.gpus_per_pcie_link"), "{err}");
+        let mut bad = c;
+        bad.host.as_mut().unwrap().pcie_gb_per_s = 0.0;
+        assert!(
+            bad.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("host.pcie_gb_per_s")
+        );
+        assert_eq!(cpu(2).host, None);
+    }
+
+    #[test]
     fn matmul_ceilings_and_their_checks() {
         for name in ["dgx-a100-40gb", "dgx-b200:nodes=2", "hgx-h200"] {
             let c = Cluster::preset(name).unwrap();

@@ -410,8 +410,9 @@ fn without_overlap_is_the_slow_end_of_the_range() {
     }
 }
 
-/// GPT-3 175B on one DGX A100 node under ZeRO-3: too large for the GPUs' 640 GB without
-/// offload, and its 175B x 16 bytes of fp32 state (2.8 TB) too large for a 2 TB host.
+/// A 13B GPT on one DGX A100 node under ZeRO-3, with and without offload: the fp32 state
+/// moves to the host and the step pays for the copies and the CPU's optimizer step; GPT-3
+/// 175B's 175B x 16 bytes of fp32 state (2.8 TB) does not fit the node's 2 TB host.
 #[test]
 fn cpu_offload_moves_state_to_the_host_and_costs_pcie_time() {
     let m = a100(1);
