@@ -901,6 +901,13 @@ fn estimate(args: EstimateArgs) -> Result<()> {
         ] {
             out += &format!("  {what:<44} {:>10.2}\n", gib(v));
         }
+        if m.host > 0.0 {
+            out += &format!(
+                "  {:<44} {:>10.2}\n",
+                format!("host memory (offload={})", plan.offload.name()),
+                gib(m.host)
+            );
+        }
     }
     print_stdout(&out)
 }

@@ -537,5 +537,22 @@ fn table(plans: &[RankedPlan], ranges: &[Range]) -> String {
             e.peak_memory_gib
         );
     }
+    // What the columns do not show: CPU offload and expert tensor parallelism.
+    for (i, p) in plans.iter().enumerate() {
+        let mut extra = Vec::new();
+        if p.plan.offload != autopar_cost_model::Offload::None {
+            extra.push(format!(
+                "offload={} ({:.1} GiB in host memory per rank)",
+                p.plan.offload.name(),
+                p.estimate.memory.host / f64::from(1u32 << 30)
+            ));
+        }
+        if let Some(etp) = p.plan.etp {
+            extra.push(format!("etp={etp}"));
+        }
+        if !extra.is_empty() {
+            out += &format!("{:>4}: {}\n", i + 1, extra.join(", "));
+        }
+    }
     out
 }

@@ -301,6 +301,7 @@ fn plan_of_run(options: &CompileOptions, step: &CompiledStep) -> Result<Plan> {
         axis_order: order,
         stage_layers: None,
         layer: options.parallel.layer,
+        ..Plan::default()
     };
     plan.check()
         .with_context(|| format!("--report: the run's plan `{plan}`"))?;

@@ -41,6 +41,12 @@
 //! nic_bus_bandwidth_gb_per_s = 24.0
 //! latency_us = 5.0
 //! gpu_to_nic = [0, 1, 2, 3, 4, 5, 6, 7]   # optional: NIC index of each local GPU
+//!
+//! [host]                       # optional: for CPU offload (`offload=` in a plan)
+//! memory_gib = 2048.0
+//! memory_bandwidth_gb_per_s = 409.6
+//! pcie_gb_per_s = 25.0         # effective, one direction, one host link
+//! gpus_per_pcie_link = 2
 //! ```
 //!
 //! An optional top-level `runtime` names the software that executes plans on the cluster,
@@ -195,6 +201,26 @@ pub struct NetworkSpec {
     pub gpu_to_nic: Option<Vec<usize>>,
 }
 
+/// The host side of a node, for CPU offload ([`crate::plan::Offload`]): its memory, the
+/// bandwidth of that memory (which a CPU optimizer step is bound by), and the PCIe links
+/// between the GPUs and the host.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostSpec {
+    /// Host (CPU) memory of one node, GiB.
+    pub memory_gib: f64,
+    /// Peak DRAM bandwidth of the node's CPU sockets together (channels x transfer rate x
+    /// 8 bytes), decimal GB/s.
+    pub memory_bandwidth_gb_per_s: f64,
+    /// Effective bandwidth of one host PCIe link in one direction, as a pinned-memory
+    /// `cudaMemcpy` reaches it (about 80% of the line rate: 25 of Gen4 x16's 31.5 GB/s,
+    /// 50 of Gen5 x16's 63), decimal GB/s.
+    pub pcie_gb_per_s: f64,
+    /// GPUs sharing one PCIe link to the host (behind one PCIe switch): their copies divide
+    /// its bandwidth when they run at once, as every rank's offload traffic does.
+    pub gpus_per_pcie_link: usize,
+}
+
 /// The software that executes plans on a cluster, where it changes what the cost model
 /// predicts (which bytes a rank keeps; see [`crate::memory`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -241,6 +267,10 @@ pub struct Cluster {
     /// default profile, `autopar`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub software: Option<SoftwareSpec>,
+    /// Host memory and PCIe (`[host]`), for CPU offload; `None` where not described (a plan
+    /// that offloads is then refused).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<HostSpec>,
 }
 
 const GB: f64 = 1e9;
@@ -449,6 +479,20 @@ impl Cluster {
         if !(self.network.latency_us >= 0.0 && self.network.latency_us.is_finite()) {
             return bad("network.latency_us", "must be at least 0");
         }
+        if let Some(h) = &self.host {
+            positive("host.memory_gib", h.memory_gib)?;
+            positive(
+                "host.memory_bandwidth_gb_per_s",
+                h.memory_bandwidth_gb_per_s,
+            )?;
+            positive("host.pcie_gb_per_s", h.pcie_gb_per_s)?;
+            if h.gpus_per_pcie_link == 0 || h.gpus_per_pcie_link > self.gpus_per_node {
+                return bad(
+                    "host.gpus_per_pcie_link",
+                    &format!("must be 1 to gpus_per_node ({})", self.gpus_per_node),
+                );
+            }
+        }
         if let Some(map) = &self.network.gpu_to_nic {
             if map.len() != self.gpus_per_node {
                 return bad(
@@ -552,6 +596,55 @@ impl Cluster {
     pub fn nic_bus_bandwidth(&self) -> f64 {
         self.network.nic_bus_bandwidth_gb_per_s * GB
     }
+
+    /// Host-GPU copy bandwidth one device gets, in bytes/s per direction, when every device
+    /// of its node copies at once (its link's share); `None` without a `[host]`.
+    pub fn pcie_bandwidth_per_gpu(&self) -> Option<f64> {
+        self.host
+            .as_ref()
+            .map(|h| h.pcie_gb_per_s * GB / h.gpus_per_pcie_link.max(1) as f64)
+    }
+
+    /// Host memory bandwidth one device's share of the node's CPU work gets, in bytes/s;
+    /// `None` without a `[host]`.
+    pub fn host_bandwidth_per_gpu(&self) -> Option<f64> {
+        self.host
+            .as_ref()
+            .map(|h| h.memory_bandwidth_gb_per_s * GB / self.gpus_per_node.max(1) as f64)
+    }
+
+    /// Host memory of one node, in bytes; `None` without a `[host]`.
+    pub fn host_memory_bytes(&self) -> Option<f64> {
+        self.host.as_ref().map(|h| h.memory_gib * GIB)
+    }
+}
+
+/// DGX A100's host: 2 TB of DDR4 (the DGX A100 640 GB datasheet's system memory) on two
+/// AMD EPYC 7742 sockets of 8 DDR4-3200 channels each (2 x 8 x 3.2 GT/s x 8 B = 409.6 GB/s,
+/// AMD's EPYC 7742 specification); PCIe Gen4 x16 at ~25 GB/s effective per direction (of
+/// 31.5 GB/s line rate; `bandwidthTest` with pinned memory), two GPUs behind each of the four
+/// PCIe switches that connect them (and their two NICs) to the CPUs (DGX A100 system
+/// architecture white paper, Fig. 2).
+fn dgx_a100_host() -> HostSpec {
+    HostSpec {
+        memory_gib: 2048.0,
+        memory_bandwidth_gb_per_s: 409.6,
+        pcie_gb_per_s: 25.0,
+        gpus_per_pcie_link: 2,
+    }
+}
+
+/// DGX H100's host: 2 TB of DDR5 (DGX H100 datasheet) on two Intel Xeon Platinum 8480C
+/// sockets of 8 DDR5-4800 channels each (2 x 8 x 4.8 GT/s x 8 B = 614.4 GB/s, Intel's
+/// 8480+ specification); PCIe Gen5 x16 at ~50 GB/s effective per direction (of 63 GB/s line
+/// rate), two GPUs per host PCIe switch as on DGX A100 (DGX H100 user guide's system topology).
+fn dgx_h100_host() -> HostSpec {
+    HostSpec {
+        memory_gib: 2048.0,
+        memory_bandwidth_gb_per_s: 614.4,
+        pcie_gb_per_s: 50.0,
+        gpus_per_pcie_link: 2,
+    }
 }
 
 /// DGX A100 (80 GB): 8x A100-SXM4-80GB on six NVSwitches, 8x ConnectX-6 HDR 200 Gb/s for
@@ -604,6 +697,7 @@ pub fn dgx_a100(nodes: usize) -> Cluster {
         },
         runtime: Runtime::MixedPrecisionGpu,
         software: None,
+        host: Some(dgx_a100_host()),
     }
 }
 
@@ -658,6 +752,7 @@ pub fn dgx_h100(nodes: usize) -> Cluster {
         },
         runtime: Runtime::MixedPrecisionGpu,
         software: None,
+        host: Some(dgx_h100_host()),
     }
 }
 
@@ -696,6 +791,14 @@ pub fn gh200_gpu() -> Cluster {
         bf16: 828.6,
         fp8: Some(1535.0),
     });
+    // The Grace CPU's 480 GB of LPDDR5X at up to 512 GB/s, reached over NVLink-C2C at
+    // 450 GB/s per direction (NVIDIA GH200 datasheet: 900 GB/s bidirectional).
+    c.host = Some(HostSpec {
+        memory_gib: 480.0,
+        memory_bandwidth_gb_per_s: 512.0,
+        pcie_gb_per_s: 450.0,
+        gpus_per_pcie_link: 1,
+    });
     c
 }
 
@@ -713,17 +816,26 @@ pub fn a100_pcie_gpu() -> Cluster {
         bf16: 252.9,
         fp8: None,
     });
+    // Alone in the node: its Gen4 x16 link is its own.
+    c.host = Some(HostSpec {
+        gpus_per_pcie_link: 1,
+        ..dgx_a100_host()
+    });
     c
 }
 
-/// DGX A100 with the 40 GB part: 1555 GB/s of HBM2 (hardware_specs.csv, A100 bandwidth row),
-/// otherwise the 80 GB node.
+/// DGX A100 with the 40 GB part: 1555 GB/s of HBM2 (hardware_specs.csv, A100 bandwidth row)
+/// and 1 TB of host memory (the DGX A100 320 GB datasheet), otherwise the 80 GB node.
 pub fn dgx_a100_40gb(nodes: usize) -> Cluster {
     let mut c = dgx_a100(nodes);
     c.name = format!("dgx-a100-40gb:nodes={nodes}");
     c.gpu.model = "A100-SXM4-40GB".into();
     c.gpu.hbm_capacity_gib = 40.0;
     c.gpu.hbm_bandwidth_gb_per_s = 1555.0;
+    c.host = Some(HostSpec {
+        memory_gib: 1024.0,
+        ..dgx_a100_host()
+    });
     c
 }
 
@@ -738,6 +850,8 @@ pub fn dgx_a100_40gb(nodes: usize) -> Cluster {
 ///   busbw with NVLS off, 838 with NVLS on 8 GPUs = 480 algbw), 76% and 53% of NVLink5's
 ///   900 GB/s per direction.
 /// - 48 GB/s per 400 Gb/s NIC, as NDR on DGX H100.
+/// - Host: 2 TB of DDR5 (the datasheet's base configuration, which goes to 4 TB) on two Xeon Platinum 8570 sockets of 8 DDR5-5600 channels (2 x 8 x 5.6 GT/s x
+///   8 B = 716.8 GB/s); PCIe Gen5 as on DGX H100.
 pub fn dgx_b200(nodes: usize) -> Cluster {
     let mut c = dgx_h100(nodes);
     c.name = format!("dgx-b200:nodes={nodes}");
@@ -762,6 +876,10 @@ pub fn dgx_b200(nodes: usize) -> Cluster {
     };
     c.intra_node.bus_bandwidth_gb_per_s = 680.0;
     c.intra_node.nvls_algbw_gb_per_s = Some(480.0);
+    c.host = Some(HostSpec {
+        memory_bandwidth_gb_per_s: 716.8,
+        ..dgx_h100_host()
+    });
     c
 }
 
@@ -807,6 +925,7 @@ pub fn cpu(ranks: usize) -> Cluster {
         },
         runtime: Runtime::AutoparCpu,
         software: None,
+        host: None,
     }
 }
 
@@ -880,6 +999,26 @@ mod tests {
                 .to_string()
                 .contains("network.gpu_to_nic")
         );
+    }
+
+    #[test]
+    fn host_descriptions_are_checked() {
+        let c = dgx_h100(2);
+        assert_eq!(c.pcie_bandwidth_per_gpu(), Some(25e9));
+        assert_eq!(c.host_bandwidth_per_gpu(), Some(614.4e9 / 8.0));
+        let mut bad = c.clone();
+        bad.host.as_mut().unwrap().gpus_per_pcie_link = 9;
+        let err = bad.validate().unwrap_err().to_string();
+        assert!(err.contains("host.gpus_per_pcie_link"), "{err}");
+        let mut bad = c;
+        bad.host.as_mut().unwrap().pcie_gb_per_s = 0.0;
+        assert!(
+            bad.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("host.pcie_gb_per_s")
+        );
+        assert_eq!(cpu(2).host, None);
     }
 
     #[test]

@@ -17,8 +17,8 @@ use crate::compute::{AttentionKernel, AttentionShape, ComputeParams, GemmShape, 
 use crate::cost::Cost;
 use crate::error::CostError;
 use crate::layer::{
-    LayerOp, LayerPlacement, OpPlacement, Overlap, Pass, TpCollective, Width, tp_collectives,
-    tp_collectives_unexplained,
+    LayerOp, LayerPlacement, OpPlacement, Overlap, Pass, TpCollective, Width,
+    attention_block_collectives, tp_collectives, tp_collectives_unexplained,
 };
 use crate::mapping::{GroupInfo, MeshMapping};
 use crate::memory::{
@@ -29,7 +29,7 @@ use crate::memory::{
     tp_replicated_params_per_layer,
 };
 use crate::model::TransformerConfig;
-use crate::plan::{Plan, Recompute};
+use crate::plan::{Offload, Plan, Recompute};
 use crate::software::{Fusion, GatherUnit, Software};
 
 const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
@@ -106,7 +106,9 @@ pub struct ExposedComm {
     pub cp_s: f64,
     /// Expert parallelism's dispatch and combine all-to-alls.
     pub ep_s: f64,
-    /// ZeRO's per-layer traffic: ZeRO-3 weight gathers, ZeRO-2/3 gradient reduce-scatters.
+    /// ZeRO's per-layer traffic: ZeRO-3 weight gathers, ZeRO-2/3 gradient reduce-scatters,
+    /// and under CPU offload the PCIe copies of the shards (gradients down, offloaded
+    /// parameters up before their gathers).
     pub zero_s: f64,
 }
 
@@ -123,6 +125,21 @@ impl PassTime {
     /// Time on the critical path.
     pub fn total_s(&self) -> f64 {
         self.gemm_s + self.attention_s + self.memory_s + self.comm_exposed_s + self.recompute_s
+    }
+
+    /// Adds `o`'s times to these.
+    fn add(&mut self, o: &PassTime) {
+        self.gemm_s += o.gemm_s;
+        self.attention_s += o.attention_s;
+        self.memory_s += o.memory_s;
+        self.comm_exposed_s += o.comm_exposed_s;
+        self.comm_total_s += o.comm_total_s;
+        self.recompute_s += o.recompute_s;
+        let (a, b) = (&mut self.exposed_by, &o.exposed_by);
+        a.tp_s += b.tp_s;
+        a.cp_s += b.cp_s;
+        a.ep_s += b.ep_s;
+        a.zero_s += b.zero_s;
     }
 
     /// Communication nothing hides.
@@ -169,7 +186,8 @@ pub struct TimeBreakdown {
     pub grad_reduce_exposed_s: f64,
     /// All-reduce of the tied embedding gradient between the first and last stage.
     pub embedding_sync_s: f64,
-    /// Optimizer update.
+    /// Optimizer update (under CPU offload: the host's step, then the copy of the updated
+    /// 16-bit weights back to the GPU when only the optimizer is offloaded).
     pub optimizer_s: f64,
     /// All-gather of updated parameters (ZeRO-1/2).
     pub param_gather_s: f64,
@@ -297,6 +315,29 @@ impl CostModel {
                 self.cluster.gpu.model
             )));
         }
+        if self.cluster.runtime == Runtime::AutoparCpu && plan.expert_tp() < plan.tp {
+            return Err(CostError::PlanMismatch(format!(
+                "etp={} below tp={}: the CPU runtime splits experts over all of tp",
+                plan.expert_tp(),
+                plan.tp
+            )));
+        }
+        if plan.offload != Offload::None {
+            if self.cluster.runtime == Runtime::AutoparCpu {
+                return Err(CostError::PlanMismatch(format!(
+                    "offload={} moves GPU state to host memory; the CPU runtime has no GPU",
+                    plan.offload.name()
+                )));
+            }
+            if self.cluster.host.is_none() {
+                return Err(CostError::PlanMismatch(format!(
+                    "offload={} needs the host memory and PCIe links of the cluster's nodes, \
+                     which `{}` does not describe (a [host] table)",
+                    plan.offload.name(),
+                    self.cluster.name
+                )));
+            }
+        }
         if plan.fp8 && plan.dtype != DType::BF16 {
             return Err(CostError::PlanMismatch(
                 "dtype=fp8 runs its non-GEMM work in bf16; it cannot be combined with another dtype"
@@ -357,6 +398,20 @@ impl Plan {
         if cfg.experts <= 1 && plan.ep > 1 {
             return mis(format!("ep={} on a model without experts", plan.ep));
         }
+        if let Some(etp) = plan.etp {
+            if cfg.experts <= 1 && etp != plan.tp {
+                return mis(format!(
+                    "etp={etp} on a model without experts (`{}` has a dense MLP)",
+                    cfg.name
+                ));
+            }
+            if !cfg.ffn.is_multiple_of(etp) {
+                return mis(format!(
+                    "etp={etp} does not divide the experts' MLP width {} of `{}`",
+                    cfg.ffn, cfg.name
+                ));
+            }
+        }
         Ok(())
     }
 }
@@ -410,6 +465,47 @@ impl CostModel {
         check_mapping(plan, mapping)?;
         let ctx = Ctx::new(self, cfg, plan, mapping)?;
         Ok(ctx.run(schedule))
+    }
+}
+
+/// The forward and backward of one layer's MLP block for one micro-batch, as the step
+/// estimate prices them inside the layer ([`CostModel::mlp_block_times`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct BlockTimes {
+    /// Forward.
+    pub forward: PassTime,
+    /// Backward (no recomputation).
+    pub backward: PassTime,
+}
+
+impl CostModel {
+    /// One layer's MLP block (for a mixture of experts: router, permutation, dispatch and
+    /// combine all-to-alls, grouped expert GEMMs, unpermutation) under `plan`, priced by the
+    /// code that prices it inside a layer of the step estimate, with the block's own
+    /// tensor-parallel collectives (those that gather its input and reduce its output) on
+    /// the critical path.
+    pub fn mlp_block_times(
+        &self,
+        cfg: &TransformerConfig,
+        plan: &Plan,
+    ) -> Result<BlockTimes, CostError> {
+        self.check_plan(cfg, plan)?;
+        let mapping = MeshMapping::new(&plan.mesh_axes(), &self.cluster)?;
+        let ctx = Ctx::new(self, cfg, plan, &mapping)?;
+        let (_, mlp) = ctx.layer_gemms();
+        let pass = |pass: Pass| {
+            let (mut p, _, _) = ctx.mlp_block(&mlp, pass);
+            for (c, in_block) in ctx.layer_tp_collectives(pass) {
+                if in_block {
+                    p.exposed(CommKind::Tensor, ctx.layer_tp_collective(&c, true));
+                }
+            }
+            p
+        };
+        Ok(BlockTimes {
+            forward: pass(Pass::Forward),
+            backward: pass(Pass::Backward),
+        })
     }
 }
 
@@ -677,8 +773,13 @@ struct Ctx<'a> {
     cp: GroupInfo,
     ep: GroupInfo,
     dp: GroupInfo,
-    /// The ranks that hold the same experts (the mesh's `dp` axis).
+    /// The ranks that hold the same experts (the mesh's `dp` axis, and with expert tensor
+    /// parallelism below `tp` the `tp / etp` ranks of a tensor-parallel group that hold the
+    /// same expert shards).
     dp_expert: GroupInfo,
+    /// A group of `etp` consecutive ranks of a tensor-parallel group: the experts' GEMMs
+    /// are split over it.
+    etp: GroupInfo,
     /// Over how many ranks ZeRO shards dense and expert state.
     shards: ZeroShards,
     e: f64,
@@ -703,7 +804,8 @@ impl<'a> Ctx<'a> {
             cp: mapping.axis_group(axis::CP)?.clone(),
             ep: mapping.axis_group(axis::EP)?.clone(),
             dp: mapping.group(&[axis::DP.to_string(), axis::EP.to_string()])?,
-            dp_expert: mapping.axis_group(axis::DP)?.clone(),
+            dp_expert: expert_data_group(plan, mapping)?,
+            etp: expert_tp_group(plan, mapping.axis_group(axis::TP)?),
             shards: m.zero_shards(plan),
             e: plan.dtype.size_bytes() as f64,
             n: (plan.micro_batch_size * cfg.seq / plan.cp) as u64,
@@ -808,14 +910,19 @@ impl<'a> Ctx<'a> {
         bytes
     }
 
-    /// The layer's tensor-parallel collectives of one pass (none without `tp`).
-    fn layer_tp_collectives(&self, pass: Pass) -> Vec<TpCollective> {
+    /// The layer's tensor-parallel collectives of one pass (none without `tp`), each with
+    /// whether it belongs to the MLP block.
+    fn layer_tp_collectives(&self, pass: Pass) -> Vec<(TpCollective, bool)> {
         if self.plan.tp <= 1 {
             return Vec::new();
         }
-        let mut l = tp_collectives_unexplained(&self.plan.layer, self.sp);
-        l.retain(|c| c.pass == pass);
-        l
+        let l = tp_collectives_unexplained(&self.plan.layer, self.sp);
+        let mlp_from = attention_block_collectives(&self.plan.layer, self.sp);
+        l.into_iter()
+            .enumerate()
+            .filter(|(_, c)| c.pass == pass)
+            .map(|(i, c)| (c, i >= mlp_from))
+            .collect()
     }
 
     /// The layer's tensor-parallel collectives with the reason of each, the forward's first.
@@ -870,17 +977,22 @@ impl<'a> Ctx<'a> {
             // about cf times these tokens, padding included; the estimate counts the tokens.
             // The all-to-all moves the tokens between ranks of `ep`, which splits the
             // sequences (groups) like `dp`, so per-rank sizes are those of `n`.
-            let per_expert = (self.n * c.top_k as u64).div_ceil(local);
+            // With expert tensor parallelism below `tp` each group of `etp` ranks takes its
+            // share of the tokens (`etp / tp`) on wider expert shards (`f / etp`).
+            let etp = self.plan.expert_tp() as u64;
+            let f_e = c.ffn as u64 / etp;
+            let routed = self.n * c.top_k as u64 * etp / t;
+            let per_expert = routed.div_ceil(local);
             vec![
                 (None, GemmShape::new(1, self.n, c.experts as u64, h), false),
                 (
                     Some(LayerOp::MlpIn),
-                    GemmShape::new(local, per_expert, gate * f_t, h),
+                    GemmShape::new(local, per_expert, gate * f_e, h),
                     true,
                 ),
                 (
                     Some(LayerOp::MlpOut),
-                    GemmShape::new(local, per_expert, h, f_t),
+                    GemmShape::new(local, per_expert, h, f_e),
                     true,
                 ),
             ]
@@ -1001,12 +1113,39 @@ impl<'a> Ctx<'a> {
 
     /// One all-to-all of a MoE layer over `ep` (dispatch or combine): the rank's routed
     /// tokens, `top_k` copies of its activations (capacity factor 1, as in the GEMMs).
+    ///
+    /// With expert tensor parallelism below `tp` (which needs sequence parallelism) the
+    /// rank dispatches its sequence shard, `1/tp` of the tokens, as Megatron-Core's
+    /// all-to-all dispatcher does before it gathers the received tokens over `etp`
+    /// (`MoEAlltoAllTokenDispatcher`: all-to-all over the expert-parallel group, then
+    /// all-gather over the expert tensor-parallel group; the reverse to combine).
     fn moe_all_to_all(&self) -> f64 {
         if self.cfg.experts <= 1 {
             return 0.0;
         }
-        let bytes = self.act() * self.cfg.top_k as f64 * self.e;
+        let mut bytes = self.act() * self.cfg.top_k as f64 * self.e;
+        if self.expert_tp_below_tp() {
+            bytes /= self.plan.tp as f64;
+        }
         self.coll(Collective::AllToAll, bytes, &self.ep)
+    }
+
+    /// Whether the experts are split over fewer ranks than the rest of the layer.
+    fn expert_tp_below_tp(&self) -> bool {
+        self.cfg.experts > 1 && self.plan.expert_tp() < self.plan.tp
+    }
+
+    /// One collective of the layer in seconds: the attention block's and a dense MLP's
+    /// over `tp`; a MoE block's, with expert tensor parallelism below `tp`, over the `etp`
+    /// group on the routed tokens its ranks share (the all-gather of the dispatched tokens
+    /// before the experts and the reduce-scatter after them, and their conjugates in the
+    /// backward: `top_k * etp / tp` of the tokens instead of all of them).
+    fn layer_tp_collective(&self, c: &TpCollective, moe_block: bool) -> f64 {
+        if moe_block && self.expert_tp_below_tp() {
+            let share = self.cfg.top_k as f64 * self.plan.expert_tp() as f64 / self.plan.tp as f64;
+            return self.coll(c.kind, self.tp_collective_bytes(c) * share, &self.etp);
+        }
+        self.tp_collective(c)
     }
 
     fn layer_params_per_rank(&self) -> f64 {
@@ -1066,12 +1205,7 @@ impl<'a> Ctx<'a> {
     /// `c` over the dense parameters' ZeRO group for `dense` bytes and over the experts' for
     /// `expert` bytes.
     fn zero_collective(&self, c: Collective, dense: f64, expert: f64) -> f64 {
-        let dense_group = if self.shards.dense == self.shards.expert {
-            &self.dp_expert
-        } else {
-            &self.dp
-        };
-        let mut t = self.coll(c, dense, dense_group);
+        let mut t = self.coll(c, dense, &self.dp);
         if expert > 0.0 {
             t += self.coll(c, expert, &self.dp_expert);
         }
@@ -1117,6 +1251,42 @@ impl<'a> Ctx<'a> {
         }
     }
 
+    /// Host-device copy of `bytes` over this rank's share of its PCIe link (CPU offload);
+    /// zero without a `[host]`, which [`CostModel::check_plan`] refuses for offloading plans.
+    fn pcie(&self, bytes: f64) -> f64 {
+        self.cl()
+            .pcie_bandwidth_per_gpu()
+            .map_or(0.0, |bw| bytes / bw)
+    }
+
+    /// Parameters of one layer in this rank's ZeRO shard (dense over their shards, the
+    /// experts' over theirs).
+    fn layer_shard_params(&self) -> f64 {
+        let expert = expert_params_per_layer(self.cfg, self.plan);
+        self.layer_dense_params() / self.shards.dense + expert / self.shards.expert
+    }
+
+    /// The copy of one layer's offloaded fp32 parameter shard to the GPU before its gather
+    /// (`offload=params`: FSDP copies the CPU shard up, then casts and gathers it).
+    fn offloaded_param_copy(&self) -> f64 {
+        match self.plan.offload {
+            Offload::Params => self.pcie(self.layer_shard_params() * 4.0),
+            Offload::None | Offload::Optimizer => 0.0,
+        }
+    }
+
+    /// The copy of one layer's reduced gradient shard to the host, each micro-batch
+    /// (DeepSpeed's ZeRO-2 offload accumulates gradients on the CPU, FSDP's CPU offload
+    /// moves each reduce-scattered shard there), in the reduce-scatter's dtype.
+    fn offloaded_grad_copy(&self) -> f64 {
+        match self.plan.offload {
+            Offload::None => 0.0,
+            Offload::Optimizer | Offload::Params => {
+                self.pcie(self.layer_shard_params() * self.m.software.reduce_bytes)
+            }
+        }
+    }
+
     /// What the MLP's element-wise kernels touch per layer: the local MLP width times the
     /// tokens (`f/t * n`), the gate factor (2 for gated MLPs) and the experts each token visits.
     fn mlp_activation_shape(&self) -> (f64, f64, f64) {
@@ -1130,22 +1300,94 @@ impl<'a> Ctx<'a> {
         (f_t, gate, topk)
     }
 
+    /// The input- and weight-gradient GEMMs of a forward GEMM.
+    fn gemm_grads(&self, s: &GemmShape, batched: bool) -> (f64, f64) {
+        (
+            self.layer_gemm(GemmShape::new(s.batch, s.m, s.k, s.n), batched),
+            self.layer_gemm(GemmShape::new(s.batch, s.k, s.n, s.m), batched),
+        )
+    }
+
+    /// The MLP block of one layer in one pass, without the tensor-parallel collectives
+    /// that bring its input and take its output ([`Ctx::layer_tp_collectives`]): its GEMMs
+    /// (`mlp`, from [`Ctx::layer_gemms`]: a dense MLP's two, or a MoE's router and grouped
+    /// expert GEMMs), the activation between them, and for a mixture of experts the
+    /// router's softmax and top-k, the permutation of the routed tokens and its inverse, and
+    /// the dispatch and combine all-to-alls over `ep`. Returns the time, the dgrad and wgrad
+    /// of each placed op (backward) and the FLOPs (forward).
+    ///
+    /// Permutation as Megatron-Core's fused `permute`/`unpermute` (`moe_utils.py`): one read
+    /// of the rank's tokens and one write of their `top_k` copies grouped by expert, the
+    /// reverse (with the routing-weighted sum) after the experts; with more than one local
+    /// expert the all-to-all dispatcher also sorts the received chunks by expert and back
+    /// (`sort_chunks_by_idxs`), a read and a write of the routed tokens each. The backward
+    /// moves the same bytes. The router's fp32 logits are read and written by the softmax
+    /// and read by the top-k.
+    fn mlp_block(&self, mlp: &GemmList, pass: Pass) -> (PassTime, Vec<(LayerOp, f64, f64)>, f64) {
+        let mut p = PassTime::default();
+        let mut grads = Vec::new();
+        let mut flops = 0.0;
+        for (op, s, batched) in mlp {
+            match pass {
+                Pass::Forward => {
+                    p.gemm_s += self.layer_gemm(*s, *batched);
+                    flops += s.flops();
+                }
+                Pass::Backward => {
+                    let (dgrad, wgrad) = self.gemm_grads(s, *batched);
+                    p.gemm_s += dgrad + wgrad;
+                    if let Some(op) = op {
+                        grads.push((*op, dgrad, wgrad));
+                    }
+                }
+            }
+        }
+        let e = self.e;
+        let (f_t, gate, topk) = self.mlp_activation_shape();
+        // The activation: reads its input(s) and writes its output; the backward also reads
+        // the output gradient.
+        let passes = match pass {
+            Pass::Forward => gate + 1.0,
+            Pass::Backward => gate + 2.0,
+        };
+        p.memory_s += self.mem(f_t * topk * passes * e);
+        if self.cfg.experts > 1 {
+            let mut tokens = self.n as f64;
+            if self.expert_tp_below_tp() {
+                tokens /= self.plan.tp as f64;
+            }
+            let (h, k) = (self.cfg.hidden as f64, self.cfg.top_k as f64);
+            let permute = (tokens * h + tokens * k * h) * e;
+            let local = self.cfg.experts / self.plan.ep.max(1);
+            let sort = if local > 1 && self.plan.ep > 1 {
+                2.0 * tokens * k * h * e
+            } else {
+                0.0
+            };
+            let router = tokens * self.cfg.experts as f64 * 4.0 * 3.0;
+            p.memory_s += 2.0 * self.mem(permute) + 2.0 * self.mem(sort) + self.mem(router);
+            p.exposed(CommKind::Expert, 2.0 * self.moe_all_to_all());
+        }
+        (p, grads, flops)
+    }
+
     fn layer_forward(&self) -> (PassTime, f64) {
         let mut p = PassTime::default();
         let (attn, mlp) = self.layer_gemms();
         let act_sp = self.act_sp();
         let e = self.e;
-        // Two layer norms, two bias-dropout-residual adds, the MLP activation.
-        let (f_t, gate, topk) = self.mlp_activation_shape();
+        // Two layer norms, two bias-dropout-residual adds; the MLP block's own work.
         p.memory_s += 2.0 * self.mem(act_sp * 2.0 * e)
             + 2.0 * self.mem(act_sp * (3.0 * e + 1.0))
-            + self.mem(f_t * topk * (gate + 1.0) * e)
             + self.eager_overhead(false);
         let mut flops = 0.0;
-        for (_, s, batched) in attn.iter().chain(&mlp) {
+        for (_, s, batched) in &attn {
             p.gemm_s += self.layer_gemm(*s, *batched);
             flops += s.flops();
         }
+        let (block, _, block_flops) = self.mlp_block(&mlp, Pass::Forward);
+        p.add(&block);
+        flops += block_flops;
         let (t_attn, f_attn) = self.attention_forward();
         p.attention_s += t_attn;
         flops += f_attn;
@@ -1155,8 +1397,8 @@ impl<'a> Ctx<'a> {
         // With `--tp-comm-overlap` each collective is pipelined with its GEMM: one GEMM's
         // share of the layer's GEMM time each.
         let per_gemm = p.gemm_s / forward_tp.len().max(1) as f64;
-        for c in forward_tp {
-            let t = self.tp_collective(&c);
+        for (c, mlp) in forward_tp {
+            let t = self.layer_tp_collective(&c, mlp);
             match self.m.comm.overlap_tp_forward {
                 true => p.overlapped(CommKind::Tensor, t, self.m.comm.exposed(t, per_gemm)),
                 false => p.exposed(CommKind::Tensor, t),
@@ -1164,9 +1406,8 @@ impl<'a> Ctx<'a> {
         }
         let cp = self.cp_comm();
         p.overlapped(CommKind::Context, cp, self.m.comm.exposed(cp, t_attn));
-        let a2a = self.moe_all_to_all();
-        p.exposed(CommKind::Expert, 2.0 * a2a);
-        let z3 = self.zero3_gather_pass();
+        // Offloaded parameters are copied up before their gather: one chain, prefetched alike.
+        let z3 = self.zero3_gather_pass() + self.offloaded_param_copy();
         let hidden_under = p.total_s();
         p.overlapped(CommKind::Zero, z3, self.zero3_exposed(z3, hidden_under));
         (p, flops)
@@ -1177,22 +1418,22 @@ impl<'a> Ctx<'a> {
         let (attn, mlp) = self.layer_gemms();
         let act_sp = self.act_sp();
         let e = self.e;
-        let (f_t, gate, topk) = self.mlp_activation_shape();
         p.memory_s += 2.0 * self.mem(act_sp * 4.0 * e)
             + 2.0 * self.mem(act_sp * (3.0 * e + 1.0))
-            + self.mem(f_t * topk * (gate + 2.0) * e)
             + self.eager_overhead(true);
         // dgrad and wgrad of every GEMM, by op: the collectives of a column-parallel GEMM's
         // input run under them.
         let mut grads: Vec<(LayerOp, f64, f64)> = Vec::new();
-        for (op, s, batched) in attn.iter().chain(&mlp) {
-            let dgrad = self.layer_gemm(GemmShape::new(s.batch, s.m, s.k, s.n), *batched);
-            let wgrad = self.layer_gemm(GemmShape::new(s.batch, s.k, s.n, s.m), *batched);
+        for (op, s, batched) in &attn {
+            let (dgrad, wgrad) = self.gemm_grads(s, *batched);
             p.gemm_s += dgrad + wgrad;
             if let Some(op) = op {
                 grads.push((*op, dgrad, wgrad));
             }
         }
+        let (block, block_grads, _) = self.mlp_block(&mlp, Pass::Backward);
+        p.add(&block);
+        grads.extend(block_grads);
         p.attention_s += self.attention_backward();
         let comm = &self.m.comm;
         let under = |o: Overlap| {
@@ -1206,8 +1447,8 @@ impl<'a> Ctx<'a> {
         // Megatron-SP re-gathers a column-parallel GEMM's sharded input for its weight
         // gradient under the input-gradient GEMM and reduce-scatters the input gradient under
         // the weight-gradient GEMM (without SP, all-reduces it there).
-        for c in self.layer_tp_collectives(Pass::Backward) {
-            let t = self.tp_collective(&c);
+        for (c, mlp) in self.layer_tp_collectives(Pass::Backward) {
+            let t = self.layer_tp_collective(&c, mlp);
             match under(c.overlap) {
                 Some(gemm) if comm.overlap_tp_backward => {
                     p.overlapped(CommKind::Tensor, t, comm.exposed(t, gemm))
@@ -1218,19 +1459,20 @@ impl<'a> Ctx<'a> {
         let cp = 2.0 * self.cp_comm();
         let under = p.attention_s;
         p.overlapped(CommKind::Context, cp, self.m.comm.exposed(cp, under));
-        p.exposed(CommKind::Expert, 2.0 * self.moe_all_to_all());
         // ZeRO-3 re-gathers the weights. ZeRO-2 and -3 hold only a 1/dp shard of the
         // gradients (that is what their memory is charged for), so there is no full-size
         // buffer to accumulate micro-batches into: each micro-batch's gradients are
         // reduce-scattered as its backward produces them.
-        let z3 = self.zero3_gather_pass();
-        let rs = match self.plan.zero_stage {
-            3 => self.zero3_collective(Collective::ReduceScatter, self.m.software.reduce_bytes),
-            2 => {
-                self.layer_zero_collective(Collective::ReduceScatter, self.m.software.reduce_bytes)
-            }
-            _ => 0.0,
-        };
+        let z3 = self.zero3_gather_pass() + self.offloaded_param_copy();
+        // Under CPU offload the reduced shard then goes down to the host: it follows the
+        // reduce-scatter on the same schedule.
+        let rs = self.offloaded_grad_copy()
+            + match self.plan.zero_stage {
+                3 => self.zero3_collective(Collective::ReduceScatter, self.m.software.reduce_bytes),
+                2 => self
+                    .layer_zero_collective(Collective::ReduceScatter, self.m.software.reduce_bytes),
+                _ => 0.0,
+            };
         if z3 + rs > 0.0 {
             let under = p.total_s();
             // The gradient reduce-scatter is issued after the layer's backward (it overlaps
@@ -1574,8 +1816,25 @@ impl<'a> Ctx<'a> {
         let (mut optimizer, mut param_gather) = (0.0f64, 0.0f64);
         for m in &memory {
             let dense = m.num_params - m.num_expert_params;
-            let updated = self.shards.bytes(plan, 1, dense, m.num_expert_params, 38.0);
-            optimizer = optimizer.max(self.mem(updated));
+            let step = match plan.offload {
+                Offload::None => {
+                    let updated = self.shards.bytes(plan, 1, dense, m.num_expert_params, 38.0);
+                    self.mem(updated)
+                }
+                // On the host, memory-bound over its DRAM, which the node's ranks share;
+                // then the updated 16-bit shard goes up (the next step's gathers copy
+                // offloaded parameters themselves).
+                offload => {
+                    let shard = self.shards.bytes(plan, 1, dense, m.num_expert_params, 1.0);
+                    let bw = self.cl().host_bandwidth_per_gpu().unwrap_or(f64::INFINITY);
+                    let up = match offload {
+                        Offload::Optimizer => self.pcie(shard * self.e),
+                        Offload::None | Offload::Params => 0.0,
+                    };
+                    self.m.software.cpu_optimizer.step_time(shard, bw) + up
+                }
+            };
+            optimizer = optimizer.max(step);
             if (1..=2).contains(&plan.zero_stage) {
                 let gather = self.zero_collective(
                     Collective::AllGather,
@@ -1626,6 +1885,25 @@ impl<'a> Ctx<'a> {
         let model_tflops = model_flops / iter / world / 1e12;
         let hardware_tflops = (model_flops + recompute_flops) / iter / world / 1e12;
         let capacity = self.cl().gpu.hbm_capacity_gib * GIB;
+        // Under CPU offload every rank of a node keeps its shard in the node's memory.
+        let host_per_node = memory.iter().map(|m| m.host).fold(0.0, f64::max)
+            * self.cl().gpus_per_node.min(plan.world_size()) as f64;
+        let host_capacity = self.cl().host_memory_bytes().unwrap_or(f64::INFINITY);
+        if host_per_node > host_capacity {
+            let mut e = self.infeasible(&format!(
+                "offload={}: the ranks of a node keep {:.1} GiB in host memory (master \
+                 weights, optimizer moments and gradients of their shards), but a node of `{}` \
+                 has {:.1} GiB",
+                plan.offload.name(),
+                host_per_node / GIB,
+                self.cl().name,
+                host_capacity / GIB
+            ));
+            e.memory = worst;
+            e.peak_memory_gib = e.memory.total / GIB;
+            e.memory_per_pipeline_rank = memory;
+            return e;
+        }
         let fits = worst.total <= capacity;
         let fits_reason = (!fits).then(|| {
             format!(
@@ -1774,6 +2052,7 @@ impl<'a> Ctx<'a> {
                 let z = &self.shards;
                 let dense = params - expert;
                 let mut weights = z.bytes(plan, 3, dense, expert, self.e);
+                let offload = plan.offload;
                 if plan.fp8 {
                     // Transformer Engine keeps an fp8 copy of every layer weight and its
                     // transpose (a byte each) across the micro-batches of a step.
@@ -1786,14 +2065,31 @@ impl<'a> Ctx<'a> {
                         2.0,
                     );
                 }
-                let gradients = z.bytes(plan, 2, dense, expert, mp.grad_bytes_per_param);
-                let optimizer = z.bytes(
+                let mut gradients = z.bytes(plan, 2, dense, expert, mp.grad_bytes_per_param);
+                let mut optimizer = z.bytes(
                     plan,
                     1,
                     dense - tp_sharded_state,
                     expert,
                     mp.optimizer_bytes_per_param,
                 );
+                // CPU offload: the fp32 state and gradients of the shard live on the host.
+                // With the optimizer offloaded the GPU keeps its 16-bit weights and a
+                // 16-bit gradient shard for each micro-batch's reduce-scatter; with the
+                // parameters offloaded as well it keeps neither between uses (the gathered
+                // layers are counted in `working`).
+                let mut host = 0.0;
+                if offload != Offload::None {
+                    host = optimizer + z.bytes(plan, 2, dense, expert, mp.grad_bytes_per_param);
+                    optimizer = 0.0;
+                    gradients = match offload {
+                        Offload::Params => 0.0,
+                        _ => z.bytes(plan, 2, dense, expert, self.e),
+                    };
+                    if offload == Offload::Params {
+                        weights = 0.0;
+                    }
+                }
                 let activations = in_flight as f64 * max_chunk_layers as f64 * per_layer_act;
                 let mut working = match plan.recompute {
                     Recompute::Full => full_layer_act,
@@ -1809,6 +2105,12 @@ impl<'a> Ctx<'a> {
                 if plan.zero_stage >= 3 {
                     // Two layers' gathered weights (current and prefetched).
                     working += 2.0 * self.layer_params_per_rank() * self.e;
+                }
+                if offload == Offload::Params {
+                    // A layer's unsharded gradients before their reduce-scatter, and the
+                    // fp32 shards copied up for the next gathers.
+                    working += self.layer_params_per_rank()
+                        * (self.m.software.reduce_bytes + 2.0 * 4.0 / z.dense.max(1.0));
                 }
                 let comm_buffers = 2.0 * msg
                     + if self.sp { self.act() * self.e } else { 0.0 }
@@ -1835,6 +2137,7 @@ impl<'a> Ctx<'a> {
                     reserved,
                     total,
                     capacity: self.cl().gpu.hbm_capacity_gib * GIB,
+                    host,
                 }
             })
             .collect()
@@ -1957,8 +2260,46 @@ impl Ctx<'_> {
             reserved: self.cl().gpu.reserved_gib * GIB,
             total: total + self.cl().gpu.reserved_gib * GIB,
             capacity: self.cl().gpu.hbm_capacity_gib * GIB,
+            host: 0.0,
         }
     }
+}
+
+/// The group of `etp` consecutive ranks of the tensor-parallel group `tp` (the first
+/// `etp` of its members; the ranks of a tensor-parallel group are consecutive under every
+/// axis order, so its sub-groups stay on as few nodes as the group allows).
+fn expert_tp_group(plan: &Plan, tp: &GroupInfo) -> GroupInfo {
+    let etp = plan.expert_tp().min(tp.size.max(1));
+    if etp >= tp.size {
+        return tp.clone();
+    }
+    let per_node = tp.members_per_node.clamp(1, etp);
+    let nodes = etp.div_ceil(per_node);
+    GroupInfo {
+        size: etp,
+        nodes_spanned: nodes,
+        members_per_node: per_node,
+        nics_per_group: if nodes > 1 { tp.nics_per_group } else { 0 },
+        groups_per_nic: if nodes > 1 { tp.groups_per_nic } else { 0 },
+    }
+}
+
+/// The ranks holding the same expert shards: the mesh's `dp` axis, and with `etp < tp` the
+/// `tp / etp` ranks of each tensor-parallel group that hold the same shards (Megatron-Core's
+/// expert data-parallel group, `dp * tp / (ep * etp)` ranks). Placed as the `dp` and `tp`
+/// axes together place their ranks, with the group's size.
+fn expert_data_group(plan: &Plan, mapping: &MeshMapping) -> Result<GroupInfo, CostError> {
+    let dp = mapping.axis_group(axis::DP)?;
+    let replicas = plan.tp / plan.expert_tp();
+    if replicas <= 1 {
+        return Ok(dp.clone());
+    }
+    let both = mapping.group(&[axis::DP.to_string(), axis::TP.to_string()])?;
+    Ok(GroupInfo {
+        size: dp.size * replicas,
+        members_per_node: both.members_per_node.min(dp.size * replicas),
+        ..both
+    })
 }
 
 /// Weight tensors of one transformer layer as training stacks hold them, for which a

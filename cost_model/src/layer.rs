@@ -360,7 +360,22 @@ pub(crate) fn tp_collectives_unexplained(p: &LayerPlacement, sp: bool) -> Vec<Tp
     collectives(p, sp, false)
 }
 
+/// How many of [`tp_collectives`]'s entries belong to the attention block (they come
+/// first; the MLP block's follow).
+pub(crate) fn attention_block_collectives(p: &LayerPlacement, sp: bool) -> usize {
+    collectives_of(p, sp, false, true).len()
+}
+
 fn collectives(p: &LayerPlacement, sp: bool, reasons: bool) -> Vec<TpCollective> {
+    collectives_of(p, sp, reasons, false)
+}
+
+fn collectives_of(
+    p: &LayerPlacement,
+    sp: bool,
+    reasons: bool,
+    stop_after_attention: bool,
+) -> Vec<TpCollective> {
     let residual = if sp {
         Layout::Sequence
     } else {
@@ -376,6 +391,9 @@ fn collectives(p: &LayerPlacement, sp: bool, reasons: bool) -> Vec<TpCollective>
     let core_out = b.attention_core(qkv_out, p.attention);
     let proj_out = b.feature_gemm(LayerOp::Proj, core_out, p.proj, Width::AttentionOut);
     b.write_residual(LayerOp::Proj, proj_out);
+    if stop_after_attention {
+        return b.out;
+    }
     // MLP block.
     let mid = b.read_residual(LayerOp::MlpIn, p.mlp_in);
     let mlp_out = b.feature_gemm(LayerOp::MlpOut, mid, p.mlp_out, Width::Ffn);

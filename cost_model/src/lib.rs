@@ -30,12 +30,12 @@ pub use compute::{AttentionKernel, ComputeParams, OpCost};
 pub use cost::Cost;
 pub use error::CostError;
 pub use estimate::{
-    CostModel, Estimate, ExposedComm, OpCostModel, PassTime, StageTimes, TimeBreakdown,
+    BlockTimes, CostModel, Estimate, ExposedComm, OpCostModel, PassTime, StageTimes, TimeBreakdown,
     TimedCollective,
 };
 pub use layer::{LayerOp, LayerPlacement, OpPlacement};
 pub use mapping::{GroupInfo, MeshMapping};
 pub use memory::{MemoryBreakdown, MemoryParams, ZeroShards};
 pub use model::TransformerConfig;
-pub use plan::{Plan, Recompute};
-pub use software::{Fusion, GatherUnit, Software, SoftwareSpec};
+pub use plan::{Offload, Plan, Recompute};
+pub use software::{CpuOptimizer, Fusion, GatherUnit, Software, SoftwareSpec};

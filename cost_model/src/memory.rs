@@ -91,6 +91,12 @@ pub struct MemoryBreakdown {
     pub total: f64,
     /// Device capacity.
     pub capacity: f64,
+    /// Bytes this rank keeps in host memory under CPU offload ([`crate::plan::Offload`]):
+    /// its shard of the fp32 master weights, Adam moments and fp32 gradients (and, when the
+    /// parameters are offloaded, nothing more: FSDP's fp32 shard is the master). Not part of
+    /// `total`, which is the device's.
+    #[serde(default)]
+    pub host: f64,
 }
 
 /// Parameters of each placed op of one layer ([`LayerOp`]), before any division: the QKV
@@ -122,7 +128,8 @@ pub fn layer_params_per_rank(cfg: &TransformerConfig, plan: &Plan) -> f64 {
         .map(|op| {
             let mut n = op_params(cfg, op);
             if cfg.experts > 1 && op == LayerOp::MlpIn {
-                n /= plan.ep as f64;
+                // Experts over ep x etp (expert tensor parallelism, `tp` by default).
+                return n / (plan.ep * plan.expert_tp()) as f64;
             }
             if plan.layer.get(op) == OpPlacement::Tensor {
                 n /= plan.tp as f64;
@@ -148,14 +155,14 @@ pub fn tp_replicated_params_per_layer(cfg: &TransformerConfig, plan: &Plan) -> f
 }
 
 /// Of [`layer_params_per_rank`], the experts' parameters (a MoE MLP without its router): one
-/// rank holds `1/ep` of the experts (and `1/tp` of each), replicated over the `dp / ep` ranks
-/// that hold the same experts.
+/// rank holds `1/ep` of the experts (and `1/etp` of each, [`Plan::expert_tp`]), replicated
+/// over the `dp / ep x tp / etp` ranks that hold the same expert shards.
 pub fn expert_params_per_layer(cfg: &TransformerConfig, plan: &Plan) -> f64 {
     if cfg.experts <= 1 {
         return 0.0;
     }
     let router = (cfg.hidden * cfg.experts) as f64;
-    (cfg.mlp_params() as f64 - router) / plan.ep as f64 / plan.tp as f64
+    (cfg.mlp_params() as f64 - router) / plan.ep as f64 / plan.expert_tp() as f64
 }
 
 /// Over how many ranks ZeRO shards a parameter's state, by kind. Expert parallelism carves
@@ -174,11 +181,12 @@ pub struct ZeroShards {
 
 impl ZeroShards {
     /// The shards of `plan`: dense state over every data-parallel rank, expert state over
-    /// the ranks holding the same experts.
+    /// the ranks holding the same expert shards (`dp / ep`, times `tp / etp` with expert
+    /// tensor parallelism below `tp`).
     pub fn new(plan: &Plan) -> Self {
         ZeroShards {
             dense: plan.dp.max(1) as f64,
-            expert: (plan.dp / plan.ep.max(1)).max(1) as f64,
+            expert: ((plan.dp / plan.ep.max(1)) * (plan.tp / plan.expert_tp())).max(1) as f64,
         }
     }
 

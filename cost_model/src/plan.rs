@@ -36,6 +36,44 @@ impl Recompute {
     }
 }
 
+/// Where a rank's training state lives besides its GPU ([`Plan::offload`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Offload {
+    /// Everything on the GPU.
+    #[default]
+    None,
+    /// ZeRO-Offload (Ren et al., USENIX ATC 2021): the fp32 master weights, the Adam
+    /// moments and the fp32 gradients of the rank's ZeRO shard live in host memory; each
+    /// micro-batch's reduced gradient shard goes down over PCIe as the backward produces it,
+    /// the optimizer step runs on the CPU, and the updated 16-bit weights come back up. Built
+    /// on ZeRO-2 (or 3): it needs `zero=2` or `zero=3`.
+    Optimizer,
+    /// Parameters too (PyTorch FSDP's `CPUOffload(offload_params=True)`, DeepSpeed ZeRO-3's
+    /// `offload_param`): the rank's fp32 parameter shard stays on the host, every all-gather
+    /// of a layer's weights is preceded by the copy of the shard to the GPU, and the GPU
+    /// keeps no weights, gradients or optimizer state between uses. Needs `zero=3`.
+    Params,
+}
+
+impl Offload {
+    /// Text name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Offload::None => "none",
+            Offload::Optimizer => "optimizer",
+            Offload::Params => "params",
+        }
+    }
+
+    /// Every value, least offloaded first.
+    pub const ALL: [Offload; 3] = [Offload::None, Offload::Optimizer, Offload::Params];
+
+    fn is_none(&self) -> bool {
+        *self == Offload::None
+    }
+}
+
 /// A plan. `dp * tp * pp * cp` devices are used; `ep` divides `dp` (experts are sharded over
 /// data-parallel ranks, as in Megatron-LM).
 ///
@@ -86,6 +124,17 @@ pub struct Plan {
     /// ([`LayerPlacement`]; `attn=` and `mlp=` in the text form): Megatron-LM's by default.
     #[serde(default, skip_serializing_if = "LayerPlacement::is_megatron")]
     pub layer: LayerPlacement,
+    /// CPU offload of the optimizer state, or of the parameters as well (`offload=`).
+    #[serde(default, skip_serializing_if = "Offload::is_none")]
+    pub offload: Offload,
+    /// Expert tensor parallelism (`etp=`): over how many of the `tp` ranks each expert's
+    /// GEMMs are split, Megatron-Core's `--expert-tensor-parallel-size`; `None` is `tp`,
+    /// its default. It divides `tp`; the other `tp / etp` ranks of a tensor-parallel group
+    /// hold the same expert shards and take their own tokens (they join the experts'
+    /// data-parallel group, as Megatron-Core's expert data-parallel size
+    /// `dp * tp / (ep * etp)` counts them). See [`Plan::expert_tp`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub etp: Option<usize>,
 }
 
 /// The most devices a plan or a cluster may have, the bound of a device mesh: beyond every
@@ -159,6 +208,8 @@ impl Default for Plan {
             axis_order: Plan::DEFAULT_ORDER.iter().map(|s| s.to_string()).collect(),
             stage_layers: None,
             layer: LayerPlacement::MEGATRON,
+            offload: Offload::None,
+            etp: None,
         }
     }
 }
@@ -174,7 +225,8 @@ impl Plan {
     /// virtual stage joined by `-`, e.g. `stages=13-14-14-13`), `attn` and `mlp` (the
     /// ops' placement over `tp`, see [`LayerPlacement`]: `attn=tp|seq|ulysses` or three
     /// letters `t`/`s` for QKV, core and projection, `mlp=tp|seq` or two letters for the MLP's
-    /// input and output GEMMs). Omitted keys take their
+    /// input and output GEMMs), `offload` (none|optimizer|params, [`Offload`]) and `etp`
+    /// (expert tensor parallelism, [`Plan::etp`]). Omitted keys take their
     /// defaults; the global batch defaults to `dp * mbs` (the CLI sets it from `--batch`);
     /// `vpp > 1` without a schedule means `interleaved`.
     ///
@@ -222,6 +274,19 @@ impl Plan {
                 "vpp" => p.vpp = num()?,
                 axis::CP => p.cp = num()?,
                 axis::EP => p.ep = num()?,
+                "etp" => p.etp = Some(num()?),
+                "offload" => {
+                    p.offload = match v {
+                        "none" => Offload::None,
+                        "optimizer" => Offload::Optimizer,
+                        "params" => Offload::Params,
+                        _ => {
+                            return Err(err(format!(
+                                "expected none, optimizer or params, not `{v}`"
+                            )));
+                        }
+                    }
+                }
                 "mbs" | "micro_batch" => p.micro_batch_size = num()?,
                 "gbs" | "batch" | "global_batch" => gbs = Some(num()?),
                 "zero" => {
@@ -305,8 +370,8 @@ impl Plan {
                 }
                 _ => {
                     return Err(err(
-                        "unknown key (expected dp, tp, pp, vpp, cp, ep, mbs, gbs, zero, \
-                         recompute, sp, schedule, dtype, order, stages, attn or mlp)"
+                        "unknown key (expected dp, tp, pp, vpp, cp, ep, etp, mbs, gbs, zero, \
+                         offload, recompute, sp, schedule, dtype, order, stages, attn or mlp)"
                             .into(),
                     ));
                 }
@@ -379,6 +444,47 @@ impl Plan {
         if !self.dp.is_multiple_of(self.ep) {
             return mis(format!("ep={} does not divide dp={}", self.ep, self.dp));
         }
+        if let Some(etp) = self.etp {
+            if etp == 0 {
+                return Err(CostError::PlanSyntax {
+                    key: "etp".into(),
+                    message: "must be at least 1".into(),
+                });
+            }
+            if !self.tp.is_multiple_of(etp) {
+                return mis(format!(
+                    "etp={etp} does not divide tp={}: expert tensor parallelism splits each \
+                     expert over some of the tensor-parallel ranks",
+                    self.tp
+                ));
+            }
+            if etp < self.tp && !self.sequence_parallel {
+                return mis(format!(
+                    "etp={etp} below tp={} needs sp=true: the experts take the sequence \
+                     shards of the tensor-parallel ranks (Megatron-Core requires sequence \
+                     parallelism for MoE with tp above 1)",
+                    self.tp
+                ));
+            }
+        }
+        match self.offload {
+            Offload::None => {}
+            Offload::Optimizer if self.zero_stage < 2 => {
+                return mis(format!(
+                    "offload=optimizer moves the ZeRO-2/3 shards of the optimizer state and \
+                     gradients to the host: it needs zero=2 or zero=3, not zero={}",
+                    self.zero_stage
+                ));
+            }
+            Offload::Params if self.zero_stage < 3 => {
+                return mis(format!(
+                    "offload=params keeps the parameter shards on the host and gathers them \
+                     per layer: it needs zero=3, not zero={}",
+                    self.zero_stage
+                ));
+            }
+            Offload::Optimizer | Offload::Params => {}
+        }
         if self.vpp > 1 && self.schedule != ScheduleKind::Interleaved {
             return mis(format!("vpp={} needs schedule=interleaved", self.vpp));
         }
@@ -398,6 +504,11 @@ impl Plan {
             ));
         }
         Ok(())
+    }
+
+    /// Expert tensor parallelism: [`Plan::etp`], or `tp` when it is not given.
+    pub fn expert_tp(&self) -> usize {
+        self.etp.unwrap_or(self.tp).max(1)
     }
 
     /// Devices used.
@@ -467,6 +578,12 @@ impl fmt::Display for Plan {
         if self.layer.mlp_code() != "tt" {
             write!(f, ",mlp={}", self.layer.mlp_code())?;
         }
+        if self.offload != Offload::None {
+            write!(f, ",offload={}", self.offload.name())?;
+        }
+        if let Some(etp) = self.etp {
+            write!(f, ",etp={etp}")?;
+        }
         Ok(())
     }
 }
@@ -507,6 +624,8 @@ mod tests {
             ("schedule=zigzag", "schedule"),
             ("colour=red", "colour"),
             ("order=tp-tp", "order"),
+            ("offload=disk", "offload"),
+            ("etp=0", "etp"),
         ] {
             match Plan::parse(s) {
                 Err(CostError::PlanSyntax { key: k, .. }) => assert_eq!(k, key, "{s}"),
@@ -540,6 +659,28 @@ mod tests {
             Plan::parse("dp=4,ep=3"),
             Err(CostError::PlanMismatch(_))
         ));
+    }
+
+    #[test]
+    fn offload_and_etp_parse_round_trip_and_are_checked() {
+        let p = Plan::parse("dp=8,zero=2,offload=optimizer").unwrap();
+        assert_eq!(p.offload, Offload::Optimizer);
+        assert_eq!(Plan::parse(&p.to_string()).unwrap(), p);
+        let p = Plan::parse("dp=8,zero=3,offload=params,tp=4,etp=2,sp=true").unwrap();
+        assert_eq!((p.offload, p.expert_tp()), (Offload::Params, 2));
+        assert_eq!(Plan::parse(&p.to_string()).unwrap(), p);
+        assert_eq!(Plan::parse("tp=4").unwrap().expert_tp(), 4);
+        for (bad, says) in [
+            ("dp=8,zero=1,offload=optimizer", "zero=2 or zero=3"),
+            ("dp=8,zero=2,offload=params", "needs zero=3"),
+            ("tp=4,etp=3,sp=true", "does not divide tp=4"),
+            ("tp=4,etp=2", "needs sp=true"),
+        ] {
+            match Plan::parse(bad) {
+                Err(CostError::PlanMismatch(m)) => assert!(m.contains(says), "{bad}: {m}"),
+                other => panic!("{bad}: {other:?}"),
+            }
+        }
     }
 
     #[test]

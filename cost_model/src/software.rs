@@ -50,6 +50,53 @@ pub enum Fusion {
     Eager,
 }
 
+/// The optimizer step of CPU offload ([`crate::plan::Offload`]): memory-bound over the host
+/// DRAM, at a fraction of its bandwidth that depends on the implementation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CpuOptimizer {
+    /// DeepSpeed's `DeepSpeedCPUAdam` (SIMD, multi-threaded, fused over the parameter,
+    /// gradient and both moments, writing the 16-bit copy in the same pass): Ren et al.,
+    /// "ZeRO-Offload", USENIX ATC 2021, Sec. 5 and Table 2, where it is 5.1-6.4x faster
+    /// than PyTorch's CPU Adam. Priced at [`CPU_ADAM_BANDWIDTH_FRACTION`] of the host's
+    /// DRAM bandwidth.
+    CpuAdam,
+    /// PyTorch's `torch.optim.AdamW` on CPU tensors (FSDP's CPU offload): priced
+    /// [`TORCH_CPU_ADAM_SLOWDOWN`] times slower than CPU-Adam, the smallest gap the
+    /// ZeRO-Offload paper measured.
+    Torch,
+}
+
+/// Bytes a CPU Adam step moves per parameter: reads the fp32 weight, gradient and two
+/// moments (16), writes the weight and moments back (12) and the 16-bit copy the GPU gets
+/// (2).
+pub const CPU_ADAM_BYTES_PER_PARAM: f64 = 30.0;
+
+/// The share of the host's peak DRAM bandwidth a fused CPU Adam step reaches: ZeRO-Offload's
+/// Table 2 updates 1B parameters in about 0.22 s on a DGX-2's two Xeon Platinum 8168
+/// sockets (12 DDR4-2666 channels, 256 GB/s peak), 30 bytes each: about 136 GB/s, 0.53 of
+/// the peak, rounded to 0.5.
+pub const CPU_ADAM_BANDWIDTH_FRACTION: f64 = 0.5;
+
+/// How many times slower PyTorch's CPU Adam is than DeepSpeed's CPU-Adam (ZeRO-Offload,
+/// Table 2: 5.1x to 6.4x; the smaller is taken).
+pub const TORCH_CPU_ADAM_SLOWDOWN: f64 = 5.1;
+
+impl CpuOptimizer {
+    /// Seconds to update `params` parameters with `bandwidth` bytes/s of host DRAM.
+    pub fn step_time(self, params: f64, bandwidth: f64) -> f64 {
+        let fused = params * CPU_ADAM_BYTES_PER_PARAM / (bandwidth * CPU_ADAM_BANDWIDTH_FRACTION);
+        match self {
+            CpuOptimizer::CpuAdam => fused,
+            CpuOptimizer::Torch => fused * TORCH_CPU_ADAM_SLOWDOWN,
+        }
+    }
+}
+
+fn cpu_adam() -> CpuOptimizer {
+    CpuOptimizer::CpuAdam
+}
+
 /// A training stack's behaviour, as the cost model sees it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -94,6 +141,12 @@ pub struct Software {
     /// under computation; `false` where the transfers run on their own stream.
     #[serde(default)]
     pub p2p_blocking: bool,
+    /// The optimizer step of a plan that offloads to the CPU: DeepSpeed's CPU-Adam
+    /// (`deepspeed`, `autopar`, and `megatron-core`, whose `--optimizer-cpu-offload` runs a
+    /// fused CPU Adam unless `--use-torch-optimizer-for-cpu-offload` is given), or PyTorch's
+    /// (`fsdp`, `torchtitan`: FSDP's CPU offload steps `torch.optim` on the CPU shards).
+    #[serde(default = "cpu_adam")]
+    pub cpu_optimizer: CpuOptimizer,
 }
 
 /// The names of the built-in profiles.
@@ -122,6 +175,7 @@ impl Default for Software {
             fusion: Fusion::Fused,
             reduce_bytes: 2.0,
             p2p_blocking: false,
+            cpu_optimizer: CpuOptimizer::CpuAdam,
         }
     }
 }
@@ -177,6 +231,7 @@ impl Software {
             "fsdp" | "torchtitan" => Software {
                 fusion: Fusion::Eager,
                 reduce_bytes: 4.0,
+                cpu_optimizer: CpuOptimizer::Torch,
                 ..by_layer
             },
             "megatron-lm-2021" => Software {
@@ -282,6 +337,9 @@ pub struct SoftwareSpec {
     /// See [`Software::p2p_blocking`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub p2p_blocking: Option<bool>,
+    /// See [`Software::cpu_optimizer`]: `cpu_adam` or `torch`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_optimizer: Option<CpuOptimizer>,
 }
 
 impl SoftwareSpec {
@@ -349,12 +407,24 @@ impl SoftwareSpec {
                 }
                 "reduce_dtype" => out.reduce_dtype.replace(value.to_string()).is_none(),
                 "p2p_blocking" => out.p2p_blocking.replace(flag()?).is_none(),
+                "cpu_optimizer" => {
+                    let o = match value {
+                        "cpu_adam" => CpuOptimizer::CpuAdam,
+                        "torch" => CpuOptimizer::Torch,
+                        _ => {
+                            return Err(bad(format!(
+                                "software option `cpu_optimizer` is cpu_adam or torch, not `{value}`"
+                            )));
+                        }
+                    };
+                    out.cpu_optimizer.replace(o).is_none()
+                }
                 other => {
                     return Err(bad(format!(
                         "unknown software option `{other}` (attention, overlap_grad_reduce, \
                          tp_backward_overlap, tp_forward_overlap, tp_comm_overlap, \
                          overlap_param_gather, param_gather, fusion, reduce_dtype, bucket_mb, \
-                         p2p_blocking)"
+                         p2p_blocking, cpu_optimizer)"
                     )));
                 }
             };
@@ -414,6 +484,9 @@ impl SoftwareSpec {
         if let Some(v) = self.p2p_blocking {
             s.p2p_blocking = v;
         }
+        if let Some(v) = self.cpu_optimizer {
+            s.cpu_optimizer = v;
+        }
         if let Some(mb) = self.bucket_mb {
             if !mb.is_finite() || mb < 0.0 {
                 return Err(CostError::Software(format!(
@@ -469,6 +542,7 @@ mod tests {
         assert!(err("fsdp,fusion=some").contains("fused or eager"));
         assert!(err("fsdp,reduce_dtype=int8").contains("bf16 or fp32"));
         assert!(err("fsdp,attention=fast").contains("flash1"));
+        assert!(err("fsdp,cpu_optimizer=gpu").contains("cpu_adam or torch"));
     }
 
     #[test]

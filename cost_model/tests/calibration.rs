@@ -108,6 +108,10 @@ fn every_reference_table_is_read_and_the_megatron_tables_are_expressed() {
             .count(),
         7
     );
+    // The MoE block's Mixtral-proxy rows, forward and backward (the DeepSeek proxy's shared
+    // expert is not modelled).
+    let moe = table(&r, "megatron_moe_layer_perf_baseline_h100");
+    assert_eq!(moe.rows.len(), 12, "{:?}", moe.skipped);
     assert!(r.overall.median_abs_error.is_some_and(f64::is_finite));
     assert_eq!(
         r.overall.expressed,
@@ -123,8 +127,10 @@ fn every_reference_table_is_read_and_the_megatron_tables_are_expressed() {
 /// Table 5 1.9% / 5.0%, the all-reduce sweep 4.0% / 60.1% (B200 inside one node at 4-64
 /// MiB, where the model runs NVLink SHARP at its 8 GiB rate and the sweep does not), the
 /// MAMF GEMMs 4.5% / 12.5% (GH200 and A100 PCIe included), the NCCL maintainers' and users' bus bandwidths 0.6% / 11.5%
-/// (2 nodes with 4 HDR NICs, 86 GB/s measured against the ring's 96) and 0.2% / 1.9%.
-const BOUNDS: [(&str, f64, f64, f64); 10] = [
+/// (2 nodes with 4 HDR NICs, 86 GB/s measured against the ring's 96) and 0.2% / 1.9%, the
+/// Megatron-Core MoE block (Mixtral proxy on 8 H100s, ep=8) 5.4% / 11.3% (fp8 backward ~11%
+/// too slow).
+const BOUNDS: [(&str, f64, f64, f64); 11] = [
     ("korthikanti2022_table4_per_layer_22B", 0.04, 0.06, 0.5),
     (
         "korthikanti2022_tables3_5_seqpar_selective",
@@ -134,6 +140,7 @@ const BOUNDS: [(&str, f64, f64, f64); 10] = [
     ),
     ("llmfoundry_mpt_benchmarks", 0.075, 0.30, 0.75),
     ("megatron_core_h100_weak_scaling_readme", 0.05, 0.30, 0.75),
+    ("megatron_moe_layer_perf_baseline_h100", 0.06, 0.12, 0.3),
     ("megatron_sc21_table1_weak_scaling_a100", 0.055, 0.07, 0.95),
     ("megatron_sc21_table2_zero3_vs_ptdp", 0.055, 0.195, 0.85),
     ("mlengineering_allreduce_busbw", 0.05, 0.65, 0.85),

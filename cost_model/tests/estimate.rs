@@ -409,3 +409,151 @@ fn without_overlap_is_the_slow_end_of_the_range() {
         assert!(slow.iter_time_s > fast.iter_time_s, "{text}");
     }
 }
+
+/// A 13B GPT on one DGX A100 node under ZeRO-3, with and without offload: the fp32 state
+/// moves to the host and the step pays for the copies and the CPU's optimizer step; GPT-3
+/// 175B's 175B x 16 bytes of fp32 state (2.8 TB) does not fit the node's 2 TB host.
+#[test]
+fn cpu_offload_moves_state_to_the_host_and_costs_pcie_time() {
+    let m = a100(1);
+    let cfg = TransformerConfig::gpt("13b", 40, 5120, 40, 2048, 51200);
+    let on_gpu = Plan::parse("dp=8,zero=3,mbs=1,gbs=64,recompute=full").unwrap();
+    let base = m.estimate(&cfg, &on_gpu).unwrap();
+    assert!(base.fits, "{:?}", base.fits_reason);
+    assert_eq!(base.memory.host, 0.0);
+    for offload in ["optimizer", "params"] {
+        let plan = Plan::parse(&format!("{on_gpu},offload={offload}")).unwrap();
+        let e = m.estimate(&cfg, &plan).unwrap();
+        assert!(e.fits, "{offload}: {:?}", e.fits_reason);
+        // The fp32 state leaves the GPU for the host...
+        assert_eq!(e.memory.optimizer, 0.0, "{offload}");
+        assert!(e.memory.host > base.memory.optimizer, "{offload}");
+        assert!(e.peak_memory_gib < base.peak_memory_gib, "{offload}");
+        // ... and the step pays for the copies and the CPU's optimizer step.
+        assert!(e.iter_time_s > base.iter_time_s, "{offload}");
+        assert!(e.time.optimizer_s > base.time.optimizer_s, "{offload}");
+        assert!(
+            e.time.layer_backward.comm_total_s > base.time.layer_backward.comm_total_s,
+            "{offload}"
+        );
+    }
+    let params = Plan::parse(&format!("{on_gpu},offload=params")).unwrap();
+    let e = m.estimate(&cfg, &params).unwrap();
+    assert_eq!((e.memory.weights, e.memory.gradients), (0.0, 0.0));
+    // FSDP's CPU optimizer is PyTorch's, slower than DeepSpeed's CPU-Adam.
+    let mut fsdp = a100(1);
+    autopar_cost_model::Software::parse("fsdp")
+        .unwrap()
+        .apply(&mut fsdp);
+    assert!(fsdp.estimate(&cfg, &params).unwrap().time.optimizer_s > e.time.optimizer_s * 4.0);
+
+    // 175B: 2.8 TB of fp32 state on a node with 2 TB of host memory.
+    let big = TransformerConfig::gpt3_175b();
+    let plan = Plan::parse("dp=8,zero=3,mbs=1,gbs=64,recompute=full,offload=params").unwrap();
+    let e = m.estimate(&big, &plan).unwrap();
+    assert!(!e.fits && !e.cost.is_feasible());
+    let why = e.fits_reason.unwrap();
+    assert!(why.contains("host memory") && why.contains("GiB"), "{why}");
+}
+
+#[test]
+fn offload_needs_a_described_host() {
+    let mut c = Cluster::preset("dgx-h100:nodes=1").unwrap();
+    c.host = None;
+    let cfg = TransformerConfig::gpt("small", 4, 1024, 16, 1024, 51200);
+    let plan = Plan::parse("dp=8,zero=2,gbs=8,offload=optimizer").unwrap();
+    let err = CostModel::new(c)
+        .estimate(&cfg, &plan)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("[host]"), "{err}");
+    let cpu = CostModel::new(Cluster::preset("cpu:ranks=2").unwrap());
+    let plan = Plan::parse("dp=2,zero=2,gbs=2,offload=optimizer").unwrap();
+    assert!(cpu.estimate(&cfg, &plan).is_err());
+}
+
+fn mixtral() -> TransformerConfig {
+    TransformerConfig {
+        name: "mixtral-8x7b".into(),
+        layers: 32,
+        hidden: 4096,
+        heads: 32,
+        kv_heads: 8,
+        ffn: 14336,
+        vocab: 32000,
+        seq: 4096,
+        experts: 8,
+        top_k: 2,
+        gated_mlp: true,
+        tied_embeddings: false,
+        learned_positions: false,
+    }
+}
+
+/// Expert tensor parallelism: the experts split over `etp` of the `tp` ranks, their weights
+/// over `ep x etp`, the MoE block's collectives over the `etp` group (none with `etp=1`).
+#[test]
+fn expert_tensor_parallelism_divides_expert_weights_and_moves_the_collectives() {
+    let m = CostModel::new(Cluster::preset("dgx-h100:nodes=4").unwrap());
+    let cfg = mixtral();
+    let est = |etp: &str| {
+        let plan = Plan::parse(&format!("dp=4,ep=4,tp=8,sp=true,mbs=1,gbs=64{etp}")).unwrap();
+        m.estimate(&cfg, &plan).unwrap()
+    };
+    let (full, two, one) = (est(""), est(",etp=2"), est(",etp=1"));
+    assert_eq!(
+        full.memory.num_expert_params,
+        est(",etp=8").memory.num_expert_params
+    );
+    let ratio = two.memory.num_expert_params / full.memory.num_expert_params;
+    assert!((ratio - 4.0).abs() < 1e-9, "{ratio}");
+    let ratio = one.memory.num_expert_params / full.memory.num_expert_params;
+    assert!((ratio - 8.0).abs() < 1e-9, "{ratio}");
+    // The MoE block's gathers and reduce-scatters: over 2 ranks with etp=2, none with etp=1,
+    // so tensor-parallel traffic falls with etp while the attention block's stays.
+    let tp_issued = |e: &autopar_cost_model::Estimate| e.time.layer_forward.exposed_by.tp_s;
+    assert!(
+        tp_issued(&one) < tp_issued(&two),
+        "{} {}",
+        tp_issued(&one),
+        tp_issued(&two)
+    );
+    assert!(tp_issued(&one) > 0.0);
+    // More expert state per rank: a larger peak.
+    assert!(one.peak_memory_gib > two.peak_memory_gib);
+    assert!(two.peak_memory_gib > full.peak_memory_gib);
+
+    for (bad, says) in [
+        (
+            "dp=4,ep=4,tp=8,sp=true,gbs=64,etp=3",
+            "does not divide tp=8",
+        ),
+        ("dp=4,ep=4,tp=8,gbs=64,etp=2", "needs sp=true"),
+    ] {
+        let err = Plan::parse(bad).unwrap_err().to_string();
+        assert!(err.contains(says), "{bad}: {err}");
+    }
+    let dense = TransformerConfig::gpt("small", 4, 1024, 16, 1024, 51200);
+    let plan = Plan::parse("tp=4,sp=true,gbs=8,etp=2").unwrap();
+    let err = m.estimate(&dense, &plan).unwrap_err().to_string();
+    assert!(err.contains("without experts"), "{err}");
+}
+
+/// The MoE block the calibration prices alone is the one inside the layer: its all-to-alls
+/// are the layer's, its GEMMs a part of the layer's, and its backward twice its forward.
+#[test]
+fn the_moe_block_is_priced_by_the_layers_code() {
+    let m = CostModel::new(Cluster::preset("dgx-h100:nodes=1").unwrap());
+    let cfg = mixtral();
+    let plan = Plan::parse("dp=8,ep=8,mbs=1,gbs=8").unwrap();
+    let b = m.mlp_block_times(&cfg, &plan).unwrap();
+    let e = m.estimate(&cfg, &plan).unwrap();
+    let (lf, lb) = (&e.time.layer_forward, &e.time.layer_backward);
+    assert_eq!(b.forward.exposed_by.ep_s, lf.exposed_by.ep_s);
+    assert_eq!(b.backward.exposed_by.ep_s, lb.exposed_by.ep_s);
+    assert!(b.forward.exposed_by.ep_s > 0.0);
+    assert!(b.forward.gemm_s > 0.5 * lf.gemm_s && b.forward.gemm_s < lf.gemm_s);
+    assert!(b.forward.memory_s < lf.memory_s);
+    let ratio = b.backward.gemm_s / b.forward.gemm_s;
+    assert!((1.9..2.1).contains(&ratio), "{ratio}");
+}

@@ -2,9 +2,9 @@
 //! fast as the hand-tuned Megatron-LM configuration, with an explanation naming the deciding
 //! term), Llama 3 70B on 64 H100s and Mixtral 8x7B on 32 H100s (fitting plans).
 
-use autopar_cost_model::{Cluster, CostModel, Plan, TransformerConfig};
+use autopar_cost_model::{Cluster, CostModel, Offload, Plan, TransformerConfig};
 use autopar_passes::search::explain::{Comparison, Term};
-use autopar_passes::search::{SearchOptions, search};
+use autopar_passes::search::{Constraints, SearchOptions, search};
 
 fn model(preset: &str) -> CostModel {
     CostModel::new(Cluster::preset(preset).expect("preset"))
@@ -116,4 +116,97 @@ fn llama3_70b_on_64_h100s_and_mixtral_on_32_h100s_fit() {
                 .all(|w| w[0].estimate.iter_time_s <= w[1].estimate.iter_time_s)
         );
     }
+}
+
+fn dense(name: &str, layers: usize, hidden: usize, heads: usize, ffn: usize) -> TransformerConfig {
+    TransformerConfig {
+        name: name.into(),
+        layers,
+        hidden,
+        heads,
+        kv_heads: 8,
+        ffn,
+        vocab: 128256,
+        seq: 8192,
+        experts: 1,
+        top_k: 1,
+        gated_mlp: true,
+        tied_embeddings: false,
+        learned_positions: false,
+    }
+}
+
+/// One worker, so that what the time bounds prune does not depend on thread timing.
+fn pinned(batch: usize, pins: &str) -> SearchOptions {
+    let mut o = SearchOptions::new(batch);
+    o.constraints = Constraints::parse(pins).expect("pins");
+    o.threads = 1;
+    o
+}
+
+/// CPU offload enters the space only where the GPUs cannot hold a plan's state otherwise: a
+/// model that fits is searched exactly as with offload pinned off, and one that fits only
+/// with offload is found with it.
+#[test]
+fn the_search_offloads_only_when_the_gpus_cannot_hold_the_state() {
+    let m = model("dgx-a100:nodes=1");
+    let small = dense("llama-1b", 16, 2048, 32, 8192);
+    let free = search(&m, &small, &pinned(64, "")).unwrap();
+    let off = search(&m, &small, &pinned(64, "offload=none")).unwrap();
+    assert!(free.plans.iter().all(|p| p.plan.offload == Offload::None));
+    assert_eq!(free.stats.candidates, off.stats.candidates);
+    assert_eq!(free.stats.estimated, off.stats.estimated);
+    assert_eq!(free.plans, off.plans);
+
+    // 34B on eight 40 GB GPUs: 34B x 18 bytes over 8 ranks is 76 GB of state each without
+    // offload; with it, the 1 TB host holds the fp32 state.
+    let m = model("dgx-a100-40gb:nodes=1");
+    let big = dense("llama-34b", 48, 8192, 64, 22016);
+    let none = search(&m, &big, &pinned(64, "offload=none")).unwrap();
+    assert!(none.plans.is_empty(), "{:?}", none.plans[0].plan);
+    let r = search(&m, &big, &SearchOptions::new(64)).unwrap();
+    assert!(!r.plans.is_empty());
+    for p in &r.plans {
+        assert_ne!(p.plan.offload, Offload::None, "{}", p.plan);
+        assert!(p.estimate.fits && p.estimate.memory.host > 0.0);
+    }
+}
+
+/// Llama 3 405B on 16K H100s: the offload families the space gains (shapes whose state does
+/// not fit at ZeRO-2/3) are pruned by their bounds, not estimated.
+#[test]
+fn offload_does_not_make_the_405b_search_estimate_more() {
+    let m = model("dgx-h100:nodes=2048");
+    let cfg = dense("llama3-405b", 126, 16384, 128, 53248);
+    let free = search(&m, &cfg, &pinned(2048, "")).unwrap();
+    let off = search(&m, &cfg, &pinned(2048, "offload=none")).unwrap();
+    assert!(free.stats.complete && off.stats.complete);
+    assert_eq!(free.plans, off.plans);
+    assert!(
+        free.stats.estimated <= off.stats.estimated + off.stats.estimated / 20,
+        "{:?} vs {:?}",
+        free.stats,
+        off.stats
+    );
+}
+
+/// Expert tensor parallelism is a dimension of the MoE search: with `tp=4` pinned, plans
+/// with the experts over 1 or 2 of the 4 ranks are estimated and ranked beside `etp=tp`.
+#[test]
+fn the_moe_search_explores_expert_tensor_parallelism() {
+    let m = model("dgx-h100:nodes=2");
+    let mut o = pinned(64, "tp=4,sp=true,pp=1,zero=1,recompute=full");
+    o.top_k = 1000;
+    let r = search(&m, &mixtral_8x7b(), &o).unwrap();
+    let etps: std::collections::BTreeSet<usize> =
+        r.plans.iter().map(|p| p.plan.expert_tp()).collect();
+    assert!(etps.contains(&4) && etps.len() > 1, "{etps:?}");
+    let pinned_tp = search(&m, &mixtral_8x7b(), &{
+        let mut p = pinned(64, "tp=4,sp=true,pp=1,zero=1,recompute=full,etp=4");
+        p.top_k = 1000;
+        p
+    })
+    .unwrap();
+    assert!(pinned_tp.plans.iter().all(|p| p.plan.etp.is_none()));
+    assert!(pinned_tp.stats.candidates < r.stats.candidates);
 }

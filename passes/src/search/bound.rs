@@ -7,7 +7,7 @@ use autopar_cost_model::memory::{
     activation_bytes_per_layer, expert_params_per_layer, layer_params_per_rank,
     optimizer_params_per_layer,
 };
-use autopar_cost_model::{CostModel, Plan, TransformerConfig};
+use autopar_cost_model::{CostModel, Offload, Plan, TransformerConfig};
 
 const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
 
@@ -28,7 +28,9 @@ const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
 ///   bytes each (compute dtype and gradient bytes, each divided from the ZeRO stage that
 ///   shards it by the ranks sharing it, [`CostModel::zero_shards`]: all data-parallel ranks
 ///   for dense parameters, those holding the same experts for experts) and the optimizer
-///   state of [`optimizer_params_per_layer`] at `o / z1`; embedding and head are left out;
+///   state of [`optimizer_params_per_layer`] at `o / z1`; embedding and head are left out
+///   (under CPU offload, what the estimate leaves on the GPU: the weights and a 16-bit
+///   gradient shard with the optimizer offloaded, nothing with the parameters);
 /// - it stores `in_flight[r] * c_r * a` activation bytes, where `c_r` is its largest chunk's
 ///   layer count, at least the smallest chunk of all, and `a` is
 ///   [`activation_bytes_per_layer`] under the plan's recompute policy;
@@ -53,15 +55,25 @@ pub fn memory_lower_bound(
     let z = model.zero_shards(plan);
     let expert = expert_params_per_layer(cfg, plan);
     let dense = layer_params_per_rank(cfg, plan) - expert;
-    let per_layer = z.bytes(plan, 3, dense, expert, plan.dtype.size_bytes() as f64)
-        + z.bytes(plan, 2, dense, expert, mp.grad_bytes_per_param)
-        + z.bytes(
-            plan,
-            1,
-            optimizer_params_per_layer(cfg, plan) - expert,
-            expert,
-            mp.optimizer_bytes_per_param,
-        );
+    let e = plan.dtype.size_bytes() as f64;
+    let per_layer = match plan.offload {
+        Offload::None => {
+            z.bytes(plan, 3, dense, expert, e)
+                + z.bytes(plan, 2, dense, expert, mp.grad_bytes_per_param)
+                + z.bytes(
+                    plan,
+                    1,
+                    optimizer_params_per_layer(cfg, plan) - expert,
+                    expert,
+                    mp.optimizer_bytes_per_param,
+                )
+        }
+        // The estimate keeps the 16-bit weights and a 16-bit gradient shard on the GPU.
+        Offload::Optimizer => {
+            z.bytes(plan, 3, dense, expert, e) + z.bytes(plan, 2, dense, expert, e)
+        }
+        Offload::Params => 0.0,
+    };
     let act = match in_flight {
         Some(_) => activation_bytes_per_layer(cfg, plan, plan.recompute, model.compute.attention),
         None => 0.0,

@@ -9,7 +9,9 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 use autopar_cost_model::estimate::stage_layers;
-use autopar_cost_model::{CostModel, Estimate, LayerPlacement, Plan, Recompute, TransformerConfig};
+use autopar_cost_model::{
+    CostModel, Estimate, LayerPlacement, Offload, Plan, Recompute, TransformerConfig,
+};
 use autopar_ir::axis;
 use autopar_ir::schedule::ScheduleKind;
 
@@ -453,6 +455,8 @@ pub fn megatron_reference(
             axis_order: Plan::DEFAULT_ORDER.iter().map(|a| a.to_string()).collect(),
             stage_layers: None,
             layer: LayerPlacement::MEGATRON,
+            offload: Offload::None,
+            etp: None,
         };
         if model.estimate(cfg, &plan).is_ok_and(|e| e.fits) {
             let name = format!(

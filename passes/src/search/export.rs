@@ -12,7 +12,7 @@
 //! differently.
 
 use autopar_cost_model::estimate::stage_layers;
-use autopar_cost_model::{Plan, Recompute, TransformerConfig};
+use autopar_cost_model::{Offload, Plan, Recompute, TransformerConfig};
 use autopar_ir::DType;
 use autopar_ir::schedule::ScheduleKind;
 
@@ -116,6 +116,21 @@ pub fn megatron_args(cfg: &TransformerConfig, plan: &Plan) -> Result<String, Sea
     }
     arg(&format!("--context-parallel-size {}", plan.cp));
     arg(&format!("--expert-model-parallel-size {}", plan.ep));
+    if let Some(etp) = plan.etp {
+        arg(&format!("--expert-tensor-parallel-size {etp}"));
+    }
+    match plan.offload {
+        Offload::None => {}
+        // Megatron-Core's hybrid device optimizer keeps the optimizer state on the CPU.
+        Offload::Optimizer => {
+            arg("--optimizer-cpu-offload");
+        }
+        Offload::Params => notes.push(
+            "offload=params (FSDP/ZeRO-3 parameter offload) has no Megatron-LM flag; \
+             --optimizer-cpu-offload offloads the optimizer state only"
+                .into(),
+        ),
+    }
     if plan.sequence_parallel && plan.tp > 1 {
         arg("--sequence-parallel");
     }
@@ -240,6 +255,20 @@ pub fn torchtitan_toml(cfg: &TransformerConfig, plan: &Plan) -> Result<String, S
                 .into(),
         );
     }
+    if plan.offload == Offload::Optimizer {
+        notes.push(
+            "torchtitan offloads parameters, gradients and optimizer state together \
+             (enable_cpu_offload); the plan was ranked with the optimizer state only offloaded"
+                .into(),
+        );
+    }
+    if plan.etp.is_some() {
+        notes.push(
+            "torchtitan has no expert tensor parallelism separate from tp; the plan's etp \
+             is not expressed"
+                .into(),
+        );
+    }
     if plan.tp > 1 && !plan.sequence_parallel {
         notes.push(
             "torchtitan's tensor parallelism always shards norms and dropout over the sequence \
@@ -281,6 +310,10 @@ pub fn torchtitan_toml(cfg: &TransformerConfig, plan: &Plan) -> Result<String, S
     out += &format!("seq_len = {}\n", cfg.seq);
     out += &format!("mixed_precision_param = \"{precision}\"\n");
     out += "mixed_precision_reduce = \"float32\"\n";
+    if plan.offload != Offload::None {
+        // FSDP2's CPUOffloadPolicy: parameters, gradients and optimizer state on the CPU.
+        out += "enable_cpu_offload = true\n";
+    }
     out += "\n[parallelism]\n";
     out += &format!("data_parallel_replicate_degree = {replicate}\n");
     out += &format!("data_parallel_shard_degree = {shard}\n");

@@ -8,8 +8,11 @@
 //! devices and divides the model and the batch, every placement of its non-trivial axes on
 //! the devices, and for each the micro-batch sizes, pipeline layouts, ZeRO stages, recompute
 //! policies, sequence-parallel settings and layer placements (each of a layer's five ops split
-//! over `tp` or run on sequence shards, [`autopar_cost_model::LayerPlacement`]) that are valid.
-//! [`Constraints`] pin any of them.
+//! over `tp` or run on sequence shards, [`autopar_cost_model::LayerPlacement`]) that are valid;
+//! for mixtures of experts every expert tensor-parallel degree dividing `tp`
+//! ([`Plan::etp`]); and CPU offload ([`Plan::offload`]) for the base plans whose weights,
+//! gradients and optimizer state alone do not fit on the GPU (offloading only adds time in
+//! the cost model, so elsewhere it could not rank). [`Constraints`] pin any of them.
 //!
 //! # How it is pruned, exactly
 //!
@@ -67,6 +70,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
+use autopar_cost_model::cluster::Runtime;
 use autopar_cost_model::{
     CostModel, Estimate, LayerPlacement, MeshMapping, Plan, Recompute, TransformerConfig,
 };
@@ -515,14 +519,34 @@ impl Worker {
         let zeros = space::zero_stages(&s, c);
         let sps = space::sequence_parallel(cfg, &s, c);
         let placements = space::layer_placements(cfg, &s, c);
-        // Per (micro-batch size, sp, axis order): the layer placements in dominance order.
-        let mut dominance: HashMap<(usize, bool, usize), Rc<Dominance>> = HashMap::new();
+        // Sequence parallelism with expert tensor parallelism: experts below `tp` take
+        // sequence shards, so they need sp.
+        // Offload and experts over fewer ranks than tp are the GPU stack's: the CPU runtime
+        // (and a search for what it runs) has neither, nor offload a cluster without a host.
+        let gpu_stack = model.cluster.runtime == Runtime::MixedPrecisionGpu && !c.cpu_executable;
+        let can_offload = gpu_stack && model.cluster.host.is_some();
+        let etps = if gpu_stack || c.etp.is_some() {
+            space::expert_tps(cfg, &s, c)
+        } else {
+            vec![None]
+        };
+        let sp_etps: Vec<(bool, Option<usize>)> = sps
+            .iter()
+            .flat_map(|&sp| etps.iter().map(move |&etp| (sp, etp)))
+            .filter(|&(sp, etp)| sp || etp.is_none())
+            .collect();
+        // Per (micro-batch size, sp, etp, axis order): the layer placements in dominance order.
+        type DominanceKey = (usize, bool, Option<usize>, usize);
+        let mut dominance: HashMap<DominanceKey, Rc<Dominance>> = HashMap::new();
         let recomputes = space::recomputes(model.compute.attention, c);
         for mbs in space::micro_batch_sizes(&s, batch, c) {
             let m = batch / (s.dp * mbs);
             for (vpp, kind) in space::pipelines(cfg, s.pp, m, c) {
                 for &zero in &zeros {
-                    let base = Plan {
+                    // Offload is in the space only where the GPU cannot hold the plan's state
+                    // without it, the least that lets it (whatever `prune` says: the space is
+                    // the same either way).
+                    let on_gpu = Plan {
                         dp: s.dp,
                         tp: s.tp,
                         pp: s.pp,
@@ -532,79 +556,110 @@ impl Worker {
                         micro_batch_size: mbs,
                         global_batch: batch,
                         zero_stage: zero,
-                        recompute: Recompute::None,
-                        sequence_parallel: false,
-                        schedule: kind,
                         dtype: opts.dtype,
                         fp8: opts.fp8,
-                        axis_order: Vec::new(),
                         stage_layers: c.stage_layers.clone(),
-                        layer: LayerPlacement::MEGATRON,
+                        ..Plan::default()
                     };
-                    // Megatron-LM's placement has the fewest parameters per rank, so the
-                    // base plan's weights bound every placement's from below.
-                    let family =
-                        (sps.len() * placements.len() * orders.len() * recomputes.len()) as u64;
-                    self.stats.candidates += family;
-                    if opts.prune && memory_lower_bound(model, cfg, &base, None) > capacity {
-                        self.stats.pruned_by_memory += family;
-                        continue;
-                    }
-                    let built = self.schedule(kind, s.pp, vpp, m)?;
-                    for &sp in &sps {
-                        for (oi, order) in orders.iter().enumerate() {
-                            let base = Plan {
-                                sequence_parallel: sp,
-                                axis_order: order.clone(),
-                                ..base.clone()
-                            };
-                            // No placement fits even with the most recomputation: the
-                            // whole family goes before any mapping or profile is built.
-                            let heaviest = Plan {
-                                recompute: *recomputes.last().expect("a recompute policy"),
-                                ..base.clone()
-                            };
-                            if opts.prune
-                                && placements.iter().all(|&layer| {
-                                    let p = Plan {
-                                        layer,
-                                        ..heaviest.clone()
-                                    };
-                                    memory_lower_bound(model, cfg, &p, Some(&built.in_flight))
-                                        > capacity
-                                })
-                            {
-                                self.stats.pruned_by_memory +=
-                                    (placements.len() * recomputes.len()) as u64;
-                                continue;
-                            }
-                            let mapping = &mut mappings[oi];
-                            let layers = if opts.prune && placements.len() > 1 {
-                                let key = (mbs, sp, oi);
-                                if let Some(l) = dominance.get(&key) {
-                                    Rc::clone(l)
-                                } else {
-                                    let mapping = mapping_of(mapping, &base, model)?;
-                                    let l = Rc::new(model.layer_dominance(
-                                        cfg,
-                                        &base,
-                                        mapping,
-                                        &placements,
-                                    )?);
-                                    dominance.insert(key, Rc::clone(&l));
-                                    l
+                    let fits = |offload| {
+                        if !can_offload {
+                            return true;
+                        }
+                        let p = Plan {
+                            offload,
+                            ..on_gpu.clone()
+                        };
+                        memory_lower_bound(model, cfg, &p, None) <= capacity
+                    };
+                    for offload in space::offloads(zero, fits, c) {
+                        let base = Plan {
+                            dp: s.dp,
+                            tp: s.tp,
+                            pp: s.pp,
+                            vpp,
+                            cp: s.cp,
+                            ep: s.ep,
+                            micro_batch_size: mbs,
+                            global_batch: batch,
+                            zero_stage: zero,
+                            recompute: Recompute::None,
+                            sequence_parallel: false,
+                            schedule: kind,
+                            dtype: opts.dtype,
+                            fp8: opts.fp8,
+                            axis_order: Vec::new(),
+                            stage_layers: c.stage_layers.clone(),
+                            layer: LayerPlacement::MEGATRON,
+                            offload,
+                            etp: None,
+                        };
+                        // Megatron-LM's placement has the fewest parameters per rank, so the
+                        // base plan's weights bound every placement's from below.
+                        let family =
+                            (sp_etps.len() * placements.len() * orders.len() * recomputes.len())
+                                as u64;
+                        self.stats.candidates += family;
+                        if opts.prune && memory_lower_bound(model, cfg, &base, None) > capacity {
+                            self.stats.pruned_by_memory += family;
+                            continue;
+                        }
+                        let built = self.schedule(kind, s.pp, vpp, m)?;
+                        for &(sp, etp) in &sp_etps {
+                            for (oi, order) in orders.iter().enumerate() {
+                                let base = Plan {
+                                    sequence_parallel: sp,
+                                    axis_order: order.clone(),
+                                    etp,
+                                    ..base.clone()
+                                };
+                                // No placement fits even with the most recomputation: the
+                                // whole family goes before any mapping or profile is built.
+                                let heaviest = Plan {
+                                    recompute: *recomputes.last().expect("a recompute policy"),
+                                    ..base.clone()
+                                };
+                                if opts.prune
+                                    && placements.iter().all(|&layer| {
+                                        let p = Plan {
+                                            layer,
+                                            ..heaviest.clone()
+                                        };
+                                        memory_lower_bound(model, cfg, &p, Some(&built.in_flight))
+                                            > capacity
+                                    })
+                                {
+                                    self.stats.pruned_by_memory +=
+                                        (placements.len() * recomputes.len()) as u64;
+                                    continue;
                                 }
-                            } else {
-                                Rc::new(placements.iter().map(|&l| (l, Vec::new())).collect())
-                            };
-                            let family = Family {
-                                base: &base,
-                                built: &built,
-                                micro_batches: m,
-                                recomputes: &recomputes,
-                            };
-                            if !self.run_family(sh, &family, &layers, mapping)? {
-                                return Ok(false);
+                                let mapping = &mut mappings[oi];
+                                let layers = if opts.prune && placements.len() > 1 {
+                                    let key = (mbs, sp, etp, oi);
+                                    if let Some(l) = dominance.get(&key) {
+                                        Rc::clone(l)
+                                    } else {
+                                        let mapping = mapping_of(mapping, &base, model)?;
+                                        let l = Rc::new(model.layer_dominance(
+                                            cfg,
+                                            &base,
+                                            mapping,
+                                            &placements,
+                                        )?);
+                                        dominance.insert(key, Rc::clone(&l));
+                                        l
+                                    }
+                                } else {
+                                    Rc::new(placements.iter().map(|&l| (l, Vec::new())).collect())
+                                };
+                                let family = Family {
+                                    base: &base,
+                                    built: &built,
+                                    micro_batches: m,
+                                    recomputes: &recomputes,
+                                };
+                                if !self.run_family(sh, &family, &layers, mapping)? {
+                                    return Ok(false);
+                                }
                             }
                         }
                     }

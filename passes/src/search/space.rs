@@ -11,7 +11,8 @@ use serde::{Deserialize, Serialize};
 
 use autopar_cost_model::estimate::stage_layers;
 use autopar_cost_model::{
-    AttentionKernel, LayerOp, LayerPlacement, OpPlacement, Plan, Recompute, TransformerConfig,
+    AttentionKernel, LayerOp, LayerPlacement, Offload, OpPlacement, Plan, Recompute,
+    TransformerConfig,
 };
 use autopar_ir::axis;
 use autopar_ir::schedule::ScheduleKind;
@@ -42,6 +43,12 @@ pub struct Constraints {
     pub recompute: Option<Recompute>,
     /// Sequence parallelism.
     pub sp: Option<bool>,
+    /// CPU offload (`offload=none` keeps the search from offloading).
+    #[serde(default)]
+    pub offload: Option<Offload>,
+    /// Expert tensor parallelism ([`Plan::expert_tp`]).
+    #[serde(default)]
+    pub etp: Option<usize>,
     /// The attention ops' placement over `tp` as a code of [`Plan::layer`] (`ttt`, `sts`, ...).
     #[serde(default)]
     pub attention: Option<String>,
@@ -123,6 +130,24 @@ impl Constraints {
                 "zero" => c.zero = Some(one()?.zero_stage),
                 "recompute" => c.recompute = Some(one()?.recompute),
                 "sp" => c.sp = Some(one()?.sequence_parallel),
+                "offload" => {
+                    c.offload = Some(match v {
+                        "none" => Offload::None,
+                        "optimizer" => Offload::Optimizer,
+                        "params" => Offload::Params,
+                        _ => {
+                            return Err(err(format!(
+                                "expected none, optimizer or params, not `{v}`"
+                            )));
+                        }
+                    })
+                }
+                "etp" => {
+                    c.etp =
+                        Some(v.parse::<usize>().ok().filter(|&n| n > 0).ok_or_else(|| {
+                            err(format!("expected a positive integer, not `{v}`"))
+                        })?)
+                }
                 "attn" => {
                     let mut l = LayerPlacement::MEGATRON;
                     l.set_attention(v).map_err(err)?;
@@ -158,8 +183,8 @@ impl Constraints {
                 }
                 _ => {
                     return Err(err(
-                        "unknown key (expected dp, tp, pp, vpp, cp, ep, mbs, zero, recompute, \
-                         sp, attn, mlp, schedule, order, stages or runtime)"
+                        "unknown key (expected dp, tp, pp, vpp, cp, ep, etp, mbs, zero, \
+                         offload, recompute, sp, attn, mlp, schedule, order, stages or runtime)"
                             .into(),
                     ));
                 }
@@ -184,6 +209,8 @@ impl Constraints {
             && ok(&self.zero, plan.zero_stage)
             && ok(&self.recompute, plan.recompute)
             && ok(&self.sp, plan.sequence_parallel)
+            && ok(&self.offload, plan.offload)
+            && ok(&self.etp, plan.expert_tp())
             && self.admits_layer(&plan.layer)
             && ok(&self.schedule, plan.schedule)
             && self
@@ -254,6 +281,16 @@ pub fn cpu_unsupported(cfg: &TransformerConfig, plan: &Plan) -> Vec<String> {
             "context parallelism (cp={}) in a mixture of experts ({} experts)",
             plan.cp, cfg.experts
         ));
+    }
+    if plan.expert_tp() < plan.tp {
+        out.push(format!(
+            "expert tensor parallelism below tp (etp={}, tp={})",
+            plan.expert_tp(),
+            plan.tp
+        ));
+    }
+    if plan.offload != Offload::None {
+        out.push(format!("CPU offload (offload={})", plan.offload.name()));
     }
     out
 }
@@ -551,6 +588,57 @@ pub(crate) fn zero_stages(s: &Shape, c: &Constraints) -> Vec<u8> {
         None if s.dp == 1 => vec![0],
         None => vec![0, 1, 2, 3],
     }
+}
+
+/// CPU offload for a plan at ZeRO stage `zero`: none, and the least offload that lets the
+/// plan's weights, gradients and optimizer state fit on the GPU when they do not without it
+/// (`fits` says whether they do under an offload): the optimizer state (from ZeRO-2) when
+/// nothing offloaded does not fit, the parameters too (at ZeRO-3) when that does not fit
+/// either. Offloading never makes a step faster in the cost model (it adds PCIe copies and a
+/// slower optimizer step and removes nothing), so it earns a place in the space only where
+/// the GPU cannot hold the plan otherwise. A pin overrides the rule.
+pub(crate) fn offloads(zero: u8, fits: impl Fn(Offload) -> bool, c: &Constraints) -> Vec<Offload> {
+    let allowed = |o: Offload| match o {
+        Offload::None => true,
+        Offload::Optimizer => zero >= 2,
+        Offload::Params => zero >= 3,
+    };
+    if let Some(o) = c.offload {
+        return [o].into_iter().filter(|&o| allowed(o)).collect();
+    }
+    let mut out = vec![Offload::None];
+    for (less, more) in [
+        (Offload::None, Offload::Optimizer),
+        (Offload::Optimizer, Offload::Params),
+    ] {
+        if !allowed(more) || fits(less) {
+            break;
+        }
+        out.push(more);
+    }
+    out
+}
+
+/// Expert tensor parallelism for a mesh shape: for MoE models with `tp > 1`, every divisor
+/// of `tp` that divides the experts' width, `tp` itself (Megatron-Core's default) first, as
+/// `None`, the others as `Some(etp)`; dense models get `None` only. Below `tp` it needs
+/// sequence parallelism, which the caller checks.
+pub(crate) fn expert_tps(
+    cfg: &TransformerConfig,
+    s: &Shape,
+    c: &Constraints,
+) -> Vec<Option<usize>> {
+    let mut out = vec![None];
+    if cfg.experts > 1 && s.tp > 1 {
+        out.extend(
+            divisors(s.tp)
+                .into_iter()
+                .filter(|&e| e < s.tp && cfg.ffn.is_multiple_of(e))
+                .map(Some),
+        );
+    }
+    out.retain(|e| c.etp.is_none_or(|p| p == e.unwrap_or(s.tp)));
+    out
 }
 
 /// Sequence parallelism: only with `tp > 1` (the cost model ignores it otherwise), and only
