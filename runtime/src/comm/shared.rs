@@ -694,17 +694,22 @@ mod tests {
         }
     }
 
-    fn value(seed: usize) -> f32 {
-        // Large and small magnitudes, both zeros, NaN and infinities, so that the order of
-        // the fold and the NaN rule show in the bits.
-        match seed % 23 {
+    /// Member `m`'s element `i`: drawn by a hash of both from large and small magnitudes of
+    /// both signs, both zeros, NaN and infinities, so that the order of the fold (`1e30 + 1 -
+    /// 1e30` is 0, `1 + 1e30 - 1e30` is 1) and the NaN rule show in the bits.
+    fn value(m: usize, i: usize) -> f32 {
+        let mut h = (i as u64) << 8 | m as u64;
+        h = (h ^ (h >> 33)).wrapping_mul(0xff51_afd7_ed55_8ccd);
+        h = (h ^ (h >> 33)).wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+        h ^= h >> 33;
+        match h % 16 {
             0 => f32::NAN,
             1 => -0.0,
             2 => 0.0,
-            3 => f32::INFINITY,
-            4 => 1e30,
-            5 => -1e30,
-            _ => ((seed * 2_654_435_761) % 10_007) as f32 * 1e-3 - 5.0,
+            3 if h.is_multiple_of(7) => f32::INFINITY,
+            3..=5 => 1e30,
+            6..=8 => -1e30,
+            _ => (h >> 40) as f32 * 1e-3 - 5.0,
         }
     }
 
@@ -729,7 +734,7 @@ mod tests {
                 for kind in [ReduceKind::Sum, ReduceKind::Max, ReduceKind::Min] {
                     for rounding in roundings {
                         let bufs: Vec<Vec<f32>> = (0..n)
-                            .map(|m| (0..len).map(|i| value(i * 7 + m * 13 + i / 5)).collect())
+                            .map(|m| (0..len).map(|i| value(m, i)).collect())
                             .collect();
                         let chunks = chunk_bounds(len, n);
                         let expected: Vec<u32> = (0..len)
@@ -763,7 +768,7 @@ mod tests {
             // inside chunks.
             let len = 3 * PIECE_GRAIN * n + 11;
             let bufs: Vec<Vec<f32>> = (0..n)
-                .map(|m| (0..len).map(|i| value(i * 5 + m * 17 + i / 3)).collect())
+                .map(|m| (0..len).map(|i| value(m + 7, i)).collect())
                 .collect();
             let mut whole = bufs.clone();
             let mut views: Vec<&mut [f32]> = whole.iter_mut().map(|b| b.as_mut_slice()).collect();
