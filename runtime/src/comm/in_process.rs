@@ -3,7 +3,8 @@
 //! ring all-gather (together, ring all-reduce), pairwise all-to-all, binomial-tree broadcast,
 //! and tagged point-to-point messages, with reproducible reductions. The `f32` collectives go
 //! through buffers shared between the rank threads instead (`super::shared`); the `f32`
-//! all-reduce lends the caller's buffer itself to the group and reduces in place.
+//! all-reduce lends the caller's buffer itself to the group, where the member that arrives
+//! last reduces every member's buffer in place.
 
 use std::collections::HashMap;
 use std::sync::{Arc, PoisonError};

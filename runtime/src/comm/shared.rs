@@ -558,7 +558,13 @@ const PIECE_GRAIN: usize = 1 << 16;
 pub(crate) fn all_reduce_shared(kind: ReduceKind, rounding: Rounding, bufs: &mut [&mut [f32]]) {
     let n = bufs.len();
     let len = bufs.first().map_or(0, |b| b.len());
-    let pieces = n.min(rayon::current_num_threads()).min(len / PIECE_GRAIN);
+    // The pool is asked only when there is something to hand it: asking starts it.
+    let most = n.min(len / PIECE_GRAIN);
+    let pieces = if most > 1 {
+        most.min(rayon::current_num_threads())
+    } else {
+        1
+    };
     if pieces <= 1 {
         all_reduce_in_place(kind, rounding, bufs, 0, len);
         return;
