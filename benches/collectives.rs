@@ -1,14 +1,19 @@
 //! A 64 MiB all-reduce (16 Mi f32 elements) on 4 and on 2 thread ranks, in one run: through
-//! the `f32` path of `Collectives` (each rank's buffer lent to the group, reduced in place),
-//! through the `Tensor` path (ring over channels, floats held as f64), and, as the floor, one
-//! memcpy of 64 MiB (and two at once on two threads, for the memory bandwidth the cores
-//! share). Throughput is in bytes of the declared dtype (64 MiB per all-reduce). Needs no MPI
-//! (`benches/collectives_mpi.rs` adds MPI processes).
+//! the `f32` path of `Collectives` (each rank's buffer lent to the group, all of them reduced
+//! in place by one leader and the rayon pool), through the `Tensor` path (ring over channels,
+//! floats held as f64), and, as the floor, one memcpy of 64 MiB (and two at once on two
+//! threads, for the memory bandwidth the cores share). Throughput is in bytes of the declared
+//! dtype (64 MiB per all-reduce). Needs no MPI (`benches/collectives_mpi.rs` adds MPI
+//! processes).
 //!
 //! The rank threads start once per batch of iterations and time the batch themselves after
 //! one warm-up all-reduce, so that neither thread start-up nor the first call's buffer
 //! allocation is timed. After the criterion groups, the bench prints the median of a few
-//! batches of each, and the all-reduce bandwidth as a fraction of memcpy's.
+//! batches of each, the all-reduce bandwidth as a fraction of memcpy's, and the memory
+//! traffic each reaches: the `f32` path reads and writes every element of every member's
+//! buffer once (`2 n` times 64 MiB on `n` ranks, against memcpy's 2), so at memcpy's own
+//! traffic it would run at `1 / n` of memcpy's speed. The load average is printed before and
+//! after: on a shared machine the figures are only as good as the quiet they were taken in.
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
@@ -103,6 +108,7 @@ fn all_reduce_64mib(c: &mut Criterion) {
     group.finish();
 
     // The same, a few batches each, for the ratio the target is stated in.
+    println!("load average before: {}", load_average());
     let batches = 5;
     let copy = median(
         (0..batches)
@@ -124,9 +130,12 @@ fn all_reduce_64mib(c: &mut Criterion) {
         )
     };
     let gib = |t: Duration| BYTES as f64 / t.as_secs_f64() / f64::from(1u32 << 30);
+    // Bytes read and written, in GB/s.
+    let traffic = |copies: usize, t: Duration| (copies * BYTES) as f64 / t.as_secs_f64() / 1e9;
     println!(
-        "memcpy {:.2} GiB/s (two at once on two threads: {:.2} GiB/s each)",
+        "memcpy {:.2} GiB/s, {:.1} GB/s of traffic (two at once on two threads: {:.2} GiB/s each)",
         gib(copy),
+        traffic(2, copy),
         gib(two_copies)
     );
     for (name, path, ranks, iters) in [
@@ -136,12 +145,24 @@ fn all_reduce_64mib(c: &mut Criterion) {
         ("tensor path, 2 ranks", Path::Tensor, 2, 1),
     ] {
         let t = all_reduce(path, ranks, iters);
+        let moved = match path {
+            Path::F32 => format!(", {:.1} GB/s of traffic", traffic(2 * ranks, t)),
+            Path::Tensor => String::new(),
+        };
         println!(
-            "{name}: {:.3} GiB/s ({:.3}x memcpy)",
+            "{name}: {:.3} GiB/s ({:.3}x memcpy{moved})",
             gib(t),
             copy.as_secs_f64() / t.as_secs_f64()
         );
     }
+    println!("load average after: {}", load_average());
+}
+
+/// The load averages of `/proc/loadavg` (empty where there is none).
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
 }
 
 /// Two 64 MiB memcpys at once, `iters` times each, on two threads; the slower one's time.

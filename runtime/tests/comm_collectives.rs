@@ -29,28 +29,67 @@ fn spread(rank: usize, len: usize) -> Vec<f32> {
         .collect()
 }
 
+/// Values that cancel: per element, a hash of rank and index picks huge magnitudes of both
+/// signs or small ones (all exact in bf16), so that in most elements of a sum over three or
+/// more ranks the order of the additions decides the bits (`2^100 + 1 - 2^100` is 0).
+fn cancelling(rank: usize, len: usize) -> Vec<f32> {
+    (0..len)
+        .map(|i| {
+            let mut h = (i as u64) << 8 | rank as u64;
+            h = (h ^ (h >> 33)).wrapping_mul(0xff51_afd7_ed55_8ccd);
+            h ^= h >> 29;
+            match h % 6 {
+                0 | 1 => 2f32.powi(100),
+                2 | 3 => -(2f32.powi(100)),
+                4 => 1.0 + (h >> 40) as f32 % 4.0,
+                _ => -0.0078125,
+            }
+        })
+        .collect()
+}
+
+/// Asserts that `a` and `b` are equal, naming the first element that differs (the buffers
+/// are too long to print).
+fn same_bits(a: &[u32], b: &[u32], rank: usize) {
+    assert_eq!(a.len(), b.len(), "rank {rank}: lengths");
+    if let Some(i) = a.iter().zip(b).position(|(x, y)| x != y) {
+        panic!(
+            "rank {rank}: element {i} of {} differs: {:#010x} against {:#010x}",
+            a.len(),
+            a[i],
+            b[i]
+        );
+    }
+}
+
 #[test]
 fn the_shared_f32_path_gives_the_tensor_paths_bits() -> TestResult {
-    // Uneven chunks (on three ranks and four), and more elements than one reduction block.
+    // Uneven chunks (on three ranks and four), lengths that no vector width divides, and
+    // buffers long enough for the all-reduce to be cut into ranges reduced by several threads
+    // at once (the cuts inside chunks).
     let axes = vec!["x".to_string()];
-    for (mesh, dtype, kind) in [
-        ("x=3", DType::F32, ReduceKind::Sum),
-        ("x=3", DType::BF16, ReduceKind::Sum),
-        ("x=3", DType::F32, ReduceKind::Max),
-        ("x=3", DType::BF16, ReduceKind::Max),
-        ("x=4", DType::F32, ReduceKind::Sum),
-        ("x=4", DType::F16, ReduceKind::Min),
-        ("x=2", DType::BF16, ReduceKind::Sum),
+    let short = 3 * 2048 + 7;
+    let long = 300_001;
+    for (mesh, dtype, kind, len) in [
+        ("x=3", DType::F32, ReduceKind::Sum, short),
+        ("x=3", DType::BF16, ReduceKind::Sum, short),
+        ("x=3", DType::F32, ReduceKind::Max, short),
+        ("x=3", DType::BF16, ReduceKind::Max, short),
+        ("x=4", DType::F32, ReduceKind::Sum, short),
+        ("x=4", DType::F16, ReduceKind::Min, short),
+        ("x=2", DType::BF16, ReduceKind::Sum, short),
+        ("x=4", DType::F32, ReduceKind::Sum, long),
+        ("x=3", DType::BF16, ReduceKind::Max, long),
     ] {
         let mesh = DeviceMesh::parse(mesh)?;
         let n = mesh.num_devices();
-        let len = 3 * 2048 + 7;
         let ty = TensorType::new(dtype, [len]);
         let results = ThreadLauncher::default().launch(&mesh, |comm| {
             // bf16 operands must hold bf16 values.
+            let values = if len == long { cancelling } else { spread };
             let x = Tensor::from_f64(
                 ty.clone(),
-                spread(comm.rank(), len)
+                values(comm.rank(), len)
                     .into_iter()
                     .map(f64::from)
                     .collect(),
@@ -87,16 +126,12 @@ fn the_shared_f32_path_gives_the_tensor_paths_bits() -> TestResult {
             let (t, v, rs_t, rs) = r?;
             let bits = |x: &[f64]| x.iter().map(|&e| (e as f32).to_bits()).collect::<Vec<_>>();
             let own = |x: &[f32]| x.iter().map(|e| e.to_bits()).collect::<Vec<_>>();
-            assert_eq!(bits(t.floats().expect("floats")), own(&v), "rank {rank}");
-            assert_eq!(
-                bits(rs_t.floats().expect("floats")),
-                own(&rs),
-                "rank {rank}"
-            );
+            same_bits(&bits(t.floats().expect("floats")), &own(&v), rank);
+            same_bits(&bits(rs_t.floats().expect("floats")), &own(&rs), rank);
             // Every member holds the same bits.
             match &first {
                 None => first = Some(v),
-                Some(f) => assert_eq!(own(f), own(&v)),
+                Some(f) => same_bits(&own(f), &own(&v), rank),
             }
         }
     }

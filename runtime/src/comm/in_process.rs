@@ -3,7 +3,8 @@
 //! ring all-gather (together, ring all-reduce), pairwise all-to-all, binomial-tree broadcast,
 //! and tagged point-to-point messages, with reproducible reductions. The `f32` collectives go
 //! through buffers shared between the rank threads instead (`super::shared`); the `f32`
-//! all-reduce lends the caller's buffer itself to the group and reduces in place.
+//! all-reduce lends the caller's buffer itself to the group, where the member that arrives
+//! last reduces every member's buffer in place.
 
 use std::collections::HashMap;
 use std::sync::{Arc, PoisonError};
@@ -13,13 +14,14 @@ use autopar_ir::infer::infer;
 use autopar_ir::{DeviceMesh, IrError, Op, ReduceKind, TensorType};
 
 use super::Collectives;
-use super::blocks::{Layout, chunk_bounds};
+use super::blocks::Layout;
 use super::endpoint::{Endpoint, delegate_collectives};
 use super::floats::check_len;
 use super::group::group_members;
 use super::mailbox::{CallSignature, Mailbox};
 use super::shared::{
-    BLOCK, BarrierCall, GroupSlots, Rounding, World, finish_block, fold_block, publish, write_block,
+    BarrierCall, GroupSlots, Role, Rounding, World, all_reduce_shared, publish, reduce_pieces,
+    round_in_place,
 };
 use crate::error::RuntimeError;
 use crate::tensor::Precision;
@@ -238,19 +240,27 @@ impl InProcessCommunicator {
         };
         let rounding = self.rounding(ty);
         if g.members.len() == 1 {
-            let mut acc = [0f64; BLOCK];
-            for block in x.chunks_mut(BLOCK) {
-                let acc = &mut acc[..block.len()];
-                fold_block(kind, acc, block, true);
-                write_block(rounding, acc, block);
-            }
+            round_in_place(rounding, x);
             return Ok(());
         }
         self.inner.transport_mut().fault_point(op.name());
         let len = x.len();
         let slot = &g.slots.buffers[g.pos];
         std::mem::swap(&mut *write(slot), x);
-        let result = self.reduce_in_slots(op, ty, &g, len, kind, rounding);
+        let call = Arc::new(CallSignature::new(op, ty));
+        let result = self
+            .world
+            .elect(&BarrierCall {
+                op: op.name(),
+                members: &g.members,
+                pos: g.pos,
+                call: Some(&call),
+                timeout: self.options.timeout,
+            })
+            .and_then(|role| match role {
+                Role::Leader => self.lead_all_reduce(op, &g, len, kind, rounding),
+                Role::Follower => Ok(()),
+            });
         if let Err(e) = &result {
             self.inner.abort(e);
         }
@@ -258,50 +268,37 @@ impl InProcessCommunicator {
         result
     }
 
-    /// The part of an all-reduce between the moves: with every member's buffer in its slot,
-    /// reduces this member's chunk of all of them into all of them, between two barriers.
-    #[allow(clippy::too_many_arguments)]
-    fn reduce_in_slots(
+    /// The leader's part of an all-reduce (see [`super::shared`]): with every member's buffer
+    /// in its slot and every member waiting, reduces all of them in place, then releases the
+    /// others. A failure announced meanwhile (a member that gave up before the leader
+    /// arrived) fails the call instead, and the others learn of it where they wait.
+    fn lead_all_reduce(
         &self,
         op: &Op,
-        ty: &TensorType,
         g: &Group,
         len: usize,
         kind: ReduceKind,
         rounding: Rounding,
     ) -> Result<(), RuntimeError> {
-        let (n, pos) = (g.members.len(), g.pos);
-        let call = Arc::new(CallSignature::new(op, ty));
-        self.barrier(op, g, Some(&call))?;
-        let mine = chunk_bounds(len, n)[pos].clone();
-        let (lo, hi) = (mine.start, mine.end);
-        let mut acc = [0f64; BLOCK];
-        let mut out = [0f32; BLOCK];
-        for start in (lo..hi).step_by(BLOCK) {
-            let end = (start + BLOCK).min(hi);
-            let (acc, out) = (&mut acc[..end - start], &mut out[..end - start]);
-            // The ring's order: from member pos + 1 around to ourselves, the last folded as
-            // it is rounded.
-            for k in 1..=n {
-                let src = read(&g.slots.buffers[(pos + k) % n]);
-                let src = src
-                    .get(start..end)
-                    .ok_or_else(|| self.short_buffer(op, g, src.len(), start..end))?;
-                if k < n {
-                    fold_block(kind, acc, src, k == 1);
-                } else {
-                    finish_block(kind, rounding, acc, src, out);
-                }
+        {
+            let mut guards: Vec<_> = g.slots.buffers.iter().map(write).collect();
+            if let Some(short) = guards.iter().find(|b| b.len() != len) {
+                return Err(self.short_buffer(op, g, short.len(), 0..len));
             }
-            for k in 1..=n {
-                let mut dst = write(&g.slots.buffers[(pos + k) % n]);
-                let have = dst.len();
-                dst.get_mut(start..end)
-                    .ok_or_else(|| self.short_buffer(op, g, have, start..end))?
-                    .copy_from_slice(out);
-            }
+            let mut bufs: Vec<&mut [f32]> = guards.iter_mut().map(|b| b.as_mut_slice()).collect();
+            all_reduce_shared(kind, rounding, &mut bufs);
         }
-        self.barrier(op, g, None)
+        if let Some((failed_rank, reason)) = self.world.failure() {
+            return Err(RuntimeError::PeerFailed {
+                op: op.name(),
+                group: g.members.to_vec(),
+                rank: g.members[g.pos],
+                failed_rank,
+                reason,
+            });
+        }
+        self.world.release(&g.members, g.pos);
+        Ok(())
     }
 
     /// The error for a peer's buffer that holds `have` elements where `range` was expected:
@@ -354,16 +351,27 @@ impl InProcessCommunicator {
         }
         let call = Arc::new(CallSignature::new(op, ty));
         self.barrier(op, &g, Some(&call))?;
-        let mut acc = [0f64; BLOCK];
-        for start in (0..out.len()).step_by(BLOCK) {
-            let end = (start + BLOCK).min(out.len());
-            let acc = &mut acc[..end - start];
-            for k in 1..=n {
-                let src = read(&g.slots.inputs[(pos + k) % n][pos]);
-                fold_block(kind, acc, part(&src, start..end, op.name())?, k == 1);
-            }
-            write_block(rounding, acc, &mut out[start..end]);
+        let srcs = (1..=n)
+            .map(|k| read(&g.slots.inputs[(pos + k) % n][pos]))
+            .collect::<Vec<_>>();
+        let len = out.len();
+        if let Some(short) = srcs.iter().find(|s| s.len() != len) {
+            return Err(IrError::Verify(format!(
+                "`{}`: a peer's buffer holds {} elements, {len} were expected",
+                op.name(),
+                short.len()
+            ))
+            .into());
         }
+        reduce_pieces(
+            kind,
+            rounding,
+            n,
+            #[inline(always)]
+            |k| &srcs[k][..],
+            out,
+        );
+        drop(srcs);
         self.barrier(op, &g, None)
     }
 
