@@ -143,6 +143,10 @@ fn einsums() -> TestResult {
         // Large enough for the threaded paths.
         ("bsh,hf->bsf", &[4, 64, 96], &[96, 160]),
         ("bhst,bhtd->bhsd", &[2, 8, 64, 64], &[2, 8, 64, 48]),
+        // Batched calls whose blocks interleave in the result (attention's backward): one
+        // call per thread into blocks of their own.
+        ("bkgst,bskge->btke", &[2, 3, 1, 64, 64], &[2, 64, 3, 1, 24]),
+        ("bkgst,btkd->bskgd", &[2, 3, 2, 48, 64], &[2, 64, 3, 16]),
     ];
     for &(spec, a, b) in cases {
         for dtype in FLOATS {
