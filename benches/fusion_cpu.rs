@@ -92,9 +92,11 @@ fn fusions(c: &mut Criterion) {
             .max()
             .unwrap_or(0);
         if let (Op::Fusion { body }, true) = (&node.op, elements >= MIN_ELEMENTS) {
-            bodies
-                .entry(format!("{body:?}"))
-                .or_insert((node.op.clone(), node.inputs.clone(), elements));
+            bodies.entry(format!("{body:?}")).or_insert((
+                node.op.clone(),
+                node.inputs.clone(),
+                elements,
+            ));
         }
     }
 
