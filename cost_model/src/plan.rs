@@ -57,6 +57,16 @@ pub enum Offload {
 }
 
 impl Offload {
+    /// The offload a plan key's value names, or the error text that says what is expected.
+    pub fn parse(v: &str) -> Result<Offload, String> {
+        match v {
+            "none" => Ok(Offload::None),
+            "optimizer" => Ok(Offload::Optimizer),
+            "params" => Ok(Offload::Params),
+            _ => Err(format!("expected none, optimizer or params, not `{v}`")),
+        }
+    }
+
     /// Text name.
     pub fn name(self) -> &'static str {
         match self {
@@ -275,18 +285,7 @@ impl Plan {
                 axis::CP => p.cp = num()?,
                 axis::EP => p.ep = num()?,
                 "etp" => p.etp = Some(num()?),
-                "offload" => {
-                    p.offload = match v {
-                        "none" => Offload::None,
-                        "optimizer" => Offload::Optimizer,
-                        "params" => Offload::Params,
-                        _ => {
-                            return Err(err(format!(
-                                "expected none, optimizer or params, not `{v}`"
-                            )));
-                        }
-                    }
-                }
+                "offload" => p.offload = Offload::parse(v).map_err(err)?,
                 "mbs" | "micro_batch" => p.micro_batch_size = num()?,
                 "gbs" | "batch" | "global_batch" => gbs = Some(num()?),
                 "zero" => {

@@ -573,25 +573,14 @@ impl Worker {
                     };
                     for offload in space::offloads(zero, fits, c) {
                         let base = Plan {
-                            dp: s.dp,
-                            tp: s.tp,
-                            pp: s.pp,
-                            vpp,
-                            cp: s.cp,
-                            ep: s.ep,
-                            micro_batch_size: mbs,
-                            global_batch: batch,
-                            zero_stage: zero,
                             recompute: Recompute::None,
                             sequence_parallel: false,
                             schedule: kind,
-                            dtype: opts.dtype,
-                            fp8: opts.fp8,
                             axis_order: Vec::new(),
-                            stage_layers: c.stage_layers.clone(),
                             layer: LayerPlacement::MEGATRON,
                             offload,
                             etp: None,
+                            ..on_gpu.clone()
                         };
                         // Megatron-LM's placement has the fewest parameters per rank, so the
                         // base plan's weights bound every placement's from below.

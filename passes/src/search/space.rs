@@ -130,18 +130,7 @@ impl Constraints {
                 "zero" => c.zero = Some(one()?.zero_stage),
                 "recompute" => c.recompute = Some(one()?.recompute),
                 "sp" => c.sp = Some(one()?.sequence_parallel),
-                "offload" => {
-                    c.offload = Some(match v {
-                        "none" => Offload::None,
-                        "optimizer" => Offload::Optimizer,
-                        "params" => Offload::Params,
-                        _ => {
-                            return Err(err(format!(
-                                "expected none, optimizer or params, not `{v}`"
-                            )));
-                        }
-                    })
-                }
+                "offload" => c.offload = Some(Offload::parse(v).map_err(err)?),
                 "etp" => {
                     c.etp =
                         Some(v.parse::<usize>().ok().filter(|&n| n > 0).ok_or_else(|| {
