@@ -22,10 +22,10 @@ use crate::layer::{
 };
 use crate::mapping::{GroupInfo, MeshMapping};
 use crate::memory::{
-    MemoryBreakdown, MemoryParams, RUNTIME_CROSS_ENTROPY_BYTES_PER_LOGIT,
-    RUNTIME_MLP_BACKWARD_TEMPORARIES, ZeroShards, activation_bytes_per_layer,
-    expert_params_per_layer, layer_params_per_rank, optimizer_params_per_layer,
-    runtime_activation_bytes_per_layer, runtime_attention_bytes_per_layer,
+    MemoryBreakdown, MemoryParams, RUNTIME_CROSS_ENTROPY_BYTES_PER_LOGIT, ZeroShards,
+    activation_bytes_per_layer, expert_params_per_layer, layer_params_per_rank,
+    optimizer_params_per_layer, runtime_activation_bytes_per_layer,
+    runtime_attention_bytes_per_layer, runtime_mlp_backward_temporaries,
     tp_replicated_params_per_layer,
 };
 use crate::model::TransformerConfig;
@@ -2204,7 +2204,7 @@ impl Ctx<'_> {
             1.0
         };
         let mut layer =
-            RUNTIME_MLP_BACKWARD_TEMPORARIES * n * cfg.ffn as f64 / t * experts * self.e;
+            runtime_mlp_backward_temporaries(cfg) * n * cfg.ffn as f64 / t * experts * self.e;
         // A recomputed layer holds its forward again while its MLP's backward runs: all but
         // the MLP's own tensors under full recompute, the probabilities under selective.
         layer += match plan.recompute {

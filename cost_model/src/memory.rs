@@ -328,11 +328,14 @@ pub fn runtime_attention_bytes_per_layer(cfg: &TransformerConfig, plan: &Plan, e
     runtime_activation_bytes_per_layer(&no_mlp, plan, Recompute::None, e)
 }
 
-/// The most `f`-wide tensors alive at once in autopar's decomposed backward of the MLP
-/// activation (the incoming gradient, the saved input and the temporaries of the derivative:
-/// the tanh form of GELU builds `x^2`, `tanh`, `1 + tanh` and a constant before it can drop
-/// any; SiLU's product rule and sigmoid derivative hold about as many).
-pub const RUNTIME_MLP_BACKWARD_TEMPORARIES: f64 = 6.0;
+/// The most `f`-wide tensors alive at once in autopar's backward of the MLP activation. GELU
+/// differentiates through one op, `gelu_grad`: the incoming gradient, the saved input, its
+/// derivative and their product, 4. SwiGLU's SiLU is decomposed (its product rule and sigmoid
+/// derivative build `sigmoid`, `1 - sigmoid` and their products beside the gradient and the
+/// saved gate and up projections), about 6.
+pub fn runtime_mlp_backward_temporaries(cfg: &TransformerConfig) -> f64 {
+    if cfg.gated_mlp { 6.0 } else { 4.0 }
+}
 
 /// Bytes per logit alive in autopar's cross-entropy backward besides the logits themselves:
 /// the one-hot of the targets is built from two `i32` index tensors and a `bool` comparison.
