@@ -74,6 +74,27 @@ impl TransformerConfig {
         Self::gpt("gpt3-175b", 96, 12288, 96, 2048, 51200)
     }
 
+    /// Mixtral 8x7B (Jiang et al., 2024) as the model zoo builds it: 32 layers, h = 4096, 32
+    /// query and 8 key/value heads, SwiGLU experts of width 14336, 8 experts with top-2
+    /// routing, seq 4096, vocabulary 32000.
+    pub fn mixtral_8x7b() -> Self {
+        TransformerConfig {
+            name: "mixtral-8x7b".into(),
+            layers: 32,
+            hidden: 4096,
+            heads: 32,
+            kv_heads: 8,
+            ffn: 14336,
+            vocab: 32000,
+            seq: 4096,
+            experts: 8,
+            top_k: 2,
+            gated_mlp: true,
+            tied_embeddings: false,
+            learned_positions: false,
+        }
+    }
+
     /// Head dimension `h / a`.
     pub fn head_dim(&self) -> usize {
         self.hidden / self.heads.max(1)

@@ -472,30 +472,12 @@ fn offload_needs_a_described_host() {
     assert!(cpu.estimate(&cfg, &plan).is_err());
 }
 
-fn mixtral() -> TransformerConfig {
-    TransformerConfig {
-        name: "mixtral-8x7b".into(),
-        layers: 32,
-        hidden: 4096,
-        heads: 32,
-        kv_heads: 8,
-        ffn: 14336,
-        vocab: 32000,
-        seq: 4096,
-        experts: 8,
-        top_k: 2,
-        gated_mlp: true,
-        tied_embeddings: false,
-        learned_positions: false,
-    }
-}
-
 /// Expert tensor parallelism: the experts split over `etp` of the `tp` ranks, their weights
 /// over `ep x etp`, the MoE block's collectives over the `etp` group (none with `etp=1`).
 #[test]
 fn expert_tensor_parallelism_divides_expert_weights_and_moves_the_collectives() {
     let m = CostModel::new(Cluster::preset("dgx-h100:nodes=4").unwrap());
-    let cfg = mixtral();
+    let cfg = TransformerConfig::mixtral_8x7b();
     let est = |etp: &str| {
         let plan = Plan::parse(&format!("dp=4,ep=4,tp=8,sp=true,mbs=1,gbs=64{etp}")).unwrap();
         m.estimate(&cfg, &plan).unwrap()
@@ -544,7 +526,7 @@ fn expert_tensor_parallelism_divides_expert_weights_and_moves_the_collectives() 
 #[test]
 fn the_moe_block_is_priced_by_the_layers_code() {
     let m = CostModel::new(Cluster::preset("dgx-h100:nodes=1").unwrap());
-    let cfg = mixtral();
+    let cfg = TransformerConfig::mixtral_8x7b();
     let plan = Plan::parse("dp=8,ep=8,mbs=1,gbs=8").unwrap();
     let b = m.mlp_block_times(&cfg, &plan).unwrap();
     let e = m.estimate(&cfg, &plan).unwrap();

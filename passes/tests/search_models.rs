@@ -12,40 +12,7 @@ fn model(preset: &str) -> CostModel {
 
 /// Llama 3 70B as the model zoo builds it.
 fn llama3_70b() -> TransformerConfig {
-    TransformerConfig {
-        name: "llama3-70b".into(),
-        layers: 80,
-        hidden: 8192,
-        heads: 64,
-        kv_heads: 8,
-        ffn: 28672,
-        vocab: 128256,
-        seq: 8192,
-        experts: 1,
-        top_k: 1,
-        gated_mlp: true,
-        tied_embeddings: false,
-        learned_positions: false,
-    }
-}
-
-/// Mixtral 8x7B as the model zoo builds it.
-fn mixtral_8x7b() -> TransformerConfig {
-    TransformerConfig {
-        name: "mixtral-8x7b".into(),
-        layers: 32,
-        hidden: 4096,
-        heads: 32,
-        kv_heads: 8,
-        ffn: 14336,
-        vocab: 32000,
-        seq: 4096,
-        experts: 8,
-        top_k: 2,
-        gated_mlp: true,
-        tied_embeddings: false,
-        learned_positions: false,
-    }
+    dense("llama3-70b", 80, 8192, 64, 28672)
 }
 
 #[test]
@@ -99,7 +66,7 @@ fn gpt3_175b_on_1024_a100s_beats_the_hand_tuned_plan() {
 fn llama3_70b_on_64_h100s_and_mixtral_on_32_h100s_fit() {
     for (cfg, preset, batch) in [
         (llama3_70b(), "dgx-h100:nodes=8", 512),
-        (mixtral_8x7b(), "dgx-h100:nodes=4", 256),
+        (TransformerConfig::mixtral_8x7b(), "dgx-h100:nodes=4", 256),
     ] {
         let m = model(preset);
         let r = search(&m, &cfg, &SearchOptions::new(batch)).unwrap();
@@ -197,11 +164,11 @@ fn the_moe_search_explores_expert_tensor_parallelism() {
     let m = model("dgx-h100:nodes=2");
     let mut o = pinned(64, "tp=4,sp=true,pp=1,zero=1,recompute=full");
     o.top_k = 1000;
-    let r = search(&m, &mixtral_8x7b(), &o).unwrap();
+    let r = search(&m, &TransformerConfig::mixtral_8x7b(), &o).unwrap();
     let etps: std::collections::BTreeSet<usize> =
         r.plans.iter().map(|p| p.plan.expert_tp()).collect();
     assert!(etps.contains(&4) && etps.len() > 1, "{etps:?}");
-    let pinned_tp = search(&m, &mixtral_8x7b(), &{
+    let pinned_tp = search(&m, &TransformerConfig::mixtral_8x7b(), &{
         let mut p = pinned(64, "tp=4,sp=true,pp=1,zero=1,recompute=full,etp=4");
         p.top_k = 1000;
         p
