@@ -32,6 +32,24 @@ pub(crate) fn vectorized<R>(f: impl FnOnce() -> R) -> R {
 mod tests {
     use super::*;
 
+    /// Each x86 level is a separate `pulp` feature: built without `x86-v3`, a CPU with AVX2
+    /// but no AVX-512 ran every loop at the SSE2 baseline.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn a_cpu_with_avx2_and_fma_gets_a_vector_level() {
+        let avx2 = std::is_x86_feature_detected!("avx2")
+            && std::is_x86_feature_detected!("fma")
+            && std::is_x86_feature_detected!("bmi1")
+            && std::is_x86_feature_detected!("bmi2")
+            && std::is_x86_feature_detected!("lzcnt");
+        if avx2 {
+            assert!(
+                !matches!(arch(), pulp::Arch::Scalar),
+                "AVX2 and FMA are present, but the vectorised loops dispatch to the baseline"
+            );
+        }
+    }
+
     #[test]
     fn vectorized_loops_give_the_scalar_loops_bits() {
         let x: Vec<f32> = (0..1000).map(|i| (i as f32 * 0.37).sin() * 3.0).collect();
