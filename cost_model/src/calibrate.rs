@@ -59,7 +59,14 @@ const MEGATRON_CORE: &str = "megatron-core";
 /// FlashAttention 1. Assumed, not stated by the table: until 2024 llm-foundry's `gpu`
 /// install extra pinned `flash-attn==1.0.9` (FlashAttention 2 was the separate `gpu-flash2`
 /// extra), and the long-sequence rows, where attention dominates, run at FlashAttention 1's
-/// speed on both A100 and H100.
+/// speed on both A100 and H100. The benchmark script itself
+/// (`scripts/train/benchmarking/submit_benchmarks.py` at b2a43a147, which added the H100 and
+/// A100-80GB tables, and at 5e85bd62) sets `attn_impl` from `--attn_impl`, default `triton`,
+/// over the yamls' value, and installs `.[gpu]` (flash-attn 1.0.9 with a pre-MLIR Triton
+/// built for sm90); `.[gpu-flash2]` only at 5e85bd62, for the large-scale H100 table. The
+/// Triton kernel runs at FlashAttention 1's speed on A100 (50-80 against 55-83 TFLOP/s,
+/// causal, head dim 128: the FlashAttention-2 paper's A100 figure), and both use Ampere's
+/// `mma.sync`, so either is priced as FlashAttention 1.
 const LLM_FOUNDRY: &str = "fsdp,attention=flash1";
 
 /// The cost model of `cluster` under the software profile `spec` (as `--software` takes it).

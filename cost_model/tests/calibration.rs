@@ -120,8 +120,8 @@ fn every_reference_table_is_read_and_the_megatron_tables_are_expressed() {
 }
 
 /// Per table: (median |error| at most, worst |error| at most, share predicted too fast at
-/// most). Today's figures, each with about a point of headroom: llm-foundry 6.6% / 28.2%
-/// (fp8 rows 7-15% too slow), Megatron-Core 3.9% / 28.2% (the 1.7B row, whose micro-batch
+/// most). Today's figures, each with about a point of headroom: llm-foundry 6.5% / 28.2%
+/// (fp8 rows 4-11% too slow), Megatron-Core 3.9% / 28.2% (the 1.7B row, whose micro-batch
 /// the README does not give), SC'21 Table 1 4.7% / 5.9%, SC'21 Table 2 4.6% / 18.5% (PTD-P
 /// within 5%, the 530B ZeRO-3 rows 18% too fast), Korthikanti Table 4 3.0% / 4.9% and
 /// Table 5 1.9% / 5.0%, the all-reduce sweep 4.0% / 60.1% (B200 inside one node at 4-64
