@@ -1459,6 +1459,26 @@ impl<'a> Ctx<'a> {
         let cp = 2.0 * self.cp_comm();
         let under = p.attention_s;
         p.overlapped(CommKind::Context, cp, self.m.comm.exposed(cp, under));
+        // The recomputed forward runs first, inside the backward, so the backward's ZeRO
+        // traffic below overlaps it too. Under full recompute it is the whole layer forward,
+        // with its ZeRO-3 gather only where the profile gathers per module
+        // (`GatherUnit::regathers_for_recompute`); otherwise the backward's gather serves
+        // both.
+        match self.plan.recompute {
+            Recompute::None => {}
+            Recompute::Selective => {
+                if self.m.compute.attention.materialises_scores() {
+                    p.recompute_s += self.attention_forward().0;
+                }
+            }
+            Recompute::Full => {
+                let f = self.layer_forward().0;
+                p.recompute_s += match self.m.software.param_gather.regathers_for_recompute() {
+                    true => f.total_s(),
+                    false => f.total_s() - f.exposed_by.zero_s,
+                };
+            }
+        }
         // ZeRO-3 re-gathers the weights. ZeRO-2 and -3 hold only a 1/dp shard of the
         // gradients (that is what their memory is charged for), so there is no full-size
         // buffer to accumulate micro-batches into: each micro-batch's gradients are
@@ -1483,15 +1503,6 @@ impl<'a> Ctx<'a> {
             };
             let exposed = self.zero3_exposed(z3, under) + rs_exposed;
             p.overlapped(CommKind::Zero, z3 + rs, exposed.min(z3 + rs));
-        }
-        match self.plan.recompute {
-            Recompute::None => {}
-            Recompute::Selective => {
-                if self.m.compute.attention.materialises_scores() {
-                    p.recompute_s += self.attention_forward().0;
-                }
-            }
-            Recompute::Full => p.recompute_s += self.layer_forward().0.total_s(),
         }
         p
     }

@@ -31,8 +31,27 @@ pub enum GatherUnit {
     /// copies back view by view, one copy kernel per rank
     /// (`ProcessGroupNCCL::allgather`). So a gather also writes the tensor three times
     /// over HBM and pays one kernel's fixed time per rank, a cost that grows with the
-    /// data-parallel size as the ring latency does.
+    /// data-parallel size as the ring latency does. A module's weights are released after
+    /// its forward, so a recomputed forward gathers them again before the backward's own
+    /// gathers ([`GatherUnit::regathers_for_recompute`]).
     Tensor,
+}
+
+impl GatherUnit {
+    /// Whether a layer's recomputed forward (full activation recomputation) gathers its
+    /// weights once more, besides its backward's gather. Per module (DeepSpeed ZeRO-3): yes,
+    /// the recomputed forward runs the modules' pre-forward hooks, which fetch the weights,
+    /// and their post-forward hooks release them before the backward's hooks fetch them
+    /// again. Per layer (PyTorch FSDP with the checkpoint wrapper inside the wrapped block):
+    /// no, the block's pre-backward hook unshards its flat parameter, the recomputed forward
+    /// runs inside that backward on the unsharded weights, and the block is resharded only
+    /// after its backward.
+    pub fn regathers_for_recompute(self) -> bool {
+        match self {
+            GatherUnit::Layer => false,
+            GatherUnit::Tensor => true,
+        }
+    }
 }
 
 /// How far a stack fuses the element-wise work around its GEMMs.

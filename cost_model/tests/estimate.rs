@@ -539,3 +539,28 @@ fn the_moe_block_is_priced_by_the_layers_code() {
     let ratio = b.backward.gemm_s / b.forward.gemm_s;
     assert!((1.9..2.1).contains(&ratio), "{ratio}");
 }
+
+/// Under full recomputation a layer's backward reruns its forward. PyTorch FSDP gathers the
+/// block's weights once for both (the recomputed forward runs inside the block's backward,
+/// on the weights its pre-backward hook unsharded); DeepSpeed's per-module hooks gather them
+/// for the recomputed forward and again for the backward. With the gathers not overlapped,
+/// the difference is exactly the forward's exposed gather.
+#[test]
+fn a_recomputed_forward_regathers_only_where_weights_are_gathered_per_module() {
+    use autopar_cost_model::Software;
+    let cfg = TransformerConfig::gpt("1b", 24, 2048, 16, 2048, 50368);
+    let plan = Plan::parse("dp=16,mbs=2,gbs=32,zero=3,recompute=full").unwrap();
+    let layer = |sw: &str| {
+        let mut m = CostModel::new(Cluster::preset("dgx-a100:nodes=2").unwrap());
+        Software::parse(sw).unwrap().apply(&mut m);
+        let t = m.estimate(&cfg, &plan).unwrap().time;
+        (t.layer_forward, t.layer_backward)
+    };
+    let (fwd, bwd) = layer("fsdp,overlap_param_gather=false");
+    assert!(fwd.exposed_by.zero_s > 0.0);
+    let rerun = fwd.total_s() - fwd.exposed_by.zero_s;
+    assert!((bwd.recompute_s - rerun).abs() < 1e-12 * rerun.max(1.0));
+    let (fwd, bwd) = layer("fsdp,overlap_param_gather=false,param_gather=tensor");
+    assert!((bwd.recompute_s - fwd.total_s()).abs() < 1e-12 * fwd.total_s());
+    assert!(fwd.exposed_by.zero_s > 0.0);
+}
