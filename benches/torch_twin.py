@@ -9,10 +9,16 @@ is the CLI's default training step: backward, gradient clipping to a global norm
 AdamW (lr 3e-3, betas 0.9/0.95, eps 1e-8, weight decay 0.01), in f32 eager mode.
 
 Prints one JSON line: {"steps_per_sec": ..., "threads": ..., "step_ms": [...]}.
+
+With --serve it builds the model once, runs the warm-up steps, prints {"ready": true}, then
+answers each line N on standard input with the times of N more steps, one JSON line
+{"step_ms": [...]} each, until the input ends: the bench alternates rounds of autopar's step
+and PyTorch's in one run, so that a change in the machine's speed falls on both.
 """
 
 import argparse
 import json
+import sys
 import time
 
 import torch
@@ -65,6 +71,7 @@ def main():
                           ("vocab", 4096), ("batch", 8), ("threads", 1), ("steps", 10),
                           ("warmup", 2)]:
         p.add_argument(f"--{name}", type=int, default=default)
+    p.add_argument("--serve", action="store_true")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
@@ -73,17 +80,25 @@ def main():
                             weight_decay=0.01)
     tokens = torch.randint(0, a.vocab, (a.batch, a.seq))
     targets = torch.randint(0, a.vocab, (a.batch, a.seq))
-    times = []
-    for i in range(a.warmup + a.steps):
+
+    def step():
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
         loss = model(tokens, targets)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        if i >= a.warmup:
-            times.append(time.perf_counter() - t0)
-    times.sort()
+        return time.perf_counter() - t0
+
+    for _ in range(a.warmup):
+        step()
+    if a.serve:
+        print(json.dumps({"ready": True}), flush=True)
+        for line in sys.stdin:
+            times = [step() for _ in range(int(line))]
+            print(json.dumps({"step_ms": [round(t * 1e3, 3) for t in times]}), flush=True)
+        return
+    times = sorted(step() for _ in range(a.steps))
     median = times[len(times) // 2]
     print(json.dumps({"steps_per_sec": 1.0 / median, "threads": a.threads,
                       "step_ms": [round(t * 1e3, 3) for t in times]}))
