@@ -311,6 +311,17 @@ pub(crate) fn softmax(ctx: &Ctx, dim: usize, x: &FastTensor) -> Result<FastTenso
     Ok(ctx.float(x.ty(), o))
 }
 
+/// A norm's scale or shift holds one value per element of the normalised dim.
+fn norm_params(op: &str, h: usize, p: &FastTensor, values: &[f32]) -> Result<(), RuntimeError> {
+    if values.len() == h {
+        return Ok(());
+    }
+    Err(RuntimeError::BadTensor {
+        ty: p.ty().clone(),
+        detail: format!("{op}: {} parameters for a last dim of {h}", values.len()),
+    })
+}
+
 /// `(x - mean) / sqrt(var + eps) * gamma + beta` over the last dim, biased variance.
 pub(crate) fn layer_norm(
     ctx: &Ctx,
@@ -322,6 +333,8 @@ pub(crate) fn layer_norm(
     let op = "layer_norm";
     let (v, g, b) = (floats(op, x)?, floats(op, gamma)?, floats(op, beta)?);
     let h = x.ty().dims().last().copied().unwrap_or(1);
+    norm_params(op, h, gamma, g)?;
+    norm_params(op, h, beta, b)?;
     let mut o = ctx.f32s(v.len());
     rows(
         ctx,
@@ -338,8 +351,9 @@ pub(crate) fn layer_norm(
                 d * d
             }) / hf;
             let inv = 1.0 / (var + eps).sqrt();
-            for (k, o) in out.iter_mut().enumerate() {
-                *o = ((f64::from(row[k]) - mean) * inv * f64::from(g[k]) + f64::from(b[k])) as f32;
+            // Zipped rather than indexed, so that no bounds check keeps the loop scalar.
+            for (((o, &x), &gk), &bk) in out.iter_mut().zip(row).zip(g).zip(b) {
+                *o = ((f64::from(x) - mean) * inv * f64::from(gk) + f64::from(bk)) as f32;
             }
         },
     );
@@ -356,6 +370,7 @@ pub(crate) fn rms_norm(
     let op = "rms_norm";
     let (v, g) = (floats(op, x)?, floats(op, gamma)?);
     let h = x.ty().dims().last().copied().unwrap_or(1);
+    norm_params(op, h, gamma, g)?;
     let mut o = ctx.f32s(v.len());
     rows(
         ctx,
@@ -367,8 +382,8 @@ pub(crate) fn rms_norm(
         |_, row, out| {
             let mean_sq = sum64_of(row, |a| f64::from(a) * f64::from(a)) / row.len() as f64;
             let inv = 1.0 / (mean_sq + eps).sqrt();
-            for (k, o) in out.iter_mut().enumerate() {
-                *o = (f64::from(row[k]) * inv * f64::from(g[k])) as f32;
+            for ((o, &x), &gk) in out.iter_mut().zip(row).zip(g) {
+                *o = (f64::from(x) * inv * f64::from(gk)) as f32;
             }
         },
     );
