@@ -97,9 +97,7 @@ impl<'s, B: Backend> Stepper<'s, B> {
 
 /// One over the median of some step times.
 fn median_rate(times: impl Iterator<Item = f64>) -> f64 {
-    let mut times: Vec<f64> = times.collect();
-    times.sort_by(f64::total_cmp);
-    1.0 / times[times.len() / 2]
+    1.0 / spread(&times.collect::<Vec<_>>()).0
 }
 
 /// The median of some values, with their least and greatest.
@@ -209,17 +207,28 @@ fn steps(c: &mut Criterion) {
         let big = dims[1] >= 256;
         let mut group = c.benchmark_group(format!("train step {label}"));
         group.sample_size(10);
-        for threads in [1, 2] {
-            for wide in [true, false] {
-                let backend = FastCpuBackend::new(threads, 1)
-                    .expect("threads")
-                    .with_wide_accumulation(wide);
-                let mut s = Stepper::new(&step, backend);
-                let acc = if wide { "f64" } else { "f32" };
-                group.bench_function(format!("fast x{threads} acc {acc}"), |b| {
-                    b.iter(|| s.step())
-                });
-            }
+        // Per thread count, the fast backend with f64 and with f32 GEMM accumulation: timed by
+        // criterion, then in the interleaved rounds below.
+        let mut fast: Vec<Vec<(String, Stepper<FastCpuBackend>)>> = [1, 2]
+            .into_iter()
+            .map(|threads| {
+                [true, false]
+                    .into_iter()
+                    .map(|wide| {
+                        let backend = FastCpuBackend::new(threads, 1)
+                            .expect("threads")
+                            .with_wide_accumulation(wide);
+                        let acc = if wide { "f64" } else { "f32" };
+                        (
+                            format!("fast x{threads} acc {acc}"),
+                            Stepper::new(&step, backend),
+                        )
+                    })
+                    .collect()
+            })
+            .collect();
+        for (what, s) in fast.iter_mut().flatten() {
+            group.bench_function(what.as_str(), |b| b.iter(|| s.step()));
         }
         let mut s = Stepper::new(&step, CpuBackend::default());
         if !big {
@@ -230,23 +239,11 @@ fn steps(c: &mut Criterion) {
         // machine's drift in speed (a shared two-core machine's can exceed 20% over a
         // minute) falls on both sides of each ratio.
         let (rounds, per_round) = if big { (7, 3) } else { (15, 10) };
-        for threads in [1, 2] {
+        for (threads, steppers) in [1, 2].into_iter().zip(&mut fast) {
             let mut twin = Twin::start(dims, threads);
             if let Err(why) = &twin {
                 eprintln!("{label}: PyTorch twin skipped: {why}");
             }
-            let mut steppers: Vec<(String, Stepper<FastCpuBackend>)> = [true, false]
-                .into_iter()
-                .map(|wide| {
-                    let backend = FastCpuBackend::new(threads, 1)
-                        .expect("threads")
-                        .with_wide_accumulation(wide);
-                    let acc = if wide { "f64" } else { "f32" };
-                    let mut s = Stepper::new(&step, backend);
-                    s.step();
-                    (format!("fast x{threads} acc {acc}"), s)
-                })
-                .collect();
             let mut ours = vec![Vec::new(); steppers.len()];
             let mut theirs = Vec::new();
             for _ in 0..rounds {
