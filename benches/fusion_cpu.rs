@@ -1,10 +1,11 @@
-//! The fast CPU backend's fusion bodies, one at a time, against memcpy measured in the same
-//! run. Every distinct fusion body of at least 256 Ki elements in the 4-layer `gpt:` model's
-//! fused step (the one `benches/step_cpu.rs` times; batch 8) runs as a one-node program on
-//! random operands, on one thread; the bench prints each body's time and its bandwidth (the
-//! bytes of its operands and results, as f32 or i64 storage, per second) as a fraction of a
-//! memcpy of 64 MiB. A body near 1.0x moves its bytes as fast as memory allows; far below, it
-//! is bound by arithmetic or by the evaluator's overheads.
+//! The fast CPU backend's memory-bound kernels, one at a time, against memcpy measured in the
+//! same run. Every distinct fusion body, and every other node that is not a GEMM, of at least
+//! 256 Ki elements in the 4-layer `gpt:` model's fused step (the one `benches/step_cpu.rs`
+//! times; batch 8: softmax, cross-entropy, attention, layer norm, the AdamW update) runs as a
+//! one-node program on random operands, on one thread; the bench prints each one's time and
+//! its bandwidth (the bytes of its operands and results, as f32 or i64 storage, per second) as
+//! a fraction of a memcpy of 64 MiB. A kernel near 1.0x moves its bytes as fast as memory
+//! allows; far below, it is bound by arithmetic or by the evaluator's overheads.
 
 use std::collections::BTreeMap;
 use std::hint::black_box;
@@ -91,12 +92,21 @@ fn fusions(c: &mut Criterion) {
             .map(|&v| g.ty(v).num_elements())
             .max()
             .unwrap_or(0);
-        if let (Op::Fusion { body }, true) = (&node.op, elements >= MIN_ELEMENTS) {
-            bodies.entry(format!("{body:?}")).or_insert((
-                node.op.clone(),
-                node.inputs.clone(),
-                elements,
-            ));
+        let kernel = !matches!(
+            node.op,
+            Op::Einsum { .. } | Op::Input { .. } | Op::Parameter { .. } | Op::Constant { .. }
+        );
+        if kernel && elements >= MIN_ELEMENTS {
+            let key = match &node.op {
+                Op::Fusion { body } => format!("{body:?}"),
+                op => format!(
+                    "{op:?} {:?}",
+                    node.inputs.iter().map(|&v| g.ty(v)).collect::<Vec<_>>()
+                ),
+            };
+            bodies
+                .entry(key)
+                .or_insert((node.op.clone(), node.inputs.clone(), elements));
         }
     }
 
@@ -148,13 +158,13 @@ fn fusions(c: &mut Criterion) {
                 .filter(|n| !matches!(*n, "broadcast" | "constant" | "reshape"))
                 .collect::<Vec<_>>()
                 .join(","),
-            _ => String::new(),
+            op => op.name().to_string(),
         };
         table.push((i, name, *elements, secs, bytes as f64 / secs / memcpy_bw));
     }
     group.finish();
     println!(
-        "\nmemcpy: {:.1} GB/s (read and write); fusion bodies of `{MODEL}`, 1 thread:",
+        "\nmemcpy: {:.1} GB/s (read and write); kernels of `{MODEL}`, 1 thread:",
         memcpy_bw * 1e-9
     );
     for (i, name, elements, secs, ratio) in table {
