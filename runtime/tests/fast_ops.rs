@@ -600,6 +600,35 @@ fn fusion_bodies_with_reductions_and_integers() -> TestResult {
             results: vec![13, 9, 14, 15],
         };
         check(Op::Fusion { body: norm }, &[x.clone(), b], tol(dtype) * 4.0);
+        // The same statistics as autodiff writes them: broadcast back first, then eps and
+        // rsqrt at full size. Those run once per row; the variance's broadcast and its sum
+        // with eps feed nothing else and are never written out, the rsqrt feeds a full-size
+        // product and is, and a per-row product of it is a result.
+        let full_eps = Op::Constant {
+            ty: ty(&dims),
+            value: 1e-5,
+        };
+        let rsqrt = Op::Unary {
+            func: UnaryOp::Rsqrt,
+        };
+        let per_row = FusionBody {
+            params: vec![ty(&dims)],
+            instrs: vec![
+                instr(red(ReduceOp::Mean, 1), vec![0]),
+                instr(bcast(&dims, 0), vec![1]),
+                instr(bin(BinaryOp::Sub), vec![0, 2]),
+                instr(bin(BinaryOp::Mul), vec![3, 3]),
+                instr(red(ReduceOp::Mean, 1), vec![4]),
+                instr(bcast(&dims, 0), vec![5]),
+                instr(full_eps, vec![]),
+                instr(bin(BinaryOp::Add), vec![6, 7]),
+                instr(rsqrt, vec![8]),
+                instr(bin(BinaryOp::Mul), vec![3, 9]),
+                instr(bin(BinaryOp::Mul), vec![9, 9]),
+            ],
+            results: vec![10, 11],
+        };
+        check(Op::Fusion { body: per_row }, &[x.clone()], tol(dtype) * 4.0);
         // The cross-entropy gradient's one-hot: integer ids against an integer iota.
         let ids = TensorType::new(DType::I64, vec![rows]);
         let iota = TensorType::new(DType::I64, vec![width]);

@@ -7,7 +7,10 @@
 //!   when the tile lies inside one run of consecutive source elements);
 //! - per row: one element per row, when the body reduces the trailing dims of full values
 //!   ("rows" of `R` elements: layer norm, softmax and their backward passes). Tiles hold whole
-//!   rows; a row reduction's result is used in the same tile, broadcast back over its row;
+//!   rows; a row reduction's result is used in the same tile, broadcast back over its row.
+//!   Element-wise ops on such broadcasts (a variance broadcast back, plus eps, rsqrt: how
+//!   autodiff writes a norm's backward) are computed once per row, and a broadcast or such
+//!   an op is written out over its rows only when something reads it at full size;
 //! - per column: a reduction over the leading dims (a bias or norm-weight gradient), which
 //!   must be a result of the body: each task accumulates its tiles, and the tasks' partial
 //!   sums are added in task order at the end (a fixed order, whatever the thread count);
@@ -76,6 +79,10 @@ struct Tiled {
     /// The small values evaluated before the tiles, in body order; source `np + k` is the
     /// `k`-th (sources `0..np` are the operands).
     pre: Vec<usize>,
+    /// Per value, whether its full tile is read (by an instruction, a reduction or as a
+    /// result): a row broadcast or row computation that only feeds row computations is
+    /// never written out.
+    full: Vec<bool>,
 }
 
 /// How many elements of a tile a value has.
@@ -110,8 +117,14 @@ enum Step {
         view: Vec<usize>,
         block: usize,
     },
-    /// A per-row value repeated over its row.
+    /// A per-row value repeated over its row (written out only when something reads it at
+    /// full size: see [`Tiled::full`]).
     RowBroadcast { src: usize },
+    /// An element-wise op on values that are constant along rows (row broadcasts, other such
+    /// ops, scalars): computed once per row, and repeated over the rows only when something
+    /// reads it at full size. A layer norm's backward takes `rsqrt(var + eps)` per row this
+    /// way instead of once per element.
+    RowCompute { op: Op, args: Vec<usize> },
     /// The same elements as body value `src`.
     Alias(usize),
     /// An element-wise op on earlier values of this value's class.
@@ -399,6 +412,23 @@ fn tile_plan(body: &FusionBody, types: &[TensorType]) -> Option<Tiled> {
                     return None;
                 }
             }
+            Op::Unary { .. } | Op::Binary { .. }
+                if own == Class::Full
+                    && ty.dtype.is_float()
+                    && args.iter().any(|&a| row_constant(&steps[a]))
+                    && args.iter().all(|&a| {
+                        types[a].dtype.is_float()
+                            && (row_constant(&steps[a]) || matches!(steps[a], Step::Scalar(_)))
+                    }) =>
+            {
+                (
+                    Step::RowCompute {
+                        op: instr.op.clone(),
+                        args: args.clone(),
+                    },
+                    Class::Full,
+                )
+            }
             Op::Unary { .. }
             | Op::Binary { .. }
             | Op::Compare { .. }
@@ -441,6 +471,19 @@ fn tile_plan(body: &FusionBody, types: &[TensorType]) -> Option<Tiled> {
         return None;
     }
     let tile = unit * (TILE / unit).max(1);
+    // Consumers come after what they read, so one backward pass settles `full`.
+    let mut full = vec![false; steps.len()];
+    for &r in &body.results {
+        full[r] = true;
+    }
+    for v in (0..steps.len()).rev() {
+        match &steps[v] {
+            Step::Compute { args, .. } => args.iter().for_each(|&a| full[a] = true),
+            Step::RowReduce { src, .. } | Step::ColReduce { src, .. } => full[*src] = true,
+            Step::Alias(src) if full[v] => full[*src] = true,
+            _ => {}
+        }
+    }
     Some(Tiled {
         steps,
         class,
@@ -448,7 +491,14 @@ fn tile_plan(body: &FusionBody, types: &[TensorType]) -> Option<Tiled> {
         row,
         tile,
         pre,
+        full,
     })
+}
+
+/// Whether a value's step makes it constant along rows: a row broadcast, or an element-wise
+/// op on such values (see [`Step::RowCompute`]).
+fn row_constant(step: &Step) -> bool {
+    matches!(step, Step::RowBroadcast { .. } | Step::RowCompute { .. })
 }
 
 /// The length of the runs of a broadcast to `dims` read at offsets `view` whose elements are
@@ -581,6 +631,8 @@ struct Scratch<'o> {
     bools: Vec<Vec<bool>>,
     ints: Vec<Vec<i64>>,
     cols: Vec<Vec<f64>>,
+    /// Per-row values of [`Step::RowCompute`] steps, one per row of the tile.
+    rows: Vec<Vec<f32>>,
     /// The task's share of each result.
     slots: Vec<TaskSlot<'o>>,
     /// Per body value, the result slot it is computed in, if any.
@@ -712,6 +764,7 @@ fn run_tiled(ctx: &Ctx, c: &Compiled, t: &Tiled, args: &[&Val]) -> Result<Vec<Va
             bools: vec![Vec::new(); t.steps.len()],
             ints: vec![Vec::new(); t.steps.len()],
             cols: vec![Vec::new(); t.steps.len()],
+            rows: vec![Vec::new(); t.steps.len()],
             slots: std::mem::take(&mut slots),
             placed: placed.clone(),
             start,
@@ -913,13 +966,14 @@ fn tile_val<'a>(
                 },
             }
         }
-        Step::RowBroadcast { .. } | Step::Compute { .. } | Step::RowReduce { .. } => {
-            match c.types[v].dtype {
-                DType::Bool => TileVal::Bool(&scratch.bools[v][..len]),
-                DType::I32 | DType::I64 => TileVal::Int(&scratch.ints[v][..len]),
-                _ => TileVal::F32(&scratch.f32s[v][..len]),
-            }
-        }
+        Step::RowBroadcast { .. }
+        | Step::RowCompute { .. }
+        | Step::Compute { .. }
+        | Step::RowReduce { .. } => match c.types[v].dtype {
+            DType::Bool => TileVal::Bool(&scratch.bools[v][..len]),
+            DType::I32 | DType::I64 => TileVal::Int(&scratch.ints[v][..len]),
+            _ => TileVal::F32(&scratch.f32s[v][..len]),
+        },
     }
 }
 
@@ -1034,6 +1088,32 @@ fn run_tile(
                     }
                 }
             }
+            Step::RowBroadcast { .. } if !t.full[v] => {}
+            Step::RowCompute { op, args } => {
+                let mut per_row = std::mem::take(&mut scratch.rows[v]);
+                per_row.resize(span.rows, 0.0);
+                // Unary and binary ops only (see `tile_plan`).
+                let mut vals = [TileVal::Scalar(0.0); 2];
+                if args.len() > vals.len() {
+                    return Err(RuntimeError::NotAKernel { op: op.name() });
+                }
+                for (slot, &a) in vals.iter_mut().zip(args) {
+                    *slot = match &t.steps[a] {
+                        Step::RowBroadcast { src } => tile_val(c, t, operands, scratch, *src, span),
+                        Step::RowCompute { .. } => TileVal::F32(&scratch.rows[a][..span.rows]),
+                        _ => tile_val(c, t, operands, scratch, a, span),
+                    };
+                }
+                compute_floats(serial, op, &vals[..args.len()], &mut per_row, ty.dtype)?;
+                round_slice(ty.dtype, &mut per_row);
+                if t.full[v] {
+                    let mut fbuf = std::mem::take(&mut scratch.f32s[v]);
+                    fbuf.resize(len, 0.0);
+                    repeat_rows(&per_row, t.row, &mut fbuf);
+                    scratch.f32s[v] = fbuf;
+                }
+                scratch.rows[v] = per_row;
+            }
             Step::RowBroadcast { src } => {
                 let row = t.row;
                 let mut fbuf = std::mem::take(&mut scratch.f32s[v]);
@@ -1041,9 +1121,7 @@ fn run_tile(
                 match tile_val(c, t, operands, scratch, *src, span) {
                     TileVal::F32(r) => {
                         fbuf.resize(len, 0.0);
-                        for (o, &x) in fbuf.chunks_exact_mut(row).zip(r) {
-                            o.fill(x);
-                        }
+                        repeat_rows(r, row, &mut fbuf);
                     }
                     TileVal::Bool(r) => {
                         bbuf.resize(len, false);
@@ -1106,53 +1184,105 @@ fn run_tile(
     Ok(())
 }
 
-/// Each row of `row` elements of `x` reduced into one element of `out`, in f64 for sums.
-fn reduce_rows_into(func: ReduceOp, x: &[f32], row: usize, out: &mut [f32]) {
+/// Each of `per_row` repeated over its row of `row` elements of `out`.
+fn repeat_rows(per_row: &[f32], row: usize, out: &mut [f32]) {
     vectorized(
         #[inline(always)]
         || {
-            for (o, r) in out.iter_mut().zip(x.chunks_exact(row)) {
-                *o =
-                    match func {
-                        ReduceOp::Sum => sum64(r) as f32,
-                        ReduceOp::Mean => (sum64(r) / row as f64) as f32,
-                        ReduceOp::Max => r.iter().fold(f32::NEG_INFINITY, |a, &b| {
-                            if a.is_nan() || a >= b { a } else { b }
-                        }),
-                        ReduceOp::Min => {
-                            r.iter().fold(
-                                f32::INFINITY,
-                                |a, &b| if a.is_nan() || a <= b { a } else { b },
-                            )
-                        }
-                    };
+            for (o, &x) in out.chunks_exact_mut(row).zip(per_row) {
+                o.fill(x);
             }
         },
     );
 }
 
+/// Each row of `row` elements of `x` reduced into one element of `out`, in f64 for sums.
+/// The kind of reduction is chosen once, outside the loops, so that each loop vectorises.
+fn reduce_rows_into(func: ReduceOp, x: &[f32], row: usize, out: &mut [f32]) {
+    #[inline(always)]
+    fn each(x: &[f32], row: usize, out: &mut [f32], f: impl Fn(&[f32]) -> f32) {
+        vectorized(
+            #[inline(always)]
+            || {
+                for (o, r) in out.iter_mut().zip(x.chunks_exact(row)) {
+                    *o = f(r);
+                }
+            },
+        );
+    }
+    match func {
+        ReduceOp::Sum => each(
+            x,
+            row,
+            out,
+            #[inline(always)]
+            |r| sum64(r) as f32,
+        ),
+        ReduceOp::Mean => each(
+            x,
+            row,
+            out,
+            #[inline(always)]
+            |r| (sum64(r) / row as f64) as f32,
+        ),
+        ReduceOp::Max => each(
+            x,
+            row,
+            out,
+            #[inline(always)]
+            |r| {
+                r.iter().fold(
+                    f32::NEG_INFINITY,
+                    |a, &b| if a.is_nan() || a >= b { a } else { b },
+                )
+            },
+        ),
+        ReduceOp::Min => each(
+            x,
+            row,
+            out,
+            #[inline(always)]
+            |r| {
+                r.iter().fold(
+                    f32::INFINITY,
+                    |a, &b| if a.is_nan() || a <= b { a } else { b },
+                )
+            },
+        ),
+    }
+}
+
 /// Adds (or takes the max or min of) each run of `acc.len()` elements of `x` into `acc`; the
-/// tile starts at a multiple of that length and holds whole runs.
+/// tile starts at a multiple of that length and holds whole runs. The kind of reduction is
+/// chosen once, outside the loops: matched per element, it kept the loop scalar.
 fn accumulate_cols(func: ReduceOp, x: &[f32], acc: &mut [f64]) {
-    let w = acc.len();
-    if w == 0 {
+    #[inline(always)]
+    fn each(x: &[f32], acc: &mut [f64], f: impl Fn(f64, f64) -> f64) {
+        let w = acc.len();
+        vectorized(
+            #[inline(always)]
+            || {
+                for r in x.chunks_exact(w) {
+                    for (a, &b) in acc.iter_mut().zip(r) {
+                        *a = f(*a, f64::from(b));
+                    }
+                }
+            },
+        );
+    }
+    if acc.is_empty() {
         return;
     }
-    vectorized(
-        #[inline(always)]
-        || {
-            for r in x.chunks_exact(w) {
-                for (a, &b) in acc.iter_mut().zip(r) {
-                    let b = f64::from(b);
-                    *a = match func {
-                        ReduceOp::Sum | ReduceOp::Mean => *a + b,
-                        ReduceOp::Max => nan_max64(*a, b),
-                        ReduceOp::Min => nan_min64(*a, b),
-                    };
-                }
-            }
-        },
-    );
+    match func {
+        ReduceOp::Sum | ReduceOp::Mean => each(
+            x,
+            acc,
+            #[inline(always)]
+            |a, b| a + b,
+        ),
+        ReduceOp::Max => each(x, acc, nan_max64),
+        ReduceOp::Min => each(x, acc, nan_min64),
+    }
 }
 
 fn side<'a>(t: TileVal<'a>) -> Option<Side<'a>> {
@@ -1483,6 +1613,71 @@ mod tests {
         }];
         three.results = vec![1];
         assert!(!Compiled::new(&three)?.is_tiled());
+        Ok(())
+    }
+
+    #[test]
+    fn arithmetic_on_row_broadcasts_runs_per_row() -> Result<(), RuntimeError> {
+        // `x * rsqrt(broadcast(mean(x)) + eps)` on `[4, 6]`: the sum and the rsqrt are
+        // computed per row; only the rsqrt, which the full-size product reads, is written
+        // out over its rows.
+        let instr = |op, operands| FusedInstr { op, operands };
+        let dims = [4, 6];
+        let body = FusionBody {
+            params: vec![TensorType::new(DType::F32, dims)],
+            instrs: vec![
+                instr(
+                    Op::Reduce {
+                        func: ReduceOp::Mean,
+                        dims: vec![1],
+                    },
+                    vec![0],
+                ),
+                instr(
+                    Op::Broadcast {
+                        shape: Shape::new(dims.to_vec()),
+                        dims: vec![0],
+                    },
+                    vec![1],
+                ),
+                instr(
+                    Op::Constant {
+                        ty: TensorType::new(DType::F32, dims),
+                        value: 1e-5,
+                    },
+                    vec![],
+                ),
+                instr(
+                    Op::Binary {
+                        func: BinaryOp::Add,
+                    },
+                    vec![2, 3],
+                ),
+                instr(
+                    Op::Unary {
+                        func: autopar_ir::UnaryOp::Rsqrt,
+                    },
+                    vec![4],
+                ),
+                instr(
+                    Op::Binary {
+                        func: BinaryOp::Mul,
+                    },
+                    vec![0, 5],
+                ),
+            ],
+            results: vec![6],
+        };
+        let c = Compiled::new(&body)?;
+        let t = c.tiled.as_ref().expect("the body tiles");
+        assert!(matches!(t.steps[2], Step::RowBroadcast { .. }));
+        assert!(matches!(t.steps[4], Step::RowCompute { .. }));
+        assert!(matches!(t.steps[5], Step::RowCompute { .. }));
+        assert!(matches!(t.steps[6], Step::Compute { .. }));
+        assert_eq!(
+            [t.full[2], t.full[4], t.full[5], t.full[6]],
+            [false, false, true, true]
+        );
         Ok(())
     }
 
