@@ -86,9 +86,11 @@ fn fusions(c: &mut Criterion) {
     let mut bodies: BTreeMap<String, (Op, Vec<_>, u64)> = BTreeMap::new();
     for id in g.nodes_in_order() {
         let node = g.node(id);
+        // The largest operand or result (a cross-entropy's logits, not its losses).
         let elements = node
             .outputs
             .iter()
+            .chain(&node.inputs)
             .map(|&v| g.ty(v).num_elements())
             .max()
             .unwrap_or(0);

@@ -628,7 +628,11 @@ fn fusion_bodies_with_reductions_and_integers() -> TestResult {
             ],
             results: vec![10, 11],
         };
-        check(Op::Fusion { body: per_row }, std::slice::from_ref(&x), tol(dtype) * 4.0);
+        check(
+            Op::Fusion { body: per_row },
+            std::slice::from_ref(&x),
+            tol(dtype) * 4.0,
+        );
         // The cross-entropy gradient's one-hot: integer ids against an integer iota.
         let ids = TensorType::new(DType::I64, vec![rows]);
         let iota = TensorType::new(DType::I64, vec![width]);
