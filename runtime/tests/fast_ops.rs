@@ -375,6 +375,16 @@ fn attention_and_rotary() -> TestResult {
             );
             check(Op::Rotary { base: 500.0 }, &[q, kp], tol(dtype));
         }
+        // Long enough for causal attention to run in blocks of query rows (each against the
+        // keys it sees), with a last block shorter than the others.
+        let (b, s, hq, hkv, d) = (2, 70, 4, 2, 8);
+        let q = rand(&mut rng, dtype, &[b, s, hq, d], 1.0);
+        let k = rand(&mut rng, dtype, &[b, s, hkv, d], 1.0);
+        let v = rand(&mut rng, dtype, &[b, s, hkv, 6], 1.0);
+        for causal in [true, false] {
+            let fwd = Op::Attention { causal, scale: 0.3 };
+            check(fwd, &[q.clone(), k.clone(), v.clone()], tol(dtype) * 4.0);
+        }
     }
     Ok(())
 }

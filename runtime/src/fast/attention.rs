@@ -1,6 +1,8 @@
 //! Attention kernels of the fast backend: scaled dot-product attention and its fused
 //! backward per (batch, head), every product a strided `gemm` call straight on the operands'
-//! `[batch, seq, heads, dim]` layout, the heads split over threads; and the rotary embedding.
+//! `[batch, seq, heads, dim]` layout, the heads split over threads (a causal forward without
+//! explicit positions in blocks of query rows, each against only the keys it sees); and the
+//! rotary embedding.
 //! Masked logits are `-inf`, as in the reference, so a query that sees no key gives NaN there
 //! too.
 
@@ -110,17 +112,44 @@ fn head_probs(
     probs: &mut [f32],
     scratch: &mut [f32],
 ) -> Result<(), RuntimeError> {
+    block_probs(
+        sh,
+        mask,
+        scale,
+        (qv, kv),
+        (bi, h),
+        (0..sh.s, sh.t),
+        probs,
+        scratch,
+    )
+}
+
+/// The probabilities of query rows `rows` of head `h` of batch `bi` against the first `keys`
+/// keys, into `probs` (`[rows.len(), keys]`): with a causal mask and no explicit positions a
+/// block of rows ending at `r` sees no key at or past `r`, so `keys` may stop there.
+#[allow(clippy::too_many_arguments)]
+fn block_probs(
+    sh: Shape,
+    mask: Mask,
+    scale: f32,
+    (qv, kv): (&[f32], &[f32]),
+    (bi, h): (usize, usize),
+    (rows, keys): (std::ops::Range<usize>, usize),
+    probs: &mut [f32],
+    scratch: &mut [f32],
+) -> Result<(), RuntimeError> {
     let kh = h / sh.group();
+    let first = rows.start;
     matmul(
         MatMul {
-            m: sh.s,
-            n: sh.t,
+            m: rows.len(),
+            n: keys,
             k: sh.d,
             dst_off: 0,
-            dst_rs: sh.t,
+            dst_rs: keys,
             dst_cs: 1,
             accumulate: false,
-            lhs_off: (bi * sh.s * sh.hq + h) * sh.d,
+            lhs_off: ((bi * sh.s + first) * sh.hq + h) * sh.d,
             lhs_rs: sh.hq * sh.d,
             lhs_cs: 1,
             rhs_off: (bi * sh.t * sh.hkv + kh) * sh.d,
@@ -132,18 +161,22 @@ fn head_probs(
         qv,
         kv,
     )?;
-    if sh.t > 0 {
+    if keys > 0 {
         vectorized(
             #[inline(always)]
             || {
-                for (i, row) in probs.chunks_exact_mut(sh.t).enumerate().take(sh.s) {
-                    probabilities(mask, scale, i, row, scratch);
+                for (i, row) in probs.chunks_exact_mut(keys).enumerate().take(rows.len()) {
+                    probabilities(mask, scale, first + i, row, scratch);
                 }
             },
         );
     }
     Ok(())
 }
+
+/// Query rows per block of a causal attention without explicit positions: each block
+/// multiplies only by the keys its last row sees, about 5/8 of the products at 128 rows.
+const CAUSAL_BLOCK: usize = 32;
 
 /// Runs `f(task, chunks...)` over equal chunks of each buffer, on the backend's threads when
 /// it has more than one.
@@ -200,31 +233,53 @@ pub(crate) fn attention(
     let scale = scale as f32;
     // Per head [b, hq, s, dv], then laid out as [b, s, hq, dv].
     let mut heads = ctx.f32s(sh.b * sh.hq * sh.s * sh.dv);
+    // Causal without positions: blocks of query rows, each against the keys it sees.
+    let block = if causal && mask.positions.is_none() {
+        CAUSAL_BLOCK
+    } else {
+        sh.s.max(1)
+    };
     per_task(ctx, vec![(&mut heads, sh.s * sh.dv)], |task, bufs| {
         let (bi, h) = (task / sh.hq, task % sh.hq);
-        let (mut probs, mut scratch) = (vec![0.0f32; sh.s * sh.t], vec![0.0f32; sh.t]);
-        head_probs(sh, mask, scale, (qv, kv), (bi, h), &mut probs, &mut scratch)?;
-        matmul(
-            MatMul {
-                m: sh.s,
-                n: sh.dv,
-                k: sh.t,
-                dst_off: 0,
-                dst_rs: sh.dv,
-                dst_cs: 1,
-                accumulate: false,
-                lhs_off: 0,
-                lhs_rs: sh.t,
-                lhs_cs: 1,
-                rhs_off: (bi * sh.t * sh.hkv + h / sh.group()) * sh.dv,
-                rhs_rs: sh.hkv * sh.dv,
-                rhs_cs: 1,
-                threads: 1,
-            },
-            bufs[0],
-            &probs,
-            vv,
-        )
+        let rows = block.min(sh.s);
+        let (mut probs, mut scratch) = (vec![0.0f32; rows * sh.t], vec![0.0f32; sh.t]);
+        for start in (0..sh.s).step_by(block.max(1)) {
+            let end = (start + block).min(sh.s);
+            let keys = if block < sh.s { end.min(sh.t) } else { sh.t };
+            let probs = &mut probs[..(end - start) * keys];
+            block_probs(
+                sh,
+                mask,
+                scale,
+                (qv, kv),
+                (bi, h),
+                (start..end, keys),
+                probs,
+                &mut scratch,
+            )?;
+            matmul(
+                MatMul {
+                    m: end - start,
+                    n: sh.dv,
+                    k: keys,
+                    dst_off: start * sh.dv,
+                    dst_rs: sh.dv,
+                    dst_cs: 1,
+                    accumulate: false,
+                    lhs_off: 0,
+                    lhs_rs: keys,
+                    lhs_cs: 1,
+                    rhs_off: (bi * sh.t * sh.hkv + h / sh.group()) * sh.dv,
+                    rhs_rs: sh.hkv * sh.dv,
+                    rhs_cs: 1,
+                    threads: 1,
+                },
+                bufs[0],
+                probs,
+                vv,
+            )?;
+        }
+        Ok(())
     })?;
     let mut o = ctx.f32s(out.num_elements() as usize);
     let (hs, hsd) = (sh.s * sh.dv, sh.dv);
