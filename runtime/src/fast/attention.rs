@@ -234,18 +234,15 @@ pub(crate) fn attention(
     // Per head [b, hq, s, dv], then laid out as [b, s, hq, dv].
     let mut heads = ctx.f32s(sh.b * sh.hq * sh.s * sh.dv);
     // Causal without positions: blocks of query rows, each against the keys it sees.
-    let block = if causal && mask.positions.is_none() {
-        CAUSAL_BLOCK
-    } else {
-        sh.s.max(1)
-    };
+    let blocked = causal && mask.positions.is_none();
+    let block = if blocked { CAUSAL_BLOCK } else { sh.s.max(1) };
     per_task(ctx, vec![(&mut heads, sh.s * sh.dv)], |task, bufs| {
         let (bi, h) = (task / sh.hq, task % sh.hq);
         let rows = block.min(sh.s);
         let (mut probs, mut scratch) = (vec![0.0f32; rows * sh.t], vec![0.0f32; sh.t]);
-        for start in (0..sh.s).step_by(block.max(1)) {
+        for start in (0..sh.s).step_by(block) {
             let end = (start + block).min(sh.s);
-            let keys = if block < sh.s { end.min(sh.t) } else { sh.t };
+            let keys = if blocked { end.min(sh.t) } else { sh.t };
             let probs = &mut probs[..(end - start) * keys];
             block_probs(
                 sh,

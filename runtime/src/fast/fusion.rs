@@ -35,7 +35,7 @@ use autopar_ir::{DType, FusionBody, Op, ReduceOp, TensorType};
 use rayon::prelude::*;
 
 use super::elementwise::{Side, binary_f32, blend, compare_f32, unary_f32};
-use super::reduce::{sum64, sum64_of};
+use super::reduce::{reduce_rows, sum64_of};
 use super::simd::vectorized;
 use super::storage::{Elems, round_slice};
 use super::{Ctx, FastTensor, Val, eval};
@@ -1142,7 +1142,7 @@ fn run_tile(
                 let Some(buf) = out.f32s(len) else {
                     return Err(RuntimeError::NotAKernel { op: "fusion" });
                 };
-                reduce_rows_into(*func, x, t.row, buf);
+                reduce_rows(serial, *func, x, t.row, buf);
                 round_slice(ty.dtype, buf);
                 out.put_back(scratch, v);
             }
@@ -1194,62 +1194,6 @@ fn repeat_rows(per_row: &[f32], row: usize, out: &mut [f32]) {
             }
         },
     );
-}
-
-/// Each row of `row` elements of `x` reduced into one element of `out`, in f64 for sums.
-/// The kind of reduction is chosen once, outside the loops, so that each loop vectorises.
-fn reduce_rows_into(func: ReduceOp, x: &[f32], row: usize, out: &mut [f32]) {
-    #[inline(always)]
-    fn each(x: &[f32], row: usize, out: &mut [f32], f: impl Fn(&[f32]) -> f32) {
-        vectorized(
-            #[inline(always)]
-            || {
-                for (o, r) in out.iter_mut().zip(x.chunks_exact(row)) {
-                    *o = f(r);
-                }
-            },
-        );
-    }
-    match func {
-        ReduceOp::Sum => each(
-            x,
-            row,
-            out,
-            #[inline(always)]
-            |r| sum64(r) as f32,
-        ),
-        ReduceOp::Mean => each(
-            x,
-            row,
-            out,
-            #[inline(always)]
-            |r| (sum64(r) / row as f64) as f32,
-        ),
-        ReduceOp::Max => each(
-            x,
-            row,
-            out,
-            #[inline(always)]
-            |r| {
-                r.iter().fold(
-                    f32::NEG_INFINITY,
-                    |a, &b| if a.is_nan() || a >= b { a } else { b },
-                )
-            },
-        ),
-        ReduceOp::Min => each(
-            x,
-            row,
-            out,
-            #[inline(always)]
-            |r| {
-                r.iter().fold(
-                    f32::INFINITY,
-                    |a, &b| if a.is_nan() || a <= b { a } else { b },
-                )
-            },
-        ),
-    }
 }
 
 /// Adds (or takes the max or min of) each run of `acc.len()` elements of `x` into `acc`; the

@@ -244,8 +244,9 @@ pub(crate) fn reduce(
     Ok(ctx.float(out, o))
 }
 
-/// Reduces each contiguous row of `count` elements of `v` into one element of `o`.
-fn reduce_rows(ctx: &Ctx, func: ReduceOp, v: &[f32], count: usize, o: &mut [f32]) {
+/// Reduces each contiguous row of `count` elements of `v` into one element of `o` (also the
+/// row reductions of fusion tiles, on a one-thread `ctx`).
+pub(crate) fn reduce_rows(ctx: &Ctx, func: ReduceOp, v: &[f32], count: usize, o: &mut [f32]) {
     match func {
         ReduceOp::Sum => rows(
             ctx,
