@@ -1533,7 +1533,8 @@ impl<'a> Ctx<'a> {
         let logits = (self.n * v_t) as f64;
         let s = GemmShape::new(1, self.n, v_t, h);
         f.gemm_s += self.gemm(s, false);
-        f.memory_s += self.mem(self.act_sp() * 2.0 * e) + self.mem(logits * (e + 12.0));
+        let (loss_forward, loss_backward) = self.m.software.loss.bytes_per_logit(e);
+        f.memory_s += self.mem(self.act_sp() * 2.0 * e) + self.mem(logits * loss_forward);
         let small = self.coll(Collective::AllReduce, self.n as f64 * 4.0, &self.tp);
         f.exposed(CommKind::Tensor, 3.0 * small);
         if self.sp {
@@ -1542,7 +1543,7 @@ impl<'a> Ctx<'a> {
         let dgrad = self.gemm(GemmShape::new(1, self.n, h, v_t), false);
         let wgrad = self.gemm(GemmShape::new(1, h, v_t, self.n), false);
         b.gemm_s += dgrad + wgrad;
-        b.memory_s += self.mem(logits * (4.0 + e)) + self.mem(self.act_sp() * 4.0 * e);
+        b.memory_s += self.mem(logits * loss_backward) + self.mem(self.act_sp() * 4.0 * e);
         if self.plan.tp > 1 {
             let tc = self.tp_comm();
             b.overlapped(CommKind::Tensor, tc, self.m.comm.exposed(tc, wgrad));

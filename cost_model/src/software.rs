@@ -116,6 +116,51 @@ fn cpu_adam() -> CpuOptimizer {
     CpuOptimizer::CpuAdam
 }
 
+/// How the loss (softmax cross-entropy over the vocabulary) is computed. Its kernels are
+/// memory-bound passes over the logits, a tensor of tokens x vocabulary (x 1/tp) elements
+/// that for a small model with a large vocabulary moves more bytes than a whole layer, so
+/// the implementation decides a visible share of such a model's step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LossKernel {
+    /// A fused kernel (this project's runtime, NeMo's `cross_entropy_loss_fusion`): the
+    /// forward reads the logits once for the row maximum and sum, once more to write fp32
+    /// probabilities; the backward reads those and writes the logits' gradient.
+    Fused,
+    /// Megatron-LM's vocab-parallel cross-entropy (`_VocabParallelCrossEntropy`, the path
+    /// when `cross_entropy_loss_fusion` is off, its default): the logits are cast to fp32
+    /// (`.float()`), then the maximum, the in-place subtraction, the in-place `exp`, the sum
+    /// and the in-place division into probabilities are each a pass; the backward multiplies
+    /// the saved probabilities by the incoming gradient in place and casts the result back.
+    Megatron,
+    /// PyTorch eager `F.cross_entropy` on logits cast to fp32 (autocast, or torchtitan's
+    /// explicit `.float()`): the cast, then `log_softmax` (a maximum pass, a sum pass and a
+    /// read-write pass); the backward zero-fills the NLL gradient, runs `log_softmax`'s
+    /// backward (a sum pass and a read-read-write pass) and casts back.
+    Torch,
+}
+
+impl LossKernel {
+    /// Bytes the loss moves per logit in the forward and in the backward, with logits of
+    /// `e` bytes (the GEMMs that produce and consume them are priced separately).
+    pub fn bytes_per_logit(self, e: f64) -> (f64, f64) {
+        match self {
+            // Read twice, write fp32 probabilities; read them, write the gradient.
+            LossKernel::Fused => (2.0 * e + 4.0, 4.0 + e),
+            // Cast (e + 4), max (4), subtract (8), exp (8), sum (4), divide (8); multiply
+            // (8), cast back (4 + e).
+            LossKernel::Megatron => (e + 36.0, 12.0 + e),
+            // Cast (e + 4), log_softmax (4 + 4 + 8); zero-fill (4), log_softmax backward
+            // (4 + 12), cast back (4 + e).
+            LossKernel::Torch => (e + 20.0, 24.0 + e),
+        }
+    }
+}
+
+fn fused_loss() -> LossKernel {
+    LossKernel::Fused
+}
+
 /// A training stack's behaviour, as the cost model sees it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -166,6 +211,11 @@ pub struct Software {
     /// (`fsdp`, `torchtitan`: FSDP's CPU offload steps `torch.optim` on the CPU shards).
     #[serde(default = "cpu_adam")]
     pub cpu_optimizer: CpuOptimizer,
+    /// The loss kernels: fused (`autopar`, `nemo`), Megatron's fp32 vocab-parallel
+    /// cross-entropy (`megatron-lm-*`, `megatron-core`, and `deepspeed`, whose measured
+    /// GPTs are Megatron-DeepSpeed's) or PyTorch's eager one (`fsdp`, `torchtitan`).
+    #[serde(default = "fused_loss")]
+    pub loss: LossKernel,
 }
 
 /// The names of the built-in profiles.
@@ -195,6 +245,7 @@ impl Default for Software {
             reduce_bytes: 2.0,
             p2p_blocking: false,
             cpu_optimizer: CpuOptimizer::CpuAdam,
+            loss: LossKernel::Fused,
         }
     }
 }
@@ -240,9 +291,20 @@ impl Software {
             bucket_mb: None,
             ..base.clone()
         };
+        // Megatron's loss unless `cross_entropy_loss_fusion` is set (NeMo's configurations
+        // set it; Megatron-LM's default is off).
+        let megatron = Software {
+            loss: LossKernel::Megatron,
+            ..by_layer.clone()
+        };
         let s = match name {
             "autopar" => base,
-            "megatron-core" | "nemo" => Software {
+            "megatron-core" => Software {
+                attention: AttentionKernel::Fused,
+                tp_forward_overlap: true,
+                ..megatron
+            },
+            "nemo" => Software {
                 attention: AttentionKernel::Fused,
                 tp_forward_overlap: true,
                 ..by_layer
@@ -251,6 +313,7 @@ impl Software {
                 fusion: Fusion::Eager,
                 reduce_bytes: 4.0,
                 cpu_optimizer: CpuOptimizer::Torch,
+                loss: LossKernel::Torch,
                 ..by_layer
             },
             "megatron-lm-2021" => Software {
@@ -258,20 +321,20 @@ impl Software {
                 overlap_grad_reduce: false,
                 tp_backward_overlap: false,
                 p2p_blocking: true,
-                ..by_layer
+                ..megatron
             },
             "megatron-lm-2022" => Software {
                 attention: AttentionKernel::Unfused,
                 overlap_grad_reduce: false,
                 p2p_blocking: true,
-                ..by_layer
+                ..megatron
             },
             "deepspeed" => Software {
                 attention: AttentionKernel::Unfused,
                 overlap_grad_reduce: false,
                 overlap_param_gather: false,
                 param_gather: GatherUnit::Tensor,
-                ..by_layer
+                ..megatron
             },
             other => {
                 return Err(CostError::Software(format!(
@@ -359,6 +422,9 @@ pub struct SoftwareSpec {
     /// See [`Software::cpu_optimizer`]: `cpu_adam` or `torch`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu_optimizer: Option<CpuOptimizer>,
+    /// See [`Software::loss`]: `fused`, `megatron` or `torch`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loss: Option<LossKernel>,
 }
 
 impl SoftwareSpec {
@@ -438,12 +504,25 @@ impl SoftwareSpec {
                     };
                     out.cpu_optimizer.replace(o).is_none()
                 }
+                "loss" => {
+                    let l = match value {
+                        "fused" => LossKernel::Fused,
+                        "megatron" => LossKernel::Megatron,
+                        "torch" => LossKernel::Torch,
+                        _ => {
+                            return Err(bad(format!(
+                                "software option `loss` is fused, megatron or torch, not `{value}`"
+                            )));
+                        }
+                    };
+                    out.loss.replace(l).is_none()
+                }
                 other => {
                     return Err(bad(format!(
                         "unknown software option `{other}` (attention, overlap_grad_reduce, \
                          tp_backward_overlap, tp_forward_overlap, tp_comm_overlap, \
                          overlap_param_gather, param_gather, fusion, reduce_dtype, bucket_mb, \
-                         p2p_blocking, cpu_optimizer)"
+                         p2p_blocking, cpu_optimizer, loss)"
                     )));
                 }
             };
@@ -506,6 +585,9 @@ impl SoftwareSpec {
         if let Some(v) = self.cpu_optimizer {
             s.cpu_optimizer = v;
         }
+        if let Some(v) = self.loss {
+            s.loss = v;
+        }
         if let Some(mb) = self.bucket_mb {
             if !mb.is_finite() || mb < 0.0 {
                 return Err(CostError::Software(format!(
@@ -562,6 +644,7 @@ mod tests {
         assert!(err("fsdp,reduce_dtype=int8").contains("bf16 or fp32"));
         assert!(err("fsdp,attention=fast").contains("flash1"));
         assert!(err("fsdp,cpu_optimizer=gpu").contains("cpu_adam or torch"));
+        assert!(err("fsdp,loss=liger").contains("fused, megatron or torch"));
     }
 
     #[test]

@@ -352,6 +352,51 @@ fn fusion_and_attention_generation_change_the_step() {
     assert!((a_native - a_fa2).abs() < 1e-12);
 }
 
+/// The loss kernels are memory-bound passes over the logits: for a small model with a large
+/// vocabulary the unfused ones (Megatron's fp32 cross-entropy, PyTorch's eager one) cost a
+/// visible share of the step, each pass's bytes on the head's time, and nothing else moves.
+#[test]
+fn unfused_loss_kernels_cost_passes_over_the_logits() {
+    use autopar_cost_model::{LossKernel, Software};
+    let cfg = TransformerConfig::gpt("1b", 24, 2048, 16, 4096, 131072);
+    let plan = Plan::parse("dp=8,mbs=1,gbs=32,zero=1").unwrap();
+    let estimate = |loss: &str| {
+        let mut m = CostModel::new(Cluster::preset("dgx-h100").unwrap());
+        Software::parse(&format!("megatron-core,loss={loss}"))
+            .unwrap()
+            .apply(&mut m);
+        m.estimate(&cfg, &plan).unwrap()
+    };
+    let (fused, megatron, torch) = (estimate("fused"), estimate("megatron"), estimate("torch"));
+    // Four micro-batches of 4096 tokens, each over 131072 logits, at the measured fraction
+    // of the H100's HBM bandwidth.
+    let logits = 4.0 * 4096.0 * 131072.0;
+    let m = CostModel::new(Cluster::preset("dgx-h100").unwrap());
+    let per_byte = m.compute.memory_time(1.0e9, &m.cluster) / 1.0e9;
+    let bytes = |k: LossKernel| {
+        let (f, b) = k.bytes_per_logit(2.0);
+        f + b
+    };
+    for (slower, kernel) in [
+        (&megatron, LossKernel::Megatron),
+        (&torch, LossKernel::Torch),
+    ] {
+        let extra = slower.iter_time_s - fused.iter_time_s;
+        let expected = logits * (bytes(kernel) - bytes(LossKernel::Fused)) * per_byte;
+        assert!(
+            (extra - expected).abs() < 0.02 * expected,
+            "{kernel:?}: {extra} s more than fused, {expected} s expected"
+        );
+    }
+    assert!(megatron.iter_time_s > 1.05 * fused.iter_time_s);
+    assert_eq!(
+        Software::preset("megatron-core").unwrap().loss,
+        LossKernel::Megatron
+    );
+    assert_eq!(Software::preset("fsdp").unwrap().loss, LossKernel::Torch);
+    assert_eq!(Software::preset("nemo").unwrap().loss, LossKernel::Fused);
+}
+
 /// Megatron-LM's blocking stage-to-stage transfers put every send and the receiver's
 /// gather on the ranks' time, so the step is slower by at least half a transfer per
 /// micro-batch and chunk of a rank; and the 2021 code's awaited tensor-parallel
