@@ -99,9 +99,11 @@ pub struct CommParams {
     /// (Megatron-LM's asynchronous tensor-parallel all-reduce, and the all-gather /
     /// reduce-scatter overlap of sequence parallelism).
     pub overlap_tp_backward: bool,
-    /// Tensor-parallel collectives of the forward are pipelined with the GEMM they feed or
-    /// follow (Megatron-Core's `--tp-comm-overlap`: Transformer Engine's userbuffers split the
-    /// all-gather + GEMM and GEMM + reduce-scatter into chunks that overlap).
+    /// Sequence-parallel collectives are pipelined with the GEMM they feed or follow
+    /// (Megatron-Core's `--tp-comm-overlap`: Transformer Engine's userbuffers split the
+    /// all-gather + GEMM and GEMM + reduce-scatter into chunks that overlap, and gather a
+    /// row-parallel GEMM's output gradient chunk by chunk under its input-gradient GEMM);
+    /// each chunk is priced as a GEMM of its own.
     pub overlap_tp_forward: bool,
     /// All-reduces inside a node may use NVLink SHARP where the fabric has it
     /// ([`crate::cluster::FabricSpec::nvls_algbw_gb_per_s`]); NCCL's default, off with

@@ -648,6 +648,10 @@ impl CostModel {
     }
 }
 
+/// Chunks of a GEMM whose output Transformer Engine's userbuffers reduce-scatter pipelined
+/// (the `pipeline` method's `num_splits` default, `initialize_ub`).
+pub const PIPELINED_RS_SPLITS: u64 = 4;
+
 fn check_mapping(plan: &Plan, mapping: &MeshMapping) -> Result<(), CostError> {
     let axes = plan.mesh_axes();
     if mapping.axes().len() != axes.len()
@@ -1300,6 +1304,38 @@ impl<'a> Ctx<'a> {
         (f_t, gate, topk)
     }
 
+    /// Exposed time of a tensor-parallel collective of `t` seconds pipelined chunk by chunk
+    /// of tokens with the GEMM `s`, as Transformer Engine's userbuffers run them
+    /// (`--tp-comm-overlap`; `transformer_engine/pytorch/module/base.py`, `initialize_ub`):
+    /// an all-gather (`gather`) as a ring exchange in `tp` steps, each GEMM chunk computed on
+    /// the rows that have arrived while the next arrive, the local rows first; a
+    /// reduce-scatter after its GEMM in [`PIPELINED_RS_SPLITS`] chunks, each reduced while the
+    /// next is computed, the last one's reduction exposed. The chunks are GEMMs of their own,
+    /// so a split that leaves too few tiles for the SMs costs GEMM time as well; and the
+    /// computation runs [`CommParams::overlap_slowdown`] slower while communication shares
+    /// the device. What is returned is the pipeline's time beyond the unsplit GEMM, which the
+    /// pass already counts.
+    fn pipelined(&self, t: f64, s: GemmShape, batched: bool, gather: bool) -> f64 {
+        let chunks = match gather {
+            true => self.plan.tp as u64,
+            false => PIPELINED_RS_SPLITS,
+        }
+        .clamp(1, s.m.max(1));
+        let whole = self.layer_gemm(s, batched);
+        let chunk = self.layer_gemm(
+            GemmShape::new(s.batch, s.m.div_ceil(chunks), s.n, s.k),
+            batched,
+        );
+        let c = t / chunks as f64;
+        let steps = (chunks - 1) as f64;
+        let pipeline = match gather {
+            true => steps * chunk.max(c) + chunk,
+            false => chunk + steps * chunk.max(c) + c,
+        };
+        let slowdown = self.m.comm.overlap_slowdown * steps * chunk.min(c);
+        (pipeline + slowdown - whole).max(0.0)
+    }
+
     /// The input- and weight-gradient GEMMs of a forward GEMM.
     fn gemm_grads(&self, s: &GemmShape, batched: bool) -> (f64, f64) {
         (
@@ -1392,16 +1428,23 @@ impl<'a> Ctx<'a> {
         p.attention_s += t_attn;
         flops += f_attn;
         // What converts the layouts between the placed ops (Megatron: one gather and one
-        // reduction per block).
-        let forward_tp = self.layer_tp_collectives(Pass::Forward);
-        // With `--tp-comm-overlap` each collective is pipelined with its GEMM: one GEMM's
-        // share of the layer's GEMM time each.
-        let per_gemm = p.gemm_s / forward_tp.len().max(1) as f64;
-        for (c, mlp) in forward_tp {
-            let t = self.layer_tp_collective(&c, mlp);
-            match self.m.comm.overlap_tp_forward {
-                true => p.overlapped(CommKind::Tensor, t, self.m.comm.exposed(t, per_gemm)),
-                false => p.exposed(CommKind::Tensor, t),
+        // reduction per block). With `--tp-comm-overlap` the sequence-parallel gathers and
+        // reduce-scatters are pipelined with the GEMM they feed or follow.
+        let shapes: Vec<_> = attn.iter().chain(mlp.iter()).collect();
+        for (c, mlp_block) in self.layer_tp_collectives(Pass::Forward) {
+            let t = self.layer_tp_collective(&c, mlp_block);
+            let gemm = match c.overlap {
+                Overlap::PipelinedFprop(op) if self.m.comm.overlap_tp_forward => {
+                    shapes.iter().find(|g| g.0 == Some(op)).map(|g| (g.1, g.2))
+                }
+                _ => None,
+            };
+            match gemm {
+                Some((s, batched)) => {
+                    let gather = c.kind == Collective::AllGather;
+                    p.overlapped(CommKind::Tensor, t, self.pipelined(t, s, batched, gather))
+                }
+                None => p.exposed(CommKind::Tensor, t),
             }
         }
         let cp = self.cp_comm();
@@ -1439,16 +1482,34 @@ impl<'a> Ctx<'a> {
         let under = |o: Overlap| {
             let find = |op| grads.iter().find(|g| g.0 == op);
             match o {
-                Overlap::None => None,
+                Overlap::None | Overlap::PipelinedFprop(_) | Overlap::PipelinedDgrad(_) => None,
                 Overlap::Dgrad(op) => find(op).map(|g| g.1),
                 Overlap::Wgrad(op) => find(op).map(|g| g.2),
             }
         };
+        let shapes: Vec<_> = attn.iter().chain(mlp.iter()).collect();
+        // The input-gradient GEMM of `op` (its forward GEMM with `n` and `k` swapped).
+        let dgrad_shape = |op| {
+            shapes.iter().find(|g| g.0 == Some(op)).map(|g| {
+                let s = g.1;
+                (GemmShape::new(s.batch, s.m, s.k, s.n), g.2)
+            })
+        };
         // Megatron-SP re-gathers a column-parallel GEMM's sharded input for its weight
         // gradient under the input-gradient GEMM and reduce-scatters the input gradient under
-        // the weight-gradient GEMM (without SP, all-reduces it there).
-        for (c, mlp) in self.layer_tp_collectives(Pass::Backward) {
-            let t = self.layer_tp_collective(&c, mlp);
+        // the weight-gradient GEMM (without SP, all-reduces it there); with
+        // `--tp-comm-overlap` the gather of a row-parallel GEMM's output gradient is
+        // pipelined with its input-gradient GEMM.
+        for (c, mlp_block) in self.layer_tp_collectives(Pass::Backward) {
+            let t = self.layer_tp_collective(&c, mlp_block);
+            let pipelined = match (c.overlap, comm.overlap_tp_forward) {
+                (Overlap::PipelinedDgrad(op), true) => dgrad_shape(op),
+                _ => None,
+            };
+            if let Some((s, batched)) = pipelined {
+                p.overlapped(CommKind::Tensor, t, self.pipelined(t, s, batched, true));
+                continue;
+            }
             match under(c.overlap) {
                 Some(gemm) if comm.overlap_tp_backward => {
                     p.overlapped(CommKind::Tensor, t, comm.exposed(t, gemm))

@@ -328,6 +328,16 @@ pub enum Overlap {
     Dgrad(LayerOp),
     /// The weight-gradient GEMM of an op.
     Wgrad(LayerOp),
+    /// The forward GEMM of the op that consumes or produces the collective's data,
+    /// pipelined with it chunk by chunk of tokens: only where the software splits GEMMs to
+    /// overlap their collectives (Transformer Engine's userbuffers under Megatron-Core's
+    /// `--tp-comm-overlap`: a ring-exchange all-gather feeding the QKV and MLP-in GEMMs, a
+    /// pipelined reduce-scatter after the projection and MLP-out GEMMs); on the critical
+    /// path otherwise.
+    PipelinedFprop(LayerOp),
+    /// The input-gradient GEMM of an op, pipelined as [`Overlap::PipelinedFprop`] is (the
+    /// ring-exchange all-gather of a row-parallel layer's output gradient).
+    PipelinedDgrad(LayerOp),
 }
 
 /// One collective over `tp` of one layer's forward or backward, per micro-batch.
@@ -440,7 +450,13 @@ impl Collectives {
                 // backward, which re-gathers it for the weight gradient and reduce-scatters
                 // the input's gradient.
                 let why = || format!("{name} (split by features) reads every token");
-                self.push(fwd, AllGather, Width::Hidden, Overlap::None, why);
+                self.push(
+                    fwd,
+                    AllGather,
+                    Width::Hidden,
+                    Overlap::PipelinedFprop(op),
+                    why,
+                );
                 let why = || format!("{name} re-gathers its input for the weight gradient");
                 self.push(bwd, AllGather, Width::Hidden, Overlap::Dgrad(op), why);
                 let why = || {
@@ -562,10 +578,12 @@ impl Collectives {
                      stream's sequence shards"
                     )
                 };
-                self.push(fwd, Collective::ReduceScatter, Width::Hidden, none, why);
+                let overlap = Overlap::PipelinedFprop(op);
+                self.push(fwd, Collective::ReduceScatter, Width::Hidden, overlap, why);
                 // Gradients entering a row-parallel GEMM are gathered first.
                 let why = || format!("{name} needs the whole output gradient");
-                self.push(bwd, Collective::AllGather, Width::Hidden, none, why);
+                let overlap = Overlap::PipelinedDgrad(op);
+                self.push(bwd, Collective::AllGather, Width::Hidden, overlap, why);
             }
             (Layout::Partial, _) => {
                 let why = || {

@@ -173,8 +173,9 @@ pub struct Software {
     pub overlap_grad_reduce: bool,
     /// Tensor-parallel collectives of the backward run under the weight-gradient GEMMs.
     pub tp_backward_overlap: bool,
-    /// Tensor-parallel collectives of the forward run pipelined with their GEMMs
-    /// (Megatron-Core `--tp-comm-overlap`).
+    /// Sequence-parallel gathers and reduce-scatters are pipelined with their GEMMs chunk
+    /// by chunk: the forward's, and the backward's gathers of a row-parallel GEMM's output
+    /// gradient with its input-gradient GEMM (Megatron-Core `--tp-comm-overlap`).
     pub tp_forward_overlap: bool,
     /// ZeRO-3 / FSDP weight all-gathers are prefetched under the previous layer's compute;
     /// with ZeRO-1/2 (the distributed optimizer), the all-gather of the updated weights runs

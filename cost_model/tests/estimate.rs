@@ -397,6 +397,46 @@ fn unfused_loss_kernels_cost_passes_over_the_logits() {
     assert_eq!(Software::preset("nemo").unwrap().loss, LossKernel::Fused);
 }
 
+/// Megatron-Core's `--tp-comm-overlap` pipelines each sequence-parallel gather and
+/// reduce-scatter with its GEMM, chunk by chunk of tokens, and the backward's gathers of a
+/// row-parallel GEMM's output gradient with its input-gradient GEMM: far less is exposed
+/// than without it. The chunks are GEMMs of their own: with few tokens per chunk they
+/// leave SMs idle, so the pipeline costs more than the transfers it hides.
+#[test]
+fn tp_comm_overlap_pipelines_collectives_with_their_gemms() {
+    use autopar_cost_model::Software;
+    let cfg = TransformerConfig::gpt("30b", 4, 7168, 56, 4096, 131072);
+    let layer = |sw: &str, seq: usize| {
+        let cfg = TransformerConfig { seq, ..cfg.clone() };
+        let plan = Plan::parse("dp=1,tp=8,mbs=1,gbs=1,sp=true").unwrap();
+        let mut m = CostModel::new(Cluster::preset("dgx-h100").unwrap());
+        Software::parse(sw).unwrap().apply(&mut m);
+        let t = m.estimate(&cfg, &plan).unwrap().time;
+        (t.layer_forward, t.layer_backward)
+    };
+    let (f_on, b_on) = layer("megatron-core", 4096);
+    let (f_off, b_off) = layer("megatron-core,tp_comm_overlap=false", 4096);
+    assert_eq!(f_on.comm_total_s, f_off.comm_total_s);
+    assert!(
+        f_on.comm_exposed_s < 0.7 * f_off.comm_exposed_s,
+        "{f_on:?} {f_off:?}"
+    );
+    assert!(
+        b_on.comm_exposed_s < 0.7 * b_off.comm_exposed_s,
+        "{b_on:?} {b_off:?}"
+    );
+    // Without the overlap the forward's gathers and reduce-scatters are all exposed.
+    assert!((f_off.comm_exposed_s - f_off.comm_total_s).abs() < 1e-12);
+    // 512 tokens split 8 ways: 64-row chunks cannot fill an H100, and the pipeline costs
+    // more than the collectives' own time.
+    let (short_on, _) = layer("megatron-core", 512);
+    let (short_off, _) = layer("megatron-core,tp_comm_overlap=false", 512);
+    assert!(
+        short_on.comm_exposed_s > short_off.comm_exposed_s,
+        "{short_on:?}"
+    );
+}
+
 /// Megatron-LM's blocking stage-to-stage transfers put every send and the receiver's
 /// gather on the ranks' time, so the step is slower by at least half a transfer per
 /// micro-batch and chunk of a rank; and the 2021 code's awaited tensor-parallel
