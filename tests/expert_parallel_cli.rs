@@ -43,6 +43,28 @@ fn expert_parallel_steps_match_the_reference() {
     verifies("pp=2,ep=2", &[]);
 }
 
+/// A shared expert (a dense MLP beside the routed ones, DeepSeekMoE-style) is split over
+/// `tp` and replicated over `ep` and `dp` like the attention weights; its steps match the
+/// reference, GPT-style and Llama-style.
+#[test]
+fn a_shared_expert_beside_the_routed_ones_matches_the_reference() {
+    for spec in [
+        "moe:layers=2,hidden=64,heads=4,seq=32,vocab=256,experts=4,top_k=2,ffn=128,shared_ffn=64",
+        "moe:style=llama,layers=2,hidden=64,heads=4,seq=32,vocab=256,experts=4,top_k=2,ffn=128,shared_ffn=64",
+    ] {
+        for (mesh, zero) in [("dp=2,ep=2,tp=2", "0"), ("ep=2,tp=2", "3")] {
+            let out = autopar_ok(&[
+                "run", spec, "--mesh", mesh, "--steps", "2", "--verify", "--zero", zero,
+            ]);
+            let line = out
+                .lines()
+                .find(|l| l.starts_with("verify: "))
+                .unwrap_or_else(|| panic!("no verify line for {spec} on {mesh}: {out}"));
+            assert!(line.ends_with(" OK"), "{spec} on {mesh}: {out}");
+        }
+    }
+}
+
 /// ZeRO with every data rank an expert rank (no `dp` axis): the dense weights' state is
 /// sharded over `ep`, the ranks that replicate them.
 #[test]

@@ -194,6 +194,21 @@ fn the_transformer_config_does_not_depend_on_names() {
     }
 }
 
+/// The description of a MoE model with a shared expert, read off its weight roles: the
+/// routed experts' width is `ffn`, the dense MLP beside them the shared expert's; and the
+/// parameter count matches the graph's.
+#[test]
+fn a_shared_expert_is_read_off_the_graph() {
+    let spec =
+        "moe:layers=2,hidden=64,heads=4,seq=32,vocab=256,experts=4,top_k=2,ffn=128,shared_ffn=96";
+    let g = autopar_frontends::zoo::build(spec, 8).expect("zoo model");
+    let c = TransformerConfig::from_graph(&g).expect("config");
+    assert_eq!((c.ffn, c.shared_ffn, c.experts, c.top_k), (128, 96, 4, 2));
+    assert_eq!(c.total_params(), g.num_parameter_elements() as u64);
+    let r = renamed(&g, 5);
+    assert_eq!(TransformerConfig::from_graph(&r).expect("config"), c);
+}
+
 #[test]
 fn partitioned_programs_do_not_depend_on_names() {
     let mesh = DeviceMesh::parse("dp=2,tp=2").expect("mesh");

@@ -72,7 +72,7 @@ pub fn gradient_buckets(spans: &[GradientSpan], cap_bytes: f64) -> Vec<Bucket> {
 }
 
 /// The parameters of each weight tensor of one layer that is not an expert's, in the order
-/// the backward produces their gradients (the MLP's, or a MoE layer's router, then the
+/// the backward produces their gradients (the MLP's, or a MoE layer's shared expert and router, then the
 /// second norm, the attention output projection, the QKV projection and the first norm),
 /// with the sizes [`TransformerConfig::attention_params`] and
 /// [`TransformerConfig::mlp_params`] count.
@@ -80,14 +80,25 @@ pub fn layer_gradient_params(cfg: &TransformerConfig) -> Vec<f64> {
     let (h, f) = (cfg.hidden as f64, cfg.ffn as f64);
     let d = cfg.head_dim() as f64;
     let (a, kv) = (cfg.heads as f64, cfg.kv_heads as f64);
-    let mut out = if cfg.experts > 1 {
-        vec![h * cfg.experts as f64]
-    } else {
+    // A dense MLP of width `f`: output GEMM and bias, input GEMM(s) and bias(es).
+    let dense = |f: f64| {
         let mut mlp = vec![f * h, h, h * f, f];
         if cfg.gated_mlp {
             mlp.extend([h * f, f]);
         }
         mlp
+    };
+    let mut out = if cfg.experts > 1 {
+        // The routed experts reduce over their own groups; the shared expert (if any) and
+        // the router are dense.
+        let mut moe = match cfg.shared_ffn {
+            0 => Vec::new(),
+            s => dense(s as f64),
+        };
+        moe.push(h * cfg.experts as f64);
+        moe
+    } else {
+        dense(f)
     };
     out.extend([
         h,

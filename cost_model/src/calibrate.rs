@@ -717,9 +717,6 @@ fn megatron_moe_layer(rows: &[Line]) -> Read {
             ("backward_ms", Figure::MlpBlockBackward),
         ] {
             out.push((|| {
-                if !r.get("shared_expert_ffn").is_empty() {
-                    return Err("a shared expert beside the routed ones is not modelled");
-                }
                 let need = |k: &str| r.int(k).ok_or("a configuration column is missing");
                 let (hidden, ffn, experts, top_k) = (
                     need("hidden")?,
@@ -735,6 +732,20 @@ fn megatron_moe_layer(rows: &[Line]) -> Read {
                     need("tokens_per_rank")?,
                 );
                 let measured = r.num(column).ok_or("no measured time")?;
+                let shared_ffn = match r.get("shared_expert_ffn") {
+                    "" => 0,
+                    _ => r
+                        .int("shared_expert_ffn")
+                        .ok_or("shared expert width not understood")?,
+                };
+                // The flex dispatcher (DeepEP, HybridEP) sends a token once to each rank that
+                // holds any of its experts, where the all-to-all dispatcher sends one copy per
+                // expert: the same traffic unless a token may pick two experts on one rank.
+                if r.get("token_dispatcher") != "alltoall" && top_k > 1 && experts > ep {
+                    return Err(
+                        "a flex dispatcher (one copy per destination rank) is not modelled",
+                    );
+                }
                 let dtype = if r.get("precision").starts_with("FP8") {
                     "fp8"
                 } else {
@@ -759,6 +770,7 @@ fn megatron_moe_layer(rows: &[Line]) -> Read {
                     gated_mlp: true,
                     tied_embeddings: false,
                     learned_positions: false,
+                    shared_ffn,
                 };
                 let dp = gpus / tp;
                 let sp = if tp > 1 { ",sp=true" } else { "" };
@@ -766,7 +778,11 @@ fn megatron_moe_layer(rows: &[Line]) -> Read {
                     label: format!("line {}: {}, {column}", r.number, r.get("case")),
                     model: format!(
                         "one MoE block: hidden {hidden}, expert ffn {ffn} (SwiGLU), {experts} \
-                         experts, top-{top_k}, {tokens} tokens per rank"
+                         experts, top-{top_k}, {}{tokens} tokens per rank",
+                        match shared_ffn {
+                            0 => String::new(),
+                            s => format!("a shared expert of {s}, "),
+                        }
                     ),
                     cfg,
                     cluster_spec,

@@ -705,12 +705,8 @@ pub fn balanced_layers_per_virtual_stage(
         return even;
     }
     let h = cfg.hidden as f64;
-    let active_mlp = if cfg.experts > 1 {
-        cfg.mlp_params() as f64 * cfg.top_k as f64 / cfg.experts as f64
-    } else {
-        cfg.mlp_params() as f64
-    };
-    let layer = 2.0 * (cfg.attention_params() as f64 + active_mlp) + 4.0 * cfg.seq as f64 * h;
+    let layer =
+        2.0 * (cfg.attention_params() as f64 + cfg.active_mlp_params()) + 4.0 * cfg.seq as f64 * h;
     let head = 2.0 * h * cfg.vocab as f64 + 5.0 * cfg.vocab as f64;
     let extra = |i: usize| if i == v - 1 { head } else { 0.0 };
     let cost = |n: &[usize]| {
@@ -987,7 +983,7 @@ impl<'a> Ctx<'a> {
             let f_e = c.ffn as u64 / etp;
             let routed = self.n * c.top_k as u64 * etp / t;
             let per_expert = routed.div_ceil(local);
-            vec![
+            let mut gemms = vec![
                 (None, GemmShape::new(1, self.n, c.experts as u64, h), false),
                 (
                     Some(LayerOp::MlpIn),
@@ -999,7 +995,15 @@ impl<'a> Ctx<'a> {
                     GemmShape::new(local, per_expert, h, f_e),
                     true,
                 ),
-            ]
+            ];
+            // The shared expert: a dense MLP on every token, split over `tp` as the experts'
+            // block is placed (its input gathered and its output reduced with theirs).
+            if c.shared_ffn > 0 {
+                let f_s = c.shared_ffn as u64 / t;
+                gemms.push((None, GemmShape::new(1, self.n, gate * f_s, h), false));
+                gemms.push((None, GemmShape::new(1, self.n, h, f_s), false));
+            }
+            gemms
         } else {
             let f = c.ffn as u64;
             let mlp_in = if seq(LayerOp::MlpIn) {
@@ -1292,16 +1296,18 @@ impl<'a> Ctx<'a> {
     }
 
     /// What the MLP's element-wise kernels touch per layer: the local MLP width times the
-    /// tokens (`f/t * n`), the gate factor (2 for gated MLPs) and the experts each token visits.
-    fn mlp_activation_shape(&self) -> (f64, f64, f64) {
-        let f_t = (self.cfg.ffn / self.plan.tp) as f64 * self.n as f64;
-        let gate = if self.cfg.gated_mlp { 2.0 } else { 1.0 };
+    /// tokens (`f/t * n`) times the experts each token visits, plus the shared expert's
+    /// width times the tokens; and the gate factor (2 for gated MLPs).
+    fn mlp_activation_shape(&self) -> (f64, f64) {
+        let t = self.plan.tp;
         let topk = if self.cfg.experts > 1 {
             self.cfg.top_k as f64
         } else {
             1.0
         };
-        (f_t, gate, topk)
+        let width = (self.cfg.ffn / t) as f64 * topk + (self.cfg.shared_ffn / t) as f64;
+        let gate = if self.cfg.gated_mlp { 2.0 } else { 1.0 };
+        (width * self.n as f64, gate)
     }
 
     /// Exposed time of a tensor-parallel collective of `t` seconds pipelined chunk by chunk
@@ -1379,14 +1385,14 @@ impl<'a> Ctx<'a> {
             }
         }
         let e = self.e;
-        let (f_t, gate, topk) = self.mlp_activation_shape();
+        let (elements, gate) = self.mlp_activation_shape();
         // The activation: reads its input(s) and writes its output; the backward also reads
         // the output gradient.
         let passes = match pass {
             Pass::Forward => gate + 1.0,
             Pass::Backward => gate + 2.0,
         };
-        p.memory_s += self.mem(f_t * topk * passes * e);
+        p.memory_s += self.mem(elements * passes * e);
         if self.cfg.experts > 1 {
             let mut tokens = self.n as f64;
             if self.expert_tp_below_tp() {
@@ -2399,8 +2405,8 @@ mod stage_tests {
 
     fn costliest(cfg: &TransformerConfig, n: &[usize]) -> f64 {
         let h = cfg.hidden as f64;
-        let layer =
-            2.0 * (cfg.attention_params() + cfg.mlp_params()) as f64 + 4.0 * cfg.seq as f64 * h;
+        let layer = 2.0 * (cfg.attention_params() as f64 + cfg.active_mlp_params())
+            + 4.0 * cfg.seq as f64 * h;
         let head = 2.0 * h * cfg.vocab as f64 + 5.0 * cfg.vocab as f64;
         n.iter()
             .enumerate()

@@ -101,20 +101,25 @@ pub struct MemoryBreakdown {
 
 /// Parameters of each placed op of one layer ([`LayerOp`]), before any division: the QKV
 /// projection and output projection with their biases, the dense MLP's input GEMM(s) (up,
-/// and gate when gated) and output GEMM with theirs. A MoE MLP is counted whole under
-/// [`LayerOp::MlpIn`] (experts and router; expert parallelism places it).
+/// and gate when gated) and output GEMM with theirs. A MoE MLP's routed experts and router
+/// are counted whole under [`LayerOp::MlpIn`] (expert parallelism places them); its shared
+/// expert is split between the two as a dense MLP is.
 pub fn op_params(cfg: &TransformerConfig, op: LayerOp) -> f64 {
     let (h, d) = (cfg.hidden as f64, cfg.head_dim() as f64);
-    let (a, kv, f) = (cfg.heads as f64, cfg.kv_heads as f64, cfg.ffn as f64);
+    let (a, kv) = (cfg.heads as f64, cfg.kv_heads as f64);
+    let moe = cfg.experts > 1;
+    // The dense MLP's width: the shared expert's under MoE (0 without one).
+    let f = if moe { cfg.shared_ffn } else { cfg.ffn } as f64;
     let in_mats = if cfg.gated_mlp { 2.0 } else { 1.0 };
+    let dense_in = if f > 0.0 { in_mats * (h * f + f) } else { 0.0 };
+    let dense_out = if f > 0.0 { f * h + h } else { 0.0 };
+    let routed = cfg.routed_expert_params() as f64 + if moe { h * cfg.experts as f64 } else { 0.0 };
     match op {
         LayerOp::Qkv => (h + 1.0) * (a + 2.0 * kv) * d,
         LayerOp::Attention => 0.0,
         LayerOp::Proj => a * d * h + h,
-        LayerOp::MlpIn if cfg.experts > 1 => cfg.mlp_params() as f64,
-        LayerOp::MlpIn => in_mats * (h * f + f),
-        LayerOp::MlpOut if cfg.experts > 1 => 0.0,
-        LayerOp::MlpOut => f * h + h,
+        LayerOp::MlpIn => routed + dense_in,
+        LayerOp::MlpOut => dense_out,
     }
 }
 
@@ -127,14 +132,18 @@ pub fn layer_params_per_rank(cfg: &TransformerConfig, plan: &Plan) -> f64 {
         .into_iter()
         .map(|op| {
             let mut n = op_params(cfg, op);
+            let mut experts = 0.0;
             if cfg.experts > 1 && op == LayerOp::MlpIn {
-                // Experts over ep x etp (expert tensor parallelism, `tp` by default).
-                return n / (plan.ep * plan.expert_tp()) as f64;
+                // Experts over ep x etp (expert tensor parallelism, `tp` by default); the
+                // router replicated.
+                let router = (cfg.hidden * cfg.experts) as f64;
+                experts = expert_params_per_layer(cfg, plan) + router;
+                n -= cfg.routed_expert_params() as f64 + router;
             }
             if plan.layer.get(op) == OpPlacement::Tensor {
                 n /= plan.tp as f64;
             }
-            n
+            n + experts
         })
         .sum::<f64>()
         + cfg.norm_params() as f64
@@ -154,15 +163,12 @@ pub fn tp_replicated_params_per_layer(cfg: &TransformerConfig, plan: &Plan) -> f
     plan.layer.sequence_ops().map(|op| op_params(cfg, op)).sum()
 }
 
-/// Of [`layer_params_per_rank`], the experts' parameters (a MoE MLP without its router): one
-/// rank holds `1/ep` of the experts (and `1/etp` of each, [`Plan::expert_tp`]), replicated
-/// over the `dp / ep x tp / etp` ranks that hold the same expert shards.
+/// Of [`layer_params_per_rank`], the routed experts' parameters (a MoE MLP without its
+/// router and shared expert, which are dense): one rank holds `1/ep` of the experts (and
+/// `1/etp` of each, [`Plan::expert_tp`]), replicated over the `dp / ep x tp / etp` ranks
+/// that hold the same expert shards.
 pub fn expert_params_per_layer(cfg: &TransformerConfig, plan: &Plan) -> f64 {
-    if cfg.experts <= 1 {
-        return 0.0;
-    }
-    let router = (cfg.hidden * cfg.experts) as f64;
-    (cfg.mlp_params() as f64 - router) / plan.ep as f64 / plan.expert_tp() as f64
+    cfg.routed_expert_params() as f64 / plan.ep as f64 / plan.expert_tp() as f64
 }
 
 /// Over how many ranks ZeRO shards a parameter's state, by kind. Expert parallelism carves
@@ -244,15 +250,17 @@ pub fn activation_bytes_per_layer(
     let replicated = 6.0 * rep + 2.0 * gemm_input(LayerOp::Qkv) + 2.0 * gemm_input(LayerOp::MlpIn);
     // Tensor-sharded terms (split by heads or by queries alike): Q 2, K and V 2 each (scaled
     // by kv/a; whole when the core gathers them for its local queries), projection input 2,
-    // MLP activation input 2f/h per gate and its output 2f/h; experts see top_k copies.
+    // MLP activation input 2f/h per gate and its output 2f/h; experts see top_k copies, and a
+    // shared expert keeps its own.
     let moe = if cfg.experts > 1 {
         cfg.top_k as f64
     } else {
         1.0
     };
+    let shared = cfg.shared_ffn as f64 / h;
+    let mlp = moe * (2.0 * f_frac * gate + 2.0 * f_frac) + 2.0 * shared * gate + 2.0 * shared;
     let kv = if seq(LayerOp::Attention) { t } else { 1.0 };
-    let sharded =
-        (2.0 + 4.0 * kv_frac * kv + 2.0 + moe * (2.0 * f_frac * gate + 2.0 * f_frac)) * sbh / t;
+    let sharded = (2.0 + 4.0 * kv_frac * kv + 2.0 + mlp) * sbh / t;
     let scores = match (recompute, attention) {
         (Recompute::None, AttentionKernel::Unfused) => {
             // softmax output 2, dropout mask 1, dropout output 2 bytes per score.
@@ -293,12 +301,14 @@ pub fn runtime_activation_bytes_per_layer(
     let h = cfg.hidden as f64;
     let kv_frac = cfg.kv_heads as f64 / cfg.heads as f64;
     let f_frac = cfg.ffn as f64 / h;
-    let mlp = if cfg.gated_mlp { 4.0 } else { 2.0 } * f_frac;
+    let per_width = if cfg.gated_mlp { 4.0 } else { 2.0 };
     let moe = if cfg.experts > 1 {
         cfg.top_k as f64
     } else {
         1.0
     };
+    // The experts' tensors (top_k copies) and the shared expert's.
+    let mlp = per_width * (moe * f_frac + cfg.shared_ffn as f64 / h);
     // Keys and values are whole when the core gathers them for its local queries.
     let kv = if plan.tp > 1 && plan.layer.attention == OpPlacement::Sequence {
         t
@@ -314,7 +324,7 @@ pub fn runtime_activation_bytes_per_layer(
     } else {
         0.0
     };
-    (4.0 * rep + attention + moe * mlp * sbh / t + scores) * e
+    (4.0 * rep + attention + mlp * sbh / t + scores) * e
 }
 
 /// Of [`runtime_activation_bytes_per_layer`] without recompute, the bytes that do not belong
@@ -323,6 +333,7 @@ pub fn runtime_activation_bytes_per_layer(
 pub fn runtime_attention_bytes_per_layer(cfg: &TransformerConfig, plan: &Plan, e: f64) -> f64 {
     let no_mlp = TransformerConfig {
         ffn: 0,
+        shared_ffn: 0,
         ..cfg.clone()
     };
     runtime_activation_bytes_per_layer(&no_mlp, plan, Recompute::None, e)

@@ -39,6 +39,9 @@ pub struct TransformerConfig {
     pub tied_embeddings: bool,
     /// Learned absolute position embeddings (`[seq, h]`), as in GPT-2/3.
     pub learned_positions: bool,
+    /// Width of a MoE layer's shared expert, a dense MLP of the experts' kind every token
+    /// passes through beside the routed ones (DeepSeekMoE, Qwen2-MoE, Llama 4); 0: none.
+    pub shared_ffn: usize,
 }
 
 impl TransformerConfig {
@@ -65,6 +68,7 @@ impl TransformerConfig {
             gated_mlp: false,
             tied_embeddings: true,
             learned_positions: true,
+            shared_ffn: 0,
         }
     }
 
@@ -92,6 +96,7 @@ impl TransformerConfig {
             gated_mlp: true,
             tied_embeddings: false,
             learned_positions: false,
+            shared_ffn: 0,
         }
     }
 
@@ -107,13 +112,48 @@ impl TransformerConfig {
         h * (a + 2 * kv) * d + (a + 2 * kv) * d + a * d * h + h
     }
 
-    /// Parameters of one layer's MLP (all experts, plus the router for MoE).
-    pub fn mlp_params(&self) -> u64 {
-        let (h, f) = (self.hidden as u64, self.ffn as u64);
+    /// Parameters of one dense MLP of width `f` of this model's kind (weights and biases).
+    fn one_mlp_params(&self, f: usize) -> u64 {
+        let (h, f) = (self.hidden as u64, f as u64);
         let mats = if self.gated_mlp { 3 } else { 2 };
-        let one = mats * h * f + f * (mats - 1) + h;
+        mats * h * f + f * (mats - 1) + h
+    }
+
+    /// Parameters of one layer's MLP block: the dense MLP, or for MoE all the routed
+    /// experts, the router and the shared expert.
+    pub fn mlp_params(&self) -> u64 {
         let e = self.experts.max(1) as u64;
-        one * e + if e > 1 { h * e } else { 0 }
+        if e == 1 {
+            return self.one_mlp_params(self.ffn);
+        }
+        self.routed_expert_params() + self.hidden as u64 * e + self.shared_expert_params()
+    }
+
+    /// Parameters of one layer's routed experts (0 for a dense MLP).
+    pub fn routed_expert_params(&self) -> u64 {
+        match self.experts > 1 {
+            true => self.one_mlp_params(self.ffn) * self.experts as u64,
+            false => 0,
+        }
+    }
+
+    /// Parameters of one layer's shared expert (0 without one).
+    pub fn shared_expert_params(&self) -> u64 {
+        match self.experts > 1 && self.shared_ffn > 0 {
+            true => self.one_mlp_params(self.shared_ffn),
+            false => 0,
+        }
+    }
+
+    /// Parameters of one layer's MLP block that each token computes with: the dense MLP, or
+    /// `top_k` of the routed experts, the router and the shared expert.
+    pub fn active_mlp_params(&self) -> f64 {
+        let routed = self.routed_expert_params() as f64;
+        let share = self.top_k as f64 / self.experts.max(1) as f64;
+        match self.experts > 1 {
+            true => routed * share + (self.mlp_params() as f64 - routed),
+            false => self.mlp_params() as f64,
+        }
     }
 
     /// Parameters of the two norms of a layer.
@@ -152,6 +192,7 @@ impl TransformerConfig {
             ("heads", self.heads),
             ("key/value heads", self.kv_heads),
             ("the MLP width", self.ffn),
+            ("the shared expert's width", self.shared_ffn),
             ("the vocabulary", self.vocab),
         ]
         .into_iter()
@@ -197,6 +238,12 @@ impl TransformerConfig {
                 self.top_k, self.experts
             ));
         }
+        if self.shared_ffn > 0 && self.experts <= 1 {
+            return bad(format!(
+                "a shared expert (width {}) needs routed experts beside it",
+                self.shared_ffn
+            ));
+        }
         Ok(())
     }
 
@@ -204,14 +251,16 @@ impl TransformerConfig {
     /// names: layers are the distinct blocks ([`LayerId::Block`]) of its parameters; attention
     /// weights are the `query[h, heads, d]` and `key[h, kv, d]` roles; the MLP width is that of
     /// an `mlp_in`/`mlp_gate` weight `[h, ffn]` (or `expert_in`/`expert_gate`
-    /// `[experts, h, ffn]` for MoE), gated when a gate is present; the vocabulary is the
+    /// `[experts, h, ffn]` for MoE, where an `mlp_in` weight is the shared expert's), gated
+    /// when a gate is present; the vocabulary is the
     /// `token_embedding`'s first dim, tied unless a `head` weight exists, with learned
     /// positions when a `position_embedding` exists; the sequence is the last dim of the token
     /// input. A graph without weight roles (a hand-written `.air` without `meta{role=...}`)
     /// is an error naming the role it misses.
     pub fn from_graph(g: &Graph) -> Result<Self, CostError> {
         let mut layers = BTreeSet::new();
-        let (mut hidden, mut heads, mut kv_heads, mut ffn) = (None, None, None, None);
+        let (mut hidden, mut heads, mut kv_heads) = (None, None, None);
+        let (mut dense_ffn, mut expert_ffn) = (None, None);
         let (mut experts, mut gated, mut vocab, mut positions) = (1, false, None, false);
         let mut lm_head = false;
         let mut top_k = 1;
@@ -228,17 +277,17 @@ impl TransformerConfig {
                     heads = Some(*a);
                 }
                 (WeightRole::Key, [_, kv, _]) => kv_heads = Some(*kv),
-                (WeightRole::MlpIn, [_, f]) => ffn = Some(*f),
+                (WeightRole::MlpIn, [_, f]) => dense_ffn = Some(*f),
                 (WeightRole::MlpGate, [_, f]) => {
-                    ffn = Some(*f);
+                    dense_ffn = Some(*f);
                     gated = true;
                 }
                 (WeightRole::ExpertIn, [e, _, f]) => {
-                    ffn = Some(*f);
+                    expert_ffn = Some(*f);
                     experts = *e;
                 }
                 (WeightRole::ExpertGate, [e, _, f]) => {
-                    ffn = Some(*f);
+                    expert_ffn = Some(*f);
                     experts = *e;
                     gated = true;
                 }
@@ -290,6 +339,11 @@ impl TransformerConfig {
         let hidden =
             hidden.ok_or_else(|| missing("attention weight with role `query` [h, heads, d]"))?;
         let heads = heads.ok_or_else(|| missing("query heads"))?;
+        // With routed experts, a dense MLP beside them is the shared expert.
+        let (ffn, shared_ffn) = match expert_ffn {
+            Some(f) => (Some(f), dense_ffn.unwrap_or(0)),
+            None => (dense_ffn, 0),
+        };
         let cfg = TransformerConfig {
             name: g.name().to_string(),
             layers: layers.len(),
@@ -304,6 +358,7 @@ impl TransformerConfig {
             gated_mlp: gated,
             tied_embeddings: !lm_head,
             learned_positions: positions,
+            shared_ffn,
         };
         cfg.validate()?;
         Ok(cfg)

@@ -108,10 +108,18 @@ fn every_reference_table_is_read_and_the_megatron_tables_are_expressed() {
             .count(),
         7
     );
-    // The MoE block's Mixtral-proxy rows, forward and backward (the DeepSeek proxy's shared
-    // expert is not modelled).
+    // The MoE block's rows, forward and backward: every Mixtral-proxy row, and the
+    // DeepSeek proxy's (with its shared expert) under the all-to-all dispatcher; its flex
+    // dispatcher rows (one copy of a token per destination rank) are not modelled.
     let moe = table(&r, "megatron_moe_layer_perf_baseline_h100");
-    assert_eq!(moe.rows.len(), 12, "{:?}", moe.skipped);
+    assert_eq!(moe.rows.len(), 16, "{:?}", moe.skipped);
+    assert_eq!(
+        moe.rows
+            .iter()
+            .filter(|r| r.model.contains("shared expert"))
+            .count(),
+        4
+    );
     assert!(r.overall.median_abs_error.is_some_and(f64::is_finite));
     assert_eq!(
         r.overall.expressed,
@@ -140,7 +148,7 @@ const BOUNDS: [(&str, f64, f64, f64); 11] = [
     ),
     ("llmfoundry_mpt_benchmarks", 0.05, 0.30, 0.6),
     ("megatron_core_h100_weak_scaling_readme", 0.035, 0.24, 0.75),
-    ("megatron_moe_layer_perf_baseline_h100", 0.06, 0.12, 0.3),
+    ("megatron_moe_layer_perf_baseline_h100", 0.06, 0.2, 0.3),
     ("megatron_sc21_table1_weak_scaling_a100", 0.055, 0.07, 0.95),
     ("megatron_sc21_table2_zero3_vs_ptdp", 0.055, 0.195, 0.85),
     ("mlengineering_allreduce_busbw", 0.05, 0.65, 0.85),

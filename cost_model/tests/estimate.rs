@@ -625,6 +625,79 @@ fn the_moe_block_is_priced_by_the_layers_code() {
     assert!((1.9..2.1).contains(&ratio), "{ratio}");
 }
 
+/// A shared expert is a dense MLP beside the routed experts: its parameters are dense (split
+/// over `tp`, replicated over `ep`), every token computes through it (its GEMMs add the
+/// whole dense MLP's to the block's, and its FLOPs to the model's), and its activations
+/// are kept.
+#[test]
+fn a_shared_expert_is_priced_as_a_dense_mlp_beside_the_experts() {
+    let m = CostModel::new(Cluster::preset("dgx-h100:nodes=2").unwrap());
+    let routed = TransformerConfig {
+        name: "deepseek-like".into(),
+        layers: 4,
+        hidden: 4096,
+        heads: 32,
+        kv_heads: 32,
+        ffn: 1024,
+        vocab: 32000,
+        seq: 4096,
+        experts: 64,
+        top_k: 6,
+        gated_mlp: true,
+        tied_embeddings: false,
+        learned_positions: false,
+        shared_ffn: 0,
+    };
+    let shared = TransformerConfig {
+        shared_ffn: 2048,
+        ..routed.clone()
+    };
+    // A dense SwiGLU of width 2048 (the cost model counts biases on every matrix).
+    let dense = 3 * 4096 * 2048 + 2 * 2048 + 4096;
+    assert_eq!(shared.shared_expert_params(), dense);
+    assert_eq!(shared.mlp_params(), routed.mlp_params() + dense);
+    let active = shared.active_mlp_params() - routed.active_mlp_params();
+    assert_eq!(active, dense as f64);
+
+    let plan = Plan::parse("dp=8,ep=8,tp=2,sp=true,mbs=1,gbs=16").unwrap();
+    let (a, b) = (
+        m.estimate(&routed, &plan).unwrap(),
+        m.estimate(&shared, &plan).unwrap(),
+    );
+    // Dense: split over tp only, not over ep; one per layer.
+    let extra = b.memory.num_params - a.memory.num_params;
+    assert!((extra - 4.0 * dense as f64 / 2.0).abs() < 1.0, "{extra}");
+    assert_eq!(b.memory.num_expert_params, a.memory.num_expert_params);
+    // Every token's work: 2 GEMMs forward (the gate and up projections as one), tp-split.
+    let n = 4096.0;
+    let flops = 2.0 * n * (2.0 * 2048.0 * 4096.0 + 2048.0 * 4096.0) / 2.0;
+    let (bf, af) = (
+        m.mlp_block_times(&shared, &plan).unwrap(),
+        m.mlp_block_times(&routed, &plan).unwrap(),
+    );
+    assert!(bf.forward.gemm_s > af.forward.gemm_s);
+    let rate = flops / (bf.forward.gemm_s - af.forward.gemm_s);
+    assert!(rate > 2e14 && rate < 9e14, "{rate}");
+    assert!(b.iter_time_s > a.iter_time_s);
+    assert!(b.memory.activations > a.memory.activations);
+    assert!(b.model_tflops_per_gpu * b.iter_time_s > a.model_tflops_per_gpu * a.iter_time_s);
+
+    // The graph's description: a dense MLP's weights beside the experts' are the shared
+    // expert's, and a shared expert needs experts.
+    let dense_only = TransformerConfig {
+        experts: 1,
+        top_k: 1,
+        ..shared.clone()
+    };
+    let err = dense_only.validate().unwrap_err().to_string();
+    assert!(err.contains("shared expert"), "{err}");
+    let odd = TransformerConfig {
+        shared_ffn: 1000,
+        ..shared
+    };
+    assert!(odd.tp_split_error(16).unwrap().contains("shared expert"));
+}
+
 /// Under full recomputation a layer's backward reruns its forward. PyTorch FSDP gathers the
 /// block's weights once for both (the recomputed forward runs inside the block's backward,
 /// on the weights its pre-backward hook unsharded); DeepSpeed's per-module hooks gather them

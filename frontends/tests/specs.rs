@@ -80,7 +80,8 @@ fn generic_llama_moe_and_mlp_specs() -> Result<(), FrontendError> {
             n_experts: 4,
             top_k: 1,
             capacity_factor: 2.0,
-            normalize: false
+            normalize: false,
+            shared_ffn: None,
         }
     );
 
@@ -153,7 +154,8 @@ fn every_config_prints_a_spec_that_resolves_back_to_it() -> Result<(), FrontendE
             "experts",
             "top_k",
             "capacity_factor",
-            "normalize"
+            "normalize",
+            "shared_ffn"
         ]
     );
     Ok(())
@@ -190,7 +192,7 @@ fn unknown_keys_list_the_valid_ones() {
         error("moe:style=llama,layer=2"),
         "model `moe:style=llama,layer=2`: unknown key `layer` (valid keys: layers, hidden, \
          heads, kv_heads, ffn, seq, vocab, rope_base, experts, top_k, capacity_factor, \
-         normalize, style)"
+         normalize, shared_ffn, style)"
     );
     // `style` chooses a generic MoE spec's architecture; a preset's is fixed.
     assert!(error("mixtral-8x7b:style=gpt").contains("unknown key `style`"));

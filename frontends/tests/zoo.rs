@@ -201,6 +201,8 @@ fn analytic_parameter_counts_agree_with_the_graphs() -> Result<(), FrontendError
         "llama:layers=3,hidden=48,heads=6,kv_heads=3,ffn=80,seq=16,vocab=100",
         "moe:style=llama,layers=1,hidden=32,heads=4,kv_heads=1,ffn=40,seq=8,vocab=50,experts=3,top_k=2",
         "moe:layers=1,hidden=32,heads=4,seq=8,vocab=50,experts=3,top_k=1",
+        "moe:layers=1,hidden=32,heads=4,seq=8,vocab=50,experts=3,top_k=1,shared_ffn=24",
+        "moe:style=llama,layers=1,hidden=32,heads=4,ffn=40,seq=8,vocab=50,experts=3,top_k=2,shared_ffn=16",
         "mlp:in=5,hidden=7,out=3",
     ] {
         let model = zoo::resolve(spec)?;

@@ -34,6 +34,7 @@ fn small_moe() -> TransformerConfig {
         gated_mlp: true,
         tied_embeddings: false,
         learned_positions: false,
+        shared_ffn: 0,
     }
 }
 

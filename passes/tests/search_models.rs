@@ -100,6 +100,7 @@ fn dense(name: &str, layers: usize, hidden: usize, heads: usize, ffn: usize) -> 
         gated_mlp: true,
         tied_embeddings: false,
         learned_positions: false,
+        shared_ffn: 0,
     }
 }
 

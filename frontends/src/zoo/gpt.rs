@@ -143,22 +143,5 @@ fn mlp<'m>(m: &'m ModelBuilder, c: &GptConfig, x: Tensor<'m>) -> Tensor<'m> {
         };
         return moe::moe_mlp(m, &layer, x);
     }
-    let w1 = m
-        .param("w1", [h, f], normal(INIT_STD))
-        .role(WeightRole::MlpIn)
-        .shard(1, axis::TP);
-    let b1 = m
-        .param("b1", [f], ZEROS)
-        .role(WeightRole::MlpIn)
-        .shard(0, axis::TP);
-    let w2 = m
-        .param("w2", [f, h], normal(out_std))
-        .role(WeightRole::MlpOut)
-        .shard(0, axis::TP);
-    let b2 = m.param("b2", [h], ZEROS).role(WeightRole::MlpOut);
-    x.einsum("bsh,hf->bsf", w1)
-        .add_bias(b1)
-        .gelu()
-        .einsum("bsf,fh->bsh", w2)
-        .add_bias(b2)
+    moe::dense_mlp(m, ExpertMlp::GeluWithBias, h, f, out_std, x)
 }

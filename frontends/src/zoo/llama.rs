@@ -142,19 +142,5 @@ fn mlp<'m>(m: &'m ModelBuilder, c: &LlamaConfig, x: Tensor<'m>) -> Tensor<'m> {
         };
         return moe::moe_mlp(m, &layer, x);
     }
-    let w1 = m
-        .param("w1", [h, f], normal(INIT_STD))
-        .role(WeightRole::MlpGate)
-        .shard(1, axis::TP);
-    let w3 = m
-        .param("w3", [h, f], normal(INIT_STD))
-        .role(WeightRole::MlpIn)
-        .shard(1, axis::TP);
-    let w2 = m
-        .param("w2", [f, h], normal(out_std))
-        .role(WeightRole::MlpOut)
-        .shard(0, axis::TP);
-    let gate = x.einsum("bsh,hf->bsf", w1).silu();
-    let up = x.einsum("bsh,hf->bsf", w3);
-    (gate * up).einsum("bsf,fh->bsh", w2)
+    moe::dense_mlp(m, ExpertMlp::SwiGlu, h, f, out_std, x)
 }

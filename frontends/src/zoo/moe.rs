@@ -1,6 +1,7 @@
 //! The routed mixture-of-experts MLP (GShard formulation), shared by the GPT-style and the
 //! Llama-style (Mixtral) models: a router, top-k dispatch into per-expert capacity slots,
-//! one MLP per expert, and a gate-weighted combine.
+//! one MLP per expert, and a gate-weighted combine; optionally a shared expert, a dense MLP
+//! every token passes through beside the routed ones (DeepSeekMoE, Qwen2-MoE, Llama 4).
 
 use autopar_ir::{WeightRole, axis};
 
@@ -19,6 +20,9 @@ pub struct MoeConfig {
     pub capacity_factor: f64,
     /// Renormalise each token's top-k gates to sum to 1 (`normalize`).
     pub normalize: bool,
+    /// Width of a shared expert: a dense MLP of the experts' kind that every token passes
+    /// through, its output added to the routed experts' (`shared_ffn`; none by default).
+    pub shared_ffn: Option<usize>,
 }
 
 impl MoeConfig {
@@ -29,6 +33,7 @@ impl MoeConfig {
             top_k: 0,
             capacity_factor: 1.25,
             normalize: true,
+            shared_ffn: None,
         }
     }
 
@@ -133,17 +138,78 @@ pub(crate) fn moe_mlp<'m>(m: &'m ModelBuilder, l: &MoeLayer<'_>, x: Tensor<'m>) 
         }
     };
 
-    combine.einsum("gsec,egch->gsh", expert_out)
+    let routed = combine.einsum("gsec,egch->gsh", expert_out);
+    match l.moe.shared_ffn {
+        Some(f) => {
+            let shared = m.scope("shared", || dense_mlp(m, l.experts, h, f, l.out_std, x));
+            routed + shared
+        }
+        None => routed,
+    }
+}
+
+/// A dense MLP of `kind` on `x[b, s, h]`, split Megatron-style on `tp` (the first matmul on
+/// its output dim, the second on its input dim): the MLP of a dense GPT or Llama, and a MoE
+/// layer's shared expert, whose weights thus have the dense MLP's roles and are placed,
+/// sharded and priced as a dense MLP's.
+pub(crate) fn dense_mlp<'m>(
+    m: &'m ModelBuilder,
+    kind: ExpertMlp,
+    h: usize,
+    f: usize,
+    out_std: f64,
+    x: Tensor<'m>,
+) -> Tensor<'m> {
+    match kind {
+        ExpertMlp::GeluWithBias => {
+            let w1 = m
+                .param("w1", [h, f], normal(INIT_STD))
+                .role(WeightRole::MlpIn)
+                .shard(1, axis::TP);
+            let b1 = m
+                .param("b1", [f], ZEROS)
+                .role(WeightRole::MlpIn)
+                .shard(0, axis::TP);
+            let w2 = m
+                .param("w2", [f, h], normal(out_std))
+                .role(WeightRole::MlpOut)
+                .shard(0, axis::TP);
+            let b2 = m.param("b2", [h], ZEROS).role(WeightRole::MlpOut);
+            x.einsum("bsh,hf->bsf", w1)
+                .add_bias(b1)
+                .gelu()
+                .einsum("bsf,fh->bsh", w2)
+                .add_bias(b2)
+        }
+        ExpertMlp::SwiGlu => {
+            let w1 = m
+                .param("w1", [h, f], normal(INIT_STD))
+                .role(WeightRole::MlpGate)
+                .shard(1, axis::TP);
+            let w3 = m
+                .param("w3", [h, f], normal(INIT_STD))
+                .role(WeightRole::MlpIn)
+                .shard(1, axis::TP);
+            let w2 = m
+                .param("w2", [f, h], normal(out_std))
+                .role(WeightRole::MlpOut)
+                .shard(0, axis::TP);
+            let gate = x.einsum("bsh,hf->bsf", w1).silu();
+            let up = x.einsum("bsh,hf->bsf", w3);
+            (gate * up).einsum("bsf,fh->bsh", w2)
+        }
+    }
 }
 
 /// Parameters of one MoE MLP, matching [`moe_mlp`] (in `u128`, which no zoo size overflows).
 pub(crate) fn num_parameters(moe: &MoeConfig, experts: ExpertMlp, hidden: u128, ffn: u128) -> u128 {
     let e = moe.n_experts as u128;
-    let per_expert = match experts {
+    let mlp = |ffn: u128| match experts {
         ExpertMlp::GeluWithBias => 2 * hidden * ffn + ffn + hidden,
         ExpertMlp::SwiGlu => 3 * hidden * ffn,
     };
-    hidden * e + e * per_expert
+    let shared = moe.shared_ffn.map_or(0, |f| mlp(f as u128));
+    hidden * e + e * mlp(ffn) + shared
 }
 
 #[cfg(test)]
@@ -157,6 +223,7 @@ mod tests {
             top_k: 2,
             capacity_factor: 1.25,
             normalize: true,
+            shared_ffn: None,
         };
         // One group of 32 tokens: 1.25 * 32 * 2 / 4 = 20.
         assert_eq!(moe.capacity(32), 20);

@@ -26,8 +26,8 @@ pub(crate) const FAMILIES: &[(&str, &str)] = &[
         "any Llama (kv_heads defaults to heads, rope_base to 10000)",
     ),
     (
-        "moe:layers=L,hidden=H,heads=A,seq=S,vocab=V,experts=E,top_k=K[,ffn=F,capacity_factor=C,normalize=B,style=gpt|llama]",
-        "a GPT-style (default) or Llama-style (Mixtral) model with top-k routed MoE MLPs",
+        "moe:layers=L,hidden=H,heads=A,seq=S,vocab=V,experts=E,top_k=K[,ffn=F,capacity_factor=C,normalize=B,shared_ffn=F,style=gpt|llama]",
+        "a GPT-style (default) or Llama-style (Mixtral) model with top-k routed MoE MLPs (and a shared expert of width shared_ffn)",
     ),
     ("mlp:in=I,hidden=H,out=O", "a two-layer MLP regressor"),
 ];
@@ -98,6 +98,7 @@ impl ModelConfig {
                 ("top_k", Int(&mut moe.top_k)),
                 ("capacity_factor", Float(&mut moe.capacity_factor)),
                 ("normalize", Bool(&mut moe.normalize)),
+                ("shared_ffn", OptionalInt(&mut moe.shared_ffn)),
             ]);
         }
         slots
