@@ -99,6 +99,9 @@ const SPECS: &[&str] = &[
     "moe:layers=2,hidden=64,heads=4,seq=32,vocab=256,experts=4,top_k=2,capacity_factor=0",
     "moe:layers=2,hidden=64,heads=4,seq=32,vocab=256,experts=4,top_k=2,style=bert",
     "moe:layers=2,hidden=64,heads=4,seq=32,vocab=256,experts=4,top_k=2,normalize=maybe",
+    "moe:layers=2,hidden=64,heads=4,seq=32,vocab=256,experts=4,top_k=2,shared_ffn=0",
+    "moe:layers=2,hidden=64,heads=4,seq=32,vocab=256,experts=4,top_k=2,shared_ffn=-8",
+    "gpt:layers=2,hidden=64,heads=4,seq=32,vocab=256,shared_ffn=8",
     "mlp:in=0,hidden=4,out=2",
     "mlp:in=4",
     "gpt-tiny:foo=1",
@@ -528,6 +531,13 @@ fn table(dir: &Path) -> Table {
     ] {
         t.add(&["run", M, "--mesh", mesh, "--steps", "1"], needle);
     }
+    // A shared expert whose width `tp` does not divide: the weight, dim and axis are named.
+    let shared = "moe:layers=1,hidden=64,heads=4,seq=32,vocab=256,experts=4,top_k=2,ffn=128,\
+                  shared_ffn=30";
+    t.add(
+        &["run", shared, "--mesh", "tp=4", "--steps", "1"],
+        "`h.0.mlp.shared.w1` (f32[64,30]): dim 1",
+    );
 
     // Options of run and dump, and their edge values.
     let options: &[(&[&str], &str)] = &[
