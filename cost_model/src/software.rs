@@ -428,6 +428,23 @@ pub struct SoftwareSpec {
     pub loss: Option<LossKernel>,
 }
 
+/// The value of the software option `key` named `value` among `options`, or an error that
+/// lists them ("`fusion` is fused or eager, not `some`").
+fn choice<T: Copy>(key: &str, value: &str, options: &[(&str, T)]) -> Result<T, CostError> {
+    if let Some((_, v)) = options.iter().find(|(name, _)| *name == value) {
+        return Ok(*v);
+    }
+    let names: Vec<&str> = options.iter().map(|(name, _)| *name).collect();
+    let listed = match names.split_last() {
+        Some((last, [])) => last.to_string(),
+        Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
+        None => String::new(),
+    };
+    Err(CostError::Software(format!(
+        "software option `{key}` is {listed}, not `{value}`"
+    )))
+}
+
 impl SoftwareSpec {
     /// Parses `NAME[,knob=value...]`; each knob may be given once.
     pub fn parse(spec: &str) -> Result<SoftwareSpec, CostError> {
@@ -460,15 +477,11 @@ impl SoftwareSpec {
                 }
                 "overlap_param_gather" => out.overlap_param_gather.replace(flag()?).is_none(),
                 "param_gather" => {
-                    let unit = match value {
-                        "layer" => GatherUnit::Layer,
-                        "tensor" => GatherUnit::Tensor,
-                        _ => {
-                            return Err(bad(format!(
-                                "software option `param_gather` is layer or tensor, not `{value}`"
-                            )));
-                        }
-                    };
+                    let unit = choice(
+                        key,
+                        value,
+                        &[("layer", GatherUnit::Layer), ("tensor", GatherUnit::Tensor)],
+                    )?;
                     out.param_gather.replace(unit).is_none()
                 }
                 "bucket_mb" => {
@@ -480,42 +493,36 @@ impl SoftwareSpec {
                     out.bucket_mb.replace(mb).is_none()
                 }
                 "fusion" => {
-                    let f = match value {
-                        "fused" => Fusion::Fused,
-                        "eager" => Fusion::Eager,
-                        _ => {
-                            return Err(bad(format!(
-                                "software option `fusion` is fused or eager, not `{value}`"
-                            )));
-                        }
-                    };
+                    let f = choice(
+                        key,
+                        value,
+                        &[("fused", Fusion::Fused), ("eager", Fusion::Eager)],
+                    )?;
                     out.fusion.replace(f).is_none()
                 }
                 "reduce_dtype" => out.reduce_dtype.replace(value.to_string()).is_none(),
                 "p2p_blocking" => out.p2p_blocking.replace(flag()?).is_none(),
                 "cpu_optimizer" => {
-                    let o = match value {
-                        "cpu_adam" => CpuOptimizer::CpuAdam,
-                        "torch" => CpuOptimizer::Torch,
-                        _ => {
-                            return Err(bad(format!(
-                                "software option `cpu_optimizer` is cpu_adam or torch, not `{value}`"
-                            )));
-                        }
-                    };
+                    let o = choice(
+                        key,
+                        value,
+                        &[
+                            ("cpu_adam", CpuOptimizer::CpuAdam),
+                            ("torch", CpuOptimizer::Torch),
+                        ],
+                    )?;
                     out.cpu_optimizer.replace(o).is_none()
                 }
                 "loss" => {
-                    let l = match value {
-                        "fused" => LossKernel::Fused,
-                        "megatron" => LossKernel::Megatron,
-                        "torch" => LossKernel::Torch,
-                        _ => {
-                            return Err(bad(format!(
-                                "software option `loss` is fused, megatron or torch, not `{value}`"
-                            )));
-                        }
-                    };
+                    let l = choice(
+                        key,
+                        value,
+                        &[
+                            ("fused", LossKernel::Fused),
+                            ("megatron", LossKernel::Megatron),
+                            ("torch", LossKernel::Torch),
+                        ],
+                    )?;
                     out.loss.replace(l).is_none()
                 }
                 other => {
