@@ -371,6 +371,29 @@ impl Software {
         }
     }
 
+    /// The ZeRO stages the stack implements, which the search offers under this profile (a
+    /// pinned stage is searched all the same, and `estimate` prices any):
+    ///
+    /// - `autopar` and `deepspeed`: 0 to 3 (this project's compiler; DeepSpeed's ZeRO).
+    /// - `megatron-lm-2021`: 0 only; the distributed optimizer (`--use-distributed-optimizer`,
+    ///   ZeRO-1) came to Megatron-LM in 2022.
+    /// - `megatron-lm-2022`, `megatron-core` and `nemo`: 0 and 1, the distributed optimizer
+    ///   (Megatron-Core r0.8's README runs use it; its fully sharded mode came later).
+    /// - `fsdp` and `torchtitan`: 0, 2 and 3, FSDP's `NO_SHARD`, `SHARD_GRAD_OP` and
+    ///   `FULL_SHARD` (FSDP2's `reshard_after_forward` false and true); FSDP has no stage that
+    ///   shards the optimizer state alone.
+    ///
+    /// A profile read from a file or with overrides keeps its base profile's stages; an
+    /// unknown name (a hand-written profile) gets every stage.
+    pub fn zero_stages(&self) -> &'static [u8] {
+        match self.name.as_str() {
+            "megatron-lm-2021" => &[0],
+            "megatron-lm-2022" | "megatron-core" | "nemo" => &[0, 1],
+            "fsdp" | "torchtitan" => &[0, 2, 3],
+            _ => &[0, 1, 2, 3],
+        }
+    }
+
     /// Writes the profile into `model`'s parameters.
     pub fn apply(&self, model: &mut CostModel) {
         model.compute.attention = self.attention;

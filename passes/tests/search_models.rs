@@ -178,3 +178,37 @@ fn the_moe_search_explores_expert_tensor_parallelism() {
     assert!(pinned_tp.plans.iter().all(|p| p.plan.etp.is_none()));
     assert!(pinned_tp.stats.candidates < r.stats.candidates);
 }
+
+/// The search offers the ZeRO stages the software profile's stack implements: none but the
+/// distributed optimizer (ZeRO-1) under Megatron-Core, no ZeRO-1 under FSDP (which has no
+/// such sharding strategy); a pinned stage is searched under any profile.
+#[test]
+fn the_search_offers_the_zero_stages_of_the_profiles_stack() {
+    use autopar_cost_model::Software;
+    let cfg = dense("llama-8b", 32, 4096, 32, 14336);
+    let under = |profile: &str, pins: &str| {
+        let mut m = model("dgx-h100:nodes=2");
+        Software::parse(profile).unwrap().apply(&mut m);
+        let r = search(&m, &cfg, &pinned(64, pins)).unwrap();
+        assert!(!r.plans.is_empty(), "{profile} {pins}");
+        r.plans
+            .iter()
+            .map(|p| p.plan.zero_stage)
+            .collect::<Vec<u8>>()
+    };
+    let megatron = under("megatron-core", "");
+    assert!(megatron.iter().all(|&z| z <= 1), "{megatron:?}");
+    let fsdp = under("fsdp", "");
+    assert!(fsdp.iter().all(|&z| z != 1), "{fsdp:?}");
+    assert!(fsdp.contains(&3), "{fsdp:?}");
+    let pinned_three = under("megatron-core", "zero=3");
+    assert!(pinned_three.iter().all(|&z| z == 3), "{pinned_three:?}");
+    assert_eq!(
+        Software::preset("megatron-lm-2021").unwrap().zero_stages(),
+        &[0]
+    );
+    assert_eq!(
+        Software::preset("autopar").unwrap().zero_stages(),
+        &[0, 1, 2, 3]
+    );
+}

@@ -516,7 +516,7 @@ impl Worker {
             model.cluster.gpus_per_node,
         );
         let mut mappings: Vec<Option<MeshMapping>> = vec![None; orders.len()];
-        let zeros = space::zero_stages(&s, c);
+        let zeros = space::zero_stages(&s, c, model.software.zero_stages());
         let sps = space::sequence_parallel(cfg, &s, c);
         let placements = space::layer_placements(cfg, &s, c);
         // Sequence parallelism with expert tensor parallelism: experts below `tp` take

@@ -568,14 +568,16 @@ pub(crate) fn pipelines(
     out
 }
 
-/// ZeRO stages. With `dp = 1` every stage divides by one and every data-parallel collective
-/// runs on a group of one (free), so the stages are exactly equivalent and 0 is kept.
+/// ZeRO stages: those the software profile's stack implements
+/// ([`autopar_cost_model::Software::zero_stages`]), unless one is pinned. With `dp = 1`
+/// every stage divides by one and every data-parallel collective runs on a group of one
+/// (free), so the stages are exactly equivalent and 0 is kept.
 /// The CPU runtime shards ZeRO over the data ranks outside `ep` only (none when `dp = ep`).
-pub(crate) fn zero_stages(s: &Shape, c: &Constraints) -> Vec<u8> {
+pub(crate) fn zero_stages(s: &Shape, c: &Constraints, offered: &[u8]) -> Vec<u8> {
     match c.zero {
         Some(z) => vec![z],
         None if s.dp == 1 => vec![0],
-        None => vec![0, 1, 2, 3],
+        None => offered.to_vec(),
     }
 }
 
