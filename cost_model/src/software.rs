@@ -219,6 +219,26 @@ pub struct Software {
     pub loss: LossKernel,
 }
 
+/// What a training stack can run, along the dimensions the plan search explores
+/// ([`Software::offers`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Offers {
+    /// ZeRO stages.
+    pub zero: &'static [u8],
+    /// Megatron-style sequence parallelism.
+    pub sequence_parallel: bool,
+    /// Selective recomputation of the attention core.
+    pub selective_recompute: bool,
+    /// The interleaved pipeline schedule (virtual stages).
+    pub interleaved: bool,
+    /// Context parallelism.
+    pub context_parallel: bool,
+    /// Expert parallelism.
+    pub expert_parallel: bool,
+    /// Layer placements other than Megatron-LM's ([`crate::LayerPlacement`]).
+    pub layer_placements: bool,
+}
+
 /// The names of the built-in profiles.
 pub const PROFILES: [&str; 8] = [
     "autopar",
@@ -371,26 +391,81 @@ impl Software {
         }
     }
 
-    /// The ZeRO stages the stack implements, which the search offers under this profile (a
-    /// pinned stage is searched all the same, and `estimate` prices any):
+    /// What the stack can run, which the search offers under this profile (a pinned value
+    /// is searched all the same, and `estimate` prices any plan):
     ///
-    /// - `autopar` and `deepspeed`: 0 to 3 (this project's compiler; DeepSpeed's ZeRO).
-    /// - `megatron-lm-2021`: 0 only; the distributed optimizer (`--use-distributed-optimizer`,
-    ///   ZeRO-1) came to Megatron-LM in 2022.
-    /// - `megatron-lm-2022`, `megatron-core` and `nemo`: 0 and 1, the distributed optimizer
-    ///   (Megatron-Core r0.8's README runs use it; its fully sharded mode came later).
-    /// - `fsdp` and `torchtitan`: 0, 2 and 3, FSDP's `NO_SHARD`, `SHARD_GRAD_OP` and
-    ///   `FULL_SHARD` (FSDP2's `reshard_after_forward` false and true); FSDP has no stage that
-    ///   shards the optimizer state alone.
+    /// - `autopar`: everything this project's compiler runs: ZeRO 0 to 3, sequence
+    ///   parallelism, selective recompute, interleaved schedules, context and expert
+    ///   parallelism, and layer placements other than Megatron-LM's.
+    /// - `megatron-lm-2021` (SC'21's code): no ZeRO (the distributed optimizer came in
+    ///   2022), no sequence parallelism or selective recompute (Korthikanti et al., 2022),
+    ///   the interleaved schedule (SC'21's own), no context or expert parallelism.
+    /// - `megatron-lm-2022`: adds the distributed optimizer (ZeRO-1), sequence parallelism
+    ///   and selective recompute.
+    /// - `megatron-core` and `nemo`: adds context and expert parallelism; ZeRO-1 is still the
+    ///   deepest sharding (r0.8, the README's runs).
+    /// - `deepspeed` (Megatron-DeepSpeed as in SC'21 Table 2): ZeRO 0 to 3 and expert
+    ///   parallelism (DeepSpeed-MoE); its pipeline engine runs 1F1B only.
+    /// - `fsdp` (PyTorch FSDP under Composer): FSDP's `NO_SHARD`, `SHARD_GRAD_OP` and
+    ///   `FULL_SHARD` (ZeRO 0, 2 and 3; no stage shards the optimizer state alone).
+    /// - `torchtitan`: FSDP2's stages and its tensor (with sequence), pipeline (interleaved
+    ///   included), context and expert parallelism, and selective recompute.
     ///
-    /// A profile read from a file or with overrides keeps its base profile's stages; an
-    /// unknown name (a hand-written profile) gets every stage.
-    pub fn zero_stages(&self) -> &'static [u8] {
+    /// Layer placements other than Megatron-LM's are this project's own. A profile with
+    /// overrides, or read from a file, offers what its base profile offers.
+    pub fn offers(&self) -> Offers {
+        let all = Offers {
+            zero: &[0, 1, 2, 3],
+            sequence_parallel: true,
+            selective_recompute: true,
+            interleaved: true,
+            context_parallel: true,
+            expert_parallel: true,
+            layer_placements: false,
+        };
         match self.name.as_str() {
-            "megatron-lm-2021" => &[0],
-            "megatron-lm-2022" | "megatron-core" | "nemo" => &[0, 1],
-            "fsdp" | "torchtitan" => &[0, 2, 3],
-            _ => &[0, 1, 2, 3],
+            "megatron-lm-2021" => Offers {
+                zero: &[0],
+                sequence_parallel: false,
+                selective_recompute: false,
+                context_parallel: false,
+                expert_parallel: false,
+                ..all
+            },
+            "megatron-lm-2022" => Offers {
+                zero: &[0, 1],
+                context_parallel: false,
+                expert_parallel: false,
+                ..all
+            },
+            "megatron-core" | "nemo" => Offers {
+                zero: &[0, 1],
+                ..all
+            },
+            "deepspeed" => Offers {
+                sequence_parallel: false,
+                selective_recompute: false,
+                interleaved: false,
+                context_parallel: false,
+                ..all
+            },
+            "fsdp" => Offers {
+                zero: &[0, 2, 3],
+                sequence_parallel: false,
+                selective_recompute: false,
+                interleaved: false,
+                context_parallel: false,
+                expert_parallel: false,
+                ..all
+            },
+            "torchtitan" => Offers {
+                zero: &[0, 2, 3],
+                ..all
+            },
+            _ => Offers {
+                layer_placements: true,
+                ..all
+            },
         }
     }
 

@@ -179,36 +179,51 @@ fn the_moe_search_explores_expert_tensor_parallelism() {
     assert!(pinned_tp.stats.candidates < r.stats.candidates);
 }
 
-/// The search offers the ZeRO stages the software profile's stack implements: none but the
-/// distributed optimizer (ZeRO-1) under Megatron-Core, no ZeRO-1 under FSDP (which has no
-/// such sharding strategy); a pinned stage is searched under any profile.
+/// The search offers what the software profile's stack can run: under Megatron-Core no
+/// ZeRO beyond the distributed optimizer (ZeRO-1), under FSDP no ZeRO-1 (it has no such
+/// sharding strategy), under Megatron-LM of 2021 neither sequence parallelism nor selective
+/// recompute nor any sharding, and only this project's compiler places layer ops other
+/// than Megatron-LM's way; a pinned value is searched under any profile.
 #[test]
-fn the_search_offers_the_zero_stages_of_the_profiles_stack() {
-    use autopar_cost_model::Software;
+fn the_search_offers_what_the_profiles_stack_runs() {
+    use autopar_cost_model::{LayerPlacement, Recompute, Software};
     let cfg = dense("llama-8b", 32, 4096, 32, 14336);
     let under = |profile: &str, pins: &str| {
         let mut m = model("dgx-h100:nodes=2");
         Software::parse(profile).unwrap().apply(&mut m);
         let r = search(&m, &cfg, &pinned(64, pins)).unwrap();
         assert!(!r.plans.is_empty(), "{profile} {pins}");
-        r.plans
-            .iter()
-            .map(|p| p.plan.zero_stage)
-            .collect::<Vec<u8>>()
+        r.plans.into_iter().map(|p| p.plan).collect::<Vec<Plan>>()
     };
     let megatron = under("megatron-core", "");
-    assert!(megatron.iter().all(|&z| z <= 1), "{megatron:?}");
+    assert!(megatron.iter().all(|p| p.zero_stage <= 1), "{megatron:?}");
+    assert!(megatron.iter().all(|p| p.layer == LayerPlacement::MEGATRON));
     let fsdp = under("fsdp", "");
-    assert!(fsdp.iter().all(|&z| z != 1), "{fsdp:?}");
-    assert!(fsdp.contains(&3), "{fsdp:?}");
+    assert!(
+        fsdp.iter()
+            .all(|p| p.zero_stage != 1 && !p.sequence_parallel)
+    );
+    assert!(fsdp.iter().any(|p| p.zero_stage == 3));
+    let old = under("megatron-lm-2021,attention=unfused", "");
+    for p in &old {
+        assert_eq!(p.zero_stage, 0, "{p}");
+        assert!(
+            !p.sequence_parallel && p.recompute != Recompute::Selective,
+            "{p}"
+        );
+    }
     let pinned_three = under("megatron-core", "zero=3");
-    assert!(pinned_three.iter().all(|&z| z == 3), "{pinned_three:?}");
+    assert!(pinned_three.iter().all(|p| p.zero_stage == 3));
+    let pinned_sp = under("megatron-lm-2021", "tp=8,sp=true");
+    assert!(pinned_sp.iter().all(|p| p.sequence_parallel));
+    let autopar = under("autopar", "tp=2");
+    assert!(autopar.iter().any(|p| p.layer != LayerPlacement::MEGATRON));
     assert_eq!(
-        Software::preset("megatron-lm-2021").unwrap().zero_stages(),
+        Software::preset("megatron-lm-2021").unwrap().offers().zero,
         &[0]
     );
     assert_eq!(
-        Software::preset("autopar").unwrap().zero_stages(),
+        Software::preset("autopar").unwrap().offers().zero,
         &[0, 1, 2, 3]
     );
 }

@@ -223,6 +223,7 @@ pub fn search_with_progress(
         opts.global_batch,
         opts.cp_min_seq,
         &opts.constraints,
+        &model.software.offers(),
     );
     let threads = match opts.threads {
         0 => std::thread::available_parallelism().map_or(1, usize::from),
@@ -516,9 +517,10 @@ impl Worker {
             model.cluster.gpus_per_node,
         );
         let mut mappings: Vec<Option<MeshMapping>> = vec![None; orders.len()];
-        let zeros = space::zero_stages(&s, c, model.software.zero_stages());
-        let sps = space::sequence_parallel(cfg, &s, c);
-        let placements = space::layer_placements(cfg, &s, c);
+        let offers = model.software.offers();
+        let zeros = space::zero_stages(&s, c, &offers);
+        let sps = space::sequence_parallel(cfg, &s, c, &offers);
+        let placements = space::layer_placements(cfg, &s, c, &offers);
         // Sequence parallelism with expert tensor parallelism: experts below `tp` take
         // sequence shards, so they need sp.
         // Offload and experts over fewer ranks than tp are the GPU stack's: the CPU runtime
@@ -538,10 +540,10 @@ impl Worker {
         // Per (micro-batch size, sp, etp, axis order): the layer placements in dominance order.
         type DominanceKey = (usize, bool, Option<usize>, usize);
         let mut dominance: HashMap<DominanceKey, Rc<Dominance>> = HashMap::new();
-        let recomputes = space::recomputes(model.compute.attention, c);
+        let recomputes = space::recomputes(model.compute.attention, c, &offers);
         for mbs in space::micro_batch_sizes(&s, batch, c) {
             let m = batch / (s.dp * mbs);
-            for (vpp, kind) in space::pipelines(cfg, s.pp, m, c) {
+            for (vpp, kind) in space::pipelines(cfg, s.pp, m, c, &offers) {
                 for &zero in &zeros {
                     // Offload is in the space only where the GPU cannot hold the plan's state
                     // without it, the least that lets it (whatever `prune` says: the space is

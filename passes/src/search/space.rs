@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use autopar_cost_model::estimate::stage_layers;
 use autopar_cost_model::{
-    AttentionKernel, LayerOp, LayerPlacement, Offload, OpPlacement, Plan, Recompute,
+    AttentionKernel, LayerOp, LayerPlacement, Offers, Offload, OpPlacement, Plan, Recompute,
     TransformerConfig,
 };
 use autopar_ir::axis;
@@ -327,6 +327,7 @@ pub(crate) fn mesh_shapes(
     global_batch: usize,
     cp_min_seq: usize,
     c: &Constraints,
+    offers: &Offers,
 ) -> Vec<Shape> {
     let mut out = Vec::new();
     for tp in divisors(devices) {
@@ -335,7 +336,8 @@ pub(crate) fn mesh_shapes(
             continue;
         }
         for cp in divisors(devices / tp) {
-            let useful = cp == 1 || c.cp.is_some() || cfg.seq >= cp_min_seq;
+            let useful =
+                cp == 1 || c.cp.is_some() || (offers.context_parallel && cfg.seq >= cp_min_seq);
             if !useful
                 // MoE routing depends on the token order that the cp layout changes.
                 || (c.cpu_executable && cp > 1 && cfg.experts > 1)
@@ -362,6 +364,7 @@ pub(crate) fn mesh_shapes(
                 for ep in divisors(dp) {
                     let ep_ok = if cfg.experts > 1 {
                         cfg.experts.is_multiple_of(ep)
+                            && (ep == 1 || offers.expert_parallel || c.ep.is_some())
                     } else {
                         ep == 1
                     };
@@ -547,11 +550,15 @@ pub(crate) fn pipelines(
     pp: usize,
     m: usize,
     c: &Constraints,
+    offers: &Offers,
 ) -> Vec<(usize, ScheduleKind)> {
     let mut out = vec![(1, ScheduleKind::OneFOneB)];
+    let interleaved = offers.interleaved
+        || c.vpp.is_some_and(|v| v > 1)
+        || c.schedule == Some(ScheduleKind::Interleaved);
     if pp > 1 {
         out.push((1, ScheduleKind::GPipe));
-        if m.is_multiple_of(pp) {
+        if interleaved && m.is_multiple_of(pp) {
             for vpp in 2..=cfg.layers / pp {
                 out.push((vpp, ScheduleKind::Interleaved));
             }
@@ -569,15 +576,15 @@ pub(crate) fn pipelines(
 }
 
 /// ZeRO stages: those the software profile's stack implements
-/// ([`autopar_cost_model::Software::zero_stages`]), unless one is pinned. With `dp = 1`
+/// ([`autopar_cost_model::Software::offers`]), unless one is pinned. With `dp = 1`
 /// every stage divides by one and every data-parallel collective runs on a group of one
 /// (free), so the stages are exactly equivalent and 0 is kept.
 /// The CPU runtime shards ZeRO over the data ranks outside `ep` only (none when `dp = ep`).
-pub(crate) fn zero_stages(s: &Shape, c: &Constraints, offered: &[u8]) -> Vec<u8> {
+pub(crate) fn zero_stages(s: &Shape, c: &Constraints, offers: &Offers) -> Vec<u8> {
     match c.zero {
         Some(z) => vec![z],
         None if s.dp == 1 => vec![0],
-        None => offered.to_vec(),
+        None => offers.zero.to_vec(),
     }
 }
 
@@ -632,11 +639,17 @@ pub(crate) fn expert_tps(
     out
 }
 
-/// Sequence parallelism: only with `tp > 1` (the cost model ignores it otherwise), and only
-/// when `cp * tp` divides the sequence.
-pub(crate) fn sequence_parallel(cfg: &TransformerConfig, s: &Shape, c: &Constraints) -> Vec<bool> {
+/// Sequence parallelism: only with `tp > 1` (the cost model ignores it otherwise), only
+/// when `cp * tp` divides the sequence, and only where the stack has it (or it is pinned).
+pub(crate) fn sequence_parallel(
+    cfg: &TransformerConfig,
+    s: &Shape,
+    c: &Constraints,
+    offers: &Offers,
+) -> Vec<bool> {
     let mut out = vec![false];
-    if s.tp > 1 && cfg.seq.is_multiple_of(s.cp * s.tp) {
+    let offered = offers.sequence_parallel || c.sp == Some(true);
+    if offered && s.tp > 1 && cfg.seq.is_multiple_of(s.cp * s.tp) {
         out.push(true);
     }
     out.retain(|&sp| c.sp.is_none_or(|p| p == sp));
@@ -644,16 +657,19 @@ pub(crate) fn sequence_parallel(cfg: &TransformerConfig, s: &Shape, c: &Constrai
 }
 
 /// The layer placements ([`Plan::layer`]) to weigh for a mesh shape: Megatron-LM's alone
-/// without `tp`; otherwise every placement the model admits
+/// without `tp`, or under a stack that has no other ([`Offers::layer_placements`]) unless
+/// one is pinned; otherwise every placement the model admits
 /// ([`LayerPlacement::unsupported`], the rule the cost model checks plans with) and the pins
 /// allow, Megatron-LM's first.
 pub(crate) fn layer_placements(
     cfg: &TransformerConfig,
     s: &Shape,
     c: &Constraints,
+    offers: &Offers,
 ) -> Vec<LayerPlacement> {
     let mut out = vec![LayerPlacement::MEGATRON];
-    if s.tp > 1 {
+    let pinned = c.attention.is_some() || c.mlp.is_some();
+    if s.tp > 1 && (offers.layer_placements || pinned) {
         out = LayerPlacement::all();
         out.retain(|l| l.unsupported(cfg, s.tp, s.cp).is_none());
     }
@@ -665,12 +681,16 @@ pub(crate) fn layer_placements(
 /// Selective recompute re-runs the attention core; with a FlashAttention-style kernel the
 /// scores are never stored and the backward recomputes them anyway, so the cost model gives
 /// selective exactly the time and memory of none, and it is listed only for unfused
-/// attention (or when pinned).
-pub(crate) fn recomputes(attention: AttentionKernel, c: &Constraints) -> Vec<Recompute> {
+/// attention (or when pinned), and only where the stack has it.
+pub(crate) fn recomputes(
+    attention: AttentionKernel,
+    c: &Constraints,
+    offers: &Offers,
+) -> Vec<Recompute> {
     if let Some(r) = c.recompute {
         return vec![r];
     }
-    if attention.materialises_scores() {
+    if attention.materialises_scores() && offers.selective_recompute {
         vec![Recompute::None, Recompute::Selective, Recompute::Full]
     } else {
         vec![Recompute::None, Recompute::Full]
