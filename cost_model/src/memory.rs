@@ -113,7 +113,7 @@ pub fn op_params(cfg: &TransformerConfig, op: LayerOp) -> f64 {
     let in_mats = if cfg.gated_mlp { 2.0 } else { 1.0 };
     let dense_in = if f > 0.0 { in_mats * (h * f + f) } else { 0.0 };
     let dense_out = if f > 0.0 { f * h + h } else { 0.0 };
-    let routed = cfg.routed_expert_params() as f64 + if moe { h * cfg.experts as f64 } else { 0.0 };
+    let routed = (cfg.routed_expert_params() + cfg.router_params()) as f64;
     match op {
         LayerOp::Qkv => (h + 1.0) * (a + 2.0 * kv) * d,
         LayerOp::Attention => 0.0,
@@ -131,19 +131,18 @@ pub fn layer_params_per_rank(cfg: &TransformerConfig, plan: &Plan) -> f64 {
     LayerOp::ALL
         .into_iter()
         .map(|op| {
-            let mut n = op_params(cfg, op);
-            let mut experts = 0.0;
-            if cfg.experts > 1 && op == LayerOp::MlpIn {
-                // Experts over ep x etp (expert tensor parallelism, `tp` by default); the
-                // router replicated.
-                let router = (cfg.hidden * cfg.experts) as f64;
-                experts = expert_params_per_layer(cfg, plan) + router;
+            // The experts over ep x etp (expert tensor parallelism, `tp` by default) and the
+            // router replicated; the rest of the op as its placement splits it.
+            let (mut n, mut held) = (op_params(cfg, op), 0.0);
+            if op == LayerOp::MlpIn {
+                let router = cfg.router_params() as f64;
+                held = expert_params_per_layer(cfg, plan) + router;
                 n -= cfg.routed_expert_params() as f64 + router;
             }
             if plan.layer.get(op) == OpPlacement::Tensor {
                 n /= plan.tp as f64;
             }
-            n + experts
+            n + held
         })
         .sum::<f64>()
         + cfg.norm_params() as f64

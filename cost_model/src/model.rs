@@ -126,7 +126,15 @@ impl TransformerConfig {
         if e == 1 {
             return self.one_mlp_params(self.ffn);
         }
-        self.routed_expert_params() + self.hidden as u64 * e + self.shared_expert_params()
+        self.routed_expert_params() + self.router_params() + self.shared_expert_params()
+    }
+
+    /// Parameters of one layer's router, `[h, experts]` (0 for a dense MLP).
+    pub fn router_params(&self) -> u64 {
+        match self.experts > 1 {
+            true => (self.hidden * self.experts) as u64,
+            false => 0,
+        }
     }
 
     /// Parameters of one layer's routed experts (0 for a dense MLP).

@@ -72,7 +72,7 @@ use serde::{Deserialize, Serialize};
 
 use autopar_cost_model::cluster::Runtime;
 use autopar_cost_model::{
-    CostModel, Estimate, LayerPlacement, MeshMapping, Plan, Recompute, TransformerConfig,
+    CostModel, Estimate, LayerPlacement, MeshMapping, Offers, Plan, Recompute, TransformerConfig,
 };
 use autopar_ir::DType;
 use autopar_ir::schedule::{Schedule, ScheduleKind};
@@ -217,13 +217,14 @@ pub fn search_with_progress(
         });
     }
     let devices = model.cluster.num_devices();
+    let offers = model.software.offers();
     let shapes = space::mesh_shapes(
         cfg,
         devices,
         opts.global_batch,
         opts.cp_min_seq,
         &opts.constraints,
-        &model.software.offers(),
+        &offers,
     );
     let threads = match opts.threads {
         0 => std::thread::available_parallelism().map_or(1, usize::from),
@@ -234,6 +235,7 @@ pub fn search_with_progress(
         model,
         cfg,
         opts,
+        offers,
         shapes: &shapes,
         next: AtomicUsize::new(0),
         threshold: AtomicU64::new(f64::INFINITY.to_bits()),
@@ -313,6 +315,8 @@ struct Shared<'a> {
     model: &'a CostModel,
     cfg: &'a TransformerConfig,
     opts: &'a SearchOptions,
+    /// What the software profile's stack runs: the space offers only that.
+    offers: Offers,
     shapes: &'a [Shape],
     next: AtomicUsize,
     /// Bits of the smallest `top_k`-th best step time of any worker (non-negative floats
@@ -517,10 +521,10 @@ impl Worker {
             model.cluster.gpus_per_node,
         );
         let mut mappings: Vec<Option<MeshMapping>> = vec![None; orders.len()];
-        let offers = model.software.offers();
-        let zeros = space::zero_stages(&s, c, &offers);
-        let sps = space::sequence_parallel(cfg, &s, c, &offers);
-        let placements = space::layer_placements(cfg, &s, c, &offers);
+        let offers = &sh.offers;
+        let zeros = space::zero_stages(&s, c, offers);
+        let sps = space::sequence_parallel(cfg, &s, c, offers);
+        let placements = space::layer_placements(cfg, &s, c, offers);
         // Sequence parallelism with expert tensor parallelism: experts below `tp` take
         // sequence shards, so they need sp.
         // Offload and experts over fewer ranks than tp are the GPU stack's: the CPU runtime
@@ -540,10 +544,10 @@ impl Worker {
         // Per (micro-batch size, sp, etp, axis order): the layer placements in dominance order.
         type DominanceKey = (usize, bool, Option<usize>, usize);
         let mut dominance: HashMap<DominanceKey, Rc<Dominance>> = HashMap::new();
-        let recomputes = space::recomputes(model.compute.attention, c, &offers);
+        let recomputes = space::recomputes(model.compute.attention, c, offers);
         for mbs in space::micro_batch_sizes(&s, batch, c) {
             let m = batch / (s.dp * mbs);
-            for (vpp, kind) in space::pipelines(cfg, s.pp, m, c, &offers) {
+            for (vpp, kind) in space::pipelines(cfg, s.pp, m, c, offers) {
                 for &zero in &zeros {
                     // Offload is in the space only where the GPU cannot hold the plan's state
                     // without it, the least that lets it (whatever `prune` says: the space is
