@@ -102,6 +102,15 @@ pub enum GpuArch {
 }
 
 impl GpuArch {
+    /// Whether cuBLAS's GEMM kernels for this generation are persistent: launched as one CTA
+    /// per SM, each looping over output tiles (the warp-specialised sm90 and sm100 kernels;
+    /// on Ampere a GEMM launches a CTA per tile, so a concurrent kernel only takes SMs as
+    /// tiles retire). A collective that holds SMs beside a persistent GEMM pushes part of
+    /// it into a second wave ([`crate::comm::CommParams::persistent_gemm_slowdown`]).
+    pub fn persistent_gemms(self) -> bool {
+        matches!(self, GpuArch::Hopper | GpuArch::Blackwell)
+    }
+
     /// The highest model-FLOPs utilisation in 16-bit training published on this generation,
     /// rounded up: a prediction above it needs a mechanism the measurements have not shown.
     /// Ampere 0.60 (Korthikanti et al. 2022 reach 56.3% on 3072 A100s for 1T, Table 5;

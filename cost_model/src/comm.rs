@@ -91,6 +91,16 @@ pub struct CommParams {
     /// overlapped time, because NCCL's kernels occupy SMs and memory bandwidth (NCCL uses
     /// roughly 8-16 of an A100's 108 SMs for a large collective).
     pub overlap_slowdown: f64,
+    /// How much slower a GEMM runs while a NCCL collective overlaps it where the GEMM
+    /// kernels are persistent and the stack leaves them every SM
+    /// ([`crate::cluster::GpuArch::persistent_gemms`], [`crate::Software::sm_carveout`]): a
+    /// persistent kernel launches one CTA per SM, each working through its share of the
+    /// output tiles, so the CTAs that find their SM held by the collective's run as a second
+    /// wave once the first finish, and the GEMM takes up to twice as long (pytorch/pytorch
+    /// #144974, which added a matmul SM carve-out for this reason). 1.0: the overlapped
+    /// GEMM time is paid again.
+    #[serde(default = "one")]
+    pub persistent_gemm_slowdown: f64,
     /// Data-parallel gradient reduction starts, bucket by bucket, while the last backward of
     /// each chunk runs (PyTorch DDP, Megatron-LM `--overlap-grad-reduce`); otherwise it starts
     /// after the last backward.
@@ -123,6 +133,10 @@ pub struct CommParams {
 
 fn yes() -> bool {
     true
+}
+
+fn one() -> f64 {
+    1.0
 }
 
 /// NCCL's protocols, which trade bandwidth for latency. LL sends 4 bytes of data with a
@@ -180,6 +194,7 @@ impl Default for CommParams {
         CommParams {
             launch_overhead_s: 5e-6,
             overlap_slowdown: 0.1,
+            persistent_gemm_slowdown: 1.0,
             overlap_grad_reduce: true,
             overlap_tp_backward: true,
             overlap_tp_forward: false,
@@ -196,6 +211,27 @@ impl CommParams {
     /// the computation while both run.
     pub fn exposed(&self, comm: f64, compute: f64) -> f64 {
         (comm - compute).max(0.0) + self.overlap_slowdown * comm.min(compute)
+    }
+
+    /// [`CommParams::exposed`] for a NCCL collective beside computation of which
+    /// `gemm_share` is GEMM time: where the GEMMs are `persistent` (and left every SM),
+    /// that share runs [`CommParams::persistent_gemm_slowdown`] slower while both run, the
+    /// rest [`CommParams::overlap_slowdown`].
+    pub fn exposed_beside(
+        &self,
+        comm: f64,
+        compute: f64,
+        gemm_share: f64,
+        persistent: bool,
+    ) -> f64 {
+        let slowdown = match persistent {
+            true => {
+                let g = gemm_share.clamp(0.0, 1.0);
+                g * self.persistent_gemm_slowdown + (1.0 - g) * self.overlap_slowdown
+            }
+            false => self.overlap_slowdown,
+        };
+        (comm - compute).max(0.0) + slowdown * comm.min(compute)
     }
 }
 
@@ -461,6 +497,7 @@ mod tests {
     const P: CommParams = CommParams {
         launch_overhead_s: 5e-6,
         overlap_slowdown: 0.1,
+        persistent_gemm_slowdown: 1.0,
         overlap_grad_reduce: true,
         overlap_tp_backward: true,
         overlap_tp_forward: false,
@@ -468,6 +505,19 @@ mod tests {
         force_algorithm: None,
         nccl_protocols: true,
     };
+
+    /// Beside persistent GEMMs the GEMM share of the overlapped time is paid again; beside
+    /// other work, or where the GEMMs are not persistent, a tenth of it.
+    #[test]
+    fn persistent_gemms_split_into_a_second_wave() {
+        // 1 s of collectives under 3 s of work, half of it GEMMs.
+        close(P.exposed_beside(1.0, 3.0, 0.5, false), 0.1);
+        close(P.exposed_beside(1.0, 3.0, 0.5, true), 0.5 * 1.0 + 0.5 * 0.1);
+        close(P.exposed_beside(1.0, 3.0, 0.0, true), 0.1);
+        // What does not fit under the work is exposed whatever runs beside it.
+        close(P.exposed_beside(3.0, 1.0, 1.0, true), 2.0 + 1.0);
+        close(P.exposed_beside(3.0, 1.0, 1.0, false), P.exposed(3.0, 1.0));
+    }
 
     /// NVLink SHARP: all-reduce busbw above the ring's, growing with the group as
     /// `algbw * 2(n-1)/n`; off with `nvls = false`, and an imposed algorithm wins.

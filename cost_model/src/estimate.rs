@@ -122,6 +122,16 @@ enum CommKind {
 }
 
 impl PassTime {
+    /// The GEMMs' share of the pass's computation (0 for a pass without any).
+    pub fn gemm_share(&self) -> f64 {
+        let compute = self.gemm_s + self.attention_s + self.memory_s;
+        if compute > 0.0 {
+            self.gemm_s / compute
+        } else {
+            0.0
+        }
+    }
+
     /// Time on the critical path.
     pub fn total_s(&self) -> f64 {
         self.gemm_s + self.attention_s + self.memory_s + self.comm_exposed_s + self.recompute_s
@@ -1250,13 +1260,25 @@ impl<'a> Ctx<'a> {
         }
     }
 
-    /// Exposed time of the ZeRO-3 collectives `z3` of a pass whose own work is `under`: hidden
-    /// under it when the software prefetches them, on the critical path otherwise.
-    fn zero3_exposed(&self, z3: f64, under: f64) -> f64 {
+    /// Exposed time of the ZeRO-3 collectives `z3` of a pass whose own work is `under`,
+    /// `gemm_share` of it GEMMs: hidden under it when the software prefetches them, on the
+    /// critical path otherwise.
+    fn zero3_exposed(&self, z3: f64, under: f64, gemm_share: f64) -> f64 {
         match self.m.software.overlap_param_gather {
-            true => self.m.comm.exposed(z3, under),
+            true => self.nccl_exposed(z3, under, gemm_share),
             false => z3,
         }
+    }
+
+    /// Exposed time of `comm` seconds of NCCL collectives beside `under` seconds of
+    /// computation, `gemm_share` of it GEMMs ([`CommParams::exposed_beside`]): the GEMMs
+    /// are split into two waves where they are persistent and the software leaves them
+    /// every SM.
+    fn nccl_exposed(&self, comm: f64, under: f64, gemm_share: f64) -> f64 {
+        let persistent = self.cl().gpu.arch.persistent_gemms() && !self.m.software.sm_carveout;
+        self.m
+            .comm
+            .exposed_beside(comm, under, gemm_share, persistent)
     }
 
     /// Host-device copy of `bytes` over this rank's share of its PCIe link (CPU offload);
@@ -1458,7 +1480,8 @@ impl<'a> Ctx<'a> {
         // Offloaded parameters are copied up before their gather: one chain, prefetched alike.
         let z3 = self.zero3_gather_pass() + self.offloaded_param_copy();
         let hidden_under = p.total_s();
-        p.overlapped(CommKind::Zero, z3, self.zero3_exposed(z3, hidden_under));
+        let exposed = self.zero3_exposed(z3, hidden_under, p.gemm_share());
+        p.overlapped(CommKind::Zero, z3, exposed);
         (p, flops)
     }
 
@@ -1517,8 +1540,14 @@ impl<'a> Ctx<'a> {
                 continue;
             }
             match under(c.overlap) {
+                // Transformer Engine's userbuffers (`--tp-comm-overlap`) run these under
+                // the GEMM on SMs the GEMM leaves them; otherwise they are NCCL's.
                 Some(gemm) if comm.overlap_tp_backward => {
-                    p.overlapped(CommKind::Tensor, t, comm.exposed(t, gemm))
+                    let exposed = match comm.overlap_tp_forward {
+                        true => comm.exposed(t, gemm),
+                        false => self.nccl_exposed(t, gemm, 1.0),
+                    };
+                    p.overlapped(CommKind::Tensor, t, exposed)
                 }
                 _ => p.exposed(CommKind::Tensor, t),
             }
@@ -1562,13 +1591,14 @@ impl<'a> Ctx<'a> {
             };
         if z3 + rs > 0.0 {
             let under = p.total_s();
+            let share = p.gemm_share();
             // The gradient reduce-scatter is issued after the layer's backward (it overlaps
             // as the gradient reduction does); the gathers follow the profile.
             let rs_exposed = match self.m.comm.overlap_grad_reduce {
-                true => self.m.comm.exposed(rs, (under - z3).max(0.0)),
+                true => self.nccl_exposed(rs, (under - z3).max(0.0), share),
                 false => rs,
             };
-            let exposed = self.zero3_exposed(z3, under) + rs_exposed;
+            let exposed = self.zero3_exposed(z3, under, share) + rs_exposed;
             p.overlapped(CommKind::Zero, z3 + rs, exposed.min(z3 + rs));
         }
         p
@@ -1928,7 +1958,7 @@ impl<'a> Ctx<'a> {
         let param_gather_exposed = match self.m.software.overlap_param_gather {
             true => {
                 let first_forward: f64 = (0..plan.vpp).map(|c| fwd[c * pp]).sum();
-                self.m.comm.exposed(param_gather, first_forward)
+                self.nccl_exposed(param_gather, first_forward, lf.gemm_share())
             }
             false => param_gather,
         };

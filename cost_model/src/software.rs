@@ -206,6 +206,16 @@ pub struct Software {
     /// under computation; `false` where the transfers run on their own stream.
     #[serde(default)]
     pub p2p_blocking: bool,
+    /// The stack's GEMMs leave SMs to the NCCL collectives they overlap (cuBLASLt's
+    /// `CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET`, set through PyTorch's
+    /// `torch._C._set_sm_carveout_experimental` or Transformer Engine's
+    /// `NVTE_EXT_MARGIN_SM`), so a persistent GEMM is not split into two waves
+    /// ([`crate::comm::CommParams::persistent_gemm_slowdown`]). Off in every profile, as
+    /// those settings are off by default. Transformer Engine's userbuffers, which pipeline
+    /// the tensor-parallel collectives with their GEMMs (`tp_forward_overlap`), always
+    /// size their GEMMs to the SMs the communication leaves, so they are priced without it.
+    #[serde(default)]
+    pub sm_carveout: bool,
     /// The optimizer step of a plan that offloads to the CPU: DeepSpeed's CPU-Adam
     /// (`deepspeed`, `autopar`, and `megatron-core`, whose `--optimizer-cpu-offload` runs a
     /// fused CPU Adam unless `--use-torch-optimizer-for-cpu-offload` is given), or PyTorch's
@@ -265,6 +275,7 @@ impl Default for Software {
             fusion: Fusion::Fused,
             reduce_bytes: 2.0,
             p2p_blocking: false,
+            sm_carveout: false,
             cpu_optimizer: CpuOptimizer::CpuAdam,
             loss: LossKernel::Fused,
         }
@@ -518,6 +529,9 @@ pub struct SoftwareSpec {
     /// See [`Software::p2p_blocking`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub p2p_blocking: Option<bool>,
+    /// See [`Software::sm_carveout`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sm_carveout: Option<bool>,
     /// See [`Software::cpu_optimizer`]: `cpu_adam` or `torch`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu_optimizer: Option<CpuOptimizer>,
@@ -600,6 +614,7 @@ impl SoftwareSpec {
                 }
                 "reduce_dtype" => out.reduce_dtype.replace(value.to_string()).is_none(),
                 "p2p_blocking" => out.p2p_blocking.replace(flag()?).is_none(),
+                "sm_carveout" => out.sm_carveout.replace(flag()?).is_none(),
                 "cpu_optimizer" => {
                     let o = choice(
                         key,
@@ -628,7 +643,7 @@ impl SoftwareSpec {
                         "unknown software option `{other}` (attention, overlap_grad_reduce, \
                          tp_backward_overlap, tp_forward_overlap, tp_comm_overlap, \
                          overlap_param_gather, param_gather, fusion, reduce_dtype, bucket_mb, \
-                         p2p_blocking, cpu_optimizer, loss)"
+                         p2p_blocking, sm_carveout, cpu_optimizer, loss)"
                     )));
                 }
             };
@@ -687,6 +702,9 @@ impl SoftwareSpec {
         }
         if let Some(v) = self.p2p_blocking {
             s.p2p_blocking = v;
+        }
+        if let Some(v) = self.sm_carveout {
+            s.sm_carveout = v;
         }
         if let Some(v) = self.cpu_optimizer {
             s.cpu_optimizer = v;

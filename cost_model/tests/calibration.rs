@@ -128,17 +128,19 @@ fn every_reference_table_is_read_and_the_megatron_tables_are_expressed() {
 }
 
 /// Per table: (median |error| at most, worst |error| at most, share predicted too fast at
-/// most). Today's figures, each with a little headroom: llm-foundry 4.7% / 28.7% (the 70B
-/// on 64 A100-40GB; fp8 rows 4-11% too slow), Megatron-Core 2.9% / 22.6% (the 1.7B row,
-/// whose micro-batch the README does not give; the 32B row 22% too slow), SC'21 Table 1
-/// 4.5% / 5.8%, SC'21 Table 2 4.5% / 18.5% (PTD-P within 5%, the 530B ZeRO-3 rows 18% too
-/// fast), Korthikanti Table 4 3.0% / 4.9% and Table 5 2.0% / 5.1%, the all-reduce sweep
-/// 4.0% / 60.1% (B200 inside one node at 4-64 MiB, where the model runs NVLink SHARP at its
-/// 8 GiB rate and the sweep does not), the MAMF GEMMs 4.5% / 12.5% (GH200 and A100 PCIe
-/// included), the NCCL maintainers' and users' bus bandwidths 0.6% / 11.5% (2 nodes with 4
-/// HDR NICs, 86 GB/s measured against the ring's 96) and 0.2% / 1.9%, the Megatron-Core MoE
-/// block on 8 H100s with ep=8 5.9% / 19.7% (the Mixtral proxy within 11%; the DeepSeek
-/// proxy's backward with its shared expert 14-20% too slow).
+/// most). Today's figures, each with a little headroom: llm-foundry 3.7% / 28.7% (the 70B
+/// on 64 A100-40GB; fp8 rows 4-11% too slow), Megatron-Core 2.0% / 29.0% (the 32B row too
+/// slow: its fp32 gradient reduce-scatter over 48 nodes, one NIC per group, does not fit
+/// under one micro-batch's backward; the 1.7B row, whose micro-batch the README does not
+/// give, 21% too fast), SC'21 Table 1 4.5% / 5.8%, SC'21 Table 2 4.5% / 18.5% (PTD-P within
+/// 5%, the 530B ZeRO-3 rows 18% too fast), Korthikanti Table 4 3.0% / 4.9% and Table 5
+/// 2.0% / 5.1%, the all-reduce sweep 4.0% / 60.1% (B200 inside one node at 4-64 MiB, where
+/// the model runs NVLink SHARP at its 8 GiB rate and the sweep does not), the MAMF GEMMs
+/// 4.5% / 12.5% (GH200 and A100 PCIe included), the NCCL maintainers' and users' bus
+/// bandwidths 0.6% / 11.5% (2 nodes with 4 HDR NICs, 86 GB/s measured against the ring's
+/// 96) and 0.2% / 1.9%, the Megatron-Core MoE block on 8 H100s with ep=8 5.9% / 19.7% (the
+/// Mixtral proxy within 11%; the DeepSeek proxy's backward with its shared expert 14-20%
+/// too slow).
 const BOUNDS: [(&str, f64, f64, f64); 11] = [
     ("korthikanti2022_table4_per_layer_22B", 0.04, 0.06, 0.5),
     (
@@ -147,8 +149,8 @@ const BOUNDS: [(&str, f64, f64, f64); 11] = [
         0.06,
         0.65,
     ),
-    ("llmfoundry_mpt_benchmarks", 0.05, 0.30, 0.6),
-    ("megatron_core_h100_weak_scaling_readme", 0.035, 0.24, 0.75),
+    ("llmfoundry_mpt_benchmarks", 0.04, 0.30, 0.55),
+    ("megatron_core_h100_weak_scaling_readme", 0.025, 0.30, 0.75),
     ("megatron_moe_layer_perf_baseline_h100", 0.06, 0.2, 0.3),
     ("megatron_sc21_table1_weak_scaling_a100", 0.055, 0.07, 0.95),
     ("megatron_sc21_table2_zero3_vs_ptdp", 0.055, 0.195, 0.85),
