@@ -68,6 +68,10 @@ const MEGATRON_CORE: &str = "megatron-core";
 /// causal, head dim 128: the FlashAttention-2 paper's A100 figure), and both use Ampere's
 /// `mma.sync`, so either is priced as FlashAttention 1.
 const LLM_FOUNDRY: &str = "fsdp,attention=flash1";
+/// [`LLM_FOUNDRY`] under Composer's `PURE` mixed precision, whose FSDP reduces gradients in
+/// the training dtype (`reduce_dtype` bf16, `composer/distributed/mosaic_parallelism.py`,
+/// `get_mixed_precision`) where `DEFAULT` reduces them in fp32.
+const LLM_FOUNDRY_PURE: &str = "fsdp,attention=flash1,reduce_dtype=bf16";
 
 /// The cost model of `cluster` under the software profile `spec` (as `--software` takes it).
 fn with_software(cluster: Cluster, spec: &str) -> Result<CostModel, CostError> {
@@ -866,7 +870,8 @@ fn megatron_core_h100(rows: &[Line]) -> Read {
 }
 
 /// llm-foundry's MPT benchmarks: PyTorch FSDP data parallelism (FULL_SHARD as ZeRO-3,
-/// SHARD_GRAD_OP as ZeRO-2), FlashAttention ([`LLM_FOUNDRY`]), bf16 or Transformer Engine
+/// SHARD_GRAD_OP as ZeRO-2), FlashAttention ([`LLM_FOUNDRY`]), gradients reduced in fp32
+/// or, under `PURE` mixed precision, bf16 ([`LLM_FOUNDRY_PURE`]), bf16 or Transformer Engine
 /// fp8 (`amp_fp8`: `dtype=fp8`), activation checkpointing as full recomputation; measured
 /// step time = tokens per step / tokens per second. MPT is a GPT with tied embeddings and
 /// (in these yamls) learned positions. A100-40GB rows run on the `dgx-a100-40gb` preset.
@@ -905,6 +910,11 @@ fn llm_foundry(rows: &[Line]) -> Read {
             if gbs != mbs * gpus * need("grad_accum")? {
                 return Err("batch columns disagree");
             }
+            let software = match r.get("mp_mode") {
+                "DEFAULT" => LLM_FOUNDRY,
+                "PURE" => LLM_FOUNDRY_PURE,
+                _ => return Err("mixed-precision mode not understood"),
+            };
             let zero = match r.get("fsdp_sharding_strategy") {
                 "FULL_SHARD" => 3,
                 "SHARD_GRAD_OP" => 2,
@@ -937,7 +947,7 @@ fn llm_foundry(rows: &[Line]) -> Read {
                 cluster_spec,
                 cluster,
                 plan,
-                software: LLM_FOUNDRY,
+                software,
                 figure: Figure::StepTime,
                 measured: tokens / rate,
                 short_run: false,

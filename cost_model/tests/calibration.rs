@@ -128,7 +128,7 @@ fn every_reference_table_is_read_and_the_megatron_tables_are_expressed() {
 }
 
 /// Per table: (median |error| at most, worst |error| at most, share predicted too fast at
-/// most). Today's figures, each with a little headroom: llm-foundry 3.7% / 28.7% (the 70B
+/// most). Today's figures, each with a little headroom: llm-foundry 3.7% / 29.1% (the 70B
 /// on 64 A100-40GB; fp8 rows 4-11% too slow), Megatron-Core 2.0% / 29.0% (the 32B row too
 /// slow: its fp32 gradient reduce-scatter over 48 nodes, one NIC per group, does not fit
 /// under one micro-batch's backward; the 1.7B row, whose micro-batch the README does not
