@@ -26,6 +26,10 @@
 //! GPU node `a` and the share of `B` are those of the cheapest of NCCL's protocols
 //! ([`Protocol`]: LL, LL128, Simple), so small messages pay microseconds of latency at a
 //! fraction of the bandwidth and large ones the full bandwidth after tens of microseconds.
+//! The tuner picks by those figures; an NVLS all-reduce it picks then costs what its
+//! chunked steps take (`nvls_steps`): medium messages run in small chunks, each step at
+//! least a round trip through the switch, so NVLS reaches its large-message rate only above
+//! a few hundred MiB.
 
 use serde::{Deserialize, Serialize};
 
@@ -188,6 +192,49 @@ const LL128_SHARE: f64 = 0.92;
 const LL_MAX_BUSBW_GB_PER_S: f64 = 87.7;
 /// NVLink SHARP's latency inside a node, us (NCCL's `hwLat` for NVLS over NVLink).
 const NVLS_LATENCY_US: f64 = 23.0;
+
+/// Seconds an NVLink SHARP all-reduce of `bytes` inside one node of `n` GPUs spends in its
+/// steps, as NCCL runs it (`src/enqueue.cc`, NCCL 2.27): `nvlsChannels` CTAs per GPU (16 on
+/// Hopper, 24 on a Blackwell node, `src/transport/nvls.cc`), each GPU's CTAs reducing
+/// `n` heads' slices, so `channels x n` operations run side by side, each moving one chunk
+/// per step; the chunk is 128 KiB, halved to 64, 32 and 16 KiB below 64, 8 and 2 buffers of
+/// `channels x n` chunks, so that a medium message still spreads over every operation. A
+/// step costs its chunk at the operation's share of the algorithm bandwidth, and never less
+/// than one NVLS round trip through the switch ([`NVLS_LATENCY_US`]): a multimem reduction
+/// of the chunk and the flags that release it. Small chunks are latency-bound, which is
+/// why NVLS reaches its large-message rate only above a few hundred MiB (the B200 sweep of
+/// `mlengineering_allreduce_busbw.csv`: 126 GB/s busbw at 8 MiB, 646 at 256 MiB, 839 at 8
+/// GiB).
+fn nvls_steps(bytes: f64, algbw_gb_per_s: f64, n: f64, cluster: &Cluster) -> f64 {
+    let channels = match cluster.gpu.arch {
+        GpuArch::Blackwell => 24.0,
+        _ => 16.0,
+    };
+    let ops = channels * n;
+    let mut chunk = 128.0 * 1024.0;
+    for (buffers, smaller) in [(64.0, 65536.0), (8.0, 32768.0), (2.0, 16384.0)] {
+        if bytes < buffers * ops * chunk && chunk > smaller {
+            chunk = smaller;
+        }
+    }
+    let op_bw = algbw_gb_per_s * 1e9 / ops;
+    let floor = NVLS_LATENCY_US * 1e-6;
+    let per_step = ops * chunk;
+    let full = (bytes / per_step).floor();
+    let rest = bytes / ops - full * chunk;
+    // Every operation's chunks, the last one short; the first step's round trip is the
+    // collective's latency, which the caller adds.
+    let step = |b: f64| (b / op_bw).max(floor);
+    let (first, later) = match full >= 1.0 {
+        true => (chunk, (full - 1.0) * step(chunk)),
+        false => (rest, 0.0),
+    };
+    let tail = match full >= 1.0 && rest > 0.0 {
+        true => step(rest),
+        false => 0.0,
+    };
+    first / op_bw + later + tail
+}
 
 impl Default for CommParams {
     fn default() -> Self {
@@ -363,8 +410,15 @@ impl CommParams {
             };
             let t = self.launch_overhead_s + latency + bytes / (algbw * 1e9);
             if better(t, Algorithm::Nvls, &best) {
+                // NCCL's tuner chose it by the figure above; what it takes is its chunks'.
+                let achieved = match nccl {
+                    true => {
+                        self.launch_overhead_s + latency + nvls_steps(bytes, algbw, nf, cluster)
+                    }
+                    false => t,
+                };
                 best = CommCost {
-                    time_s: t,
+                    time_s: achieved,
                     algorithm: Algorithm::Nvls,
                 };
             }
@@ -545,6 +599,39 @@ mod tests {
         assert_ne!(
             P.collective(Collective::AllReduce, big, &g, &a).algorithm,
             Algorithm::Nvls
+        );
+    }
+
+    /// NVLS runs medium messages in small chunks, each step at least a round trip through
+    /// the switch: a B200 node reaches a fraction of its large-message bus bandwidth at 8
+    /// MiB (the sweep measured 126 of 839 GB/s), more with every doubling, all of it at 8
+    /// GiB; a message within one step costs the latency and its bytes only.
+    #[test]
+    fn nvls_medium_messages_are_bound_by_their_steps() {
+        let b = cluster::dgx_b200(1);
+        let g = intra(8);
+        let busbw = |bytes: f64| P.bus_bandwidth(Collective::AllReduce, bytes, &g, &b) / 1e9;
+        let mib = (1u64 << 20) as f64;
+        let sizes = [8.0, 64.0, 1024.0, 8192.0];
+        let bw: Vec<f64> = sizes.iter().map(|&m| busbw(m * mib)).collect();
+        assert!(bw.windows(2).all(|w| w[0] < w[1]), "{bw:?}");
+        assert!(bw[0] < 0.25 * bw[3], "{bw:?}");
+        assert!((820.0..850.0).contains(&bw[3]), "{bw:?}");
+        let algbw = b.intra_node.nvls_algbw_gb_per_s.unwrap() * 1e9;
+        let small = 64.0 * 1024.0;
+        let nvls = CommParams {
+            force_algorithm: Some(Algorithm::Nvls),
+            ..P
+        };
+        let t = nvls.collective(Collective::AllReduce, small, &g, &b);
+        assert_eq!(t.algorithm, Algorithm::Nvls);
+        close(t.time_s, 5e-6 + NVLS_LATENCY_US * 1e-6 + small / algbw);
+        // Without NCCL's protocols (the fabric's own latency) NVLS keeps the plain form.
+        let plain = ALPHA.collective(Collective::AllReduce, 8.0 * mib, &g, &b);
+        assert_eq!(plain.algorithm, Algorithm::Nvls);
+        close(
+            plain.time_s,
+            5e-6 + 2.0 * b.intra_node.latency_us * 1e-6 + 8.0 * mib / algbw,
         );
     }
 
