@@ -24,13 +24,14 @@ use crate::mapping::{GroupInfo, MeshMapping};
 use crate::memory::{
     MemoryBreakdown, MemoryParams, RUNTIME_CROSS_ENTROPY_BYTES_PER_LOGIT, ZeroShards,
     activation_bytes_per_layer, expert_params_per_layer, layer_params_per_rank,
+    op_policy_activation_bytes_per_layer, op_policy_recomputed_gemm_share,
     optimizer_params_per_layer, runtime_activation_bytes_per_layer,
     runtime_attention_bytes_per_layer, runtime_mlp_backward_temporaries,
     tp_replicated_params_per_layer,
 };
 use crate::model::TransformerConfig;
 use crate::plan::{Offload, Plan, Recompute};
-use crate::software::{Fusion, GatherUnit, Software};
+use crate::software::{Fusion, GatherUnit, SelectiveRecompute, Software};
 
 const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
 
@@ -1562,11 +1563,19 @@ impl<'a> Ctx<'a> {
         // both.
         match self.plan.recompute {
             Recompute::None => {}
-            Recompute::Selective => {
-                if self.m.compute.attention.materialises_scores() {
-                    p.recompute_s += self.attention_forward().0;
+            Recompute::Selective => match self.m.software.selective {
+                SelectiveRecompute::Attention => {
+                    if self.m.compute.attention.materialises_scores() {
+                        p.recompute_s += self.attention_forward().0;
+                    }
                 }
-            }
+                // The matmuls the policy does not save and every element-wise kernel.
+                SelectiveRecompute::Op => {
+                    let f = self.layer_forward().0;
+                    p.recompute_s +=
+                        op_policy_recomputed_gemm_share(self.cfg) * f.gemm_s + f.memory_s;
+                }
+            },
             Recompute::Full => {
                 let f = self.layer_forward().0;
                 p.recompute_s += match self.m.software.param_gather.regathers_for_recompute() {
@@ -1972,13 +1981,19 @@ impl<'a> Ctx<'a> {
         let recompute_flops = match plan.recompute {
             Recompute::None => 0.0,
             Recompute::Full => cfg.layers as f64 * layer_flops,
-            Recompute::Selective => {
-                if self.m.compute.attention.materialises_scores() {
-                    cfg.layers as f64 * self.attention_forward().1
-                } else {
-                    0.0
+            Recompute::Selective => match self.m.software.selective {
+                SelectiveRecompute::Attention => {
+                    if self.m.compute.attention.materialises_scores() {
+                        cfg.layers as f64 * self.attention_forward().1
+                    } else {
+                        0.0
+                    }
                 }
-            }
+                SelectiveRecompute::Op => {
+                    let gemms = layer_flops - self.attention_forward().1;
+                    cfg.layers as f64 * op_policy_recomputed_gemm_share(cfg) * gemms
+                }
+            },
         } * plan.tp as f64
             * mb_total
             * plan.cp as f64;
@@ -2110,8 +2125,12 @@ impl<'a> Ctx<'a> {
         let pp = plan.pp;
         let v = pp * plan.vpp;
         let t = plan.tp as f64;
-        let per_layer_act =
-            activation_bytes_per_layer(cfg, plan, plan.recompute, self.m.compute.attention);
+        let per_layer_act = match (plan.recompute, self.m.software.selective) {
+            (Recompute::Selective, SelectiveRecompute::Op) => {
+                op_policy_activation_bytes_per_layer(cfg, plan)
+            }
+            _ => activation_bytes_per_layer(cfg, plan, plan.recompute, self.m.compute.attention),
+        };
         let full_layer_act =
             activation_bytes_per_layer(cfg, plan, Recompute::None, self.m.compute.attention);
         let emb = cfg.embedding_params() as f64 / t;

@@ -38,4 +38,7 @@ pub use mapping::{GroupInfo, MeshMapping};
 pub use memory::{MemoryBreakdown, MemoryParams, ZeroShards};
 pub use model::TransformerConfig;
 pub use plan::{Offload, Plan, Recompute};
-pub use software::{CpuOptimizer, Fusion, GatherUnit, LossKernel, Offers, Software, SoftwareSpec};
+pub use software::{
+    CpuOptimizer, Fusion, GatherUnit, LossKernel, Offers, SelectiveRecompute, Software,
+    SoftwareSpec,
+};

@@ -161,6 +161,24 @@ fn fused_loss() -> LossKernel {
     LossKernel::Fused
 }
 
+/// What a plan's selective recomputation (`recompute=selective`) repeats in the backward.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SelectiveRecompute {
+    /// The attention core (Korthikanti et al. 2022, Megatron's `--recompute-granularity
+    /// selective`): its softmax and dropout over the scores, which a fused attention kernel
+    /// never stores, so there it recomputes nothing.
+    Attention,
+    /// torchtitan's per-op policy: the attention kernel's output and every other matmul's
+    /// output saved, the other matmuls and every element-wise kernel run again
+    /// ([`crate::memory::op_policy_recomputed_gemm_share`]).
+    Op,
+}
+
+fn attention_selective() -> SelectiveRecompute {
+    SelectiveRecompute::Attention
+}
+
 /// A training stack's behaviour, as the cost model sees it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -227,6 +245,11 @@ pub struct Software {
     /// GPTs are Megatron-DeepSpeed's) or PyTorch's eager one (`fsdp`, `torchtitan`).
     #[serde(default = "fused_loss")]
     pub loss: LossKernel,
+    /// What selective recomputation repeats: the attention core (every profile but
+    /// `torchtitan`) or, under `torchtitan`, its default per-op policy
+    /// (`selective_ac_option = "op"`).
+    #[serde(default = "attention_selective")]
+    pub selective: SelectiveRecompute,
 }
 
 /// What a training stack can run, along the dimensions the plan search explores
@@ -278,6 +301,7 @@ impl Default for Software {
             sm_carveout: false,
             cpu_optimizer: CpuOptimizer::CpuAdam,
             loss: LossKernel::Fused,
+            selective: SelectiveRecompute::Attention,
         }
     }
 }
@@ -315,7 +339,8 @@ impl Software {
     ///   block (`forward_prefetch`, `backward_prefetch`), reduce-scatter overlapped, PyTorch
     ///   eager element-wise kernels, gradients reduced in fp32 (Composer's and llm-foundry's
     ///   `DEFAULT` mixed precision has `reduce_dtype=float32`; torchtitan's
-    ///   `mixed_precision_reduce` defaults to `float32`).
+    ///   `mixed_precision_reduce` defaults to `float32`); under `torchtitan`, selective
+    ///   recomputation is its per-op policy ([`SelectiveRecompute::Op`]).
     pub fn preset(name: &str) -> Result<Software, CostError> {
         let base = Software::default();
         // The other stacks bucket their gradients by layer.
@@ -346,6 +371,10 @@ impl Software {
                 reduce_bytes: 4.0,
                 cpu_optimizer: CpuOptimizer::Torch,
                 loss: LossKernel::Torch,
+                selective: match name {
+                    "torchtitan" => SelectiveRecompute::Op,
+                    _ => SelectiveRecompute::Attention,
+                },
                 ..by_layer
             },
             "megatron-lm-2021" => Software {
@@ -538,6 +567,9 @@ pub struct SoftwareSpec {
     /// See [`Software::loss`]: `fused`, `megatron` or `torch`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub loss: Option<LossKernel>,
+    /// See [`Software::selective`]: `attention` or `op`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selective: Option<SelectiveRecompute>,
 }
 
 /// The value of the software option `key` named `value` among `options`, or an error that
@@ -638,12 +670,23 @@ impl SoftwareSpec {
                     )?;
                     out.loss.replace(l).is_none()
                 }
+                "selective" => {
+                    let r = choice(
+                        key,
+                        value,
+                        &[
+                            ("attention", SelectiveRecompute::Attention),
+                            ("op", SelectiveRecompute::Op),
+                        ],
+                    )?;
+                    out.selective.replace(r).is_none()
+                }
                 other => {
                     return Err(bad(format!(
                         "unknown software option `{other}` (attention, overlap_grad_reduce, \
                          tp_backward_overlap, tp_forward_overlap, tp_comm_overlap, \
                          overlap_param_gather, param_gather, fusion, reduce_dtype, bucket_mb, \
-                         p2p_blocking, sm_carveout, cpu_optimizer, loss)"
+                         p2p_blocking, sm_carveout, cpu_optimizer, loss, selective)"
                     )));
                 }
             };
@@ -711,6 +754,9 @@ impl SoftwareSpec {
         }
         if let Some(v) = self.loss {
             s.loss = v;
+        }
+        if let Some(v) = self.selective {
+            s.selective = v;
         }
         if let Some(mb) = self.bucket_mb {
             if !mb.is_finite() || mb < 0.0 {

@@ -352,6 +352,40 @@ fn fusion_and_attention_generation_change_the_step() {
     assert!((a_native - a_fa2).abs() < 1e-12);
 }
 
+/// Selective recomputation follows the stack: Megatron's (the attention core) costs nothing
+/// beside a fused attention kernel, torchtitan's per-op policy runs the unsaved matmuls and
+/// every element-wise kernel again and keeps less than no recomputation, more than full.
+#[test]
+fn selective_recompute_is_the_stacks_own() {
+    use autopar_cost_model::Software;
+    let mut cfg = TransformerConfig::gpt("8b", 8, 4096, 32, 8192, 128256);
+    cfg.kv_heads = 8;
+    cfg.ffn = 14336;
+    cfg.gated_mlp = true;
+    let run = |sw: &str, recompute: &str| {
+        let mut m = CostModel::new(Cluster::preset("dgx-a100").unwrap());
+        Software::parse(sw).unwrap().apply(&mut m);
+        let plan = Plan::parse(&format!("dp=8,mbs=1,gbs=8,zero=3,recompute={recompute}")).unwrap();
+        let e = m.estimate(&cfg, &plan).unwrap();
+        (e.iter_time_s, e.peak_memory_gib, e.hardware_tflops_per_gpu)
+    };
+    let (none, none_mem, _) = run("torchtitan", "none");
+    let (op, op_mem, op_hw) = run("torchtitan", "selective");
+    let (full, full_mem, _) = run("torchtitan", "full");
+    assert!(none < op && op < full, "{none} {op} {full}");
+    assert!(
+        full_mem < op_mem && op_mem < none_mem,
+        "{full_mem} {op_mem} {none_mem}"
+    );
+    let (attention, _, attention_hw) = run("torchtitan,selective=attention", "selective");
+    assert!(
+        (attention - none).abs() < 1e-9 * none,
+        "{attention} vs {none}"
+    );
+    // The recomputed matmuls count as hardware FLOPs.
+    assert!(op_hw * op > 1.05 * attention_hw * attention);
+}
+
 /// The loss kernels are memory-bound passes over the logits: for a small model with a large
 /// vocabulary the unfused ones (Megatron's fp32 cross-entropy, PyTorch's eager one) cost a
 /// visible share of the step, each pass's bytes on the head's time, and nothing else moves.
