@@ -282,7 +282,8 @@ pub fn torchtitan_toml(cfg: &TransformerConfig, plan: &Plan) -> Result<String, S
     if plan.recompute == Recompute::Selective {
         notes.push(
             "selective recompute maps to torchtitan's per-op policy (selective_ac_option = \
-             \"op\"), close to but not the same as recomputing the attention core only"
+             \"op\"), which `--software torchtitan` prices; other profiles price \
+             recomputing the attention core only"
                 .into(),
         );
     }
