@@ -835,6 +835,11 @@ fn estimate(args: EstimateArgs) -> Result<()> {
                 t.layer_backward.exposed_by.zero_s,
             ),
             (
+                "  of which GEMM second waves",
+                t.layer_forward.second_wave_s,
+                t.layer_backward.second_wave_s,
+            ),
+            (
                 "communication, issued",
                 t.layer_forward.comm_total_s,
                 t.layer_backward.comm_total_s,

@@ -95,6 +95,11 @@ pub struct PassTime {
     pub recompute_s: f64,
     /// `comm_exposed_s` split by the parallelism the collectives serve.
     pub exposed_by: ExposedComm,
+    /// Of `comm_exposed_s`, what persistent GEMMs lose to the NCCL collectives beside them:
+    /// the CTAs the collectives displace run as a second wave
+    /// ([`crate::comm::CommParams::persistent_gemm_slowdown`]).
+    #[serde(default)]
+    pub second_wave_s: f64,
 }
 
 /// Exposed communication of a pass by what it serves, in seconds; the fields add up to the
@@ -146,6 +151,7 @@ impl PassTime {
         self.comm_exposed_s += o.comm_exposed_s;
         self.comm_total_s += o.comm_total_s;
         self.recompute_s += o.recompute_s;
+        self.second_wave_s += o.second_wave_s;
         let (a, b) = (&mut self.exposed_by, &o.exposed_by);
         a.tp_s += b.tp_s;
         a.cp_s += b.cp_s;
@@ -1263,23 +1269,25 @@ impl<'a> Ctx<'a> {
 
     /// Exposed time of the ZeRO-3 collectives `z3` of a pass whose own work is `under`,
     /// `gemm_share` of it GEMMs: hidden under it when the software prefetches them, on the
-    /// critical path otherwise.
-    fn zero3_exposed(&self, z3: f64, under: f64, gemm_share: f64) -> f64 {
+    /// critical path otherwise; and, of that, the GEMMs' second waves
+    /// ([`Ctx::nccl_exposed`]).
+    fn zero3_exposed(&self, z3: f64, under: f64, gemm_share: f64) -> (f64, f64) {
         match self.m.software.overlap_param_gather {
             true => self.nccl_exposed(z3, under, gemm_share),
-            false => z3,
+            false => (z3, 0.0),
         }
     }
 
     /// Exposed time of `comm` seconds of NCCL collectives beside `under` seconds of
     /// computation, `gemm_share` of it GEMMs ([`CommParams::exposed_beside`]): the GEMMs
     /// are split into two waves where they are persistent and the software leaves them
-    /// every SM.
-    fn nccl_exposed(&self, comm: f64, under: f64, gemm_share: f64) -> f64 {
+    /// every SM. Also returns what those second waves add
+    /// ([`PassTime::second_wave_s`]).
+    fn nccl_exposed(&self, comm: f64, under: f64, gemm_share: f64) -> (f64, f64) {
         let persistent = self.cl().gpu.arch.persistent_gemms() && !self.m.software.sm_carveout;
-        self.m
-            .comm
-            .exposed_beside(comm, under, gemm_share, persistent)
+        let c = &self.m.comm;
+        let exposed = c.exposed_beside(comm, under, gemm_share, persistent);
+        (exposed, exposed - c.exposed(comm, under))
     }
 
     /// Host-device copy of `bytes` over this rank's share of its PCIe link (CPU offload);
@@ -1481,8 +1489,9 @@ impl<'a> Ctx<'a> {
         // Offloaded parameters are copied up before their gather: one chain, prefetched alike.
         let z3 = self.zero3_gather_pass() + self.offloaded_param_copy();
         let hidden_under = p.total_s();
-        let exposed = self.zero3_exposed(z3, hidden_under, p.gemm_share());
+        let (exposed, second_wave) = self.zero3_exposed(z3, hidden_under, p.gemm_share());
         p.overlapped(CommKind::Zero, z3, exposed);
+        p.second_wave_s += second_wave;
         (p, flops)
     }
 
@@ -1544,11 +1553,12 @@ impl<'a> Ctx<'a> {
                 // Transformer Engine's userbuffers (`--tp-comm-overlap`) run these under
                 // the GEMM on SMs the GEMM leaves them; otherwise they are NCCL's.
                 Some(gemm) if comm.overlap_tp_backward => {
-                    let exposed = match comm.overlap_tp_forward {
-                        true => comm.exposed(t, gemm),
+                    let (exposed, second_wave) = match comm.overlap_tp_forward {
+                        true => (comm.exposed(t, gemm), 0.0),
                         false => self.nccl_exposed(t, gemm, 1.0),
                     };
-                    p.overlapped(CommKind::Tensor, t, exposed)
+                    p.overlapped(CommKind::Tensor, t, exposed);
+                    p.second_wave_s += second_wave;
                 }
                 _ => p.exposed(CommKind::Tensor, t),
             }
@@ -1603,12 +1613,14 @@ impl<'a> Ctx<'a> {
             let share = p.gemm_share();
             // The gradient reduce-scatter is issued after the layer's backward (it overlaps
             // as the gradient reduction does); the gathers follow the profile.
-            let rs_exposed = match self.m.comm.overlap_grad_reduce {
+            let (rs_exposed, rs_wave) = match self.m.comm.overlap_grad_reduce {
                 true => self.nccl_exposed(rs, (under - z3).max(0.0), share),
-                false => rs,
+                false => (rs, 0.0),
             };
-            let exposed = self.zero3_exposed(z3, under, share) + rs_exposed;
+            let (z3_exposed, z3_wave) = self.zero3_exposed(z3, under, share);
+            let exposed = z3_exposed + rs_exposed;
             p.overlapped(CommKind::Zero, z3 + rs, exposed.min(z3 + rs));
+            p.second_wave_s += rs_wave + z3_wave;
         }
         p
     }
@@ -1968,6 +1980,7 @@ impl<'a> Ctx<'a> {
             true => {
                 let first_forward: f64 = (0..plan.vpp).map(|c| fwd[c * pp]).sum();
                 self.nccl_exposed(param_gather, first_forward, lf.gemm_share())
+                    .0
             }
             false => param_gather,
         };

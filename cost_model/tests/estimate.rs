@@ -352,6 +352,38 @@ fn fusion_and_attention_generation_change_the_step() {
     assert!((a_native - a_fa2).abs() < 1e-12);
 }
 
+/// Beside a persistent Hopper GEMM a NCCL collective pushes the CTAs it displaces into a
+/// second wave: FSDP on H100 pays the overlapped GEMM time again, which the pass reports as
+/// its second waves; not on A100, whose GEMMs launch a CTA per tile, nor where the stack
+/// carves SMs out for the collectives.
+#[test]
+fn persistent_gemms_lose_a_second_wave_to_overlapped_collectives() {
+    use autopar_cost_model::Software;
+    let cfg = TransformerConfig::gpt("13b", 8, 5120, 40, 2048, 50368);
+    let plan = Plan::parse("dp=8,mbs=2,gbs=16,zero=3").unwrap();
+    let run = |preset: &str, sw: &str| {
+        let mut m = CostModel::new(Cluster::preset(preset).unwrap());
+        Software::parse(sw).unwrap().apply(&mut m);
+        m.estimate(&cfg, &plan).unwrap()
+    };
+    let h100 = run("dgx-h100", "fsdp");
+    let carved = run("dgx-h100", "fsdp,sm_carveout=true");
+    let a100 = run("dgx-a100", "fsdp");
+    let wave = |e: &autopar_cost_model::Estimate| {
+        e.time.layer_forward.second_wave_s + e.time.layer_backward.second_wave_s
+    };
+    assert!(wave(&h100) > 0.0);
+    assert_eq!(wave(&carved), 0.0);
+    assert_eq!(wave(&a100), 0.0);
+    // The second waves are what separates the two H100 estimates, layer by layer.
+    let layer = |e: &autopar_cost_model::Estimate| {
+        e.time.layer_forward.total_s() + e.time.layer_backward.total_s()
+    };
+    let gap = layer(&h100) - layer(&carved);
+    assert!((gap - wave(&h100)).abs() < 1e-9, "{gap} vs {}", wave(&h100));
+    assert!(h100.iter_time_s > 1.1 * carved.iter_time_s);
+}
+
 /// Selective recomputation follows the stack: Megatron's (the attention core) costs nothing
 /// beside a fused attention kernel, torchtitan's per-op policy runs the unsaved matmuls and
 /// every element-wise kernel again and keeps less than no recomputation, more than full.
