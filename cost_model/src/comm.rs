@@ -200,11 +200,13 @@ const NVLS_LATENCY_US: f64 = 23.0;
 /// per step; the chunk is 128 KiB, halved to 64, 32 and 16 KiB below 64, 8 and 2 buffers of
 /// `channels x n` chunks, so that a medium message still spreads over every operation. A
 /// step costs its chunk at the operation's share of the algorithm bandwidth, and never less
-/// than one NVLS round trip through the switch ([`NVLS_LATENCY_US`]): a multimem reduction
-/// of the chunk and the flags that release it. Small chunks are latency-bound, which is
-/// why NVLS reaches its large-message rate only above a few hundred MiB (the B200 sweep of
-/// `mlengineering_allreduce_busbw.csv`: 126 GB/s busbw at 8 MiB, 646 at 256 MiB, 839 at 8
-/// GiB).
+/// than NCCL's NVLS latency ([`NVLS_LATENCY_US`]), taken as one round trip through the
+/// switch (a multimem reduction of the chunk and the flags that release it). That floor is
+/// this model's reading of the B200 sweep of `mlengineering_allreduce_busbw.csv`, whose 4
+/// MiB to 1 GiB points take 20-35 us per step whether the chunk is 16, 32 or 64 KiB (126
+/// GB/s busbw at 8 MiB, 646 at 256 MiB, 839 at 8 GiB); no NCCL source states it. Small
+/// chunks are latency-bound, so NVLS reaches its large-message rate only above a few
+/// hundred MiB.
 fn nvls_steps(bytes: f64, algbw_gb_per_s: f64, n: f64, cluster: &Cluster) -> f64 {
     let channels = match cluster.gpu.arch {
         GpuArch::Blackwell => 24.0,
