@@ -797,6 +797,31 @@ mod tests {
         let spec: SoftwareSpec = toml::from_str("profile = \"fsdp\"\nparam_gather = \"tensor\"\n")
             .map_err(|e| CostError::Software(e.to_string()))?;
         assert_eq!(spec.resolve()?.param_gather, GatherUnit::Tensor);
+        // torchtitan's selective recomputation is its per-op policy, every other profile's
+        // the attention core; no profile carves SMs out; both are knobs, in a file too.
+        assert_eq!(
+            Software::preset("torchtitan")?.selective,
+            SelectiveRecompute::Op
+        );
+        for name in PROFILES.iter().filter(|&&n| n != "torchtitan") {
+            assert_eq!(
+                Software::preset(name)?.selective,
+                SelectiveRecompute::Attention
+            );
+        }
+        assert!(
+            PROFILES
+                .iter()
+                .all(|n| !Software::preset(n).unwrap().sm_carveout)
+        );
+        let t = Software::parse("torchtitan,selective=attention,sm_carveout=true")?;
+        assert_eq!(t.selective, SelectiveRecompute::Attention);
+        assert!(t.sm_carveout);
+        let spec: SoftwareSpec =
+            toml::from_str("profile = \"fsdp\"\nselective = \"op\"\nsm_carveout = true\n")
+                .map_err(|e| CostError::Software(e.to_string()))?;
+        let f = spec.resolve()?;
+        assert_eq!((f.selective, f.sm_carveout), (SelectiveRecompute::Op, true));
         Ok(())
     }
 
@@ -815,6 +840,8 @@ mod tests {
         assert!(err("fsdp,attention=fast").contains("flash1"));
         assert!(err("fsdp,cpu_optimizer=gpu").contains("cpu_adam or torch"));
         assert!(err("fsdp,loss=liger").contains("fused, megatron or torch"));
+        assert!(err("fsdp,selective=layer").contains("attention or op"));
+        assert!(err("fsdp,sm_carveout=16").contains("true or false"));
     }
 
     #[test]
