@@ -258,9 +258,13 @@ pub struct Software {
 pub struct Offers {
     /// ZeRO stages.
     pub zero: &'static [u8],
+    /// Tensor parallelism.
+    pub tensor_parallel: bool,
+    /// Pipeline parallelism.
+    pub pipeline: bool,
     /// Megatron-style sequence parallelism.
     pub sequence_parallel: bool,
-    /// Selective recomputation of the attention core.
+    /// Selective recomputation ([`Software::selective`] says what it repeats).
     pub selective_recompute: bool,
     /// The interleaved pipeline schedule (virtual stages).
     pub interleaved: bool,
@@ -446,8 +450,10 @@ impl Software {
     ///   deepest sharding (r0.8, the README's runs).
     /// - `deepspeed` (Megatron-DeepSpeed as in SC'21 Table 2): ZeRO 0 to 3 and expert
     ///   parallelism (DeepSpeed-MoE); its pipeline engine runs 1F1B only.
-    /// - `fsdp` (PyTorch FSDP under Composer): FSDP's `NO_SHARD`, `SHARD_GRAD_OP` and
-    ///   `FULL_SHARD` (ZeRO 0, 2 and 3; no stage shards the optimizer state alone).
+    /// - `fsdp` (PyTorch FSDP under Composer, as in llm-foundry's tables): FSDP's
+    ///   `NO_SHARD`, `SHARD_GRAD_OP` and `FULL_SHARD` (ZeRO 0, 2 and 3; no stage shards the
+    ///   optimizer state alone), and data parallelism only: no tensor or pipeline
+    ///   parallelism (Composer 0.17, which those tables ran, has neither).
     /// - `torchtitan`: FSDP2's stages and its tensor (with sequence), pipeline (interleaved
     ///   included), context and expert parallelism, and selective recompute.
     ///
@@ -456,6 +462,8 @@ impl Software {
     pub fn offers(&self) -> Offers {
         let all = Offers {
             zero: &[0, 1, 2, 3],
+            tensor_parallel: true,
+            pipeline: true,
             sequence_parallel: true,
             selective_recompute: true,
             interleaved: true,
@@ -491,6 +499,8 @@ impl Software {
             },
             "fsdp" => Offers {
                 zero: &[0, 2, 3],
+                tensor_parallel: false,
+                pipeline: false,
                 sequence_parallel: false,
                 selective_recompute: false,
                 interleaved: false,

@@ -182,8 +182,9 @@ fn the_moe_search_explores_expert_tensor_parallelism() {
 /// The search offers what the software profile's stack can run: under Megatron-Core no
 /// ZeRO beyond the distributed optimizer (ZeRO-1), under FSDP no ZeRO-1 (it has no such
 /// sharding strategy), under Megatron-LM of 2021 neither sequence parallelism nor selective
-/// recompute nor any sharding, and only this project's compiler places layer ops other
-/// than Megatron-LM's way; a pinned value is searched under any profile.
+/// recompute nor any sharding, under Composer's FSDP data parallelism only, and only this
+/// project's compiler places layer ops other than Megatron-LM's way; a pinned value is
+/// searched under any profile.
 #[test]
 fn the_search_offers_what_the_profiles_stack_runs() {
     use autopar_cost_model::{LayerPlacement, Recompute, Software};
@@ -204,6 +205,25 @@ fn the_search_offers_what_the_profiles_stack_runs() {
             .all(|p| p.zero_stage != 1 && !p.sequence_parallel)
     );
     assert!(fsdp.iter().any(|p| p.zero_stage == 3));
+    // Composer's FSDP is data parallelism only; a pinned degree is searched all the same.
+    assert!(fsdp.iter().all(|p| p.tp == 1 && p.pp == 1), "{fsdp:?}");
+    let fsdp_tp = under("fsdp", "tp=2");
+    assert!(fsdp_tp.iter().all(|p| p.tp == 2));
+    // torchtitan's selective recomputation (its per-op policy) does work beside flash
+    // attention, so the search weighs it; Megatron's does not and is left out.
+    let titan = {
+        let mut m = model("dgx-h100:nodes=2");
+        Software::parse("torchtitan").unwrap().apply(&mut m);
+        let mut o = pinned(64, "tp=1,pp=1,zero=3,mbs=2");
+        o.top_k = 1000;
+        search(&m, &cfg, &o).unwrap().plans
+    };
+    assert!(
+        titan
+            .iter()
+            .any(|p| p.plan.recompute == Recompute::Selective)
+    );
+    assert!(megatron.iter().all(|p| p.recompute != Recompute::Selective));
     let old = under("megatron-lm-2021,attention=unfused", "");
     for p in &old {
         assert_eq!(p.zero_stage, 0, "{p}");

@@ -11,8 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use autopar_cost_model::estimate::stage_layers;
 use autopar_cost_model::{
-    AttentionKernel, LayerOp, LayerPlacement, Offers, Offload, OpPlacement, Plan, Recompute,
-    TransformerConfig,
+    LayerOp, LayerPlacement, Offers, Offload, OpPlacement, Plan, Recompute, TransformerConfig,
 };
 use autopar_ir::axis;
 use autopar_ir::schedule::ScheduleKind;
@@ -331,7 +330,8 @@ pub(crate) fn mesh_shapes(
 ) -> Vec<Shape> {
     let mut out = Vec::new();
     for tp in divisors(devices) {
-        let tp_ok = cfg.tp_split_error(tp).is_none();
+        let tp_ok = cfg.tp_split_error(tp).is_none()
+            && (tp == 1 || offers.tensor_parallel || c.tp.is_some());
         if !tp_ok || c.tp.is_some_and(|p| p != tp) || !c.allows_degree(axis::TP, tp) {
             continue;
         }
@@ -349,6 +349,7 @@ pub(crate) fn mesh_shapes(
             }
             for pp in divisors(devices / (tp * cp)) {
                 if pp > cfg.layers
+                    || (pp > 1 && !offers.pipeline && c.pp.is_none())
                     || c.pp.is_some_and(|p| p != pp)
                     || !c.allows_degree(axis::PP, pp)
                 {
@@ -678,19 +679,20 @@ pub(crate) fn layer_placements(
 }
 
 /// Recompute policies, from least to most recomputation (the search relies on this order).
-/// Selective recompute re-runs the attention core; with a FlashAttention-style kernel the
-/// scores are never stored and the backward recomputes them anyway, so the cost model gives
-/// selective exactly the time and memory of none, and it is listed only for unfused
-/// attention (or when pinned), and only where the stack has it.
+/// Megatron's selective recompute re-runs the attention core; with a FlashAttention-style
+/// kernel the scores are never stored and the backward recomputes them anyway, so the cost
+/// model gives selective exactly the time and memory of none. Selective is listed where it
+/// does something (`selective_works`: unfused attention, or torchtitan's per-op policy) or
+/// when pinned, and only where the stack has it.
 pub(crate) fn recomputes(
-    attention: AttentionKernel,
+    selective_works: bool,
     c: &Constraints,
     offers: &Offers,
 ) -> Vec<Recompute> {
     if let Some(r) = c.recompute {
         return vec![r];
     }
-    if attention.materialises_scores() && offers.selective_recompute {
+    if selective_works && offers.selective_recompute {
         vec![Recompute::None, Recompute::Selective, Recompute::Full]
     } else {
         vec![Recompute::None, Recompute::Full]
