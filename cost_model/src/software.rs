@@ -232,6 +232,8 @@ pub struct Software {
     /// those settings are off by default. Transformer Engine's userbuffers, which pipeline
     /// the tensor-parallel collectives with their GEMMs (`tp_forward_overlap`), always
     /// size their GEMMs to the SMs the communication leaves, so they are priced without it.
+    /// What a carve-out costs in turn (a GEMM on fewer SMs, every GEMM where PyTorch's
+    /// global setting applies) is not priced.
     #[serde(default)]
     pub sm_carveout: bool,
     /// The optimizer step of a plan that offloads to the CPU: DeepSpeed's CPU-Adam
