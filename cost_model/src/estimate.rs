@@ -1916,7 +1916,12 @@ impl<'a> Ctx<'a> {
                 t = t.max(ready) + dur;
                 total += dur;
             }
-            let exposed = (t - end).max(0.0);
+            // What runs after the last backward is exposed; what ran under it slowed the
+            // computation as any overlapped collective does ([`CommParams::overlap_slowdown`];
+            // not the persistent-GEMM second wave, which Megatron-Core's weak-scaling rows on
+            // H100 do not show for their bucketed reduce-scatters).
+            let after = (t - end).max(0.0);
+            let exposed = after + self.m.comm.overlap_slowdown * (total - after).max(0.0);
             grad_reduce = grad_reduce.max(total);
             grad_exposed = grad_exposed.max(exposed);
             iter_end = iter_end.max(end + exposed);

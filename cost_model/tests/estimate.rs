@@ -170,8 +170,17 @@ fn zero2_pays_a_reduce_scatter_per_micro_batch() {
         m.estimate(&cfg, &z2).unwrap(),
     );
     assert!(e2.time.layer_backward.comm_total_s > e1.time.layer_backward.comm_total_s);
-    assert!(e2.iter_time_s >= e1.iter_time_s);
     assert!(e2.memory.gradients < e1.memory.gradients);
+    // With nothing overlapped the extra traffic is all on the step; overlapped, ZeRO-2's
+    // per-micro-batch reduce-scatters hide under each backward where ZeRO-1's one reduction
+    // waits for the last, so the two come out about even.
+    let bare = m.without_overlap();
+    let (b1, b2) = (
+        bare.estimate(&cfg, &z1).unwrap(),
+        bare.estimate(&cfg, &z2).unwrap(),
+    );
+    assert!(b2.iter_time_s > b1.iter_time_s);
+    assert!((e2.iter_time_s / e1.iter_time_s - 1.0).abs() < 0.05);
 }
 
 #[test]
