@@ -249,7 +249,9 @@ fn op_policy_matmuls(cfg: &TransformerConfig) -> Vec<(f64, f64, bool)> {
 
 /// The share of a layer's forward GEMM work that torchtitan's per-op selective
 /// recomputation repeats in the backward (`activation_checkpoint.selective_ac_option =
-/// "op"`, `torchtitan/models/llama3/parallelize.py`): its policy saves the output of every
+/// "op"`; the policy of its Llama `parallelize.py` from 2024, since moved to
+/// `torchtitan/distributed/activation_checkpoint.py`, where a model may now name the
+/// tensors to save instead): it saves the output of every
 /// other `aten.mm` (the first, third, ...) and the attention kernel's, so the second,
 /// fourth, ... matmuls run again, and so do a MoE layer's routed experts, whose grouped GEMMs
 /// the policy does not save. For a Llama layer: `wk`, `wo` and `w3`, about 37% of its
