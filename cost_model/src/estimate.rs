@@ -1921,7 +1921,7 @@ impl<'a> Ctx<'a> {
             // not the persistent-GEMM second wave, which Megatron-Core's weak-scaling rows on
             // H100 do not show for their bucketed reduce-scatters).
             let after = (t - end).max(0.0);
-            let exposed = after + self.m.comm.overlap_slowdown * (total - after).max(0.0);
+            let exposed = self.m.comm.exposed(total, (total - after).max(0.0));
             grad_reduce = grad_reduce.max(total);
             grad_exposed = grad_exposed.max(exposed);
             iter_end = iter_end.max(end + exposed);

@@ -175,6 +175,17 @@ pub enum SelectiveRecompute {
     Op,
 }
 
+impl SelectiveRecompute {
+    /// Whether it repeats any work beside the `attention` kernel: Megatron's only where the
+    /// kernel stores the scores, torchtitan's always.
+    pub fn does_work(self, attention: AttentionKernel) -> bool {
+        match self {
+            SelectiveRecompute::Attention => attention.materialises_scores(),
+            SelectiveRecompute::Op => true,
+        }
+    }
+}
+
 fn attention_selective() -> SelectiveRecompute {
     SelectiveRecompute::Attention
 }

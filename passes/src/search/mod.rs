@@ -72,8 +72,7 @@ use serde::{Deserialize, Serialize};
 
 use autopar_cost_model::cluster::Runtime;
 use autopar_cost_model::{
-    CostModel, Estimate, LayerPlacement, MeshMapping, Offers, Plan, Recompute, SelectiveRecompute,
-    TransformerConfig,
+    CostModel, Estimate, LayerPlacement, MeshMapping, Offers, Plan, Recompute, TransformerConfig,
 };
 use autopar_ir::DType;
 use autopar_ir::schedule::{Schedule, ScheduleKind};
@@ -545,10 +544,7 @@ impl Worker {
         // Per (micro-batch size, sp, etp, axis order): the layer placements in dominance order.
         type DominanceKey = (usize, bool, Option<usize>, usize);
         let mut dominance: HashMap<DominanceKey, Rc<Dominance>> = HashMap::new();
-        let selective_works = match model.software.selective {
-            SelectiveRecompute::Attention => model.compute.attention.materialises_scores(),
-            SelectiveRecompute::Op => true,
-        };
+        let selective_works = model.software.selective.does_work(model.compute.attention);
         let recomputes = space::recomputes(selective_works, c, offers);
         for mbs in space::micro_batch_sizes(&s, batch, c) {
             let m = batch / (s.dp * mbs);
