@@ -146,7 +146,7 @@ struct EstimateArgs {
     #[arg(long, value_parser = crate::parse_batch)]
     batch: usize,
     /// The plan, e.g. "dp=8,tp=8,pp=16,vpp=2,mbs=1,zero=1,recompute=selective,sp=true,schedule=interleaved".
-    /// Keys: dp tp pp vpp cp ep mbs zero recompute sp schedule dtype order stages attn mlp (attn/mlp: each op split over tp, `t`, or on sequence shards, `s`: attn=ttt|sts|sss..., mlp=tt|ss...); omitted keys are 1/none/false/1f1b/Megatron-LM placement.
+    /// Keys: dp tp pp vpp cp ep etp mbs zero offload recompute recompute_layers sp schedule dtype order stages attn mlp (attn/mlp: each op split over tp, `t`, or on sequence shards, `s`: attn=ttt|sts|sss..., mlp=tt|ss...; recompute_layers=N: with recompute=full, only the first N layers of each virtual stage recompute); omitted keys are 1/none/false/1f1b/Megatron-LM placement.
     #[arg(long, default_value = "")]
     plan: String,
     /// Compute dtype (overrides the plan's).

@@ -523,7 +523,7 @@ fn table(plans: &[RankedPlan], ranges: &[Range]) -> String {
             plan.ep,
             plan.micro_batch_size,
             plan.zero_stage,
-            plan.recompute.name(),
+            plan.recompute_label(),
             if plan.sequence_parallel { "yes" } else { "no" },
             format!("{}-{}", plan.layer.attention_code(), plan.layer.mlp_code()),
             plan.schedule.name(),

@@ -182,6 +182,16 @@ fn a_plan_file_runs_or_is_refused_by_name() {
     let file = plan_file("auto_refused_fp8", "dp=2,mbs=1,gbs=8,dtype=fp8");
     let err = autopar_err(&["run", "gpt-tiny", "--plan-file", &file]);
     assert!(err.contains("dtype=fp8"), "{err}");
+    // So is full recompute of only some layers: the runtime's pass covers all or none.
+    let file = plan_file(
+        "auto_refused_partial_recompute",
+        "dp=2,mbs=1,gbs=8,dtype=f32,recompute=full,recompute_layers=1",
+    );
+    let err = autopar_err(&["run", "gpt-tiny", "--plan-file", &file]);
+    assert!(
+        err.contains("recompute_layers=1` is estimate-only"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -1496,6 +1496,12 @@ impl<'a> Ctx<'a> {
     }
 
     fn layer_backward(&self) -> PassTime {
+        self.layer_backward_under(self.plan.recompute)
+    }
+
+    /// The backward of one layer that recomputes under `recompute` (a layer that
+    /// [`Plan::recompute_layers`] leaves out runs under [`Recompute::None`]).
+    fn layer_backward_under(&self, recompute: Recompute) -> PassTime {
         let mut p = PassTime::default();
         let (attn, mlp) = self.layer_gemms();
         let act_sp = self.act_sp();
@@ -1571,7 +1577,7 @@ impl<'a> Ctx<'a> {
         // with its ZeRO-3 gather only where the profile gathers per module
         // (`GatherUnit::regathers_for_recompute`); otherwise the backward's gather serves
         // both.
-        match self.plan.recompute {
+        match recompute {
             Recompute::None => {}
             Recompute::Selective => match self.m.software.selective {
                 SelectiveRecompute::Attention => {
@@ -1729,13 +1735,19 @@ impl<'a> Ctx<'a> {
         let layers = stage_layers(self.cfg, self.plan);
         let (lf, layer_flops) = self.layer_forward();
         let lb = self.layer_backward();
+        // The layers `recompute_layers` leaves out of full recompute keep their activations.
+        let kept = match self.plan.recompute_layers {
+            Some(_) => self.layer_backward_under(Recompute::None).total_s(),
+            None => lb.total_s(),
+        };
         let (ef, eb) = self.embedding();
         let (hf, hb, head_flops) = self.head();
         let mut fwd = vec![0.0; v];
         let mut bwd = vec![0.0; v];
         for vs in 0..v {
+            let recomputed = self.plan.recomputed_layers(layers[vs]).min(layers[vs]);
             fwd[vs] = layers[vs] as f64 * lf.total_s();
-            bwd[vs] = layers[vs] as f64 * lb.total_s();
+            bwd[vs] = recomputed as f64 * lb.total_s() + (layers[vs] - recomputed) as f64 * kept;
             if vs == 0 {
                 fwd[vs] += ef.total_s();
                 bwd[vs] += eb.total_s();
@@ -1998,7 +2010,10 @@ impl<'a> Ctx<'a> {
         let model_flops = per_mb_model * mb_total * plan.cp as f64;
         let recompute_flops = match plan.recompute {
             Recompute::None => 0.0,
-            Recompute::Full => cfg.layers as f64 * layer_flops,
+            Recompute::Full => {
+                let recomputed: usize = layers.iter().map(|&l| plan.recomputed_layers(l)).sum();
+                recomputed as f64 * layer_flops
+            }
             Recompute::Selective => match self.m.software.selective {
                 SelectiveRecompute::Attention => {
                     if self.m.compute.attention.materialises_scores() {
@@ -2151,6 +2166,15 @@ impl<'a> Ctx<'a> {
         };
         let full_layer_act =
             activation_bytes_per_layer(cfg, plan, Recompute::None, self.m.compute.attention);
+        // What a chunk of `l` layers stores per micro-batch: the layers that recompute keep
+        // their inputs, those `recompute_layers` leaves out everything.
+        let chunk_act = |l: usize| match plan.recompute {
+            Recompute::Full => {
+                let r = plan.recomputed_layers(l);
+                r as f64 * per_layer_act + (l - r) as f64 * full_layer_act
+            }
+            Recompute::None | Recompute::Selective => l as f64 * per_layer_act,
+        };
         let emb = cfg.embedding_params() as f64 / t;
         let head_params = (cfg.vocab * cfg.hidden) as f64 / t;
         let msg = self.act() * self.e / t;
@@ -2170,9 +2194,11 @@ impl<'a> Ctx<'a> {
                 let expert = held_layers as f64 * layer_experts;
                 let tp_sharded_state = held_layers as f64 * layer_tp_sharded_state;
                 let mut max_chunk_layers = 0;
+                let mut max_chunk_act = 0.0f64;
                 for c in 0..plan.vpp {
                     let vs = c * pp + rank;
                     max_chunk_layers = max_chunk_layers.max(layers[vs]);
+                    max_chunk_act = max_chunk_act.max(chunk_act(layers[vs]));
                     if vs == 0 {
                         params += emb;
                     }
@@ -2236,7 +2262,7 @@ impl<'a> Ctx<'a> {
                         weights = 0.0;
                     }
                 }
-                let activations = in_flight as f64 * max_chunk_layers as f64 * per_layer_act;
+                let activations = in_flight as f64 * max_chunk_act;
                 let mut working = match plan.recompute {
                     Recompute::Full => full_layer_act,
                     Recompute::Selective => full_layer_act - per_layer_act,
@@ -2342,7 +2368,14 @@ impl Ctx<'_> {
         );
         let stored = runtime_activation_bytes_per_layer(cfg, plan, plan.recompute, self.e);
         let unrecomputed = runtime_activation_bytes_per_layer(cfg, plan, Recompute::None, self.e);
-        let activations = (held.in_flight * held.chunk_layers) as f64 * stored;
+        let recomputed = plan.recomputed_layers(held.chunk_layers);
+        let chunk = match plan.recompute {
+            Recompute::Full => {
+                recomputed as f64 * stored + (held.chunk_layers - recomputed) as f64 * unrecomputed
+            }
+            Recompute::None | Recompute::Selective => held.chunk_layers as f64 * stored,
+        };
+        let activations = held.in_flight as f64 * chunk;
 
         let experts = if cfg.experts > 1 {
             cfg.top_k as f64

@@ -145,6 +145,15 @@ pub struct Plan {
     /// `dp * tp / (ep * etp)` counts them). See [`Plan::expert_tp`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub etp: Option<usize>,
+    /// Under `recompute=full`, how many layers of each virtual stage recompute
+    /// (`recompute_layers=N`): its first `N`, the others keeping every activation, as
+    /// Megatron-LM's `--recompute-method block --recompute-num-layers N` does in each model
+    /// chunk (NeMo's `activations_checkpoint_num_layers`; torchtitan's every-`k`-th-layer
+    /// checkpointing stores and repeats the same amounts with `N` a `1/k` share of the
+    /// stage's layers). `None`: every layer. Trades the recompute time of the layers left
+    /// out for their activations.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recompute_layers: Option<usize>,
 }
 
 /// The most devices a plan or a cluster may have, the bound of a device mesh: beyond every
@@ -220,6 +229,7 @@ impl Default for Plan {
             layer: LayerPlacement::MEGATRON,
             offload: Offload::None,
             etp: None,
+            recompute_layers: None,
         }
     }
 }
@@ -235,9 +245,10 @@ impl Plan {
     /// virtual stage joined by `-`, e.g. `stages=13-14-14-13`), `attn` and `mlp` (the
     /// ops' placement over `tp`, see [`LayerPlacement`]: `attn=tp|seq|ulysses` or three
     /// letters `t`/`s` for QKV, core and projection, `mlp=tp|seq` or two letters for the MLP's
-    /// input and output GEMMs), `offload` (none|optimizer|params, [`Offload`]) and `etp`
-    /// (expert tensor parallelism, [`Plan::etp`]). Omitted keys take their
-    /// defaults; the global batch defaults to `dp * mbs` (the CLI sets it from `--batch`);
+    /// input and output GEMMs), `offload` (none|optimizer|params, [`Offload`]), `etp`
+    /// (expert tensor parallelism, [`Plan::etp`]) and `recompute_layers` (how many layers
+    /// of each virtual stage `recompute=full` covers, [`Plan::recompute_layers`]). Omitted
+    /// keys take their defaults; the global batch defaults to `dp * mbs` (the CLI sets it from `--batch`);
     /// `vpp > 1` without a schedule means `interleaved`.
     ///
     /// ```
@@ -285,6 +296,7 @@ impl Plan {
                 axis::CP => p.cp = num()?,
                 axis::EP => p.ep = num()?,
                 "etp" => p.etp = Some(num()?),
+                "recompute_layers" => p.recompute_layers = Some(num()?),
                 "offload" => p.offload = Offload::parse(v).map_err(err)?,
                 "mbs" | "micro_batch" => p.micro_batch_size = num()?,
                 "gbs" | "batch" | "global_batch" => gbs = Some(num()?),
@@ -370,7 +382,8 @@ impl Plan {
                 _ => {
                     return Err(err(
                         "unknown key (expected dp, tp, pp, vpp, cp, ep, etp, mbs, gbs, zero, \
-                         offload, recompute, sp, schedule, dtype, order, stages, attn or mlp)"
+                         offload, recompute, recompute_layers, sp, schedule, dtype, order, \
+                         stages, attn or mlp)"
                             .into(),
                     ));
                 }
@@ -466,6 +479,22 @@ impl Plan {
                 ));
             }
         }
+        match self.recompute_layers {
+            Some(0) => {
+                return Err(CostError::PlanSyntax {
+                    key: "recompute_layers".into(),
+                    message: "must be at least 1 (recompute=none recomputes no layer)".into(),
+                });
+            }
+            Some(n) if self.recompute != Recompute::Full => {
+                return mis(format!(
+                    "recompute_layers={n} says how many layers of each virtual stage \
+                     recompute=full covers: it needs recompute=full, not recompute={}",
+                    self.recompute.name()
+                ));
+            }
+            _ => {}
+        }
         match self.offload {
             Offload::None => {}
             Offload::Optimizer if self.zero_stage < 2 => {
@@ -503,6 +532,25 @@ impl Plan {
             ));
         }
         Ok(())
+    }
+
+    /// How many of a virtual stage's `layers` recompute their forward in the backward: all
+    /// of them under `recompute=full` (at most [`Plan::recompute_layers`] when given), none
+    /// otherwise (selective recompute repeats part of every layer instead).
+    pub fn recomputed_layers(&self, layers: usize) -> usize {
+        match self.recompute {
+            Recompute::Full => self.recompute_layers.map_or(layers, |n| n.min(layers)),
+            Recompute::None | Recompute::Selective => 0,
+        }
+    }
+
+    /// The recompute policy as tables show it: `none`, `selective`, `full`, or `full:N` for
+    /// full recompute of the first `N` layers of each virtual stage.
+    pub fn recompute_label(&self) -> String {
+        match (self.recompute, self.recompute_layers) {
+            (Recompute::Full, Some(n)) => format!("full:{n}"),
+            (r, _) => r.name().to_string(),
+        }
     }
 
     /// Expert tensor parallelism: [`Plan::etp`], or `tp` when it is not given.
@@ -583,6 +631,9 @@ impl fmt::Display for Plan {
         if let Some(etp) = self.etp {
             write!(f, ",etp={etp}")?;
         }
+        if let Some(n) = self.recompute_layers {
+            write!(f, ",recompute_layers={n}")?;
+        }
         Ok(())
     }
 }
@@ -612,6 +663,30 @@ mod tests {
         assert_eq!(p.mesh_axes()[4], ("tp".to_string(), 8));
     }
 
+    /// `recompute_layers` bounds the layers `recompute=full` covers in each virtual stage,
+    /// survives the text form, and is refused without full recompute.
+    #[test]
+    fn partial_full_recompute() {
+        let p = Plan::parse("pp=2,recompute=full,recompute_layers=3").unwrap();
+        assert_eq!(p.recompute_layers, Some(3));
+        assert_eq!((p.recomputed_layers(8), p.recomputed_layers(2)), (3, 2));
+        assert_eq!(Plan::parse(&p.to_string()).unwrap(), p);
+        assert_eq!(p.recompute_label(), "full:3");
+        let all = Plan::parse("recompute=full").unwrap();
+        assert_eq!(all.recompute_label(), "full");
+        assert_eq!(all.recomputed_layers(8), 8);
+        assert!(!all.to_string().contains("recompute_layers"));
+        for r in ["none", "selective"] {
+            let p = Plan::parse(&format!("recompute={r}")).unwrap();
+            assert_eq!(p.recomputed_layers(8), 0);
+            let e = Plan::parse(&format!("recompute={r},recompute_layers=2")).unwrap_err();
+            assert!(
+                matches!(&e, CostError::PlanMismatch(m) if m.contains("needs recompute=full")),
+                "{e}"
+            );
+        }
+    }
+
     #[test]
     fn errors_name_the_key() {
         for (s, key) in [
@@ -625,6 +700,8 @@ mod tests {
             ("order=tp-tp", "order"),
             ("offload=disk", "offload"),
             ("etp=0", "etp"),
+            ("recompute=full,recompute_layers=0", "recompute_layers"),
+            ("recompute_layers=x", "recompute_layers"),
         ] {
             match Plan::parse(s) {
                 Err(CostError::PlanSyntax { key: k, .. }) => assert_eq!(k, key, "{s}"),

@@ -287,6 +287,8 @@ pub struct Offers {
     pub expert_parallel: bool,
     /// Layer placements other than Megatron-LM's ([`crate::LayerPlacement`]).
     pub layer_placements: bool,
+    /// Full recomputation of only some layers of each stage ([`crate::Plan::recompute_layers`]).
+    pub partial_recompute: bool,
 }
 
 /// The names of the built-in profiles.
@@ -453,22 +455,27 @@ impl Software {
     ///
     /// - `autopar`: everything this project's compiler runs: ZeRO 0 to 3, sequence
     ///   parallelism, selective recompute, interleaved schedules, context and expert
-    ///   parallelism, and layer placements other than Megatron-LM's.
+    ///   parallelism, and layer placements other than Megatron-LM's; not full recompute of
+    ///   only some layers, which its recompute pass does not do.
     /// - `megatron-lm-2021` (SC'21's code): no ZeRO (the distributed optimizer came in
     ///   2022), no sequence parallelism or selective recompute (Korthikanti et al., 2022),
     ///   the interleaved schedule (SC'21's own), no context or expert parallelism.
-    /// - `megatron-lm-2022`: adds the distributed optimizer (ZeRO-1), sequence parallelism
-    ///   and selective recompute.
+    /// - `megatron-lm-2022`: adds the distributed optimizer (ZeRO-1), sequence parallelism,
+    ///   selective recompute and full recompute of the first layers of each stage only
+    ///   (`--recompute-method block`, Korthikanti et al., 2022).
     /// - `megatron-core` and `nemo`: adds context and expert parallelism; ZeRO-1 is still the
     ///   deepest sharding (r0.8, the README's runs).
     /// - `deepspeed` (Megatron-DeepSpeed as in SC'21 Table 2): ZeRO 0 to 3 and expert
-    ///   parallelism (DeepSpeed-MoE); its pipeline engine runs 1F1B only.
+    ///   parallelism (DeepSpeed-MoE); its pipeline engine runs 1F1B only, and its activation
+    ///   checkpointing covers every layer.
     /// - `fsdp` (PyTorch FSDP under Composer, as in llm-foundry's tables): FSDP's
     ///   `NO_SHARD`, `SHARD_GRAD_OP` and `FULL_SHARD` (ZeRO 0, 2 and 3; no stage shards the
     ///   optimizer state alone), and data parallelism only: no tensor or pipeline
-    ///   parallelism (Composer 0.17, which those tables ran, has neither).
+    ///   parallelism (Composer 0.17, which those tables ran, has neither), and activation
+    ///   checkpointing of every block.
     /// - `torchtitan`: FSDP2's stages and its tensor (with sequence), pipeline (interleaved
-    ///   included), context and expert parallelism, and selective recompute.
+    ///   included), context and expert parallelism, selective recompute, and full
+    ///   recompute of some layers (every k-th, which recomputes as many as the first ones).
     ///
     /// Layer placements other than Megatron-LM's are this project's own. A profile with
     /// overrides, or read from a file, offers what its base profile offers.
@@ -483,12 +490,14 @@ impl Software {
             context_parallel: true,
             expert_parallel: true,
             layer_placements: false,
+            partial_recompute: true,
         };
         match self.name.as_str() {
             "megatron-lm-2021" => Offers {
                 zero: &[0],
                 sequence_parallel: false,
                 selective_recompute: false,
+                partial_recompute: false,
                 context_parallel: false,
                 expert_parallel: false,
                 ..all
@@ -506,6 +515,7 @@ impl Software {
             "deepspeed" => Offers {
                 sequence_parallel: false,
                 selective_recompute: false,
+                partial_recompute: false,
                 interleaved: false,
                 context_parallel: false,
                 ..all
@@ -519,6 +529,7 @@ impl Software {
                 interleaved: false,
                 context_parallel: false,
                 expert_parallel: false,
+                partial_recompute: false,
                 ..all
             },
             "torchtitan" => Offers {
@@ -527,6 +538,7 @@ impl Software {
             },
             _ => Offers {
                 layer_placements: true,
+                partial_recompute: false,
                 ..all
             },
         }

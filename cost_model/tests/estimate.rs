@@ -108,6 +108,40 @@ fn obvious_directions() {
     let _ = Recompute::Full;
 }
 
+/// Full recompute of some layers per virtual stage sits between none and all of them, in
+/// time, FLOPs and stored activations, by exact layer counts.
+#[test]
+fn recomputing_some_layers_is_between_none_and_all() {
+    let m = a100(8);
+    let cfg = TransformerConfig::gpt("13b", 40, 5120, 40, 2048, 51200);
+    let est = |s: &str| m.estimate(&cfg, &Plan::parse(s).unwrap()).unwrap();
+    // 40 layers over 4 stages: 10 each.
+    let base = "tp=8,pp=4,dp=2,mbs=1,gbs=64";
+    let none = est(&format!("{base},recompute=none"));
+    let full = est(&format!("{base},recompute=full"));
+    let part = |n: usize| est(&format!("{base},recompute=full,recompute_layers={n}"));
+    let (some, all) = (part(4), part(10));
+    assert!(none.iter_time_s < some.iter_time_s && some.iter_time_s < full.iter_time_s);
+    assert!(full.memory.activations < some.memory.activations);
+    assert!(some.memory.activations < none.memory.activations);
+    // Every layer of a stage is full recompute; more than a stage holds changes nothing.
+    for same in [all, part(11)] {
+        assert_eq!(same.iter_time_s, full.iter_time_s);
+        assert_eq!(same.memory.activations, full.memory.activations);
+    }
+    // 4 of 10 layers: 40% of full recompute's extra FLOPs, stored activations 4/10 of the
+    // way from no recompute to full.
+    let extra = |e: &autopar_cost_model::Estimate| {
+        (e.hardware_tflops_per_gpu - e.model_tflops_per_gpu) * e.iter_time_s
+    };
+    assert!((extra(&some) / extra(&full) - 0.4).abs() < 1e-9);
+    let share = (none.memory.activations - some.memory.activations)
+        / (none.memory.activations - full.memory.activations);
+    assert!((share - 0.4).abs() < 1e-9, "{share}");
+    // More recomputed layers, more time.
+    assert!(part(2).iter_time_s < some.iter_time_s && some.iter_time_s < part(6).iter_time_s);
+}
+
 #[test]
 fn plans_that_do_not_divide_are_errors() {
     let m = a100(1);

@@ -216,6 +216,13 @@ fn check_executable(plan: &Plan) -> Result<(), Error> {
                 .into(),
         );
     }
+    if let Some(n) = plan.recompute_layers {
+        // The runtime's recompute pass covers every layer or none.
+        return bad(format!(
+            "`recompute_layers={n}` is estimate-only: the runtime recomputes every layer \
+             (recompute=full) or none"
+        ));
+    }
     let degree = |a: autopar_ir::Axis| match a {
         autopar_ir::Axis::Data => plan.dp / plan.ep,
         autopar_ir::Axis::Tensor => plan.tp,

@@ -1,7 +1,8 @@
 //! The pruned search against exhaustive enumeration of the same space with the same cost
 //! model: equal rankings on small spaces (dense, MoE, unfused attention, tight memory, random
-//! configurations), bounds that never exceed what the estimate predicts, determinism across
-//! thread counts, constraints respected, and the time limit honoured.
+//! configurations, full recompute of the fewest layers that fit), bounds that never exceed
+//! what the estimate predicts, determinism across thread counts, constraints respected, and
+//! the time limit honoured.
 
 use std::time::Duration;
 
@@ -346,4 +347,74 @@ fn time_limit_stops_the_search_and_says_so() {
     assert!(r.stats.mesh_shapes_done < r.stats.mesh_shapes);
     opts.top_k = 0;
     assert!(search(&m, &cfg, &opts).is_err());
+}
+
+/// Under a stack that recomputes only some layers, a plan that fits with every layer
+/// recomputed but not with none is also ranked with the fewest recomputed layers per stage
+/// that fit: the pruned search returns the exhaustive ranking with them, each is the least
+/// count that fits, and a pinned policy searches it alone.
+#[test]
+fn the_fewest_recomputed_layers_that_fit_are_ranked() {
+    use autopar_cost_model::{Recompute, Software};
+    let mut m = a100(1);
+    m.cluster.gpu.hbm_capacity_gib = 9.0;
+    Software::parse("megatron-core").unwrap().apply(&mut m);
+    let cfg = small_gpt(8, 2048, 16, 2048);
+    let mut opts = SearchOptions::new(16);
+    opts.top_k = 40;
+    opts.prune = true;
+    let pruned = run(&m, &cfg, &opts);
+    opts.prune = false;
+    let all = run(&m, &cfg, &opts);
+    assert!(pruned.stats.complete && all.stats.complete);
+    assert_eq!(pruned.plans, all.plans);
+    let partial: Vec<_> = pruned
+        .plans
+        .iter()
+        .filter(|p| p.plan.recompute_layers.is_some())
+        .collect();
+    assert!(!partial.is_empty(), "{:?}", pruned.plans);
+    for p in &partial {
+        let n = p.plan.recompute_layers.unwrap();
+        assert_eq!(p.plan.recompute, Recompute::Full);
+        assert!(p.estimate.fits);
+        // One layer fewer does not fit, and the plan is faster than recomputing them all.
+        let fewer = Plan {
+            recompute_layers: Some(n - 1),
+            ..p.plan.clone()
+        };
+        let fewer_fits = match n {
+            1 => {
+                m.estimate(
+                    &cfg,
+                    &Plan {
+                        recompute: Recompute::None,
+                        recompute_layers: None,
+                        ..p.plan.clone()
+                    },
+                )
+                .unwrap()
+                .fits
+            }
+            _ => m.estimate(&cfg, &fewer).unwrap().fits,
+        };
+        assert!(!fewer_fits, "{}", p.plan);
+        let every = Plan {
+            recompute_layers: None,
+            ..p.plan.clone()
+        };
+        assert!(m.estimate(&cfg, &every).unwrap().iter_time_s > p.estimate.iter_time_s);
+    }
+    // Under a pinned policy, or a stack that recomputes every layer or none, no such plan.
+    opts.prune = true;
+    opts.constraints = Constraints::parse("recompute=full").expect("pins");
+    let full = run(&m, &cfg, &opts);
+    assert!(!full.plans.is_empty());
+    assert!(full.plans.iter().all(|p| p.plan.recompute_layers.is_none()));
+    let mut deepspeed = m.clone();
+    Software::parse("deepspeed").unwrap().apply(&mut deepspeed);
+    opts.constraints = Constraints::default();
+    let ds = run(&deepspeed, &cfg, &opts);
+    assert!(!ds.plans.is_empty());
+    assert!(ds.plans.iter().all(|p| p.plan.recompute_layers.is_none()));
 }

@@ -400,7 +400,7 @@ fn plans_table(rows: &[RankedRow]) -> String {
             p.ep,
             p.micro_batch_size,
             p.zero_stage,
-            p.recompute.name(),
+            p.recompute_label(),
             if p.sequence_parallel { "yes" } else { "no" },
             p.layer.attention_code(),
             p.layer.mlp_code(),

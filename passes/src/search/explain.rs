@@ -356,11 +356,7 @@ pub fn plan_changes(best: &Plan, other: &Plan) -> Vec<String> {
         best.zero_stage.to_string(),
         other.zero_stage.to_string(),
     );
-    diff(
-        "recompute",
-        best.recompute.name().to_string(),
-        other.recompute.name().to_string(),
-    );
+    diff("recompute", best.recompute_label(), other.recompute_label());
     diff(
         "sp",
         best.sequence_parallel.to_string(),
@@ -457,6 +453,7 @@ pub fn megatron_reference(
             layer: LayerPlacement::MEGATRON,
             offload: Offload::None,
             etp: None,
+            recompute_layers: None,
         };
         if model.estimate(cfg, &plan).is_ok_and(|e| e.fits) {
             let name = format!(

@@ -139,8 +139,17 @@ pub fn megatron_args(cfg: &TransformerConfig, plan: &Plan) -> Result<String, Sea
         Recompute::Selective => arg("--recompute-granularity selective"),
         Recompute::Full => {
             arg("--recompute-granularity full");
-            arg("--recompute-method uniform");
-            arg("--recompute-num-layers 1");
+            match plan.recompute_layers {
+                // The first N layers of each model chunk; the rest keep their activations.
+                Some(n) => {
+                    arg("--recompute-method block");
+                    arg(&format!("--recompute-num-layers {n}"));
+                }
+                None => {
+                    arg("--recompute-method uniform");
+                    arg("--recompute-num-layers 1");
+                }
+            }
         }
     }
     match plan.zero_stage {
@@ -287,6 +296,29 @@ pub fn torchtitan_toml(cfg: &TransformerConfig, plan: &Plan) -> Result<String, S
                 .into(),
         );
     }
+    // torchtitan checkpoints every k-th block of a stage (layer-SAC, `selective_ac_option
+    // = "k"`), ceil(l / k) of its l layers: the plan's per-stage count maps to the k that
+    // gives it on every stage, or to the densest k that recomputes at least as many.
+    let layer_sac = plan
+        .recompute_layers
+        .filter(|_| plan.recompute == Recompute::Full)
+        .map(|n| {
+            let layers = stage_layers(cfg, plan);
+            let widest = layers.iter().copied().max().unwrap_or(1);
+            let exact = (1..=widest).find(|&k| layers.iter().all(|&l| l.div_ceil(k) == n.min(l)));
+            (n, exact, (widest / n.max(1)).max(1))
+        });
+    if let Some((n, None, k)) = layer_sac {
+        notes.push(format!(
+            "recompute_layers={n} (the first {n} layers of each stage) has no torchtitan \
+             equivalent: it checkpoints every k-th layer; {} recomputes at least as many, \
+             so it takes more time than the plan was ranked with",
+            match k {
+                1 => "full recompute".to_string(),
+                k => format!("k = {k}"),
+            }
+        ));
+    }
     if plan.axis_order != Plan::DEFAULT_ORDER {
         notes.push(format!(
             "the plan places mesh axes {} (outermost first); torchtitan builds its device \
@@ -351,7 +383,16 @@ pub fn torchtitan_toml(cfg: &TransformerConfig, plan: &Plan) -> Result<String, S
     out += "\n[activation_checkpoint]\n";
     match plan.recompute {
         Recompute::None => out += "mode = \"none\"\n",
-        Recompute::Full => out += "mode = \"full\"\n",
+        Recompute::Full => match layer_sac {
+            Some((_, exact, fallback)) => {
+                let k = exact.unwrap_or(fallback);
+                match k {
+                    1 => out += "mode = \"full\"\n",
+                    k => out += &format!("mode = \"selective\"\nselective_ac_option = \"{k}\"\n"),
+                }
+            }
+            None => out += "mode = \"full\"\n",
+        },
         Recompute::Selective => {
             out += "mode = \"selective\"\nselective_ac_option = \"op\"\n";
         }
@@ -388,6 +429,59 @@ mod tests {
             assert!(s.contains(want), "{want} missing from\n{s}");
         }
         assert!(!s.contains("note:"), "{s}");
+    }
+
+    /// A plan that recomputes some layers of each stage: Megatron-LM's block method, and
+    /// torchtitan's every-k-th-layer checkpointing where it gives the same counts.
+    #[test]
+    fn partial_recompute_exports() {
+        let cfg = TransformerConfig::gpt3_175b();
+        let plan = |n: usize| {
+            Plan::parse(&format!(
+                "dp=8,tp=8,pp=16,vpp=2,mbs=1,recompute=full,recompute_layers={n},zero=1,\
+                 sp=true,gbs=1536"
+            ))
+            .unwrap()
+        };
+        // 96 layers over 32 virtual stages: 3 each.
+        let s = megatron_args(&cfg, &plan(2)).unwrap();
+        for want in [
+            "--recompute-granularity full \\",
+            "--recompute-method block \\",
+            "--recompute-num-layers 2 \\",
+        ] {
+            assert!(s.contains(want), "{want} missing from\n{s}");
+        }
+        // ceil(3 / 2) = 2 and ceil(3 / 3) = 1: every second or third layer.
+        let t = torchtitan_toml(&cfg, &plan(2)).unwrap();
+        assert!(
+            t.contains("mode = \"selective\"\nselective_ac_option = \"2\""),
+            "{t}"
+        );
+        assert!(!t.contains("no torchtitan"), "{t}");
+        let t = torchtitan_toml(&cfg, &plan(1)).unwrap();
+        assert!(t.contains("selective_ac_option = \"3\""), "{t}");
+        // All of a stage's layers is full recompute.
+        let t = torchtitan_toml(&cfg, &plan(5)).unwrap();
+        assert!(
+            t.contains("[activation_checkpoint]\nmode = \"full\""),
+            "{t}"
+        );
+        // 10 layers on one stage: 4 is ceil(10 / 3); 6 is no ceil(10 / k), and the
+        // densest k recomputing at least 6 is 1, every layer.
+        let mut small = cfg.clone();
+        small.layers = 10;
+        let p = |n: usize| {
+            Plan::parse(&format!("dp=8,recompute=full,recompute_layers={n},gbs=8")).unwrap()
+        };
+        let t = torchtitan_toml(&small, &p(4)).unwrap();
+        assert!(t.contains("selective_ac_option = \"3\""), "{t}");
+        let t = torchtitan_toml(&small, &p(6)).unwrap();
+        assert!(t.contains("no torchtitan equivalent"), "{t}");
+        assert!(
+            t.contains("[activation_checkpoint]\nmode = \"full\""),
+            "{t}"
+        );
     }
 
     #[test]

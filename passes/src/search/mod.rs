@@ -12,7 +12,12 @@
 //! for mixtures of experts every expert tensor-parallel degree dividing `tp`
 //! ([`Plan::etp`]); and CPU offload ([`Plan::offload`]) for the base plans whose weights,
 //! gradients and optimizer state alone do not fit on the GPU (offloading only adds time in
-//! the cost model, so elsewhere it could not rank). [`Constraints`] pin any of them.
+//! the cost model, so elsewhere it could not rank). Where the stack runs it
+//! ([`autopar_cost_model::Offers::partial_recompute`]) and the policy is not pinned, a plan
+//! that fits with every layer recomputed but not with none is also tried with full
+//! recompute of only the first `N` layers of each virtual stage ([`Plan::recompute_layers`]),
+//! `N` the fewest that fit: stored activations fall and step time rises with `N`, so a
+//! bisection finds it and no other `N` could rank above it. [`Constraints`] pin any of them.
 //!
 //! # How it is pruned, exactly
 //!
@@ -71,6 +76,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use autopar_cost_model::cluster::Runtime;
+use autopar_cost_model::estimate::stage_layers;
 use autopar_cost_model::{
     CostModel, Estimate, LayerPlacement, MeshMapping, Offers, Plan, Recompute, TransformerConfig,
 };
@@ -412,6 +418,9 @@ struct Family<'a> {
     built: &'a Built,
     micro_batches: usize,
     recomputes: &'a [Recompute],
+    /// Whether full recompute of only some layers per stage is searched
+    /// ([`Worker::least_recompute`]).
+    partial: bool,
 }
 
 /// The mapping of `plan`'s mesh, built on first use.
@@ -546,6 +555,12 @@ impl Worker {
         let mut dominance: HashMap<DominanceKey, Rc<Dominance>> = HashMap::new();
         let selective_works = model.software.selective.does_work(model.compute.attention);
         let recomputes = space::recomputes(selective_works, c, offers);
+        // Recomputing only some layers is weighed between none and all of them, where both
+        // are in the space (not when a policy is pinned) and the stack can run it.
+        let partial = offers.partial_recompute
+            && gpu_stack
+            && recomputes.first() == Some(&Recompute::None)
+            && recomputes.contains(&Recompute::Full);
         for mbs in space::micro_batch_sizes(&s, batch, c) {
             let m = batch / (s.dp * mbs);
             for (vpp, kind) in space::pipelines(cfg, s.pp, m, c, offers) {
@@ -587,6 +602,7 @@ impl Worker {
                             layer: LayerPlacement::MEGATRON,
                             offload,
                             etp: None,
+                            recompute_layers: None,
                             ..on_gpu.clone()
                         };
                         // Megatron-LM's placement has the fewest parameters per rank, so the
@@ -652,6 +668,7 @@ impl Worker {
                                     built: &built,
                                     micro_batches: m,
                                     recomputes: &recomputes,
+                                    partial,
                                 };
                                 if !self.run_family(sh, &family, &layers, mapping)? {
                                     return Ok(false);
@@ -754,14 +771,67 @@ impl Worker {
                 sh.estimated.fetch_add(1, AtomicOrdering::Relaxed);
                 floor = floor.max(est.iter_time_s);
                 seen[li][ri] = (floor, !est.fits);
+                // Where no recompute did not fit and recomputing every layer does, the
+                // fewest recomputed layers per stage that fit are faster than all of them.
+                let partial = f.partial
+                    && recompute == Recompute::Full
+                    && est.fits
+                    && seen[li][0].1
+                    && !(opts.prune && seen[li][0].0 > sh.threshold());
                 if est.fits {
                     self.stats.fitting += 1;
                     est.timeline = None;
+                    self.offer(sh, plan.clone(), est);
+                }
+                if partial && let Some((plan, est)) = self.least_recompute(sh, f, &plan, mapping)? {
                     self.offer(sh, plan, est);
                 }
             }
         }
         Ok(true)
+    }
+
+    /// `full` (a plan recomputing every layer, which fits) with the fewest recomputed layers
+    /// per virtual stage that still fit ([`Plan::recompute_layers`]), when fewer than the
+    /// widest stage's do: stored activations fall as layers are added, so a bisection over
+    /// the count finds it.
+    fn least_recompute(
+        &mut self,
+        sh: &Shared<'_>,
+        f: &Family<'_>,
+        full: &Plan,
+        mapping: &MeshMapping,
+    ) -> Result<Option<(Plan, Estimate)>, SearchError> {
+        let (model, cfg) = (sh.model, sh.cfg);
+        let widest = stage_layers(cfg, full).into_iter().max().unwrap_or(1);
+        let mut estimate = |n: usize| -> Result<(Plan, Estimate), SearchError> {
+            let plan = Plan {
+                recompute_layers: Some(n),
+                ..full.clone()
+            };
+            let est = model.estimate_with_mapping(cfg, &plan, &f.built.schedule, mapping)?;
+            self.stats.estimated += 1;
+            sh.estimated.fetch_add(1, AtomicOrdering::Relaxed);
+            Ok((plan, est))
+        };
+        // The least count known to fit (`widest`: every layer) and the most known not to.
+        let (mut fits, mut fails) = (widest, 0);
+        let mut best = None;
+        while fits - fails > 1 {
+            let mid = fails + (fits - fails) / 2;
+            let (plan, est) = estimate(mid)?;
+            if est.fits {
+                fits = mid;
+                best = Some((plan, est));
+            } else {
+                fails = mid;
+            }
+        }
+        Ok(best.map(|(plan, mut est)| {
+            self.stats.fitting += 1;
+            est.timeline = None;
+            (plan, est)
+        }))
     }
 
     /// Keeps `plan` if it is among the best `top_k` this worker has seen.
