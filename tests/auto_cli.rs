@@ -188,8 +188,9 @@ fn a_plan_file_runs_or_is_refused_by_name() {
         "dp=2,mbs=1,gbs=8,dtype=f32,recompute=full,recompute_layers=1",
     );
     let err = autopar_err(&["run", "gpt-tiny", "--plan-file", &file]);
+    assert!(err.contains("cannot run on the CPU runtime"), "{err}");
     assert!(
-        err.contains("recompute_layers=1` is estimate-only"),
+        err.contains("full recompute of only some layers (recompute_layers=1)"),
         "{err}"
     );
 }

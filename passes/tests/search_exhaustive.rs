@@ -417,4 +417,18 @@ fn the_fewest_recomputed_layers_that_fit_are_ranked() {
     let ds = run(&deepspeed, &cfg, &opts);
     assert!(!ds.plans.is_empty());
     assert!(ds.plans.iter().all(|p| p.plan.recompute_layers.is_none()));
+    // A pinned count is searched alone, as full recompute, and ranks as the exhaustive
+    // enumeration does; it contradicts any other pinned policy.
+    opts.constraints = Constraints::parse("recompute_layers=1").expect("pins");
+    let one = assert_same_as_exhaustive_with(&m, &cfg, opts.clone());
+    assert!(!one.plans.is_empty());
+    assert!(
+        one.plans
+            .iter()
+            .all(|p| { p.plan.recompute == Recompute::Full && p.plan.recompute_layers == Some(1) })
+    );
+    assert!(Constraints::parse("recompute=full,recompute_layers=2").is_ok());
+    for bad in ["recompute=none,recompute_layers=1", "recompute_layers=0"] {
+        assert!(Constraints::parse(bad).is_err(), "{bad}");
+    }
 }

@@ -736,9 +736,15 @@ impl Worker {
                     seen[li][ri].1 = true;
                     continue;
                 }
+                // A pinned count of recomputed layers goes with full recompute (the pin
+                // implies it).
                 let plan = Plan {
                     recompute,
                     layer: *layer,
+                    recompute_layers: opts
+                        .constraints
+                        .recompute_layers
+                        .filter(|_| recompute == Recompute::Full),
                     ..base.clone()
                 };
                 if opts.prune

@@ -48,6 +48,10 @@ pub struct Constraints {
     /// Expert tensor parallelism ([`Plan::expert_tp`]).
     #[serde(default)]
     pub etp: Option<usize>,
+    /// Full recompute of the first `N` layers of each virtual stage
+    /// ([`Plan::recompute_layers`]; pinning it pins `recompute=full`).
+    #[serde(default)]
+    pub recompute_layers: Option<usize>,
     /// The attention ops' placement over `tp` as a code of [`Plan::layer`] (`ttt`, `sts`, ...).
     #[serde(default)]
     pub attention: Option<String>,
@@ -79,7 +83,8 @@ pub struct Constraints {
 
 impl Constraints {
     /// Parses `key=value` pairs separated by commas, with the keys of [`Plan::parse`] (`dp tp
-    /// pp vpp cp ep mbs zero recompute sp schedule order attn mlp`) and `stages` (layers per virtual
+    /// pp vpp cp ep etp mbs zero offload recompute recompute_layers sp schedule order attn
+    /// mlp`) and `stages` (layers per virtual
     /// stage joined by `-`, e.g. `stages=12-12-12-12`) and `runtime=cpu` (only plans the CPU
     /// runtime executes, see [`cpu_unsupported`]).
     ///
@@ -136,6 +141,12 @@ impl Constraints {
                             err(format!("expected a positive integer, not `{v}`"))
                         })?)
                 }
+                "recompute_layers" => {
+                    c.recompute_layers =
+                        Some(v.parse::<usize>().ok().filter(|&n| n > 0).ok_or_else(|| {
+                            err(format!("expected a positive integer, not `{v}`"))
+                        })?)
+                }
                 "attn" => {
                     let mut l = LayerPlacement::MEGATRON;
                     l.set_attention(v).map_err(err)?;
@@ -172,9 +183,27 @@ impl Constraints {
                 _ => {
                     return Err(err(
                         "unknown key (expected dp, tp, pp, vpp, cp, ep, etp, mbs, zero, \
-                         offload, recompute, sp, attn, mlp, schedule, order, stages or runtime)"
+                         offload, recompute, recompute_layers, sp, attn, mlp, schedule, order, \
+                         stages or runtime)"
                             .into(),
                     ));
+                }
+            }
+        }
+        // Some layers recomputed is full recompute of fewer of them.
+        if let Some(n) = c.recompute_layers {
+            match c.recompute {
+                None => c.recompute = Some(Recompute::Full),
+                Some(Recompute::Full) => {}
+                Some(other) => {
+                    return Err(SearchError::Constraint {
+                        key: "recompute_layers".into(),
+                        message: format!(
+                            "recompute_layers={n} pins full recompute of some layers, which \
+                             contradicts recompute={}",
+                            other.name()
+                        ),
+                    });
                 }
             }
         }
@@ -199,6 +228,9 @@ impl Constraints {
             && ok(&self.sp, plan.sequence_parallel)
             && ok(&self.offload, plan.offload)
             && ok(&self.etp, plan.expert_tp())
+            && self
+                .recompute_layers
+                .is_none_or(|n| plan.recompute_layers == Some(n))
             && self.admits_layer(&plan.layer)
             && ok(&self.schedule, plan.schedule)
             && self
@@ -279,6 +311,11 @@ pub fn cpu_unsupported(cfg: &TransformerConfig, plan: &Plan) -> Vec<String> {
     }
     if plan.offload != Offload::None {
         out.push(format!("CPU offload (offload={})", plan.offload.name()));
+    }
+    if let Some(n) = plan.recompute_layers {
+        out.push(format!(
+            "full recompute of only some layers (recompute_layers={n})"
+        ));
     }
     out
 }
