@@ -55,18 +55,25 @@ impl AttentionKernel {
 
 /// Fractions of the dense peak that fused attention kernels reach on the FLOPs they perform,
 /// forward and backward, with what running an Ampere-era kernel on a newer architecture costs.
+/// FlashAttention 2 and the native kernels are given at long sequences, the rate
+/// [`ComputeParams::attention_block_factor`] divides for shorter ones; FlashAttention 1 is
+/// flat.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct AttentionFractions {
     /// FlashAttention 1 on Ampere, `[forward, backward]`: "25-40% of the theoretical maximum
     /// FLOPs/s" on A100 (FlashAttention-2 paper, Sec. 1), the backward at the low end.
     pub flash1: [f64; 2],
-    /// FlashAttention 2 on Ampere: "50-73%" of A100 peak in the forward, the backward up to
-    /// about 63% (FlashAttention-2 paper, Sec. 4.1, causal, head dim 64-128).
+    /// FlashAttention 2 on Ampere at long sequences: "50-73%" of A100 peak in the forward,
+    /// the backward up to about 63% (FlashAttention-2 paper, Sec. 4.1, causal, head dim
+    /// 64-128). 0.711 and 0.596 (five to one, as the paper's ranges) make the causal
+    /// forward+backward 196 TFLOP/s, the asymptote of its A100 figure (189 at 16k tokens,
+    /// with the block factor).
     pub flash2: [f64; 2],
-    /// An architecture-native kernel on Hopper or later: FlashAttention 3 reaches up to 75% of
-    /// H100 peak in the forward (arXiv:2407.08608, abstract) and 1.5-1.75x FlashAttention 2 in
-    /// the backward; cuDNN's fused attention is of the same class. Typical causal training
-    /// shapes sit below the best case.
+    /// An architecture-native kernel on Hopper or later at long sequences: FlashAttention 3
+    /// reaches up to 75% of H100 peak in the forward (arXiv:2407.08608, abstract; causal,
+    /// head dim 128, 616 TFLOP/s at 16k tokens, an asymptote of 635 with the block factor:
+    /// 0.64) and 1.5-1.75x FlashAttention 2 in the backward (0.50); cuDNN's fused attention
+    /// is of the same class (539 TFLOP/s at 16k in the same figure).
     pub native: [f64; 2],
     /// What an Ampere-era kernel keeps of its Ampere fraction on Hopper or later: without
     /// warpgroup MMA it runs only about 1.65x as fast on H100 as on A100, where the dense peak
@@ -86,8 +93,8 @@ impl Default for AttentionFractions {
     fn default() -> Self {
         AttentionFractions {
             flash1: [0.35, 0.28],
-            flash2: [0.62, 0.52],
-            native: [0.58, 0.45],
+            flash2: [0.711, 0.596],
+            native: [0.64, 0.50],
             legacy_on_newer_arch: 0.52,
         }
     }
@@ -144,6 +151,20 @@ pub struct ComputeParams {
     pub score_bandwidth_fraction: f64,
     /// Fixed time of one kernel (launch gap and tail), added to each op.
     pub kernel_overhead_s: f64,
+    /// What each query block of a fused attention kernel pays beside the key blocks it
+    /// works through, in key blocks of [`ATTENTION_BLOCK`] (loading its queries, the final
+    /// rescale and writing its output; in the backward, each key block's CTA loading its keys
+    /// and values and writing their gradients): 1.5, the one figure that reproduces, with the
+    /// asymptotes of [`AttentionFractions`], FlashAttention 2's forward+backward on A100 (head
+    /// dim 128, causal: 99, 133, 155, 173, 182 and 189 TFLOP/s from 512 to 16k tokens, model
+    /// 97, 130, 156, 173, 183, 189; without the mask about 151, 173, 187, 196, 201, 203,
+    /// model 149, 173, 188, 196, 201, 203; head dim 64 likewise) and FlashAttention 3's
+    /// forward on H100 (causal: 292, 423, 521, 579, 602, 616, model 317, 423, 508, 564, 597,
+    /// 616): github.com/Dao-AILab/flash-attention `assets/flash2_a100_fwd_bwd_benchmark.png`
+    /// and `assets/flash3_fp16_fwd.png`. Short sequences run attention well below its
+    /// long-sequence rate.
+    #[serde(default = "default_attention_block_overhead")]
+    pub attention_block_overhead: f64,
     /// How attention runs.
     pub attention: AttentionKernel,
     /// How far element-wise work is fused (the software profile's).
@@ -187,6 +208,7 @@ impl Default for ComputeParams {
             memory_bandwidth_fraction: 0.8,
             score_bandwidth_fraction: default_score_bandwidth_fraction(),
             kernel_overhead_s: 3e-6,
+            attention_block_overhead: default_attention_block_overhead(),
             attention: AttentionKernel::Flash,
             fusion: Fusion::Fused,
             eager_passes: [9.0, 12.0],
@@ -196,6 +218,14 @@ impl Default for ComputeParams {
         }
     }
 }
+
+fn default_attention_block_overhead() -> f64 {
+    1.5
+}
+
+/// The key block of the fused attention kernels' tiles (FlashAttention 2 and 3, head dims 64
+/// to 128): [`ComputeParams::attention_block_factor`] counts work in blocks of it.
+pub const ATTENTION_BLOCK: f64 = 128.0;
 
 fn default_true() -> bool {
     true
@@ -484,13 +514,19 @@ impl ComputeParams {
                     let fwd = self.attention_cost(q, k, v, *causal, cluster);
                     let time = match self.attention {
                         AttentionKernel::Unfused => 2.5 * fwd.time.secs(),
-                        _ => self.flash_time(
-                            2.5 * fwd.flops,
-                            2.0 * fwd.bytes,
-                            q.dtype,
-                            cluster,
-                            true,
-                        ),
+                        _ => {
+                            let (s, t) = (q.dims().get(1), k.dims().get(1));
+                            let keys = t.copied().unwrap_or(1) as f64;
+                            self.flash_time(
+                                2.5 * fwd.flops,
+                                2.0 * fwd.bytes,
+                                q.dtype,
+                                cluster,
+                                true,
+                                keys,
+                                *causal && s == t,
+                            )
+                        }
                     };
                     OpCost {
                         flops: 2.5 * fwd.flops,
@@ -597,11 +633,12 @@ impl ComputeParams {
                 }
             }
             AttentionKernel::Flash | AttentionKernel::Flash1 | AttentionKernel::Fused => {
-                let frac = if causal && s == t { 0.5 } else { 1.0 };
+                let masked = causal && s == t;
+                let frac = if masked { 0.5 } else { 1.0 };
                 let flops = frac
                     * (GemmShape::new(b * hq, s, t, d).flops()
                         + GemmShape::new(b * hq, s, dv, t).flops());
-                let time = self.flash_time(flops, io, q.dtype, cluster, false);
+                let time = self.flash_time(flops, io, q.dtype, cluster, false, t as f64, masked);
                 OpCost {
                     flops,
                     bytes: io,
@@ -629,8 +666,31 @@ impl ComputeParams {
         }
     }
 
+    /// How much longer than its FLOPs at the kernel's fraction a fused attention call over
+    /// `keys` keys takes: every query block (a CTA of the forward; a key block's CTA in the
+    /// backward, symmetrically) pays [`ComputeParams::attention_block_overhead`] key blocks
+    /// of [`ATTENTION_BLOCK`] beside those it works through, and under a causal mask it works
+    /// through half the keys on average, the diagonal block whole where half is used.
+    ///
+    /// FlashAttention 1 is left at its flat fraction: it parallelises over batch and heads,
+    /// its curve in the same figure is shallower (55 to 83 TFLOP/s, causal, head dim 128),
+    /// and llm-foundry's rows, which run it, show no slowdown at 512 and 1024 tokens.
+    pub fn attention_block_factor(&self, keys: f64, causal: bool) -> f64 {
+        if self.attention == AttentionKernel::Flash1 {
+            return 1.0;
+        }
+        let blocks = (keys / ATTENTION_BLOCK).max(1.0);
+        let (useful, diagonal) = match causal {
+            true => (blocks / 2.0, 0.5),
+            false => (blocks, 0.0),
+        };
+        1.0 + (self.attention_block_overhead + diagonal) / useful
+    }
+
     /// Seconds for a fused attention kernel doing `flops` with `io` bytes of inputs/outputs,
-    /// in the forward or the `backward`.
+    /// in the forward or the `backward`, each call over `keys` keys (with or without a
+    /// `causal` mask; [`ComputeParams::attention_block_factor`]).
+    #[allow(clippy::too_many_arguments)]
     pub fn flash_time(
         &self,
         flops: f64,
@@ -638,9 +698,12 @@ impl ComputeParams {
         dtype: DType,
         cluster: &Cluster,
         backward: bool,
+        keys: f64,
+        causal: bool,
     ) -> f64 {
         let peak = cluster.peak_flops(dtype) * self.attention_fraction(cluster, backward);
-        (flops / peak).max(io / (cluster.hbm_bandwidth() * self.memory_bandwidth_fraction))
+        (flops / peak * self.attention_block_factor(keys, causal))
+            .max(io / (cluster.hbm_bandwidth() * self.memory_bandwidth_fraction))
             + self.kernel_overhead_s
     }
 
@@ -777,6 +840,59 @@ mod tests {
         let mut ampere = h.clone();
         ampere.gpu.arch = crate::cluster::GpuArch::Ampere;
         assert!((rate(&p, &ampere) - waves).abs() < 1e-12);
+    }
+
+    /// The block factor with the long-sequence fractions reproduces the published
+    /// sequence-length curves: FlashAttention 2's causal forward+backward on A100 and
+    /// FlashAttention 3's causal forward on H100 (head dim 128), within 10%; FlashAttention
+    /// 1 stays flat.
+    #[test]
+    fn fused_attention_slows_down_on_short_sequences() {
+        let a100 = crate::cluster::dgx_a100(1);
+        let h100 = crate::cluster::dgx_h100(1);
+        let rate = |p: &ComputeParams, c: &Cluster, seq: f64, backward: bool| {
+            let f = 1e15;
+            f / 1e12
+                / (p.flash_time(f, 0.0, DType::BF16, c, backward, seq, true) - p.kernel_overhead_s)
+        };
+        let fa2 = ComputeParams {
+            attention: AttentionKernel::Flash,
+            ..ComputeParams::default()
+        };
+        let seqs = [512.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0];
+        // Forward + backward: 1 unit of FLOPs forward, 2.5 backward.
+        let fwd_bwd =
+            |s: f64| 3.5 / (1.0 / rate(&fa2, &a100, s, false) + 2.5 / rate(&fa2, &a100, s, true));
+        for (s, measured) in seqs.iter().zip([99.0, 133.0, 155.0, 173.0, 182.0, 189.0]) {
+            let m = fwd_bwd(*s);
+            assert!(
+                (m / measured - 1.0).abs() < 0.10,
+                "FA2 {s}: {m} vs {measured}"
+            );
+        }
+        let fa3 = ComputeParams {
+            attention: AttentionKernel::Fused,
+            ..ComputeParams::default()
+        };
+        for (s, measured) in seqs.iter().zip([292.0, 423.0, 521.0, 579.0, 602.0, 616.0]) {
+            let m = rate(&fa3, &h100, *s, false);
+            assert!(
+                (m / measured - 1.0).abs() < 0.10,
+                "FA3 {s}: {m} vs {measured}"
+            );
+        }
+        let fa1 = ComputeParams {
+            attention: AttentionKernel::Flash1,
+            ..ComputeParams::default()
+        };
+        assert_eq!(
+            rate(&fa1, &a100, 512.0, false),
+            rate(&fa1, &a100, 16384.0, false)
+        );
+        // Without a mask, a query block's fixed cost is spread over twice the key blocks.
+        assert!(
+            fa2.attention_block_factor(1024.0, false) < fa2.attention_block_factor(1024.0, true)
+        );
     }
 
     #[test]

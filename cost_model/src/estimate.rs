@@ -1065,6 +1065,12 @@ impl<'a> Ctx<'a> {
         }
     }
 
+    /// Keys one call of the attention kernel attends over: the sequence, or under context
+    /// parallelism the chunk each ring step brings.
+    fn attention_keys_per_call(&self) -> f64 {
+        (self.cfg.seq / self.plan.cp.max(1)) as f64
+    }
+
     /// Attention core forward (scores, softmax, dropout, weighted sum) and its FLOPs.
     fn attention_forward(&self) -> (f64, f64) {
         let b = self.plan.micro_batch_size as u64;
@@ -1089,9 +1095,15 @@ impl<'a> Ctx<'a> {
                 let flops = full * 0.5;
                 let io = ((2 * heads * s * d) + 2 * b * kv * t * d) as f64 * self.e;
                 (
-                    self.m
-                        .compute
-                        .flash_time(flops, io, self.plan.dtype, self.cl(), false),
+                    self.m.compute.flash_time(
+                        flops,
+                        io,
+                        self.plan.dtype,
+                        self.cl(),
+                        false,
+                        self.attention_keys_per_call(),
+                        true,
+                    ),
                     flops,
                 )
             }
@@ -1120,9 +1132,15 @@ impl<'a> Ctx<'a> {
                 // The backward recomputes the scores: 2.5x the forward FLOPs.
                 let flops = 2.0 * (heads * s * t * d) as f64 * 2.5;
                 let io = (4 * heads * s * d) as f64 * self.e * 2.0;
-                self.m
-                    .compute
-                    .flash_time(flops, io, self.plan.dtype, self.cl(), true)
+                self.m.compute.flash_time(
+                    flops,
+                    io,
+                    self.plan.dtype,
+                    self.cl(),
+                    true,
+                    self.attention_keys_per_call(),
+                    true,
+                )
             }
         }
     }
