@@ -111,12 +111,13 @@ impl GpuArch {
         matches!(self, GpuArch::Hopper | GpuArch::Blackwell)
     }
 
-    /// The highest model-FLOPs utilisation in 16-bit training published on this generation,
-    /// rounded up: a prediction above it needs a mechanism the measurements have not shown.
-    /// Ampere 0.60 (Korthikanti et al. 2022 reach 56.3% on 3072 A100s for 1T, Table 5;
-    /// MegaScale, NSDI 2024, 55.2% on A100 for 175B); Hopper 0.55 (Megatron-Core's weak
-    /// scaling tops at 49% on H100, reference table; published large runs stay below 55%).
-    /// `None` where no figure is collected.
+    /// The model-FLOPs utilisation in 16-bit training that published large runs on this
+    /// generation stay below: a prediction above it is reported with the mechanisms it rests
+    /// on. Ampere 0.60 (Korthikanti et al. 2022 reach 56.3% on 3072 A100s for 1T, Table 5;
+    /// MegaScale, NSDI 2024, 55.2% on A100 for 175B; small data-parallel runs go further,
+    /// llm-foundry's MPT-7B reaching 64.2% on 8 A100-80GB without recomputation, reference
+    /// table); Hopper 0.55 (Megatron-Core's weak scaling tops at 49% on H100, reference
+    /// table; Llama 3 405B ran at 38-43%). `None` where no figure is collected.
     pub fn published_mfu_ceiling(self) -> Option<f64> {
         match self {
             GpuArch::Ampere => Some(0.60),
