@@ -8,22 +8,16 @@
 
 use autopar_cost_model::{Cluster, CostModel, Plan, Software, TransformerConfig};
 
+/// Llama 3 405B: 126 layers, h = 16384, 128 query and 8 key/value heads, SwiGLU of width
+/// 53248, vocabulary 128256, untied, rotary positions.
 fn llama3_405b(seq: usize) -> TransformerConfig {
     TransformerConfig {
-        name: "llama3-405b".into(),
-        layers: 126,
-        hidden: 16384,
-        heads: 128,
         kv_heads: 8,
         ffn: 53248,
-        vocab: 128256,
-        seq,
-        experts: 1,
-        top_k: 1,
         gated_mlp: true,
         tied_embeddings: false,
         learned_positions: false,
-        shared_ffn: 0,
+        ..TransformerConfig::gpt("llama3-405b", 126, 16384, 128, seq, 128256)
     }
 }
 
