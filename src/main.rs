@@ -788,6 +788,13 @@ fn estimate(args: EstimateArgs) -> Result<()> {
         let t = &est.time;
         let ms = |s: f64| s * 1e3;
         out += "\ntime of one layer, one micro-batch (ms)   forward  backward\n";
+        if let Some(n) = plan.recompute_layers {
+            // The backward below is a recomputing layer's; the others run without.
+            out += &format!(
+                "  (a recomputed layer: the first {n} of each virtual stage recompute, the rest \
+                 keep their activations)\n"
+            );
+        }
         for (what, f, b) in [
             (
                 "dense GEMMs",

@@ -1763,7 +1763,7 @@ impl<'a> Ctx<'a> {
         let mut fwd = vec![0.0; v];
         let mut bwd = vec![0.0; v];
         for vs in 0..v {
-            let recomputed = self.plan.recomputed_layers(layers[vs]).min(layers[vs]);
+            let recomputed = self.plan.recomputed_layers(layers[vs]);
             fwd[vs] = layers[vs] as f64 * lf.total_s();
             bwd[vs] = recomputed as f64 * lb.total_s() + (layers[vs] - recomputed) as f64 * kept;
             if vs == 0 {
