@@ -357,6 +357,24 @@ fn estimate_reports_fit_and_json_fields() {
         "{text}"
     );
 
+    // Full recompute of some layers: the per-layer table says which layer it shows.
+    let text = autopar_ok(&[
+        "estimate",
+        "gpt3-175b",
+        "--cluster",
+        "dgx-a100:nodes=128",
+        "--batch",
+        "1536",
+        "--plan",
+        &format!("{plan},recompute_layers=1"),
+        "--explain",
+    ]);
+    assert!(text.contains("recompute_layers=1"), "{text}");
+    assert!(
+        text.contains("(a recomputed layer: the first 1 of each virtual stage recompute"),
+        "{text}"
+    );
+
     let err = autopar_err(&[
         "estimate",
         "gpt-tiny",
