@@ -65,9 +65,9 @@ pub struct AttentionFractions {
     pub flash1: [f64; 2],
     /// FlashAttention 2 on Ampere at long sequences: "50-73%" of A100 peak in the forward,
     /// the backward up to about 63% (FlashAttention-2 paper, Sec. 4.1, causal, head dim
-    /// 64-128). 0.711 and 0.596 (five to one, as the paper's ranges) make the causal
-    /// forward+backward 196 TFLOP/s, the asymptote of its A100 figure (189 at 16k tokens,
-    /// with the block factor).
+    /// 64-128). 0.711 and 0.596 (in the ratio of the paper's forward and backward figures)
+    /// make the causal forward+backward 195 TFLOP/s, the asymptote of its A100 figure (189
+    /// at 16k tokens, with the block factor).
     pub flash2: [f64; 2],
     /// An architecture-native kernel on Hopper or later at long sequences: FlashAttention 3
     /// reaches up to 75% of H100 peak in the forward (arXiv:2407.08608, abstract; causal,
@@ -157,12 +157,13 @@ pub struct ComputeParams {
     /// and values and writing their gradients): 1.5, the one figure that reproduces, with the
     /// asymptotes of [`AttentionFractions`], FlashAttention 2's forward+backward on A100 (head
     /// dim 128, causal: 99, 133, 155, 173, 182 and 189 TFLOP/s from 512 to 16k tokens, model
-    /// 97, 130, 156, 173, 183, 189; without the mask about 151, 173, 187, 196, 201, 203,
-    /// model 149, 173, 188, 196, 201, 203; head dim 64 likewise) and FlashAttention 3's
-    /// forward on H100 (causal: 292, 423, 521, 579, 602, 616, model 317, 423, 508, 564, 597,
-    /// 616): github.com/Dao-AILab/flash-attention `assets/flash2_a100_fwd_bwd_benchmark.png`
-    /// and `assets/flash3_fp16_fwd.png`. Short sequences run attention well below its
-    /// long-sequence rate.
+    /// 97, 130, 156, 173, 183, 189; head dim 64 likewise) and FlashAttention 3's forward on
+    /// H100 (causal: 292, 423, 521, 579, 602, 616, model 316, 422, 506, 563, 596, 614):
+    /// github.com/Dao-AILab/flash-attention `assets/flash2_a100_fwd_bwd_benchmark.png` and
+    /// `assets/flash3_fp16_fwd.png`. Without the mask the same figure gives the shape of the
+    /// unmasked curve (151, 173, 187, 196, 201, 203 measured; 142, 164, 178, 186, 190, 193
+    /// from the causal asymptote), which training does not use. Short sequences run
+    /// attention well below its long-sequence rate.
     #[serde(default = "default_attention_block_overhead")]
     pub attention_block_overhead: f64,
     /// How attention runs.
