@@ -306,7 +306,11 @@ pub fn torchtitan_toml(cfg: &TransformerConfig, plan: &Plan) -> Result<String, S
             let layers = stage_layers(cfg, plan);
             let widest = layers.iter().copied().max().unwrap_or(1);
             let exact = (1..=widest).find(|&k| layers.iter().all(|&l| l.div_ceil(k) == n.min(l)));
-            (n, exact, (widest / n.max(1)).max(1))
+            let covering = (1..=widest)
+                .rev()
+                .find(|&k| layers.iter().all(|&l| l.div_ceil(k) >= n.min(l)))
+                .unwrap_or(1);
+            (n, exact, covering)
         });
     if let Some((n, None, k)) = layer_sac {
         notes.push(format!(
@@ -478,6 +482,19 @@ mod tests {
         assert!(t.contains("selective_ac_option = \"3\""), "{t}");
         let t = torchtitan_toml(&small, &p(6)).unwrap();
         assert!(t.contains("no torchtitan equivalent"), "{t}");
+        assert!(
+            t.contains("[activation_checkpoint]\nmode = \"full\""),
+            "{t}"
+        );
+        // Uneven stages of 8 and 2 layers, 2 recomputed in each: no k gives both, and only
+        // every layer covers the short stage.
+        let uneven =
+            Plan::parse("dp=4,pp=2,recompute=full,recompute_layers=2,stages=8-2,gbs=8").unwrap();
+        let t = torchtitan_toml(&small, &uneven).unwrap();
+        assert!(
+            t.contains("full recompute recomputes at least as many"),
+            "{t}"
+        );
         assert!(
             t.contains("[activation_checkpoint]\nmode = \"full\""),
             "{t}"
