@@ -1763,9 +1763,9 @@ impl<'a> Ctx<'a> {
         let mut fwd = vec![0.0; v];
         let mut bwd = vec![0.0; v];
         for vs in 0..v {
-            let recomputed = self.plan.recomputed_layers(layers[vs]);
+            let (under, whole) = self.plan.recompute_split(layers[vs]);
             fwd[vs] = layers[vs] as f64 * lf.total_s();
-            bwd[vs] = recomputed as f64 * lb.total_s() + (layers[vs] - recomputed) as f64 * kept;
+            bwd[vs] = under as f64 * lb.total_s() + whole as f64 * kept;
             if vs == 0 {
                 fwd[vs] += ef.total_s();
                 bwd[vs] += eb.total_s();
@@ -2029,7 +2029,7 @@ impl<'a> Ctx<'a> {
         let recompute_flops = match plan.recompute {
             Recompute::None => 0.0,
             Recompute::Full => {
-                let recomputed: usize = layers.iter().map(|&l| plan.recomputed_layers(l)).sum();
+                let recomputed: usize = layers.iter().map(|&l| plan.recompute_split(l).0).sum();
                 recomputed as f64 * layer_flops
             }
             Recompute::Selective => match self.m.software.selective {
@@ -2184,14 +2184,11 @@ impl<'a> Ctx<'a> {
         };
         let full_layer_act =
             activation_bytes_per_layer(cfg, plan, Recompute::None, self.m.compute.attention);
-        // What a chunk of `l` layers stores per micro-batch: the layers that recompute keep
-        // their inputs, those `recompute_layers` leaves out everything.
-        let chunk_act = |l: usize| match plan.recompute {
-            Recompute::Full => {
-                let r = plan.recomputed_layers(l);
-                r as f64 * per_layer_act + (l - r) as f64 * full_layer_act
-            }
-            Recompute::None | Recompute::Selective => l as f64 * per_layer_act,
+        // What a chunk of `l` layers stores per micro-batch: the layers under the policy what
+        // it keeps, those `recompute_layers` leaves out everything.
+        let chunk_act = |l: usize| {
+            let (under, whole) = plan.recompute_split(l);
+            under as f64 * per_layer_act + whole as f64 * full_layer_act
         };
         let emb = cfg.embedding_params() as f64 / t;
         let head_params = (cfg.vocab * cfg.hidden) as f64 / t;
@@ -2386,13 +2383,8 @@ impl Ctx<'_> {
         );
         let stored = runtime_activation_bytes_per_layer(cfg, plan, plan.recompute, self.e);
         let unrecomputed = runtime_activation_bytes_per_layer(cfg, plan, Recompute::None, self.e);
-        let recomputed = plan.recomputed_layers(held.chunk_layers);
-        let chunk = match plan.recompute {
-            Recompute::Full => {
-                recomputed as f64 * stored + (held.chunk_layers - recomputed) as f64 * unrecomputed
-            }
-            Recompute::None | Recompute::Selective => held.chunk_layers as f64 * stored,
-        };
+        let (under, whole) = plan.recompute_split(held.chunk_layers);
+        let chunk = under as f64 * stored + whole as f64 * unrecomputed;
         let activations = held.in_flight as f64 * chunk;
 
         let experts = if cfg.experts > 1 {

@@ -534,14 +534,16 @@ impl Plan {
         Ok(())
     }
 
-    /// How many of a virtual stage's `layers` recompute their forward in the backward: all
-    /// of them under `recompute=full` (at most [`Plan::recompute_layers`] when given), none
-    /// otherwise (selective recompute repeats part of every layer instead).
-    pub fn recomputed_layers(&self, layers: usize) -> usize {
-        match self.recompute {
-            Recompute::Full => self.recompute_layers.map_or(layers, |n| n.min(layers)),
-            Recompute::None | Recompute::Selective => 0,
-        }
+    /// A virtual stage's `layers` split into those that run under the plan's recompute
+    /// policy and those that keep every activation: all of them under the policy, except
+    /// under `recompute=full` with [`Plan::recompute_layers`], which covers at most its
+    /// first `N`.
+    pub fn recompute_split(&self, layers: usize) -> (usize, usize) {
+        let under = match (self.recompute, self.recompute_layers) {
+            (Recompute::Full, Some(n)) => n.min(layers),
+            _ => layers,
+        };
+        (under, layers - under)
     }
 
     /// The recompute policy as tables show it: `none`, `selective`, `full`, or `full:N` for
@@ -669,16 +671,19 @@ mod tests {
     fn partial_full_recompute() {
         let p = Plan::parse("pp=2,recompute=full,recompute_layers=3").unwrap();
         assert_eq!(p.recompute_layers, Some(3));
-        assert_eq!((p.recomputed_layers(8), p.recomputed_layers(2)), (3, 2));
+        assert_eq!(
+            (p.recompute_split(8), p.recompute_split(2)),
+            ((3, 5), (2, 0))
+        );
         assert_eq!(Plan::parse(&p.to_string()).unwrap(), p);
         assert_eq!(p.recompute_label(), "full:3");
         let all = Plan::parse("recompute=full").unwrap();
         assert_eq!(all.recompute_label(), "full");
-        assert_eq!(all.recomputed_layers(8), 8);
+        assert_eq!(all.recompute_split(8), (8, 0));
         assert!(!all.to_string().contains("recompute_layers"));
         for r in ["none", "selective"] {
             let p = Plan::parse(&format!("recompute={r}")).unwrap();
-            assert_eq!(p.recomputed_layers(8), 0);
+            assert_eq!(p.recompute_split(8), (8, 0));
             let e = Plan::parse(&format!("recompute={r},recompute_layers=2")).unwrap_err();
             assert!(
                 matches!(&e, CostError::PlanMismatch(m) if m.contains("needs recompute=full")),
