@@ -167,32 +167,41 @@ fn a_plan_file_runs_or_is_refused_by_name() {
         file.to_str().expect("UTF-8 path"),
     ]);
     assert!(err.contains("unknown field `mlp_sequence`"), "{err}");
-    // What the CPU runtime cannot run is refused by name.
-    let file = plan_file(
-        "auto_refused_cp_moe",
-        "dp=2,ep=2,cp=2,mbs=1,gbs=8,dtype=f32",
-    );
-    let err = autopar_err(&["run", "moe-tiny", "--plan-file", &file]);
-    assert!(err.contains("cannot run on the CPU runtime"), "{err}");
-    assert!(
-        err.contains("context parallelism (cp=2) in a mixture of experts"),
-        "{err}"
-    );
-    // fp8 is priced by the cost model only: a plan file with it is refused, not run in bf16.
-    let file = plan_file("auto_refused_fp8", "dp=2,mbs=1,gbs=8,dtype=fp8");
-    let err = autopar_err(&["run", "gpt-tiny", "--plan-file", &file]);
-    assert!(err.contains("dtype=fp8"), "{err}");
-    // So is full recompute of only some layers: the runtime's pass covers all or none.
-    let file = plan_file(
-        "auto_refused_partial_recompute",
-        "dp=2,mbs=1,gbs=8,dtype=f32,recompute=full,recompute_layers=1",
-    );
-    let err = autopar_err(&["run", "gpt-tiny", "--plan-file", &file]);
-    assert!(err.contains("cannot run on the CPU runtime"), "{err}");
-    assert!(
-        err.contains("full recompute of only some layers (recompute_layers=1)"),
-        "{err}"
-    );
+    // What the CPU runtime cannot run is refused by name; fp8 is priced by the cost model
+    // only, so a plan file with it is refused, not run in bf16; and so is full recompute of
+    // only some layers, where the runtime's pass covers all or none.
+    for (name, model, plan, wants) in [
+        (
+            "auto_refused_cp_moe",
+            "moe-tiny",
+            "dp=2,ep=2,cp=2,mbs=1,gbs=8,dtype=f32",
+            &[
+                "cannot run on the CPU runtime",
+                "context parallelism (cp=2) in a mixture of experts",
+            ][..],
+        ),
+        (
+            "auto_refused_fp8",
+            "gpt-tiny",
+            "dp=2,mbs=1,gbs=8,dtype=fp8",
+            &["dtype=fp8"][..],
+        ),
+        (
+            "auto_refused_partial_recompute",
+            "gpt-tiny",
+            "dp=2,mbs=1,gbs=8,dtype=f32,recompute=full,recompute_layers=1",
+            &[
+                "cannot run on the CPU runtime",
+                "full recompute of only some layers (recompute_layers=1)",
+            ][..],
+        ),
+    ] {
+        let file = plan_file(name, plan);
+        let err = autopar_err(&["run", model, "--plan-file", &file]);
+        for want in wants {
+            assert!(err.contains(want), "{name}: {want} missing from {err}");
+        }
+    }
 }
 
 #[test]

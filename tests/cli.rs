@@ -286,17 +286,21 @@ fn every_subcommand_has_help() {
 #[test]
 fn estimate_reports_fit_and_json_fields() {
     let plan = "dp=8,tp=8,pp=16,mbs=1,recompute=full,schedule=interleaved,vpp=2";
-    let json = autopar_ok(&[
-        "estimate",
-        "gpt3-175b",
-        "--cluster",
-        "dgx-a100:nodes=128",
-        "--batch",
-        "1536",
-        "--plan",
-        plan,
-        "--json",
-    ]);
+    // GPT-3 175B on 1024 A100s at the global batch of Megatron-LM's configuration.
+    let gpt3 = |plan: &str, extra: &str| {
+        autopar_ok(&[
+            "estimate",
+            "gpt3-175b",
+            "--cluster",
+            "dgx-a100:nodes=128",
+            "--batch",
+            "1536",
+            "--plan",
+            plan,
+            extra,
+        ])
+    };
+    let json = gpt3(plan, "--json");
     let est: serde_json::Value = serde_json::from_str(&json).unwrap();
     for key in [
         "iter_time_s",
@@ -358,17 +362,7 @@ fn estimate_reports_fit_and_json_fields() {
     );
 
     // Full recompute of some layers: the per-layer table says which layer it shows.
-    let text = autopar_ok(&[
-        "estimate",
-        "gpt3-175b",
-        "--cluster",
-        "dgx-a100:nodes=128",
-        "--batch",
-        "1536",
-        "--plan",
-        &format!("{plan},recompute_layers=1"),
-        "--explain",
-    ]);
+    let text = gpt3(&format!("{plan},recompute_layers=1"), "--explain");
     assert!(text.contains("recompute_layers=1"), "{text}");
     assert!(
         text.contains("(a recomputed layer: the first 1 of each virtual stage recompute"),
