@@ -55,6 +55,10 @@ const DEEPSPEED_2021: &str = "deepspeed";
 /// `--overlap-param-gather`, `--tp-comm-overlap`): the profile's defaults.
 const MEGATRON_CORE: &str = "megatron-core";
 
+/// Megatron-Core with Transformer Engine's block-scaling fp8 recipe (`--fp8-recipe
+/// blockwise`), as the MoE-layer baselines' FP8 rows run ("FP8 blockwise").
+const MEGATRON_CORE_BLOCKWISE_FP8: &str = "megatron-core,fp8_recipe=blockwise";
+
 /// llm-foundry's MPT runs: PyTorch FSDP in eager mode with fp32 gradient reduction, and
 /// FlashAttention 1. Assumed, not stated by the table: until 2024 llm-foundry's `gpu`
 /// install extra pinned `flash-attn==1.0.9` (FlashAttention 2 was the separate `gpu-flash2`
@@ -710,7 +714,8 @@ fn korthikanti_table4(rows: &[Line]) -> Read {
 /// The Mixtral proxy is a SwiGLU MoE (Mixtral's); the DeepSeek proxy's shared expert and
 /// group-limited routing are not modelled, so its rows are skipped. The DeepEP and HybridEP
 /// dispatchers (`flex`) move the same tokens as the all-to-all and are priced as one;
-/// FP8 rows (Transformer Engine's blockwise recipe) as the fp8 GEMMs of `dtype=fp8`.
+/// FP8 rows (Transformer Engine's blockwise recipe) as the fp8 GEMMs of `dtype=fp8` under
+/// `fp8_recipe=blockwise`.
 /// The rows are CI micro-benchmarks (20 timed iterations after 5 warm-up, the header), the
 /// MAMF finder's regime rather than a training run's, so `short_run`.
 fn megatron_moe_layer(rows: &[Line]) -> Read {
@@ -798,7 +803,10 @@ fn megatron_moe_layer(rows: &[Line]) -> Read {
                     plan: plan(&format!(
                         "dp={dp},tp={tp},ep={ep},etp={etp},mbs=1,gbs={dp},dtype={dtype}{sp}"
                     ))?,
-                    software: MEGATRON_CORE,
+                    software: match dtype {
+                        "fp8" => MEGATRON_CORE_BLOCKWISE_FP8,
+                        _ => MEGATRON_CORE,
+                    },
                     figure,
                     measured,
                     short_run: true,

@@ -130,6 +130,13 @@ impl GpuArch {
         *self == GpuArch::default()
     }
 
+    /// Whether the tensor cores apply per-block scales of fp8 operands themselves (Blackwell's
+    /// `tcgen05` block-scaled MMA, which MXFP8 uses and Transformer Engine's block-scaling
+    /// recipe runs on: TransformerEngine#2157); on Hopper the scaling runs on the CUDA cores.
+    pub fn block_scaled_mma(self) -> bool {
+        self == GpuArch::Blackwell
+    }
+
     /// Whether the architecture has tensor-core paths that Ampere-era kernels leave unused.
     pub fn has_warpgroup_mma(self) -> bool {
         matches!(self, GpuArch::Hopper | GpuArch::Blackwell)

@@ -12,7 +12,7 @@ use crate::cluster::Cluster;
 use crate::comm::{Collective, CommParams};
 use crate::cost::Cost;
 use crate::mapping::MeshMapping;
-use crate::software::Fusion;
+use crate::software::{Fp8Recipe, Fusion};
 
 /// How attention is executed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -184,11 +184,27 @@ pub struct ComputeParams {
     pub eager_kernels: [f64; 2],
     /// What the fused attention kernels reach, per generation and architecture.
     pub attention_fractions: AttentionFractions,
-    /// Bytes per element that Transformer Engine's fp8 GEMMs move besides the GEMM: the bf16
-    /// input read and its fp8 copy written (3), the transposed fp8 copy Hopper's fp8 tensor
-    /// cores need for the other pass (2), and the amax reduction's read (2): 7, applied to both
-    /// operands of every fp8 GEMM.
+    /// Bytes per element that casting a bf16 tensor for Transformer Engine's fp8 GEMMs
+    /// moves: one read of the bf16 tensor (2) and writes of its fp8 copy and of the
+    /// transposed fp8 copy the other pass's GEMM needs on Hopper's fp8 tensor cores (1 + 1):
+    /// 4. TE's `cast_transpose` kernel (`transformer_engine/common/transpose/cast_transpose.cu`)
+    /// does all of it in one pass and folds the delayed-scaling amax into the same pass, so
+    /// no separate amax read is counted. Each tensor is cast once, not once per GEMM that
+    /// reads it ([`ComputeParams::fp8_gemm_time`] takes the count from its caller): a
+    /// linear layer's input and weight before its forward GEMM, its output gradient before
+    /// the input-gradient GEMM; the weight-gradient GEMM reads the transposed copies.
     pub fp8_cast_bytes_per_element: f64,
+    /// The share of the fp8 GEMM ceiling that block-scaled fp8 GEMMs
+    /// ([`crate::Fp8Recipe::Blockwise`]) reach on Hopper, whose tensor cores take one scale
+    /// per operand: 0.75. Each 128-deep slice of the contraction is rescaled and accumulated
+    /// on the CUDA cores in the main loop (DeepSeek-V3 technical report, arXiv:2412.19437,
+    /// Sec. 3.3.2). DeepGEMM's README (github.com/deepseek-ai/DeepGEMM, first release) gives
+    /// the rates of block-scaled kernels built on CUTLASS 3.6 on H800 (H100's tensor cores)
+    /// for DeepSeek-V3's 4096-8192-token training shapes: 916-1185 TFLOP/s (its own
+    /// kernels' 1025-1358 over their stated speedups of 1.1-1.2x), a median of 0.73 of the
+    /// tensor-scaled ceiling the MAMF finder measures on H100 (1402.6).
+    #[serde(default = "default_blockwise_fp8_fraction")]
+    pub blockwise_fp8_fraction: f64,
 }
 
 impl Default for ComputeParams {
@@ -215,9 +231,14 @@ impl Default for ComputeParams {
             eager_passes: [9.0, 12.0],
             eager_kernels: [10.0, 20.0],
             attention_fractions: AttentionFractions::default(),
-            fp8_cast_bytes_per_element: 7.0,
+            fp8_cast_bytes_per_element: 4.0,
+            blockwise_fp8_fraction: default_blockwise_fp8_fraction(),
         }
     }
+}
+
+fn default_blockwise_fp8_fraction() -> f64 {
+    0.75
 }
 
 fn default_attention_block_overhead() -> f64 {
@@ -347,18 +368,30 @@ impl ComputeParams {
         self.gemm_time_at(shape, ceiling, bytes, cluster)
     }
 
-    /// Seconds for a Transformer-Engine-style fp8 GEMM of `shape`: the GEMM at the device's fp8 ceiling (operands a byte each, the
-    /// result in bf16), plus casting both operands to fp8 (with the transposed copy and the
-    /// amax scan, [`ComputeParams::fp8_cast_bytes_per_element`]). `None` on a device without
-    /// fp8 tensor cores.
-    pub fn fp8_gemm_time(&self, shape: GemmShape, cluster: &Cluster) -> Option<f64> {
-        let ceiling = cluster.gemm_ceiling_flops(DType::BF16, true, self.gemm_ceiling_default)?;
+    /// Seconds for a Transformer-Engine-style fp8 GEMM of `shape` under `recipe`: the GEMM
+    /// at the device's fp8 ceiling (a share of it for block scaling on a device without
+    /// block-scaled tensor cores, [`ComputeParams::blockwise_fp8_fraction`]; operands a byte
+    /// each, the result in bf16), plus casting the `cast` elements that this GEMM is the
+    /// first to read from bf16 to fp8 ([`ComputeParams::fp8_cast_bytes_per_element`]; 0
+    /// where both operands were cast for an earlier GEMM). `None` on a device without fp8
+    /// tensor cores.
+    pub fn fp8_gemm_time(
+        &self,
+        shape: GemmShape,
+        cast: f64,
+        recipe: Fp8Recipe,
+        cluster: &Cluster,
+    ) -> Option<f64> {
+        let mut ceiling =
+            cluster.gemm_ceiling_flops(DType::BF16, true, self.gemm_ceiling_default)?;
+        if recipe == Fp8Recipe::Blockwise && !cluster.gpu.arch.block_scaled_mma() {
+            ceiling *= self.blockwise_fp8_fraction;
+        }
         let GemmShape { batch, m, n, k } = shape;
         let operands = (batch * m * k + batch * k * n) as f64;
         let result = (batch * m * n) as f64 * 2.0;
         let gemm = self.gemm_time_at(shape, ceiling, operands + result, cluster);
-        let casts = self.memory_time(operands * self.fp8_cast_bytes_per_element, cluster);
-        Some(gemm + casts)
+        Some(gemm + self.memory_time(cast * self.fp8_cast_bytes_per_element, cluster))
     }
 
     /// [`ComputeParams::gemm_time`] against a given ceiling (FLOP/s of the best shape before
@@ -786,6 +819,10 @@ mod tests {
     use crate::cluster;
     use autopar_ir::{OpKind, ReduceKind};
 
+    fn close(a: f64, b: f64) {
+        assert!((a - b).abs() <= 1e-9 * b.abs().max(1e-12), "{a} vs {b}");
+    }
+
     #[test]
     fn big_gemms_run_near_peak_and_skinny_ones_far_below() {
         let c = cluster::dgx_a100(1);
@@ -801,15 +838,46 @@ mod tests {
         let s = GemmShape::new(1, 8192, 8192, 8192);
         let h_eff = s.flops() / p.gemm_time(s, DType::BF16, 0.0, &h) / 989e12;
         assert!(h_eff < big - 0.03, "{h_eff} vs {big}");
-        let fp8 = p.fp8_gemm_time(s, &h).map(|t| s.flops() / t / 989e12);
+        let cast = (2 * 8192 * 8192) as f64;
+        let fp8 = p
+            .fp8_gemm_time(s, cast, Fp8Recipe::Tensor, &h)
+            .map(|t| s.flops() / t / 989e12);
         assert!(fp8.is_some_and(|f| f > 1.2 * h_eff), "{fp8:?}");
-        assert_eq!(p.fp8_gemm_time(s, &c), None);
+        assert_eq!(p.fp8_gemm_time(s, cast, Fp8Recipe::Tensor, &c), None);
         let skinny = eff(GemmShape::new(1, 16, 8192, 8192));
         assert!(skinny < 0.1, "{skinny}");
         let short_k = eff(GemmShape::new(32, 2048, 2048, 64));
         assert!(short_k < big * 0.8, "{short_k}");
         let tiny = eff(GemmShape::new(1, 64, 64, 64));
         assert!(tiny < 0.01, "{tiny}");
+    }
+
+    /// A Transformer Engine fp8 GEMM pays for the casts its caller says it is first to read
+    /// (4 bytes per element: the bf16 read, the fp8 copy and its transpose), and block
+    /// scaling costs GEMM rate on Hopper only.
+    #[test]
+    fn fp8_casts_are_counted_per_tensor_and_block_scaling_per_architecture() {
+        let p = ComputeParams::default();
+        let h = cluster::dgx_h100(1);
+        let s = GemmShape::new(1, 8192, 8192, 8192);
+        let bare = p.fp8_gemm_time(s, 0.0, Fp8Recipe::Tensor, &h).unwrap();
+        let elements = (2 * 8192 * 8192) as f64;
+        let cast = p.fp8_gemm_time(s, elements, Fp8Recipe::Tensor, &h).unwrap();
+        let bandwidth = h.hbm_bandwidth() * p.memory_bandwidth_fraction;
+        close(
+            cast - bare,
+            elements * 4.0 / bandwidth + p.kernel_overhead_s,
+        );
+        // A compute-bound GEMM under block scaling runs at the fraction of the rate (the
+        // stream-K partial tiles' memory traffic aside).
+        let block = p.fp8_gemm_time(s, 0.0, Fp8Recipe::Blockwise, &h).unwrap();
+        let ratio = bare / block;
+        assert!((ratio - p.blockwise_fp8_fraction).abs() < 0.01, "{ratio}");
+        let b = cluster::dgx_b200(1);
+        assert_eq!(
+            p.fp8_gemm_time(s, 0.0, Fp8Recipe::Blockwise, &b),
+            p.fp8_gemm_time(s, 0.0, Fp8Recipe::Tensor, &b)
+        );
     }
 
     /// On Hopper a partial last wave is balanced stream-K style: the MAMF finder's best fp8

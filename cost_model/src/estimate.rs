@@ -846,11 +846,31 @@ impl<'a> Ctx<'a> {
             .gemm_time(s, self.plan.dtype, bytes, self.cl())
     }
 
-    /// A GEMM of a transformer layer: in fp8 under `dtype=fp8` (Transformer Engine's linear
-    /// layers), otherwise as [`Ctx::gemm`].
+    /// The forward GEMM of a transformer layer: in fp8 under `dtype=fp8` (Transformer
+    /// Engine's linear layers, which cast the layer's input and weight for it), otherwise
+    /// as [`Ctx::gemm`]. The weights' casts are a step's first micro-batch's alone where the stack caches
+    /// the fp8 copies ([`crate::Software::fp8_weight_cache`]), spread here over the step's
+    /// micro-batches.
     fn layer_gemm(&self, s: GemmShape, weights_batched: bool) -> f64 {
+        let wb = if weights_batched { s.batch } else { 1 };
+        let weights = (wb * s.k * s.n) as f64;
+        let weight_casts = match self.m.software.fp8_weight_cache {
+            true => weights / self.plan.micro_batches().max(1) as f64,
+            false => weights,
+        };
+        let cast = (s.batch * s.m * s.k) as f64 + weight_casts;
+        self.layer_gemm_casting(s, weights_batched, cast)
+    }
+
+    /// A GEMM of a transformer layer that first casts `cast` elements to fp8 under
+    /// `dtype=fp8` (none: its operands were cast for an earlier GEMM, or it is a chunk of
+    /// one whose casts the unsplit GEMM counts).
+    fn layer_gemm_casting(&self, s: GemmShape, weights_batched: bool, cast: f64) -> f64 {
         if self.plan.fp8
-            && let Some(t) = self.m.compute.fp8_gemm_time(s, self.cl())
+            && let Some(t) =
+                self.m
+                    .compute
+                    .fp8_gemm_time(s, cast, self.m.software.fp8_recipe, self.cl())
         {
             return t;
         }
@@ -1376,10 +1396,12 @@ impl<'a> Ctx<'a> {
             false => PIPELINED_RS_SPLITS,
         }
         .clamp(1, s.m.max(1));
-        let whole = self.layer_gemm(s, batched);
-        let chunk = self.layer_gemm(
+        // The casts come before the pipeline and are the same split or not.
+        let whole = self.layer_gemm_casting(s, batched, 0.0);
+        let chunk = self.layer_gemm_casting(
             GemmShape::new(s.batch, s.m.div_ceil(chunks), s.n, s.k),
             batched,
+            0.0,
         );
         let c = t / chunks as f64;
         let steps = (chunks - 1) as f64;
@@ -1391,11 +1413,14 @@ impl<'a> Ctx<'a> {
         (pipeline + slowdown - whole).max(0.0)
     }
 
-    /// The input- and weight-gradient GEMMs of a forward GEMM.
+    /// The input- and weight-gradient GEMMs of a forward GEMM. Under `dtype=fp8` the
+    /// output gradient is cast (with its transposed copy) before the input-gradient GEMM;
+    /// the weight-gradient GEMM reads the transposed copies of it and of the forward input.
     fn gemm_grads(&self, s: &GemmShape, batched: bool) -> (f64, f64) {
+        let grad_output = (s.batch * s.m * s.n) as f64;
         (
-            self.layer_gemm(GemmShape::new(s.batch, s.m, s.k, s.n), batched),
-            self.layer_gemm(GemmShape::new(s.batch, s.k, s.n, s.m), batched),
+            self.layer_gemm_casting(GemmShape::new(s.batch, s.m, s.k, s.n), batched, grad_output),
+            self.layer_gemm_casting(GemmShape::new(s.batch, s.k, s.n, s.m), batched, 0.0),
         )
     }
 

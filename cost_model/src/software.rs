@@ -161,6 +161,30 @@ fn fused_loss() -> LossKernel {
     LossKernel::Fused
 }
 
+/// How Transformer Engine scales the fp8 tensors of a `dtype=fp8` plan (Megatron-Core's
+/// `--fp8-recipe`). The casts move the same bytes either way
+/// ([`crate::compute::ComputeParams::fp8_cast_bytes_per_element`]); the GEMMs differ.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Fp8Recipe {
+    /// One scale per tensor (TE's `DelayedScaling`, its default, or per-tensor current
+    /// scaling): the scales are applied once in the GEMM's epilogue, which runs at the
+    /// device's fp8 rate.
+    #[default]
+    Tensor,
+    /// DeepSeek-V3-style block scaling (TE's `Float8BlockScaling`: 1x128 tiles of the
+    /// activations and gradients, 128x128 blocks of the weights). The scales vary along the
+    /// contraction, so each 128-deep slice of the accumulation is scaled and added on the
+    /// CUDA cores inside the GEMM's main loop; on Hopper that costs a share of the fp8 rate
+    /// ([`crate::compute::ComputeParams::blockwise_fp8_fraction`]), on Blackwell the tensor
+    /// cores take block scales themselves.
+    Blockwise,
+}
+
+fn tensor_recipe() -> Fp8Recipe {
+    Fp8Recipe::Tensor
+}
+
 /// What a plan's selective recomputation (`recompute=selective`) repeats in the backward.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -258,6 +282,16 @@ pub struct Software {
     /// GPTs are Megatron-DeepSpeed's) or PyTorch's eager one (`fsdp`, `torchtitan`).
     #[serde(default = "fused_loss")]
     pub loss: LossKernel,
+    /// How a `dtype=fp8` plan's tensors are scaled: per tensor in every profile (TE's
+    /// default), block-wise when asked (`fp8_recipe=blockwise`).
+    #[serde(default = "tensor_recipe")]
+    pub fp8_recipe: Fp8Recipe,
+    /// Under `dtype=fp8`, the weights' fp8 copies are cast on a step's first micro-batch and
+    /// reused by the others (Transformer Engine's `is_first_microbatch`, which Megatron-Core
+    /// and NeMo pass to its modules); otherwise every micro-batch casts them again (TE
+    /// modules called without it, as Composer's and plain PyTorch loops do).
+    #[serde(default)]
+    pub fp8_weight_cache: bool,
     /// What selective recomputation repeats: the attention core (every profile but
     /// `torchtitan`) or, under `torchtitan`, its default per-op policy
     /// (`selective_ac_option = "op"`).
@@ -320,6 +354,8 @@ impl Default for Software {
             sm_carveout: false,
             cpu_optimizer: CpuOptimizer::CpuAdam,
             loss: LossKernel::Fused,
+            fp8_recipe: Fp8Recipe::Tensor,
+            fp8_weight_cache: false,
             selective: SelectiveRecompute::Attention,
         }
     }
@@ -378,11 +414,13 @@ impl Software {
             "megatron-core" => Software {
                 attention: AttentionKernel::Fused,
                 tp_forward_overlap: true,
+                fp8_weight_cache: true,
                 ..megatron
             },
             "nemo" => Software {
                 attention: AttentionKernel::Fused,
                 tp_forward_overlap: true,
+                fp8_weight_cache: true,
                 ..by_layer
             },
             "fsdp" | "torchtitan" => Software {
@@ -602,6 +640,12 @@ pub struct SoftwareSpec {
     /// See [`Software::loss`]: `fused`, `megatron` or `torch`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub loss: Option<LossKernel>,
+    /// See [`Software::fp8_recipe`]: `tensor` or `blockwise`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fp8_recipe: Option<Fp8Recipe>,
+    /// See [`Software::fp8_weight_cache`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fp8_weight_cache: Option<bool>,
     /// See [`Software::selective`]: `attention` or `op`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub selective: Option<SelectiveRecompute>,
@@ -705,6 +749,19 @@ impl SoftwareSpec {
                     )?;
                     out.loss.replace(l).is_none()
                 }
+                "fp8_recipe" => {
+                    let r = choice(
+                        key,
+                        value,
+                        &[
+                            ("tensor", Fp8Recipe::Tensor),
+                            ("delayed", Fp8Recipe::Tensor),
+                            ("blockwise", Fp8Recipe::Blockwise),
+                        ],
+                    )?;
+                    out.fp8_recipe.replace(r).is_none()
+                }
+                "fp8_weight_cache" => out.fp8_weight_cache.replace(flag()?).is_none(),
                 "selective" => {
                     let r = choice(
                         key,
@@ -721,7 +778,8 @@ impl SoftwareSpec {
                         "unknown software option `{other}` (attention, overlap_grad_reduce, \
                          tp_backward_overlap, tp_forward_overlap, tp_comm_overlap, \
                          overlap_param_gather, param_gather, fusion, reduce_dtype, bucket_mb, \
-                         p2p_blocking, sm_carveout, cpu_optimizer, loss, selective)"
+                         p2p_blocking, sm_carveout, cpu_optimizer, loss, fp8_recipe, fp8_weight_cache, \
+                         selective)"
                     )));
                 }
             };
@@ -790,6 +848,12 @@ impl SoftwareSpec {
         if let Some(v) = self.loss {
             s.loss = v;
         }
+        if let Some(v) = self.fp8_recipe {
+            s.fp8_recipe = v;
+        }
+        if let Some(v) = self.fp8_weight_cache {
+            s.fp8_weight_cache = v;
+        }
         if let Some(v) = self.selective {
             s.selective = v;
         }
@@ -857,6 +921,22 @@ mod tests {
                 .map_err(|e| CostError::Software(e.to_string()))?;
         let f = spec.resolve()?;
         assert_eq!((f.selective, f.sm_carveout), (SelectiveRecompute::Op, true));
+        // fp8 is per-tensor scaled unless block scaling is asked for, on the line or in a file.
+        assert!(
+            PROFILES
+                .iter()
+                .all(|n| { Software::preset(n).is_ok_and(|s| s.fp8_recipe == Fp8Recipe::Tensor) })
+        );
+        let b = Software::parse("megatron-core,fp8_recipe=blockwise")?;
+        assert_eq!(b.fp8_recipe, Fp8Recipe::Blockwise);
+        // Megatron-Core and NeMo reuse the fp8 weights over a step's micro-batches.
+        for (name, cached) in [("megatron-core", true), ("nemo", true), ("fsdp", false)] {
+            assert_eq!(Software::preset(name)?.fp8_weight_cache, cached, "{name}");
+        }
+        assert!(!Software::parse("nemo,fp8_weight_cache=false")?.fp8_weight_cache);
+        let spec: SoftwareSpec = toml::from_str("profile = \"nemo\"\nfp8_recipe = \"blockwise\"\n")
+            .map_err(|e| CostError::Software(e.to_string()))?;
+        assert_eq!(spec.resolve()?.fp8_recipe, Fp8Recipe::Blockwise);
         Ok(())
     }
 
@@ -876,6 +956,7 @@ mod tests {
         assert!(err("fsdp,cpu_optimizer=gpu").contains("cpu_adam or torch"));
         assert!(err("fsdp,loss=liger").contains("fused, megatron or torch"));
         assert!(err("fsdp,selective=layer").contains("attention or op"));
+        assert!(err("nemo,fp8_recipe=mx").contains("tensor, delayed or blockwise"));
         assert!(err("fsdp,sm_carveout=16").contains("true or false"));
     }
 

@@ -22,11 +22,14 @@ fn llama3_405b(seq: usize) -> TransformerConfig {
 }
 
 fn tflops(nodes: usize, seq: usize, plan: &str) -> f64 {
-    let mut m = CostModel::new(Cluster::preset(&format!("dgx-h100:nodes={nodes}")).unwrap());
-    Software::parse("megatron-core").unwrap().apply(&mut m);
+    let mut m =
+        CostModel::new(Cluster::preset(&format!("dgx-h100:nodes={nodes}")).expect("preset"));
+    Software::parse("megatron-core")
+        .expect("profile")
+        .apply(&mut m);
     let e = m
-        .estimate(&llama3_405b(seq), &Plan::parse(plan).unwrap())
-        .unwrap();
+        .estimate(&llama3_405b(seq), &Plan::parse(plan).expect("plan"))
+        .expect("estimate");
     assert!(e.fits, "{plan}: {:?}", e.fits_reason);
     e.model_tflops_per_gpu
 }
