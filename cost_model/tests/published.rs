@@ -5,8 +5,36 @@
 //! table's parallel layout, the interleaved schedule, and recomputation of one of each
 //! chunk's two layers (the paper balances memory across stages but does not list its
 //! recomputation). Each estimate is held within 12% of the measurement.
+//!
+//! NeMo 24.07's fp8 pretraining table on DGX H100 (github.com/NVIDIA/NeMo,
+//! `docs/source/performance/performance_summary.md` as of commit 9c5c5e9709, since removed
+//! from the repository): twelve runs with their whole layout (GBS, MBS, TP, PP, CP, VP) and
+//! measured tokens/s/GPU. The model's step is too short on them by a median of 13%, on
+//! every row (4-19%); the test holds that bias (median within 15%, each row within 20%) so that it
+//! cannot grow unnoticed. Charging every fp8 GEMM for casting both its operands, as the
+//! model did before, put them 24% too slow in the median and the large-tensor-parallel rows
+//! 60-100% too slow.
 
 use autopar_cost_model::{Cluster, CostModel, Plan, Software, TransformerConfig};
+
+/// A decoder with rotary positions and untied embeddings: Llama's SwiGLU (`gated`) or
+/// Nemotron's squared-ReLU MLP.
+fn rotary(
+    name: &str,
+    (layers, hidden, heads, kv_heads, ffn): (usize, usize, usize, usize, usize),
+    gated: bool,
+    vocab: usize,
+    seq: usize,
+) -> TransformerConfig {
+    TransformerConfig {
+        kv_heads,
+        ffn,
+        gated_mlp: gated,
+        tied_embeddings: false,
+        learned_positions: false,
+        ..TransformerConfig::gpt(name, layers, hidden, heads, seq, vocab)
+    }
+}
 
 /// Llama 3 405B: 126 layers, h = 16384, 128 query and 8 key/value heads, SwiGLU of width
 /// 53248, vocabulary 128256, untied, rotary positions.
@@ -52,4 +80,182 @@ fn llama3_405b_on_h100s_within_12_percent() {
         );
         assert!(error.abs() < 0.12, "{plan}: {predicted} vs {measured}");
     }
+}
+
+#[test]
+fn nemo_24_07_fp8_pretraining_on_h100s_holds_its_bias() {
+    let gpt3 = |name, layers, hidden, heads| {
+        TransformerConfig::gpt(name, layers, hidden, heads, 2048, 50304)
+    };
+    let llama2 = |name, shape| rotary(name, shape, true, 32000, 4096);
+    let nemotron = |name, shape| rotary(name, shape, false, 256000, 4096);
+    let llama3 = |name, shape| rotary(name, shape, true, 128256, 8192);
+    // (model, GPUs, GBS, MBS, TP, PP, CP, VP, measured tokens/s/GPU)
+    let rows = [
+        (
+            gpt3("gpt3-5b", 24, 4096, 32),
+            64,
+            2048,
+            4,
+            1,
+            1,
+            1,
+            1,
+            23406.0,
+        ),
+        (
+            gpt3("gpt3-20b", 44, 6144, 48),
+            64,
+            256,
+            2,
+            2,
+            1,
+            1,
+            1,
+            5851.0,
+        ),
+        (
+            gpt3("gpt3-175b", 96, 12288, 96),
+            128,
+            256,
+            1,
+            4,
+            8,
+            1,
+            6,
+            716.0,
+        ),
+        (
+            gpt3("gpt3-175b", 96, 12288, 96),
+            512,
+            2048,
+            2,
+            4,
+            8,
+            1,
+            6,
+            825.0,
+        ),
+        (
+            llama2("llama2-7b", (32, 4096, 32, 32, 11008)),
+            8,
+            128,
+            1,
+            1,
+            1,
+            1,
+            1,
+            16934.0,
+        ),
+        (
+            llama2("llama2-13b", (40, 5120, 40, 40, 13824)),
+            16,
+            128,
+            1,
+            1,
+            4,
+            1,
+            10,
+            8715.0,
+        ),
+        (
+            llama2("llama2-70b", (80, 8192, 64, 8, 28672)),
+            64,
+            128,
+            1,
+            4,
+            4,
+            1,
+            20,
+            1728.0,
+        ),
+        (
+            nemotron("nemotron-8b", (32, 4096, 32, 32, 16384)),
+            64,
+            256,
+            4,
+            2,
+            1,
+            1,
+            1,
+            12507.0,
+        ),
+        (
+            nemotron("nemotron-22b", (40, 6144, 48, 48, 24576)),
+            64,
+            256,
+            2,
+            2,
+            4,
+            1,
+            10,
+            4312.0,
+        ),
+        (
+            nemotron("nemotron-340b", (96, 18432, 96, 8, 73728)),
+            128,
+            32,
+            1,
+            8,
+            8,
+            1,
+            12,
+            326.0,
+        ),
+        (
+            llama3("llama3-8b", (32, 4096, 32, 8, 14336)),
+            8,
+            128,
+            1,
+            1,
+            1,
+            2,
+            1,
+            12273.0,
+        ),
+        (
+            llama3("llama3-70b", (80, 8192, 64, 8, 28672)),
+            64,
+            128,
+            1,
+            4,
+            4,
+            2,
+            5,
+            1524.0,
+        ),
+    ];
+    let mut errors = Vec::new();
+    for (cfg, gpus, gbs, mbs, tp, pp, cp, vp, measured) in rows {
+        let dp = gpus / (tp * pp * cp);
+        let sp = if tp > 1 { ",sp=true" } else { "" };
+        let schedule = if vp > 1 { ",schedule=interleaved" } else { "" };
+        let plan = format!(
+            "dp={dp},tp={tp},pp={pp},cp={cp},vpp={vp},mbs={mbs},gbs={gbs},zero=1,dtype=fp8{sp}{schedule}"
+        );
+        let mut m = CostModel::new(
+            Cluster::preset(&format!("dgx-h100:nodes={}", gpus / 8)).expect("preset"),
+        );
+        Software::parse("nemo").expect("profile").apply(&mut m);
+        let e = m
+            .estimate(&cfg, &Plan::parse(&plan).expect("plan"))
+            .expect("estimate");
+        let predicted = (gbs * cfg.seq) as f64 / gpus as f64 / e.iter_time_s;
+        // As the calibration report does: the error of the step time.
+        let error = measured / predicted - 1.0;
+        println!(
+            "{} on {gpus}: {predicted:.0} tokens/s/GPU against {measured} (step {:+.1}%)",
+            cfg.name,
+            100.0 * error
+        );
+        assert!(
+            error.abs() < 0.2,
+            "{}: {plan}: {predicted} vs {measured}",
+            cfg.name
+        );
+        errors.push(error.abs());
+    }
+    errors.sort_by(f64::total_cmp);
+    let median = (errors[5] + errors[6]) / 2.0;
+    assert!(median < 0.15, "median {median}");
 }
