@@ -249,7 +249,7 @@ pub fn plan(args: PlanArgs) -> Result<()> {
     }
 
     let export = match args.export {
-        Some(ExportTarget::Megatron) => Some(megatron_args(&cfg, &best.plan)?),
+        Some(ExportTarget::Megatron) => Some(megatron_args(&cfg, &best.plan, &model.software)?),
         Some(ExportTarget::Torchtitan) => Some(torchtitan_toml(&cfg, &best.plan)?),
         None => None,
     };

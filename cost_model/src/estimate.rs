@@ -848,9 +848,9 @@ impl<'a> Ctx<'a> {
 
     /// The forward GEMM of a transformer layer: in fp8 under `dtype=fp8` (Transformer
     /// Engine's linear layers, which cast the layer's input and weight for it), otherwise
-    /// as [`Ctx::gemm`]. The weights' casts are a step's first micro-batch's alone where the stack caches
-    /// the fp8 copies ([`crate::Software::fp8_weight_cache`]), spread here over the step's
-    /// micro-batches.
+    /// as [`Ctx::gemm`]. Where the stack keeps the weights' fp8 copies over a step
+    /// ([`crate::Software::fp8_weight_cache`]), only the first micro-batch casts them; that
+    /// cost is spread here over the step's micro-batches.
     fn layer_gemm(&self, s: GemmShape, weights_batched: bool) -> f64 {
         let wb = if weights_batched { s.batch } else { 1 };
         let weights = (wb * s.k * s.n) as f64;

@@ -12,7 +12,7 @@
 //! differently.
 
 use autopar_cost_model::estimate::stage_layers;
-use autopar_cost_model::{Offload, Plan, Recompute, TransformerConfig};
+use autopar_cost_model::{Fp8Recipe, Offload, Plan, Recompute, Software, TransformerConfig};
 use autopar_ir::DType;
 use autopar_ir::schedule::ScheduleKind;
 
@@ -66,9 +66,14 @@ pub fn megatron_layout(cfg: &TransformerConfig, plan: &Plan) -> String {
         .join("|")
 }
 
-/// The Megatron-LM arguments (`pretrain_gpt.py`) that run `plan` on `cfg`, one per line,
-/// with `#` comments for what the arguments cannot say.
-pub fn megatron_args(cfg: &TransformerConfig, plan: &Plan) -> Result<String, SearchError> {
+/// The Megatron-LM arguments (`pretrain_gpt.py`) that run `plan` on `cfg` as `software`
+/// prices it (its fp8 recipe), one per line, with `#` comments for what the arguments cannot
+/// say.
+pub fn megatron_args(
+    cfg: &TransformerConfig,
+    plan: &Plan,
+    software: &Software,
+) -> Result<String, SearchError> {
     let mut args: Vec<String> = Vec::new();
     let mut notes: Vec<String> = Vec::new();
     let mut arg = |a: &str| args.push(a.to_string());
@@ -177,8 +182,12 @@ pub fn megatron_args(cfg: &TransformerConfig, plan: &Plan) -> Result<String, Sea
     arg(&format!("--micro-batch-size {}", plan.micro_batch_size));
     arg(&format!("--global-batch-size {}", plan.global_batch));
     if plan.fp8 {
-        // Transformer Engine fp8 with e4m3 forward and e5m2 gradients.
+        // Transformer Engine fp8 with e4m3 forward and e5m2 gradients, scaled per tensor
+        // (Megatron's default recipe) unless the profile prices block scaling.
         arg("--fp8-format hybrid");
+        if software.fp8_recipe == Fp8Recipe::Blockwise {
+            arg("--fp8-recipe blockwise");
+        }
     }
     match plan.dtype {
         DType::BF16 => arg("--bf16"),
@@ -415,7 +424,7 @@ mod tests {
     #[test]
     fn megatron_arguments_of_the_gpt3_plan() {
         let cfg = TransformerConfig::gpt3_175b();
-        let s = megatron_args(&cfg, &gpt3_plan()).unwrap();
+        let s = megatron_args(&cfg, &gpt3_plan(), &Software::default()).unwrap();
         for want in [
             "--tensor-model-parallel-size 8 \\",
             "--pipeline-model-parallel-size 16 \\",
@@ -448,7 +457,7 @@ mod tests {
             .unwrap()
         };
         // 96 layers over 32 virtual stages: 3 each.
-        let s = megatron_args(&cfg, &plan(2)).unwrap();
+        let s = megatron_args(&cfg, &plan(2), &Software::default()).unwrap();
         for want in [
             "--recompute-granularity full \\",
             "--recompute-method block \\",
@@ -501,13 +510,27 @@ mod tests {
         );
     }
 
+    /// fp8 plans export Transformer Engine's hybrid format, with the block-scaling recipe
+    /// when the profile prices it.
+    #[test]
+    fn fp8_plans_export_the_profiles_recipe() {
+        let cfg = TransformerConfig::gpt3_175b();
+        let plan = Plan::parse("dp=8,tp=8,gbs=64,dtype=fp8").unwrap();
+        let tensor = megatron_args(&cfg, &plan, &Software::default()).unwrap();
+        assert!(tensor.contains("--fp8-format hybrid"), "{tensor}");
+        assert!(!tensor.contains("--fp8-recipe"), "{tensor}");
+        let block = Software::parse("megatron-core,fp8_recipe=blockwise").unwrap();
+        let s = megatron_args(&cfg, &plan, &block).unwrap();
+        assert!(s.contains("--fp8-recipe blockwise"), "{s}");
+    }
+
     #[test]
     fn uneven_stages_use_a_layout_and_orders_are_noted() {
         let mut cfg = TransformerConfig::gpt3_175b();
         cfg.layers = 10;
         let plan = Plan::parse("dp=2,pp=4,gbs=8,order=pp-dp").unwrap();
         assert_eq!(megatron_layout(&cfg, &plan), "Et*3|t*3|t*2|t*2L");
-        let s = megatron_args(&cfg, &plan).unwrap();
+        let s = megatron_args(&cfg, &plan, &Software::default()).unwrap();
         assert!(s.contains("--pipeline-model-parallel-layout \"Et*3|t*3|t*2|t*2L\""));
         assert!(s.contains("order=\"dp-pp-tp-cp-ep\""), "{s}");
     }
