@@ -1,13 +1,15 @@
 //! `autopar calibrate`: the calibration report on the command line. Reads every table of the
 //! reference directory (`../shared/reference` by default), has the cost model estimate each
 //! row it can express (`autopar_cost_model::calibrate`), and prints per-table and overall
-//! errors against the measurements, as text or JSON.
+//! errors against the measurements, as text or JSON; `--published` adds the published runs
+//! outside the reference tables that the crate embeds.
 
 use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
 
 use autopar_cost_model::calibrate;
+use autopar_cost_model::calibrate::published_tables;
 
 /// Arguments of `autopar calibrate`.
 #[derive(clap::Args)]
@@ -24,48 +26,86 @@ pub struct CalibrateArgs {
     /// Print every estimated row under its table.
     #[arg(long)]
     rows: bool,
+    /// Add the published runs outside the reference tables (NeMo 24.07's fp8 table,
+    /// Megatron-Core's strong scaling, Llama 3 405B), embedded in the binary.
+    #[arg(long)]
+    published: bool,
 }
 
 /// Runs `autopar calibrate`.
 pub fn calibrate_cmd(args: CalibrateArgs) -> Result<()> {
     let dir = &args.reference;
-    if !dir.is_dir() {
+    let mut tables = Vec::new();
+    if dir.is_dir() {
+        for entry in
+            std::fs::read_dir(dir).with_context(|| format!("cannot read `{}`", dir.display()))?
+        {
+            let path = entry?.path();
+            if path.extension().is_none_or(|e| e != "csv") {
+                continue;
+            }
+            let name = path
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            let text = std::fs::read_to_string(&path)
+                .with_context(|| format!("cannot read `{}`", path.display()))?;
+            tables.push((name, text));
+        }
+    } else if !args.published {
         bail!(
             "no reference directory at `{}` (give it with --reference DIR; by default \
-             ../shared/reference, relative to the current directory)",
+             ../shared/reference, relative to the current directory; --published reports the \
+             embedded published runs without it)",
             dir.display()
         );
     }
-    let mut tables = Vec::new();
-    for entry in
-        std::fs::read_dir(dir).with_context(|| format!("cannot read `{}`", dir.display()))?
-    {
-        let path = entry?.path();
-        if path.extension().is_none_or(|e| e != "csv") {
-            continue;
-        }
-        let name = path
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        let text = std::fs::read_to_string(&path)
-            .with_context(|| format!("cannot read `{}`", path.display()))?;
-        tables.push((name, text));
-    }
     tables.sort();
+    let mut published = match args.published {
+        true => published_tables(),
+        false => Vec::new(),
+    };
     if let Some(want) = &args.table {
         let want = want.strip_suffix(".csv").unwrap_or(want);
-        tables.retain(|(name, _)| name.strip_suffix(".csv").unwrap_or(name) == want);
-        if tables.is_empty() {
-            bail!("no table `{want}.csv` in `{}`", dir.display());
+        let keep = |(name, _): &(String, String)| name.strip_suffix(".csv").unwrap_or(name) == want;
+        tables.retain(keep);
+        published.retain(keep);
+        if tables.is_empty() && published.is_empty() {
+            bail!(
+                "no table `{want}.csv` in `{}`{}",
+                dir.display(),
+                if args.published {
+                    " or among the published runs"
+                } else {
+                    ""
+                }
+            );
         }
     }
-    if tables.is_empty() {
+    if tables.is_empty() && published.is_empty() {
         bail!("no .csv table in `{}`", dir.display());
     }
-    let report = calibrate(&tables);
+    // The reference tables and the published runs are summarised apart: the first are what
+    // the model is calibrated on, the second a check beyond them.
+    let report = (!tables.is_empty()).then(|| calibrate(&tables));
+    let beyond = (!published.is_empty()).then(|| calibrate(&published));
     if args.json {
-        return crate::print_stdout(&(serde_json::to_string_pretty(&report)? + "\n"));
+        let value = match (&report, &beyond, args.published) {
+            (Some(r), _, false) => serde_json::to_value(r)?,
+            (r, b, _) => serde_json::json!({ "reference": r, "published": b }),
+        };
+        return crate::print_stdout(&(serde_json::to_string_pretty(&value)? + "\n"));
     }
-    crate::print_stdout(&report.render(args.rows))
+    let mut out = String::new();
+    if let Some(r) = &report {
+        out += &r.render(args.rows);
+    }
+    if let Some(b) = &beyond {
+        if report.is_some() {
+            out += "\n";
+        }
+        out += "published runs outside the reference tables\n";
+        out += &b.render(args.rows);
+    }
+    crate::print_stdout(&out)
 }

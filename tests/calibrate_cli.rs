@@ -101,3 +101,38 @@ fn a_missing_reference_directory_or_table_is_a_clear_error() {
     let e = autopar_err(&["calibrate", "--table", "no_such_table"]);
     assert!(e.contains("no table `no_such_table.csv`"), "{e}");
 }
+
+/// `--published` adds the runs outside the reference tables that the binary embeds, and
+/// needs no reference directory for them.
+#[test]
+fn published_runs_are_reported_without_the_reference_directory() {
+    let text = autopar_ok(&[
+        "calibrate",
+        "--published",
+        "--reference",
+        "no/such/dir",
+        "--rows",
+    ]);
+    for table in [
+        "llama3_405b_h100",
+        "megatron_core_strong_scaling_h100",
+        "nemo_24_07_fp8_h100",
+    ] {
+        assert!(text.contains(table), "{table} missing:\n{text}");
+    }
+    assert!(text.contains("LLAMA2-70B on 64 GPUs"), "{text}");
+    let one = autopar_ok(&["calibrate", "--published", "--table", "llama3_405b_h100"]);
+    assert!(
+        one.contains("llama3_405b_h100") && !one.contains("nemo_24_07"),
+        "{one}"
+    );
+    let e = autopar_err(&[
+        "calibrate",
+        "--published",
+        "--reference",
+        "no/such/dir",
+        "--table",
+        "bogus",
+    ]);
+    assert!(e.contains("or among the published runs"), "{e}");
+}

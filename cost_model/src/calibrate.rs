@@ -234,6 +234,30 @@ pub fn calibrate(tables: &[(String, String)]) -> CalibrationReport {
     }
 }
 
+/// Published runs outside the reference tables, embedded in the crate
+/// (`cost_model/published/`), as `(file name, text)` pairs [`calibrate`] reads like the
+/// reference tables: a check that the model carries beyond what it was calibrated on. Each
+/// file's first line gives its source and caveats.
+pub fn published_tables() -> Vec<(String, String)> {
+    [
+        (
+            "llama3_405b_h100.csv",
+            include_str!("../published/llama3_405b_h100.csv"),
+        ),
+        (
+            "megatron_core_strong_scaling_h100.csv",
+            include_str!("../published/megatron_core_strong_scaling_h100.csv"),
+        ),
+        (
+            "nemo_24_07_fp8_h100.csv",
+            include_str!("../published/nemo_24_07_fp8_h100.csv"),
+        ),
+    ]
+    .into_iter()
+    .map(|(name, text)| (name.to_string(), text.to_string()))
+    .collect()
+}
+
 fn table_report(file: &str, text: &str) -> TableReport {
     let table = file.strip_suffix(".csv").unwrap_or(file).to_string();
     let rows = csv(text);
@@ -250,6 +274,9 @@ fn table_report(file: &str, text: &str) -> TableReport {
         "mlengineering_allreduce_busbw" => Ok(mlengineering_allreduce(&rows)),
         "nccl_busbw_reference" => Ok(nccl_reference(&rows)),
         "nccl_issue_reference_busbw" => Ok(nccl_issues(&rows)),
+        "nemo_24_07_fp8_h100" => Ok(steps(nemo_fp8_h100(&rows))),
+        "megatron_core_strong_scaling_h100" => Ok(steps(megatron_core_strong_scaling(&rows))),
+        "llama3_405b_h100" => Ok(llama3_405b(&rows)),
         _ => Err("no reader for this table"),
     };
     let cases = match read {
@@ -314,7 +341,8 @@ fn figure_note(table: &str, figures: &[String]) -> String {
         "megatron_core_h100_weak_scaling_readme" => {
             ", from measured TFLOP/s/GPU by 72BLsh^2(1+s/6h+V/12hL)"
         }
-        "llmfoundry_mpt_benchmarks" => ", from measured tokens/s",
+        "llmfoundry_mpt_benchmarks" | "nemo_24_07_fp8_h100" => ", from measured tokens/s",
+        "megatron_core_strong_scaling_h100" => ", from MFU by 72BLsh^2(1+s/6h+V/12hL)",
         _ => "",
     };
     format!("{}{from_tflops}", figures.join(", "))
@@ -838,41 +866,14 @@ fn megatron_core_h100(rows: &[Line]) -> Read {
                 need("global_batch_size")?,
             );
             let tflops = r.num("tflops_per_gpu").ok_or("no measured throughput")?;
-            let (seq, vocab) = (4096usize, 131072usize);
-            let cfg = TransformerConfig {
-                tied_embeddings: false,
-                learned_positions: false,
-                ..TransformerConfig::gpt(r.get("model_size"), layers, hidden, heads, seq, vocab)
-            };
-            let model = format!(
-                "gpt, {layers} layers, h {hidden}, {heads} heads, seq {seq}, vocab {vocab}, \
-                 untied, rotary"
-            );
-            let (cluster_spec, cluster) = nodes("dgx-h100", gpus)?;
-            let sp = tp > 1;
-            let plan = plan(&format!(
-                "dp={dp},tp={tp},pp={pp},mbs=1,gbs={gbs},zero=1,recompute=none,sp={sp},dtype=bf16"
-            ))?;
-            let (b, l, s, h, v) = (
-                gbs as f64,
-                layers as f64,
-                seq as f64,
-                hidden as f64,
-                vocab as f64,
-            );
-            let flops = 72.0 * b * l * s * h * h * (1.0 + s / (6.0 * h) + v / (12.0 * h * l));
-            Ok(Case {
-                label: format!("line {}: {} on {gpus} GPUs", r.number, r.get("model_size")),
-                model,
-                cfg,
-                cluster_spec,
-                cluster,
-                plan,
-                software: MEGATRON_CORE,
-                figure: Figure::StepTime,
-                measured: flops / (gpus as f64 * tflops * 1e12),
-                short_run: false,
-            })
+            megatron_core_case(
+                format!("line {}: {} on {gpus} GPUs", r.number, r.get("model_size")),
+                r.get("model_size"),
+                (layers, hidden, heads, 4096, 131072),
+                gpus,
+                (dp, tp, pp, gbs),
+                tflops * 1e12,
+            )
         })
         .collect()
 }
@@ -1028,6 +1029,224 @@ fn mamf_gemm(rows: &[Line]) -> Vec<Result<Reading, &'static str>> {
                 predicted,
                 error: predicted / measured - 1.0,
                 fits: true,
+                too_fast: predicted > measured,
+            })))
+        })
+        .collect()
+}
+
+/// A Megatron-Core r0.8 run on H100 (its README's weak- and strong-scaling figures): a GPT
+/// of `(layers, hidden, heads, seq, vocab)` with untied embeddings and rotary positions on
+/// `gpus` GPUs laid out `(dp, tp, pp, gbs)`, micro-batch 1, no recomputation, sequence
+/// parallelism with tp, the distributed optimizer (assumed, not stated), and the step
+/// time at which the README's FLOP count, 72BLsh^2(1+s/6h+V/12hL), runs at `rate` FLOP/s
+/// per GPU.
+fn megatron_core_case(
+    label: String,
+    name: &str,
+    (layers, hidden, heads, seq, vocab): (usize, usize, usize, usize, usize),
+    gpus: usize,
+    (dp, tp, pp, gbs): (usize, usize, usize, usize),
+    rate: f64,
+) -> Result<Case, &'static str> {
+    let cfg = TransformerConfig {
+        tied_embeddings: false,
+        learned_positions: false,
+        ..TransformerConfig::gpt(name, layers, hidden, heads, seq, vocab)
+    };
+    let model = format!(
+        "gpt, {layers} layers, h {hidden}, {heads} heads, seq {seq}, vocab {vocab}, untied, \
+         rotary"
+    );
+    let (cluster_spec, cluster) = nodes("dgx-h100", gpus)?;
+    let sp = tp > 1;
+    let plan = plan(&format!(
+        "dp={dp},tp={tp},pp={pp},mbs=1,gbs={gbs},zero=1,recompute=none,sp={sp},dtype=bf16"
+    ))?;
+    let (b, l, s, h, v) = (
+        gbs as f64,
+        layers as f64,
+        seq as f64,
+        hidden as f64,
+        vocab as f64,
+    );
+    let flops = 72.0 * b * l * s * h * h * (1.0 + s / (6.0 * h) + v / (12.0 * h * l));
+    Ok(Case {
+        label,
+        model,
+        cfg,
+        cluster_spec,
+        cluster,
+        plan,
+        software: MEGATRON_CORE,
+        figure: Figure::StepTime,
+        measured: flops / (gpus as f64 * rate),
+        short_run: false,
+    })
+}
+
+/// NeMo 24.07's fp8 pretraining table on DGX H100 (`published/nemo_24_07_fp8_h100.csv`):
+/// each run's layout as the table gives it, tensor parallelism with sequence parallelism and
+/// virtual stages with the interleaved schedule (as NeMo runs them), the distributed
+/// optimizer and no recomputation (not stated), under the `nemo` profile.
+fn nemo_fp8_h100(rows: &[Line]) -> Read {
+    rows.iter()
+        .map(|r| {
+            let need = |k: &str| r.int(k).ok_or("a configuration column is missing");
+            let (layers, hidden, heads, kv_heads, ffn) = (
+                need("layers")?,
+                need("hidden")?,
+                need("heads")?,
+                need("kv_heads")?,
+                need("ffn")?,
+            );
+            let (vocab, seq, gpus, gbs, mbs) = (
+                need("vocab")?,
+                need("seq")?,
+                need("gpus")?,
+                need("gbs")?,
+                need("mbs")?,
+            );
+            let (tp, pp, cp, vp) = (need("tp")?, need("pp")?, need("cp")?, need("vp")?);
+            let tokens = r
+                .num("tokens_per_s_per_gpu")
+                .filter(|t| *t > 0.0)
+                .ok_or("no measured throughput")?;
+            let dp = gpus / (tp * pp * cp).max(1);
+            if dp == 0 || dp * tp * pp * cp != gpus {
+                return Err("the layout does not multiply to the GPU count");
+            }
+            let gated = r.get("gated_mlp") == "true";
+            let learned = r.get("positions") == "learned";
+            let name = r.get("model");
+            let cfg = TransformerConfig {
+                kv_heads,
+                ffn,
+                gated_mlp: gated,
+                tied_embeddings: learned,
+                learned_positions: learned,
+                ..TransformerConfig::gpt(name, layers, hidden, heads, seq, vocab)
+            };
+            let model = format!(
+                "{name}: {layers} layers, h {hidden}, {heads} heads ({kv_heads} kv), ffn {ffn} \
+                 ({}), seq {seq}, vocab {vocab}",
+                if gated { "SwiGLU" } else { "plain" }
+            );
+            let (cluster_spec, cluster) = nodes("dgx-h100", gpus)?;
+            let sp = if tp > 1 { ",sp=true" } else { "" };
+            let schedule = if vp > 1 { ",schedule=interleaved" } else { "" };
+            let plan = plan(&format!(
+                "dp={dp},tp={tp},pp={pp},cp={cp},vpp={vp},mbs={mbs},gbs={gbs},zero=1,\
+                 recompute=none,dtype=fp8{sp}{schedule}"
+            ))?;
+            Ok(Case {
+                label: format!("line {}: {name} on {gpus} GPUs", r.number),
+                model,
+                cfg,
+                cluster_spec,
+                cluster,
+                plan,
+                software: "nemo",
+                figure: Figure::StepTime,
+                measured: (gbs * seq) as f64 / (gpus as f64 * tokens),
+                short_run: false,
+            })
+        })
+        .collect()
+}
+
+/// Megatron-Core r0.8's strong-scaling statement (`published/megatron_core_strong_scaling_h100.csv`):
+/// the weak-scaling table's model and tensor/pipeline layout on fewer GPUs, under the same
+/// assumptions as [`megatron_core_h100`].
+fn megatron_core_strong_scaling(rows: &[Line]) -> Read {
+    rows.iter()
+        .map(|r| {
+            let need = |k: &str| r.int(k).ok_or("a configuration column is missing");
+            let (layers, hidden, heads, seq, vocab) = (
+                need("layers")?,
+                need("hidden")?,
+                need("heads")?,
+                need("seq")?,
+                need("vocab")?,
+            );
+            let (gpus, gbs, tp, pp) = (need("gpus")?, need("gbs")?, need("tp")?, need("pp")?);
+            let mfu = r
+                .num("mfu_pct")
+                .filter(|m| *m > 0.0)
+                .ok_or("no measured MFU")?
+                / 100.0;
+            let dp = gpus / (tp * pp).max(1);
+            if dp == 0 || dp * tp * pp != gpus {
+                return Err("the layout does not multiply to the GPU count");
+            }
+            megatron_core_case(
+                format!("line {}: {} on {gpus} GPUs", r.number, r.get("model")),
+                r.get("model"),
+                (layers, hidden, heads, seq, vocab),
+                gpus,
+                (dp, tp, pp, gbs),
+                mfu * H100_BF16_PEAK,
+            )
+        })
+        .collect()
+}
+
+/// H100 SXM's dense bf16 peak, the denominator of the MFU that NVIDIA's tables report.
+const H100_BF16_PEAK: f64 = 989e12;
+
+/// Llama 3 405B on H100 (`published/llama3_405b_h100.csv`): model TFLOP/s per GPU, the
+/// paper's figure, against the model's (whose FLOP count is its own, as the paper's is).
+/// Megatron-Core's profile stands in for Meta's stack, with tp=8, pp=16, four virtual
+/// stages and full recomputation of one layer per chunk (assumed).
+fn llama3_405b(rows: &[Line]) -> Vec<Result<Reading, &'static str>> {
+    rows.iter()
+        .map(|r| {
+            let need = |k: &str| r.int(k).ok_or("a configuration column is missing");
+            let (gpus, seq, dp, cp, gbs) = (
+                need("gpus")?,
+                need("seq")?,
+                need("dp")?,
+                need("cp")?,
+                need("gbs")?,
+            );
+            let measured = r
+                .num("tflops_per_gpu")
+                .filter(|t| *t > 0.0)
+                .ok_or("no measured TFLOP/s")?;
+            let cfg = TransformerConfig {
+                kv_heads: 8,
+                ffn: 53248,
+                gated_mlp: true,
+                tied_embeddings: false,
+                learned_positions: false,
+                ..TransformerConfig::gpt("llama3-405b", 126, 16384, 128, seq, 128256)
+            };
+            let plan_text = format!(
+                "dp={dp},tp=8,pp=16,vpp=4,cp={cp},mbs=1,gbs={gbs},zero=1,sp=true,\
+                 recompute=full,recompute_layers=1"
+            );
+            let plan = plan(&plan_text)?;
+            if dp * 8 * 16 * cp != gpus {
+                return Err("the layout does not multiply to the GPU count");
+            }
+            let (cluster_spec, cluster) = nodes("dgx-h100", gpus)?;
+            let model =
+                with_software(cluster, MEGATRON_CORE).map_err(|_| "the profile does not parse")?;
+            let e = model
+                .estimate(&cfg, &plan)
+                .map_err(|_| "the cost model refuses it")?;
+            let predicted = e.model_tflops_per_gpu;
+            Ok(Reading::Done(Box::new(RowResult {
+                label: format!("line {}: {gpus} GPUs, seq {seq}", r.number),
+                model: format!("llama3-405b:seq={seq}"),
+                cluster: cluster_spec,
+                plan: plan.to_string(),
+                software: MEGATRON_CORE.to_string(),
+                figure: "model TFLOP/s/GPU".into(),
+                measured,
+                predicted,
+                error: predicted / measured - 1.0,
+                fits: e.fits,
                 too_fast: predicted > measured,
             })))
         })
