@@ -309,10 +309,10 @@ impl CostModel {
 
     /// Over how many ranks ZeRO shards dense and expert state under `plan`: every
     /// data-parallel rank for dense state, the ranks holding the same experts for expert
-    /// state, on the GPU stack (Megatron-LM's distributed optimizer) and on autopar's CPU
-    /// runtime alike ([`ZeroShards::new`]).
+    /// state, and the context-parallel ranks as well where the software's mesh puts them in
+    /// the sharding group ([`ZeroShards::new`], [`Software::zero_over_cp`]).
     pub fn zero_shards(&self, plan: &Plan) -> ZeroShards {
-        ZeroShards::new(plan)
+        ZeroShards::new(plan, self.software.zero_over_cp)
     }
 
     /// Checks that `plan` divides `cfg` and fits on the cluster.
@@ -812,6 +812,9 @@ impl<'a> Ctx<'a> {
         plan: &'a Plan,
         mapping: &'a MeshMapping,
     ) -> Result<Self, CostError> {
+        // The ranks that reduce a parameter's gradient and share its ZeRO state: the
+        // context-parallel ranks too where the stack puts them in that group.
+        let over_cp = m.software.zero_over_cp && plan.cp > 1;
         Ok(Ctx {
             m,
             cfg,
@@ -820,8 +823,15 @@ impl<'a> Ctx<'a> {
             tp: mapping.axis_group(axis::TP)?.clone(),
             cp: mapping.axis_group(axis::CP)?.clone(),
             ep: mapping.axis_group(axis::EP)?.clone(),
-            dp: mapping.group(&[axis::DP.to_string(), axis::EP.to_string()])?,
-            dp_expert: expert_data_group(plan, mapping)?,
+            dp: match over_cp {
+                true => mapping.group(&[
+                    axis::DP.to_string(),
+                    axis::CP.to_string(),
+                    axis::EP.to_string(),
+                ])?,
+                false => mapping.group(&[axis::DP.to_string(), axis::EP.to_string()])?,
+            },
+            dp_expert: expert_data_group(plan, mapping, over_cp)?,
             etp: expert_tp_group(plan, mapping.axis_group(axis::TP)?),
             shards: m.zero_shards(plan),
             e: plan.dtype.size_bytes() as f64,
@@ -2500,15 +2510,27 @@ fn expert_tp_group(plan: &Plan, tp: &GroupInfo) -> GroupInfo {
 
 /// The ranks holding the same expert shards: the mesh's `dp` axis, and with `etp < tp` the
 /// `tp / etp` ranks of each tensor-parallel group that hold the same shards (Megatron-Core's
-/// expert data-parallel group, `dp * tp / (ep * etp)` ranks). Placed as the `dp` and `tp`
-/// axes together place their ranks, with the group's size.
-fn expert_data_group(plan: &Plan, mapping: &MeshMapping) -> Result<GroupInfo, CostError> {
-    let dp = mapping.axis_group(axis::DP)?;
+/// expert data-parallel group, `dp * tp / (ep * etp)` ranks), and the `cp` axis where the
+/// stack reduces and shards over context parallelism (`over_cp`). Placed as those axes
+/// together place their ranks, with the group's size.
+fn expert_data_group(
+    plan: &Plan,
+    mapping: &MeshMapping,
+    over_cp: bool,
+) -> Result<GroupInfo, CostError> {
+    let dp = match over_cp {
+        true => mapping.group(&[axis::DP.to_string(), axis::CP.to_string()])?,
+        false => mapping.axis_group(axis::DP)?.clone(),
+    };
     let replicas = plan.tp / plan.expert_tp();
     if replicas <= 1 {
-        return Ok(dp.clone());
+        return Ok(dp);
     }
-    let both = mapping.group(&[axis::DP.to_string(), axis::TP.to_string()])?;
+    let mut axes = vec![axis::DP.to_string(), axis::TP.to_string()];
+    if over_cp {
+        axes.push(axis::CP.to_string());
+    }
+    let both = mapping.group(&axes)?;
     Ok(GroupInfo {
         size: dp.size * replicas,
         members_per_node: both.members_per_node.min(dp.size * replicas),

@@ -292,6 +292,12 @@ pub struct Software {
     /// modules called without it, as Composer's and plain PyTorch loops do).
     #[serde(default)]
     pub fp8_weight_cache: bool,
+    /// ZeRO / FSDP shards the state of a parameter over the context-parallel ranks too, which
+    /// hold the same parameters (Megatron-Core's data-parallel group "with context
+    /// parallelism", torchtitan's FSDP mesh `dp_shard x cp`); otherwise over the
+    /// data-parallel ranks alone, as autopar's compiler does (`zero_constraints`).
+    #[serde(default)]
+    pub zero_over_cp: bool,
     /// What selective recomputation repeats: the attention core (every profile but
     /// `torchtitan`) or, under `torchtitan`, its default per-op policy
     /// (`selective_ac_option = "op"`).
@@ -356,6 +362,7 @@ impl Default for Software {
             loss: LossKernel::Fused,
             fp8_recipe: Fp8Recipe::Tensor,
             fp8_weight_cache: false,
+            zero_over_cp: false,
             selective: SelectiveRecompute::Attention,
         }
     }
@@ -415,12 +422,14 @@ impl Software {
                 attention: AttentionKernel::Fused,
                 tp_forward_overlap: true,
                 fp8_weight_cache: true,
+                zero_over_cp: true,
                 ..megatron
             },
             "nemo" => Software {
                 attention: AttentionKernel::Fused,
                 tp_forward_overlap: true,
                 fp8_weight_cache: true,
+                zero_over_cp: true,
                 ..by_layer
             },
             "fsdp" | "torchtitan" => Software {
@@ -432,6 +441,7 @@ impl Software {
                     "torchtitan" => SelectiveRecompute::Op,
                     _ => SelectiveRecompute::Attention,
                 },
+                zero_over_cp: name == "torchtitan",
                 ..by_layer
             },
             "megatron-lm-2021" => Software {
@@ -646,6 +656,9 @@ pub struct SoftwareSpec {
     /// See [`Software::fp8_weight_cache`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fp8_weight_cache: Option<bool>,
+    /// See [`Software::zero_over_cp`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zero_over_cp: Option<bool>,
     /// See [`Software::selective`]: `attention` or `op`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub selective: Option<SelectiveRecompute>,
@@ -762,6 +775,7 @@ impl SoftwareSpec {
                     out.fp8_recipe.replace(r).is_none()
                 }
                 "fp8_weight_cache" => out.fp8_weight_cache.replace(flag()?).is_none(),
+                "zero_over_cp" => out.zero_over_cp.replace(flag()?).is_none(),
                 "selective" => {
                     let r = choice(
                         key,
@@ -779,7 +793,7 @@ impl SoftwareSpec {
                          tp_backward_overlap, tp_forward_overlap, tp_comm_overlap, \
                          overlap_param_gather, param_gather, fusion, reduce_dtype, bucket_mb, \
                          p2p_blocking, sm_carveout, cpu_optimizer, loss, fp8_recipe, fp8_weight_cache, \
-                         selective)"
+                         zero_over_cp, selective)"
                     )));
                 }
             };
@@ -853,6 +867,9 @@ impl SoftwareSpec {
         }
         if let Some(v) = self.fp8_weight_cache {
             s.fp8_weight_cache = v;
+        }
+        if let Some(v) = self.zero_over_cp {
+            s.zero_over_cp = v;
         }
         if let Some(v) = self.selective {
             s.selective = v;
@@ -934,6 +951,17 @@ mod tests {
             assert_eq!(Software::preset(name)?.fp8_weight_cache, cached, "{name}");
         }
         assert!(!Software::parse("nemo,fp8_weight_cache=false")?.fp8_weight_cache);
+        // ZeRO spans the context-parallel ranks in the stacks whose meshes put them in it.
+        for (name, over) in [
+            ("megatron-core", true),
+            ("nemo", true),
+            ("torchtitan", true),
+            ("fsdp", false),
+            ("autopar", false),
+        ] {
+            assert_eq!(Software::preset(name)?.zero_over_cp, over, "{name}");
+        }
+        assert!(Software::parse("autopar,zero_over_cp=true")?.zero_over_cp);
         let spec: SoftwareSpec = toml::from_str("profile = \"nemo\"\nfp8_recipe = \"blockwise\"\n")
             .map_err(|e| CostError::Software(e.to_string()))?;
         assert_eq!(spec.resolve()?.fp8_recipe, Fp8Recipe::Blockwise);

@@ -864,3 +864,22 @@ fn a_recomputed_forward_regathers_only_where_weights_are_gathered_per_module() {
     assert!((bwd.recompute_s - fwd.total_s()).abs() < 1e-12 * fwd.total_s());
     assert!(fwd.exposed_by.zero_s > 0.0);
 }
+
+/// Megatron-Core and torchtitan shard ZeRO state over the context-parallel ranks as well
+/// (they hold the same parameters); autopar's compiler shards over the data-parallel ranks
+/// alone. With cp=2 the distributed optimizer's state per rank halves under the first.
+#[test]
+fn zero_state_spans_context_parallel_ranks_where_the_stack_puts_them() {
+    use autopar_cost_model::Software;
+    let cfg = TransformerConfig::gpt("1b", 8, 2048, 16, 8192, 50304);
+    let plan = Plan::parse("dp=4,cp=2,mbs=1,gbs=8,zero=1").unwrap();
+    let state = |sw: &str| {
+        let mut m = CostModel::new(Cluster::preset("dgx-h100").unwrap());
+        Software::parse(sw).unwrap().apply(&mut m);
+        m.estimate(&cfg, &plan).unwrap().memory.optimizer
+    };
+    let (own, megatron) = (state("autopar"), state("megatron-core"));
+    assert!((own / megatron - 2.0).abs() < 1e-9, "{own} vs {megatron}");
+    assert_eq!(state("megatron-core,zero_over_cp=false"), own);
+    assert_eq!(state("torchtitan"), megatron);
+}
