@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::{autopar, autopar_err, autopar_ok, scratch};
+use common::{GPT3, GPT3_PLAN, autopar, autopar_err, autopar_ok, scratch};
 
 #[test]
 fn forward_loss_is_near_ln_vocab_and_deterministic() {
@@ -285,20 +285,15 @@ fn every_subcommand_has_help() {
 
 #[test]
 fn estimate_reports_fit_and_json_fields() {
-    let plan = "dp=8,tp=8,pp=16,mbs=1,recompute=full,schedule=interleaved,vpp=2";
-    // GPT-3 175B on 1024 A100s at the global batch of Megatron-LM's configuration.
+    let plan = GPT3_PLAN;
+    // GPT-3 175B on 1024 A100s at the global batch of Megatron-LM's configuration, under
+    // `plan` in place of the shared arguments' own.
     let gpt3 = |plan: &str, extra: &str| {
-        autopar_ok(&[
-            "estimate",
-            "gpt3-175b",
-            "--cluster",
-            "dgx-a100:nodes=128",
-            "--batch",
-            "1536",
-            "--plan",
-            plan,
-            extra,
-        ])
+        let (model, _) = GPT3.split_at(GPT3.len() - 1);
+        let mut args = vec!["estimate"];
+        args.extend_from_slice(model);
+        args.extend_from_slice(&[plan, extra]);
+        autopar_ok(&args)
     };
     let json = gpt3(plan, "--json");
     let est: serde_json::Value = serde_json::from_str(&json).unwrap();

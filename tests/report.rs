@@ -11,6 +11,10 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+mod common;
+
+use common::GPT3;
+
 const LLAMA: [&str; 6] = [
     "llama3-70b",
     "--cluster",
@@ -18,16 +22,6 @@ const LLAMA: [&str; 6] = [
     "--batch",
     "512",
     "--top=5",
-];
-const GPT3_PLAN: &str = "dp=8,tp=8,pp=16,vpp=2,mbs=1,recompute=full,schedule=interleaved";
-const GPT3: [&str; 7] = [
-    "gpt3-175b",
-    "--cluster",
-    "dgx-a100:nodes=128",
-    "--batch",
-    "1536",
-    "--plan",
-    GPT3_PLAN,
 ];
 
 fn out_dir() -> PathBuf {

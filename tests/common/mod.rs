@@ -6,6 +6,21 @@
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
+/// GPT-3 175B's plan on 1024 A100s as Megatron-LM's configuration lays it out.
+pub const GPT3_PLAN: &str = "dp=8,tp=8,pp=16,vpp=2,mbs=1,recompute=full,schedule=interleaved";
+
+/// `estimate`'s (and `report`'s) arguments for GPT-3 175B on 1024 A100s at Megatron-LM's
+/// global batch, under [`GPT3_PLAN`]; the plan is the last argument.
+pub const GPT3: [&str; 7] = [
+    "gpt3-175b",
+    "--cluster",
+    "dgx-a100:nodes=128",
+    "--batch",
+    "1536",
+    "--plan",
+    GPT3_PLAN,
+];
+
 /// Runs the `autopar` binary with `args`.
 pub fn autopar(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_autopar"))
