@@ -1285,12 +1285,17 @@ impl<'a> Ctx<'a> {
         t
     }
 
-    /// ZeRO-3 all-gather of one layer's weights in one pass, cut as the software cuts it.
+    /// ZeRO-3 all-gather of one layer's weights in one pass, cut as the software cuts it: a
+    /// byte per weight where they live in fp8 ([`crate::Software::fp8_params`]).
     fn zero3_gather_pass(&self) -> f64 {
         if self.plan.zero_stage < 3 {
             return 0.0;
         }
-        self.zero3_collective(Collective::AllGather, self.e)
+        let bytes = match self.plan.fp8 && self.m.software.fp8_params {
+            true => 1.0,
+            false => self.e,
+        };
+        self.zero3_collective(Collective::AllGather, bytes)
     }
 
     /// `c` over one layer's ZeRO-3 state at `bytes` per parameter, cut into collectives as the
@@ -2036,10 +2041,21 @@ impl<'a> Ctx<'a> {
             };
             optimizer = optimizer.max(step);
             if (1..=2).contains(&plan.zero_stage) {
+                // fp8 parameters are gathered a byte each (the layers'; the embedding and
+                // head stay 16-bit).
+                let (layer_dense, per_param) = match plan.fp8 && self.m.software.fp8_params {
+                    true => {
+                        let held: usize = (0..plan.vpp)
+                            .map(|c| layers[c * pp + m.pipeline_rank])
+                            .sum();
+                        (held as f64 * self.layer_dense_params(), 1.0)
+                    }
+                    false => (0.0, self.e),
+                };
                 let gather = self.zero_collective(
                     Collective::AllGather,
-                    dense * self.e,
-                    m.num_expert_params * self.e,
+                    (dense - layer_dense) * self.e + layer_dense * per_param,
+                    m.num_expert_params * per_param,
                 );
                 param_gather = param_gather.max(gather);
             }
@@ -2243,12 +2259,8 @@ impl<'a> Ctx<'a> {
                 let mut params = held_layers as f64 * layer_params;
                 let expert = held_layers as f64 * layer_experts;
                 let tp_sharded_state = held_layers as f64 * layer_tp_sharded_state;
-                let mut max_chunk_layers = 0;
-                let mut max_chunk_act = 0.0f64;
                 for c in 0..plan.vpp {
                     let vs = c * pp + rank;
-                    max_chunk_layers = max_chunk_layers.max(layers[vs]);
-                    max_chunk_act = max_chunk_act.max(chunk_act(layers[vs]));
                     if vs == 0 {
                         params += emb;
                     }
@@ -2257,16 +2269,28 @@ impl<'a> Ctx<'a> {
                     }
                 }
                 let in_flight = schedule.max_in_flight(rank);
+                // The activations the rank holds at its peak, each in-flight micro-batch
+                // chunk at its own chunk's size.
+                let stored = |chunk: &dyn Fn(usize) -> f64| {
+                    schedule.peak_in_flight_by(rank, |c| chunk(layers[c * pp + rank]))
+                };
                 if self.cl().runtime == Runtime::AutoparCpu {
                     let last = (0..plan.vpp).any(|c| c * pp + rank == v - 1);
                     let head = if last { head_params } else { 0.0 };
+                    let kept =
+                        runtime_activation_bytes_per_layer(cfg, plan, plan.recompute, self.e);
+                    let whole =
+                        runtime_activation_bytes_per_layer(cfg, plan, Recompute::None, self.e);
                     let held = Held {
                         params,
                         expert_params: expert,
                         optimizer_params: params - tp_sharded_state,
                         head_params: head,
                         in_flight,
-                        chunk_layers: max_chunk_layers,
+                        activations: stored(&|l| {
+                            let (under, rest) = plan.recompute_split(l);
+                            under as f64 * kept + rest as f64 * whole
+                        }),
                         last_stage: last,
                     };
                     return self.cpu_runtime_memory(rank, &held);
@@ -2277,15 +2301,13 @@ impl<'a> Ctx<'a> {
                 let offload = plan.offload;
                 if plan.fp8 {
                     // Transformer Engine keeps an fp8 copy of every layer weight and its
-                    // transpose (a byte each) across the micro-batches of a step.
-                    let layers = held_layers as f64;
-                    weights += z.bytes(
-                        plan,
-                        3,
-                        layers * (layer_params - layer_experts),
-                        expert,
-                        2.0,
-                    );
+                    // transpose (a byte each) across the micro-batches of a step; with fp8
+                    // parameters those are the layer weights, with no 16-bit copy beside.
+                    let layer_dense = held_layers as f64 * (layer_params - layer_experts);
+                    weights += z.bytes(plan, 3, layer_dense, expert, 2.0);
+                    if self.m.software.fp8_params {
+                        weights -= z.bytes(plan, 3, layer_dense, expert, self.e);
+                    }
                 }
                 let mut gradients = z.bytes(plan, 2, dense, expert, mp.grad_bytes_per_param);
                 let mut optimizer = z.bytes(
@@ -2312,7 +2334,7 @@ impl<'a> Ctx<'a> {
                         weights = 0.0;
                     }
                 }
-                let activations = in_flight as f64 * max_chunk_act;
+                let activations = stored(&chunk_act);
                 let mut working = match plan.recompute {
                     Recompute::Full => full_layer_act,
                     Recompute::Selective => full_layer_act - per_layer_act,
@@ -2379,8 +2401,8 @@ struct Held {
     optimizer_params: f64,
     /// Of `params`, the experts'.
     expert_params: f64,
-    /// Layers of the rank's largest chunk.
-    chunk_layers: usize,
+    /// Bytes of the activations stored at the peak (every in-flight micro-batch chunk's).
+    activations: f64,
     /// Whether the rank runs the last virtual stage (logits and loss).
     last_stage: bool,
 }
@@ -2416,11 +2438,9 @@ impl Ctx<'_> {
             held.expert_params,
             mp.optimizer_bytes_per_param,
         );
+        let activations = held.activations;
         let stored = runtime_activation_bytes_per_layer(cfg, plan, plan.recompute, self.e);
         let unrecomputed = runtime_activation_bytes_per_layer(cfg, plan, Recompute::None, self.e);
-        let (under, whole) = plan.recompute_split(held.chunk_layers);
-        let chunk = under as f64 * stored + whole as f64 * unrecomputed;
-        let activations = held.in_flight as f64 * chunk;
 
         let experts = if cfg.experts > 1 {
             cfg.top_k as f64

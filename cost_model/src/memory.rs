@@ -304,6 +304,14 @@ pub fn op_policy_activation_bytes_per_layer(cfg: &TransformerConfig, plan: &Plan
 /// with sequence parallelism; selective recompute drops the `5as/h` attention-score term,
 /// full recompute keeps only the layer input, `2sbh` (over `t` with sequence parallelism).
 /// FlashAttention never stores the scores.
+///
+/// Under `dtype=fp8` each GEMM keeps for its weight gradient the fp8 copy of its input that
+/// its forward cast, a byte per element, instead of the 16-bit tensor (Transformer Engine's
+/// `Linear` and `LayerNormLinear` save the quantized input and drop its row-wise half,
+/// `module/linear.py`): the QKV and MLP inputs take 1 byte instead of 2, the second MLP
+/// GEMM's input `f/h` instead of `2f/h`, and the projection's fp8 input comes on top of the
+/// attention output the attention backward keeps in 16 bits (3 instead of 2). The first MLP
+/// GEMM's output stays 16-bit: the activation function keeps it.
 pub fn activation_bytes_per_layer(
     cfg: &TransformerConfig,
     plan: &Plan,
@@ -325,9 +333,11 @@ pub fn activation_bytes_per_layer(
     // The input a GEMM keeps: the stream's layout, or its sequence shard when the op runs on
     // sequence shards.
     let gemm_input = |op| if seq(op) { sbh / t } else { rep };
+    // Bytes per element of a GEMM input kept for the weight gradient (and nothing else).
+    let kept = if plan.fp8 { 1.0 } else { 2.0 };
     // Replicated (or sequence-sharded) terms: layer-norm inputs 4, QKV input 2, attention
     // dropout-add mask 1, MLP input 2, MLP dropout mask 1.
-    let replicated = 6.0 * rep + 2.0 * gemm_input(LayerOp::Qkv) + 2.0 * gemm_input(LayerOp::MlpIn);
+    let replicated = 6.0 * rep + kept * (gemm_input(LayerOp::Qkv) + gemm_input(LayerOp::MlpIn));
     // Tensor-sharded terms (split by heads or by queries alike): Q 2, K and V 2 each (scaled
     // by kv/a; whole when the core gathers them for its local queries), projection input 2,
     // MLP activation input 2f/h per gate and its output 2f/h; experts see top_k copies, and a
@@ -338,9 +348,10 @@ pub fn activation_bytes_per_layer(
         1.0
     };
     let shared = cfg.shared_ffn as f64 / h;
-    let mlp = moe * (2.0 * f_frac * gate + 2.0 * f_frac) + 2.0 * shared * gate + 2.0 * shared;
+    let mlp = moe * (2.0 * f_frac * gate + kept * f_frac) + 2.0 * shared * gate + kept * shared;
     let kv = if seq(LayerOp::Attention) { t } else { 1.0 };
-    let sharded = (2.0 + 4.0 * kv_frac * kv + 2.0 + mlp) * sbh / t;
+    let projection = if plan.fp8 { 3.0 } else { 2.0 };
+    let sharded = (2.0 + 4.0 * kv_frac * kv + projection + mlp) * sbh / t;
     let scores = match (recompute, attention) {
         (Recompute::None, AttentionKernel::Unfused) => {
             // softmax output 2, dropout mask 1, dropout output 2 bytes per score.
@@ -521,6 +532,21 @@ mod tests {
                 AttentionKernel::Flash,
             ),
             sbh / 8.0 * 34.0,
+        );
+        // fp8: the QKV and MLP inputs (1 + 1 instead of 2 + 2) and the second MLP GEMM's
+        // input (4 instead of 8) kept a byte each, the projection's fp8 input on top of the
+        // attention output (3 instead of 2): 34 - 2 - 4 + 1 = 29.
+        let fp8 = Plan {
+            fp8: true,
+            ..plan(8, true)
+        };
+        close(
+            activation_bytes_per_layer(&cfg, &fp8, Recompute::None, AttentionKernel::Flash),
+            sbh / 8.0 * 29.0,
+        );
+        close(
+            activation_bytes_per_layer(&cfg, &fp8, Recompute::Full, AttentionKernel::Flash),
+            2.0 * sbh / 8.0,
         );
     }
 }

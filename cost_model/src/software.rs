@@ -249,8 +249,18 @@ pub struct Software {
     /// micro-batch's backward issues: 2 where sharded gradients are reduced in bf16
     /// (DeepSpeed's default), 4 where in fp32 (PyTorch FSDP under Composer's `DEFAULT` mixed
     /// precision, `reduce_dtype=float32`). The ZeRO-0/1 all-reduce of accumulated gradients
-    /// always moves the fp32 buffer ([`crate::memory::MemoryParams::grad_bytes_per_param`]).
+    /// moves their buffer ([`Software::grad_buffer_bytes`]).
     pub reduce_bytes: f64,
+    /// Bytes per element of the gradient buffer that ZeRO-0/1 accumulates over a step's
+    /// micro-batches and then all-reduces (or reduce-scatters): `None` for the memory
+    /// model's default ([`crate::memory::MemoryParams::grad_bytes_per_param`], fp32 as
+    /// Megatron-LM forces under bf16: `accumulate_allreduce_grads_in_fp32`); 2 where the
+    /// stack accumulates and reduces in bf16, as NeMo's H100 performance scripts for GPT-3 and
+    /// Llama ask (`optim.grad_sync_dtype=bf16`, NeMo-Framework-Launcher
+    /// `examples/training/{gpt,llama}/h100/*.sh`, June 2024; Megatron-Core's
+    /// `grad_reduce_in_fp32=False`). Set together with `reduce_bytes` by `reduce_dtype`.
+    #[serde(default)]
+    pub grad_buffer_bytes: Option<f64>,
     /// Stage-to-stage transfers block both ends: the sender waits for its send to complete
     /// before its next micro-batch, and the receiver gathers a scattered activation itself
     /// before computing on it. Megatron-LM until Megatron-Core's `--overlap-p2p-comm` waits
@@ -298,6 +308,14 @@ pub struct Software {
     /// data-parallel ranks alone, as autopar's compiler does (`zero_constraints`).
     #[serde(default)]
     pub zero_over_cp: bool,
+    /// Under `dtype=fp8`, the layers' weights live in fp8 only (Megatron-Core's
+    /// `--fp8-param-gather`, NeMo's `fp8_params`): the fp32 master copy in the optimizer is
+    /// cast straight to fp8 after the step, no 16-bit copy is kept, and the distributed
+    /// optimizer all-gathers a byte per parameter instead of two. Off by default; NeMo's
+    /// 2024 H100 scripts set it only for Mixtral and Grok, Megatron-Bridge's fp8 precision
+    /// configurations (`bf16_with_fp8_*_mixed`) for every model.
+    #[serde(default)]
+    pub fp8_params: bool,
     /// What selective recomputation repeats: the attention core (every profile but
     /// `torchtitan`) or, under `torchtitan`, its default per-op policy
     /// (`selective_ac_option = "op"`).
@@ -363,6 +381,8 @@ impl Default for Software {
             fp8_recipe: Fp8Recipe::Tensor,
             fp8_weight_cache: false,
             zero_over_cp: false,
+            fp8_params: false,
+            grad_buffer_bytes: None,
             selective: SelectiveRecompute::Attention,
         }
     }
@@ -430,6 +450,7 @@ impl Software {
                 tp_forward_overlap: true,
                 fp8_weight_cache: true,
                 zero_over_cp: true,
+                grad_buffer_bytes: Some(2.0),
                 ..by_layer
             },
             "fsdp" | "torchtitan" => Software {
@@ -599,6 +620,9 @@ impl Software {
         model.comm.overlap_grad_reduce = self.overlap_grad_reduce;
         model.comm.overlap_tp_backward = self.tp_backward_overlap;
         model.comm.overlap_tp_forward = self.tp_forward_overlap;
+        if let Some(b) = self.grad_buffer_bytes {
+            model.memory.grad_bytes_per_param = b;
+        }
         model.software = self.clone();
     }
 }
@@ -659,6 +683,9 @@ pub struct SoftwareSpec {
     /// See [`Software::zero_over_cp`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub zero_over_cp: Option<bool>,
+    /// See [`Software::fp8_params`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fp8_params: Option<bool>,
     /// See [`Software::selective`]: `attention` or `op`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub selective: Option<SelectiveRecompute>,
@@ -776,6 +803,7 @@ impl SoftwareSpec {
                 }
                 "fp8_weight_cache" => out.fp8_weight_cache.replace(flag()?).is_none(),
                 "zero_over_cp" => out.zero_over_cp.replace(flag()?).is_none(),
+                "fp8_params" => out.fp8_params.replace(flag()?).is_none(),
                 "selective" => {
                     let r = choice(
                         key,
@@ -793,7 +821,7 @@ impl SoftwareSpec {
                          tp_backward_overlap, tp_forward_overlap, tp_comm_overlap, \
                          overlap_param_gather, param_gather, fusion, reduce_dtype, bucket_mb, \
                          p2p_blocking, sm_carveout, cpu_optimizer, loss, fp8_recipe, fp8_weight_cache, \
-                         zero_over_cp, selective)"
+                         zero_over_cp, fp8_params, selective)"
                     )));
                 }
             };
@@ -834,6 +862,7 @@ impl SoftwareSpec {
                     )));
                 }
             };
+            s.grad_buffer_bytes = Some(s.reduce_bytes);
         }
         if let Some(v) = self.overlap_grad_reduce {
             s.overlap_grad_reduce = v;
@@ -867,6 +896,9 @@ impl SoftwareSpec {
         }
         if let Some(v) = self.fp8_weight_cache {
             s.fp8_weight_cache = v;
+        }
+        if let Some(v) = self.fp8_params {
+            s.fp8_params = v;
         }
         if let Some(v) = self.zero_over_cp {
             s.zero_over_cp = v;
@@ -962,6 +994,19 @@ mod tests {
             assert_eq!(Software::preset(name)?.zero_over_cp, over, "{name}");
         }
         assert!(Software::parse("autopar,zero_over_cp=true")?.zero_over_cp);
+        assert!(Software::parse("megatron-core,fp8_params=true")?.fp8_params);
+        assert!(!Software::preset("nemo")?.fp8_params);
+        // NeMo's H100 scripts accumulate and reduce gradients in bf16; Megatron-LM in fp32;
+        // `reduce_dtype` sets both the buffer and the ZeRO-2/3 reduce-scatter.
+        assert_eq!(Software::preset("nemo")?.grad_buffer_bytes, Some(2.0));
+        assert_eq!(Software::preset("megatron-core")?.grad_buffer_bytes, None);
+        let f = Software::parse("megatron-core,reduce_dtype=bf16")?;
+        assert_eq!((f.reduce_bytes, f.grad_buffer_bytes), (2.0, Some(2.0)));
+        let mut m = crate::CostModel::new(crate::Cluster::preset("dgx-h100:nodes=1")?);
+        Software::parse("nemo,reduce_dtype=fp32")?.apply(&mut m);
+        assert_eq!(m.memory.grad_bytes_per_param, 4.0);
+        Software::parse("nemo")?.apply(&mut m);
+        assert_eq!(m.memory.grad_bytes_per_param, 2.0);
         let spec: SoftwareSpec = toml::from_str("profile = \"nemo\"\nfp8_recipe = \"blockwise\"\n")
             .map_err(|e| CostError::Software(e.to_string()))?;
         assert_eq!(spec.resolve()?.fp8_recipe, Fp8Recipe::Blockwise);

@@ -883,3 +883,76 @@ fn zero_state_spans_context_parallel_ranks_where_the_stack_puts_them() {
     assert_eq!(state("megatron-core,zero_over_cp=false"), own);
     assert_eq!(state("torchtitan"), megatron);
 }
+
+/// Where the stack keeps the weights in fp8 (`fp8_params`: Megatron-Core's
+/// `--fp8-param-gather`) a rank holds a byte per layer weight and its transpose instead of
+/// a 16-bit weight beside them, and the distributed optimizer gathers a byte per layer
+/// weight; where it accumulates and reduces gradients in bf16 (NeMo's H100 scripts) the
+/// gradient buffer halves. Neither applies to bf16 training's weights.
+#[test]
+fn fp8_parameters_and_bf16_gradient_buffers_shrink_what_a_rank_holds() {
+    use autopar_cost_model::Software;
+    let cfg = TransformerConfig::gpt("7b", 32, 4096, 32, 4096, 32000);
+    let run = |sw: &str, dtype: &str| {
+        let mut m = CostModel::new(Cluster::preset("dgx-h100").unwrap());
+        Software::parse(sw).unwrap().apply(&mut m);
+        let plan = Plan::parse(&format!("dp=8,mbs=1,gbs=64,zero=1,dtype={dtype}")).unwrap();
+        m.estimate(&cfg, &plan).unwrap()
+    };
+    let (cached, fp8) = (
+        run("megatron-core", "fp8"),
+        run("megatron-core,fp8_params=true", "fp8"),
+    );
+    // The layers' 16-bit copies go: 2 of the 4 bytes per layer weight.
+    let layer_weights = 32.0 * 12.0 * 4096.0 * 4096.0;
+    let saved = cached.memory.weights - fp8.memory.weights;
+    // (The layers' biases and norm scales add a few parts in ten thousand.)
+    assert!(
+        (saved / (2.0 * layer_weights) - 1.0).abs() < 1e-3,
+        "{saved}"
+    );
+    assert!(fp8.time.param_gather_s < 0.6 * cached.time.param_gather_s);
+    assert_eq!(
+        run("megatron-core", "bf16").memory.weights,
+        run("megatron-core,fp8_params=true", "bf16").memory.weights
+    );
+    // NeMo's bf16 gradient buffer: half of Megatron-Core's fp32 one.
+    let (nemo, mcore) = (run("nemo", "bf16"), run("megatron-core", "bf16"));
+    assert!((mcore.memory.gradients / nemo.memory.gradients - 2.0).abs() < 1e-9);
+    assert_eq!(
+        run("nemo,reduce_dtype=fp32", "bf16").memory.gradients,
+        mcore.memory.gradients
+    );
+}
+
+/// A rank of the interleaved schedule holds its in-flight micro-batches of every one of its
+/// chunks, each at that chunk's size: with one chunk a layer longer than the others, the
+/// stored activations stay below the count in flight times the largest chunk.
+#[test]
+fn in_flight_activations_count_each_chunk_at_its_own_size() {
+    let cfg = TransformerConfig::gpt("uneven", 10, 2048, 16, 2048, 50304);
+    let m = CostModel::new(Cluster::preset("dgx-h100:nodes=1").unwrap());
+    let even = Plan::parse("dp=2,pp=4,vpp=2,mbs=1,gbs=16,schedule=interleaved").unwrap();
+    let per_layer = {
+        let e = m
+            .estimate(&cfg, &Plan::parse("dp=8,mbs=1,gbs=16").unwrap())
+            .unwrap();
+        e.memory.activations / 10.0
+    };
+    // Ten layers over eight virtual stages: two chunks hold two layers.
+    let e = m.estimate(&cfg, &even).unwrap();
+    let rank = e
+        .memory_per_pipeline_rank
+        .iter()
+        .max_by(|a, b| a.activations.total_cmp(&b.activations))
+        .unwrap();
+    let largest = *e.stage_layers.iter().max().unwrap() as f64;
+    assert!(largest >= 2.0, "{:?}", e.stage_layers);
+    let bound = rank.in_flight as f64 * largest * per_layer;
+    assert!(
+        rank.activations < bound - 0.5 * per_layer,
+        "{} vs {bound}",
+        rank.activations
+    );
+    assert!(rank.activations >= rank.in_flight as f64 * per_layer * (1.0 - 1e-9));
+}

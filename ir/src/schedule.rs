@@ -299,15 +299,24 @@ impl Schedule {
     /// Largest number of (micro-batch, chunk) activations rank `rank` holds at once: forwards
     /// run whose backward has not.
     pub fn max_in_flight(&self, rank: usize) -> usize {
-        let mut live = 0usize;
-        let mut peak = 0usize;
+        self.peak_in_flight_by(rank, |_| 1.0).round() as usize
+    }
+
+    /// Largest total `weight(chunk)` of the (micro-batch, chunk) activations rank `rank` holds
+    /// at once, where a local chunk's activations weigh `weight(chunk)` (the bytes it stores
+    /// per micro-batch, say). With chunks of unequal size this is below `max_in_flight` times
+    /// the largest chunk: the interleaved schedule's warm-up holds every chunk, not only the
+    /// largest.
+    pub fn peak_in_flight_by(&self, rank: usize, weight: impl Fn(usize) -> f64) -> f64 {
+        let mut live = 0.0f64;
+        let mut peak = 0.0f64;
         for a in self.per_rank.get(rank).map(Vec::as_slice).unwrap_or(&[]) {
             match a {
-                Action::Forward { .. } => {
-                    live += 1;
+                Action::Forward { chunk, .. } => {
+                    live += weight(*chunk);
                     peak = peak.max(live);
                 }
-                Action::Backward { .. } => live = live.saturating_sub(1),
+                Action::Backward { chunk, .. } => live = (live - weight(*chunk)).max(0.0),
                 Action::SendActivation { .. }
                 | Action::RecvActivation { .. }
                 | Action::SendGradient { .. }
@@ -654,6 +663,28 @@ mod tests {
         let g = Schedule::new(ScheduleKind::GPipe, 4, 1, 8).unwrap();
         let f = Schedule::new(ScheduleKind::OneFOneB, 4, 1, 8).unwrap();
         assert!(2 * f.max_in_flight(0) <= g.max_in_flight(0));
+    }
+
+    #[test]
+    fn weighted_in_flight_counts_each_chunk_at_its_own_weight() {
+        let s = Schedule::new(ScheduleKind::Interleaved, 4, 2, 8).unwrap();
+        for r in 0..4 {
+            let n = s.max_in_flight(r) as f64;
+            // Equal weights: the count times the weight.
+            assert_eq!(s.peak_in_flight_by(r, |_| 3.0), 3.0 * n);
+            // A heavier second chunk: between the count at the lighter and at the heavier
+            // weight, and strictly below the latter, since the warm-up holds both chunks.
+            let w = |c: usize| if c == 1 { 2.0 } else { 1.0 };
+            let peak = s.peak_in_flight_by(r, w);
+            assert!(peak > n && peak < 2.0 * n, "rank {r}: {peak} of {n}");
+        }
+        // Rank 0 runs chunk 0 (virtual stage 0) of every micro-batch before the first of
+        // their backwards reaches it, so chunk 0 alone peaks at all 8, below the 11 in flight.
+        assert_eq!(s.max_in_flight(0), 11);
+        assert_eq!(
+            s.peak_in_flight_by(0, |c| if c == 0 { 1.0 } else { 0.0 }),
+            8.0
+        );
     }
 
     #[test]
