@@ -114,6 +114,11 @@ struct Case {
     /// at the power-limited clock of a long run
     /// ([`crate::compute::ComputeParams::gemm_sustained_fraction`]).
     short_run: bool,
+    /// The table does not state the micro-batch size of a tuned benchmark: the plan is
+    /// estimated at every size that divides a data-parallel rank's share of the batch (up to
+    /// 8) and the fastest that fits stands for the row, as the benchmark's authors would have
+    /// picked it (and as `autopar plan` does).
+    tuned_mbs: bool,
 }
 
 /// A row of a table, estimated.
@@ -255,6 +260,10 @@ pub fn published_tables() -> Vec<(String, String)> {
             "nemo_24_07_fp8_h100.csv",
             include_str!("../published/nemo_24_07_fp8_h100.csv"),
         ),
+        (
+            "megatron_bridge_fp8_h100.csv",
+            include_str!("../published/megatron_bridge_fp8_h100.csv"),
+        ),
     ]
     .into_iter()
     .map(|(name, text)| (name.to_string(), text.to_string()))
@@ -278,6 +287,7 @@ fn table_report(file: &str, text: &str) -> TableReport {
         "nccl_busbw_reference" => Ok(nccl_reference(&rows)),
         "nccl_issue_reference_busbw" => Ok(nccl_issues(&rows)),
         "nemo_24_07_fp8_h100" => Ok(steps(nemo_fp8_h100(&rows))),
+        "megatron_bridge_fp8_h100" => Ok(steps(megatron_bridge_fp8_h100(&rows))),
         "megatron_core_strong_scaling_h100" => Ok(steps(megatron_core_strong_scaling(&rows))),
         "llama3_405b_h100" => Ok(steps(llama3_405b(&rows))),
         _ => Err("no reader for this table"),
@@ -344,7 +354,9 @@ fn figure_note(table: &str, figures: &[String]) -> String {
         "megatron_core_h100_weak_scaling_readme" => {
             ", from measured TFLOP/s/GPU by 72BLsh^2(1+s/6h+V/12hL)"
         }
-        "llmfoundry_mpt_benchmarks" | "nemo_24_07_fp8_h100" => ", from measured tokens/s",
+        "llmfoundry_mpt_benchmarks" | "nemo_24_07_fp8_h100" | "megatron_bridge_fp8_h100" => {
+            ", from measured tokens/s"
+        }
         "megatron_core_strong_scaling_h100" => ", from MFU by 72BLsh^2(1+s/6h+V/12hL)",
         _ => "",
     };
@@ -356,8 +368,12 @@ fn estimate_case(c: &Case) -> Result<RowResult, CostError> {
     if c.short_run {
         model.compute.gemm_sustained_fraction = 1.0;
     }
-    let estimate = || model.estimate(&c.cfg, &c.plan);
-    let block = || model.mlp_block_times(&c.cfg, &c.plan);
+    let plan = match c.tuned_mbs {
+        true => fastest_micro_batch(&model, c)?,
+        false => c.plan.clone(),
+    };
+    let estimate = || model.estimate(&c.cfg, &plan);
+    let block = || model.mlp_block_times(&c.cfg, &plan);
     let (figure, predicted, fits) = match c.figure {
         Figure::StepTime => {
             let e = estimate()?;
@@ -392,7 +408,7 @@ fn estimate_case(c: &Case) -> Result<RowResult, CostError> {
         label: c.label.clone(),
         model: c.model.clone(),
         cluster: c.cluster_spec.clone(),
-        plan: c.plan.to_string(),
+        plan: plan.to_string(),
         software: c.software.to_string(),
         figure: figure.to_string(),
         measured: c.measured,
@@ -404,6 +420,32 @@ fn estimate_case(c: &Case) -> Result<RowResult, CostError> {
             _ => predicted < c.measured,
         },
     })
+}
+
+/// The plan of a row whose micro-batch size the table leaves out ([`Case::tuned_mbs`]): its
+/// plan at the size among 1, 2, 4 and 8 dividing a data-parallel rank's share of the batch
+/// whose step is shortest among those that fit (shortest of all if none fits).
+fn fastest_micro_batch(model: &CostModel, c: &Case) -> Result<Plan, CostError> {
+    let per_rank = c.plan.global_batch / c.plan.dp.max(1);
+    let mut best: Option<(bool, f64, Plan)> = None;
+    for mbs in [1, 2, 4, 8] {
+        if per_rank % mbs != 0 {
+            continue;
+        }
+        let plan = Plan {
+            micro_batch_size: mbs,
+            ..c.plan.clone()
+        };
+        let e = model.estimate(&c.cfg, &plan)?;
+        let better = match &best {
+            None => true,
+            Some((fits, t, _)) => (e.fits, -e.iter_time_s) > (*fits, -t),
+        };
+        if better {
+            best = Some((e.fits, e.iter_time_s, plan));
+        }
+    }
+    Ok(best.map_or_else(|| c.plan.clone(), |(_, _, p)| p))
 }
 
 /// One parsed data row: its line number in the file and its fields by column name.
@@ -583,6 +625,7 @@ fn sc21_table1(rows: &[Line]) -> Read {
                 figure: Figure::StepTime,
                 measured: flops / (gpus as f64 * tflops * 1e12),
                 short_run: false,
+                tuned_mbs: false,
             })
         })
         .collect()
@@ -644,6 +687,7 @@ fn sc21_table2(rows: &[Line]) -> Read {
                 figure: Figure::StepTime,
                 measured: flops / (gpus as f64 * tflops * 1e12),
                 short_run: false,
+                tuned_mbs: false,
             })
         })
         .collect()
@@ -691,6 +735,7 @@ fn korthikanti_table5(rows: &[Line]) -> Read {
                 figure: Figure::StepTime,
                 measured,
                 short_run: false,
+                tuned_mbs: false,
             })
         };
         out.push(case(
@@ -738,6 +783,7 @@ fn korthikanti_table4(rows: &[Line]) -> Read {
                     figure,
                     measured,
                     short_run: false,
+                    tuned_mbs: false,
                 })
             })());
         }
@@ -848,6 +894,7 @@ fn megatron_moe_layer(rows: &[Line]) -> Read {
                     figure,
                     measured,
                     short_run: true,
+                    tuned_mbs: false,
                 })
             })());
         }
@@ -857,8 +904,11 @@ fn megatron_moe_layer(rows: &[Line]) -> Read {
 
 /// Megatron-Core r0.8.0 weak scaling on H100 (README): seq 4096, vocab 131072, a GPT with a
 /// `4h` MLP and untied embeddings (the header's FLOP formula), overlapped gradient reduction.
-/// Not stated, so assumed: micro-batch 1, no recomputation, sequence parallelism with tp,
-/// the distributed optimizer (ZeRO-1), 1F1B, bf16, rotary positions.
+/// Not stated, so assumed: the fastest micro-batch size that fits (a benchmark's authors tune
+/// it; with 4 sequences per data-parallel rank and the gradient reduction overlapping only
+/// the last micro-batch's backward, the 32B row's fp32 reduce-scatter over 48 nodes is
+/// hidden at 4 and exposed at 1), no recomputation, sequence parallelism with tp, the
+/// distributed optimizer (ZeRO-1), 1F1B, bf16, rotary positions.
 fn megatron_core_h100(rows: &[Line]) -> Read {
     rows.iter()
         .map(|r| {
@@ -970,6 +1020,7 @@ fn llm_foundry(rows: &[Line]) -> Read {
                 figure: Figure::StepTime,
                 measured: tokens / rate,
                 short_run: false,
+                tuned_mbs: false,
             })
         })
         .collect()
@@ -1047,8 +1098,9 @@ fn mamf_gemm(rows: &[Line]) -> Vec<Result<Reading, &'static str>> {
 
 /// A Megatron-Core r0.8 run on H100 (its README's weak- and strong-scaling figures): a GPT
 /// of `(layers, hidden, heads, seq, vocab)` with untied embeddings and rotary positions on
-/// `gpus` GPUs laid out `(dp, tp, pp, gbs)`, micro-batch 1, no recomputation, sequence
-/// parallelism with tp, the distributed optimizer (assumed, not stated), and the step
+/// `gpus` GPUs laid out `(dp, tp, pp, gbs)`, the fastest micro-batch size that fits
+/// ([`Case::tuned_mbs`]; the README gives none), no recomputation, sequence parallelism with
+/// tp, the distributed optimizer (assumed, not stated), and the step
 /// time at which the README's FLOP count, 72BLsh^2(1+s/6h+V/12hL), runs at `rate` FLOP/s
 /// per GPU.
 fn megatron_core_case(
@@ -1092,77 +1144,111 @@ fn megatron_core_case(
         figure: Figure::StepTime,
         measured: flops / (gpus as f64 * rate),
         short_run: false,
+        tuned_mbs: true,
     })
 }
 
 /// NeMo 24.07's fp8 pretraining table on DGX H100 (`published/nemo_24_07_fp8_h100.csv`):
-/// each run's layout as the table gives it, tensor parallelism with sequence parallelism and
-/// virtual stages with the interleaved schedule (as NeMo runs them), the distributed
-/// optimizer and no recomputation (not stated), under the `nemo` profile.
+/// each run's layout as the table gives it ([`nemo_layout_case`]), the distributed optimizer
+/// and no recomputation (not stated), under the `nemo` profile: NeMo's H100 scripts of the
+/// time reduce GPT-3's and Llama's gradients in bf16 (the profile's default), Nemotron's leave
+/// NeMo's fp32 default.
 fn nemo_fp8_h100(rows: &[Line]) -> Read {
     rows.iter()
         .map(|r| {
-            let need = |k: &str| r.int(k).ok_or("a configuration column is missing");
-            let (layers, hidden, heads, kv_heads, ffn) = (
-                need("layers")?,
-                need("hidden")?,
-                need("heads")?,
-                need("kv_heads")?,
-                need("ffn")?,
-            );
-            let (vocab, seq, gpus, gbs, mbs) = (
-                need("vocab")?,
-                need("seq")?,
-                need("gpus")?,
-                need("gbs")?,
-                need("mbs")?,
-            );
-            let (tp, pp, cp, vp) = (need("tp")?, need("pp")?, need("cp")?, need("vp")?);
-            let tokens = r
-                .num("tokens_per_s_per_gpu")
-                .filter(|t| *t > 0.0)
-                .ok_or("no measured throughput")?;
-            let dp = gpus / (tp * pp * cp).max(1);
-            if dp == 0 || dp * tp * pp * cp != gpus {
-                return Err("the layout does not multiply to the GPU count");
-            }
-            let gated = r.get("gated_mlp") == "true";
-            let learned = r.get("positions") == "learned";
-            let name = r.get("model");
-            let cfg = TransformerConfig {
-                kv_heads,
-                ffn,
-                gated_mlp: gated,
-                tied_embeddings: learned,
-                learned_positions: learned,
-                ..TransformerConfig::gpt(name, layers, hidden, heads, seq, vocab)
+            let software = match r.get("model").starts_with("Nemotron") {
+                true => "nemo,reduce_dtype=fp32",
+                false => "nemo",
             };
-            let model = format!(
-                "{name}: {layers} layers, h {hidden}, {heads} heads ({kv_heads} kv), ffn {ffn} \
-                 ({}), seq {seq}, vocab {vocab}",
-                if gated { "SwiGLU" } else { "plain" }
-            );
-            let (cluster_spec, cluster) = nodes("dgx-h100", gpus)?;
-            let sp = if tp > 1 { ",sp=true" } else { "" };
-            let schedule = if vp > 1 { ",schedule=interleaved" } else { "" };
-            let plan = plan(&format!(
-                "dp={dp},tp={tp},pp={pp},cp={cp},vpp={vp},mbs={mbs},gbs={gbs},zero=1,\
-                 recompute=none,dtype=fp8{sp}{schedule}"
-            ))?;
-            Ok(Case {
-                label: format!("line {}: {name} on {gpus} GPUs", r.number),
-                model,
-                cfg,
-                cluster_spec,
-                cluster,
-                plan,
-                software: "nemo",
-                figure: Figure::StepTime,
-                measured: (gbs * seq) as f64 / (gpus as f64 * tokens),
-                short_run: false,
-            })
+            nemo_layout_case(r, software, 1)
         })
         .collect()
+}
+
+/// Megatron-Bridge's fp8 (current scaling) pretraining rows on DGX H100
+/// (`published/megatron_bridge_fp8_h100.csv`): each run's layout ([`nemo_layout_case`]),
+/// Megatron-Core's FSDP (ZeRO-3) where the row gives an FSDP size and the distributed
+/// optimizer otherwise, no recomputation (not stated), under the `nemo` profile with the
+/// weights in fp8 as its benchmarks keep them (`fp8_params`; gradients in bf16, the
+/// profile's default).
+fn megatron_bridge_fp8_h100(rows: &[Line]) -> Read {
+    rows.iter()
+        .map(|r| {
+            let zero = match r.int("fsdp") {
+                Some(0) => 1,
+                Some(_) => 3,
+                None => return Err("the FSDP size is missing"),
+            };
+            nemo_layout_case(r, "nemo,fp8_params=true", zero)
+        })
+        .collect()
+}
+
+/// One row of a NeMo-style fp8 performance table (model shape, GPU count, GBS, MBS, TP, PP,
+/// CP, VP, tokens/s/GPU) as a case on DGX H100 under `software` at ZeRO stage `zero`: tensor
+/// parallelism with sequence parallelism and virtual stages with the interleaved schedule,
+/// as NeMo runs them.
+fn nemo_layout_case(r: &Line, software: &'static str, zero: usize) -> Result<Case, &'static str> {
+    let need = |k: &str| r.int(k).ok_or("a configuration column is missing");
+    let (layers, hidden, heads, kv_heads, ffn) = (
+        need("layers")?,
+        need("hidden")?,
+        need("heads")?,
+        need("kv_heads")?,
+        need("ffn")?,
+    );
+    let (vocab, seq, gpus, gbs, mbs) = (
+        need("vocab")?,
+        need("seq")?,
+        need("gpus")?,
+        need("gbs")?,
+        need("mbs")?,
+    );
+    let (tp, pp, cp, vp) = (need("tp")?, need("pp")?, need("cp")?, need("vp")?);
+    let tokens = r
+        .num("tokens_per_s_per_gpu")
+        .filter(|t| *t > 0.0)
+        .ok_or("no measured throughput")?;
+    let dp = gpus / (tp * pp * cp).max(1);
+    if dp == 0 || dp * tp * pp * cp != gpus {
+        return Err("the layout does not multiply to the GPU count");
+    }
+    let gated = r.get("gated_mlp") == "true";
+    let learned = r.get("positions") == "learned";
+    let name = r.get("model");
+    let cfg = TransformerConfig {
+        kv_heads,
+        ffn,
+        gated_mlp: gated,
+        tied_embeddings: learned,
+        learned_positions: learned,
+        ..TransformerConfig::gpt(name, layers, hidden, heads, seq, vocab)
+    };
+    let model = format!(
+        "{name}: {layers} layers, h {hidden}, {heads} heads ({kv_heads} kv), ffn {ffn} \
+         ({}), seq {seq}, vocab {vocab}",
+        if gated { "SwiGLU" } else { "plain" }
+    );
+    let (cluster_spec, cluster) = nodes("dgx-h100", gpus)?;
+    let sp = if tp > 1 { ",sp=true" } else { "" };
+    let schedule = if vp > 1 { ",schedule=interleaved" } else { "" };
+    let plan = plan(&format!(
+        "dp={dp},tp={tp},pp={pp},cp={cp},vpp={vp},mbs={mbs},gbs={gbs},zero={zero},\
+         recompute=none,dtype=fp8{sp}{schedule}"
+    ))?;
+    Ok(Case {
+        label: format!("line {}: {name} on {gpus} GPUs", r.number),
+        model,
+        cfg,
+        cluster_spec,
+        cluster,
+        plan,
+        software,
+        figure: Figure::StepTime,
+        measured: (gbs * seq) as f64 / (gpus as f64 * tokens),
+        short_run: false,
+        tuned_mbs: false,
+    })
 }
 
 /// Megatron-Core r0.8's strong-scaling statement (`published/megatron_core_strong_scaling_h100.csv`):
@@ -1250,6 +1336,7 @@ fn llama3_405b(rows: &[Line]) -> Read {
                 figure: Figure::ModelTflops,
                 measured,
                 short_run: false,
+                tuned_mbs: false,
             })
         })
         .collect()

@@ -14,6 +14,11 @@
 //! - Megatron-Core r0.8's GPT-3 177B at 47% MFU on 96 H100s (its README's strong scaling;
 //!   tp=8, pp=6 leave 576 micro-batches, almost no bubble): predicted 18% short, the same
 //!   bias; held within 20%.
+//! - Megatron-Bridge's fp8 (current scaling) Llama 3 and 3.1 runs on DGX H100 (releases
+//!   25.11 and 26.04.01, 8 to 1,024 GPUs, Megatron FSDP and the distributed optimizer, fp8
+//!   weights): 7% in the median, the 405B at 512 sequences 14% short; held within 10% in the
+//!   median and 16% each. Every run fits the 80 GB, as measured: the interleaved warm-up
+//!   holds each chunk at its own size and fp8 GEMM inputs are kept a byte each.
 
 use autopar_cost_model::calibrate;
 use autopar_cost_model::calibrate::{CalibrationReport, TableReport, published_tables};
@@ -65,4 +70,15 @@ fn megatron_core_177b_on_96_h100s_holds_its_bias() {
     assert_eq!(t.rows.len(), 1);
     assert!(t.rows[0].fits, "{:?}", t.rows[0]);
     assert!(worst(t) < 0.2, "{}", worst(t));
+}
+
+#[test]
+fn megatron_bridge_fp8_llama_on_h100s_within_10_percent() {
+    let r = report();
+    let t = table(&r, "megatron_bridge_fp8_h100");
+    assert_eq!(t.rows.len(), 5);
+    assert!(t.rows.iter().all(|row| row.fits), "{:?}", t.rows);
+    assert!(worst(t) < 0.16, "{}", worst(t));
+    let median = t.summary.median_abs_error.unwrap_or(f64::INFINITY);
+    assert!(median < 0.10, "{median}");
 }
