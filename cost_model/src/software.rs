@@ -258,7 +258,9 @@ pub struct Software {
     /// stack accumulates and reduces in bf16, as NeMo's H100 performance scripts for GPT-3 and
     /// Llama ask (`optim.grad_sync_dtype=bf16`, NeMo-Framework-Launcher
     /// `examples/training/{gpt,llama}/h100/*.sh`, June 2024; Megatron-Core's
-    /// `grad_reduce_in_fp32=False`). Set together with `reduce_bytes` by `reduce_dtype`.
+    /// `grad_reduce_in_fp32=False`). Under the Megatron profiles and `nemo`, `reduce_dtype`
+    /// sets it with `reduce_bytes` (one switch in Megatron); elsewhere it sets only the
+    /// collective's dtype.
     #[serde(default)]
     pub grad_buffer_bytes: Option<f64>,
     /// Stage-to-stage transfers block both ends: the sender waits for its send to complete
@@ -862,7 +864,12 @@ impl SoftwareSpec {
                     )));
                 }
             };
-            s.grad_buffer_bytes = Some(s.reduce_bytes);
+            // Megatron's `grad_reduce_in_fp32` sets the dtype of the gradient buffer and of
+            // its reduction alike; PyTorch FSDP's and DeepSpeed's reduce dtype only the
+            // collective's (FSDP upcasts the reduced shard to the fp32 parameter's dtype).
+            if s.name.starts_with("megatron") || s.name == "nemo" {
+                s.grad_buffer_bytes = Some(s.reduce_bytes);
+            }
         }
         if let Some(v) = self.overlap_grad_reduce {
             s.overlap_grad_reduce = v;
@@ -1002,6 +1009,8 @@ mod tests {
         assert_eq!(Software::preset("megatron-core")?.grad_buffer_bytes, None);
         let f = Software::parse("megatron-core,reduce_dtype=bf16")?;
         assert_eq!((f.reduce_bytes, f.grad_buffer_bytes), (2.0, Some(2.0)));
+        let f = Software::parse("fsdp,reduce_dtype=bf16")?;
+        assert_eq!((f.reduce_bytes, f.grad_buffer_bytes), (2.0, None));
         let mut m = crate::CostModel::new(crate::Cluster::preset("dgx-h100:nodes=1")?);
         Software::parse("nemo,reduce_dtype=fp32")?.apply(&mut m);
         assert_eq!(m.memory.grad_bytes_per_param, 4.0);
