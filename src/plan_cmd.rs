@@ -408,9 +408,9 @@ fn overlap_notes(model: &CostModel, plans: &[RankedPlan], ranges: &[Range]) -> V
                 .unwrap_or(0.0);
             let mut why = vec![format!(
                 "dense GEMMs at {:.0}% of the {}'s measured matmul maximum ({:.0}% of peak)",
-                100.0 * model.compute.gemm_sustained_fraction,
+                100.0 * model.compute.sustained_fraction(cluster),
                 cluster.gpu.model,
-                100.0 * model.compute.gemm_sustained_fraction * ceiling_flops
+                100.0 * model.compute.sustained_fraction(cluster) * ceiling_flops
                     / cluster.peak_flops(dtype)
             )];
             if rb.no_overlap_s > rb.overlapped_s {

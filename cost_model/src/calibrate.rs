@@ -112,7 +112,7 @@ struct Case {
     /// Measured over a few iterations of a micro-benchmark rather than in a training run:
     /// its GEMMs run at the measured matmul maximum itself, as the MAMF finder's do, not
     /// at the power-limited clock of a long run
-    /// ([`crate::compute::ComputeParams::gemm_sustained_fraction`]).
+    /// ([`crate::compute::ComputeParams::benchmark_clock`]).
     short_run: bool,
     /// The table does not state the micro-batch size of a tuned benchmark: the plan is
     /// estimated at every size that divides a data-parallel rank's share of the batch (up to
@@ -366,7 +366,7 @@ fn figure_note(table: &str, figures: &[String]) -> String {
 fn estimate_case(c: &Case) -> Result<RowResult, CostError> {
     let mut model = with_software(c.cluster.clone(), c.software)?;
     if c.short_run {
-        model.compute.gemm_sustained_fraction = 1.0;
+        model.compute.benchmark_clock = true;
     }
     let plan = match c.tuned_mbs {
         true => fastest_micro_batch(&model, c)?,
@@ -429,7 +429,7 @@ fn fastest_micro_batch(model: &CostModel, c: &Case) -> Result<Plan, CostError> {
     let per_rank = c.plan.global_batch / c.plan.dp.max(1);
     let mut best: Option<(bool, f64, Plan)> = None;
     for mbs in [1, 2, 4, 8] {
-        if per_rank % mbs != 0 {
+        if !per_rank.is_multiple_of(mbs) {
             continue;
         }
         let plan = Plan {
@@ -1068,7 +1068,7 @@ fn mamf_gemm(rows: &[Line]) -> Vec<Result<Reading, &'static str>> {
                 None => Cluster::preset(preset).map_err(|_| "no cluster preset")?,
             };
             let mut model = CostModel::new(cluster);
-            model.compute.gemm_sustained_fraction = 1.0;
+            model.compute.benchmark_clock = true;
             let shape = GemmShape::new(1, m, n, k);
             let e = if fp8 { 1.0 } else { 2.0 };
             let bytes = e * (m * k + k * n) as f64 + 2.0 * (m * n) as f64;

@@ -109,8 +109,13 @@ pub struct ComputeParams {
     /// training the GPU stays at its power limit (400 W on A100, 700 W on H100) and its clock
     /// drops below the benchmark's. 0.863 is the one figure the Korthikanti et al. 2022
     /// per-layer times (the measurement that isolates GEMMs, on A100) give: 75% of the A100's
-    /// peak, where MAMF finds 86.9%. The same fraction is used on every device.
+    /// peak, where MAMF finds 86.9%. A device whose description gives its own share
+    /// ([`crate::cluster::MamfTflops::sustained`]: 700 W Hopper parts) uses that instead.
     pub gemm_sustained_fraction: f64,
+    /// GEMMs run at the measured maximum itself, as in a micro-benchmark's few iterations
+    /// (the MAMF finder's, a layer benchmark's) rather than a long run: no sustained share.
+    #[serde(default)]
+    pub benchmark_clock: bool,
     /// The matmul ceiling, as a fraction of the datasheet peak, on a device whose description
     /// gives no measured maximum: 0.80, about the median of the NVIDIA rows of the MAMF table
     /// (72.9-86.9%).
@@ -211,6 +216,7 @@ impl Default for ComputeParams {
     fn default() -> Self {
         ComputeParams {
             gemm_sustained_fraction: 0.863,
+            benchmark_clock: false,
             gemm_ceiling_default: 0.80,
             gemm_tile_overhead_k: 32.0,
             gemm_tiles: vec![
@@ -394,6 +400,21 @@ impl ComputeParams {
         Some(gemm + self.memory_time(cast * self.fp8_cast_bytes_per_element, cluster))
     }
 
+    /// The share of the device's matmul maximum its GEMMs sustain: the device's own
+    /// ([`crate::cluster::MamfTflops::sustained`]) or the default
+    /// ([`ComputeParams::gemm_sustained_fraction`]); all of it at a benchmark's clock.
+    pub fn sustained_fraction(&self, cluster: &Cluster) -> f64 {
+        if self.benchmark_clock {
+            return 1.0;
+        }
+        cluster
+            .gpu
+            .mamf_tflops
+            .as_ref()
+            .and_then(|m| m.sustained)
+            .unwrap_or(self.gemm_sustained_fraction)
+    }
+
     /// [`ComputeParams::gemm_time`] against a given ceiling (FLOP/s of the best shape before
     /// the sustained fraction).
     pub(crate) fn gemm_time_at(
@@ -407,7 +428,7 @@ impl ComputeParams {
         if batch == 0 || m == 0 || n == 0 || k == 0 {
             return 0.0;
         }
-        let peak = ceiling * self.gemm_sustained_fraction;
+        let peak = ceiling * self.sustained_fraction(cluster);
         let kf = k as f64;
         let mem = bytes / (cluster.hbm_bandwidth() * self.memory_bandwidth_fraction);
         let compute = match cluster.gpu.sms {
@@ -887,7 +908,7 @@ mod tests {
     fn stream_k_balances_the_last_wave_on_hopper() {
         let h = cluster::Cluster::preset("hgx-h200:nodes=1").unwrap();
         let p = ComputeParams {
-            gemm_sustained_fraction: 1.0,
+            benchmark_clock: true,
             ..ComputeParams::default()
         };
         let shape = GemmShape::new(1, 1280, 4096, 12032);

@@ -128,11 +128,12 @@ fn every_reference_table_is_read_and_the_megatron_tables_are_expressed() {
 }
 
 /// Per table: (median |error| at most, worst |error| at most, share predicted too fast at
-/// most). Today's figures, each with a little headroom: llm-foundry 3.7% / 29.1% (the 70B
-/// on 64 A100-40GB; fp8 rows 4-11% too slow), Megatron-Core 2.0% / 22.4% (each row at the
+/// most). Today's figures, each with a little headroom: llm-foundry 3.9% / 29.1% (the 70B
+/// on 64 A100-40GB; fp8 rows 4-11% too slow), Megatron-Core 5.1% / 19.9% (each row at the
 /// fastest micro-batch size that fits, which the README does not give: the 32B row's fp32
 /// gradient reduce-scatter over 48 nodes hides under a whole backward at 4 and was 30% too
-/// slow at 1; the 1.7B and 7.1B rows 22% and 18% too fast), SC'21 Table 1 4.0% / 5.8%, SC'21 Table 2 4.5% / 18.5% (PTD-P within
+/// slow at 1; at Hopper's sustained share, `cluster::HOPPER_700W_SUSTAINED`, the 1.7B and
+/// 7.1B rows 20% and 15% too fast and the pipelined ones up to 8% too slow), SC'21 Table 1 4.0% / 5.8%, SC'21 Table 2 4.5% / 18.5% (PTD-P within
 /// 5%, the 530B ZeRO-3 rows 18% too fast), Korthikanti Table 4 3.0% / 4.9% and Table 5
 /// 2.0% / 5.1%, the all-reduce sweep 2.2% / 39.4% (4 B200 nodes over EFA at 4-256 MiB,
 /// 18-39% too fast, a ring across nodes below its large-message rate that the model
@@ -152,7 +153,7 @@ const BOUNDS: [(&str, f64, f64, f64); 11] = [
         0.65,
     ),
     ("llmfoundry_mpt_benchmarks", 0.04, 0.30, 0.55),
-    ("megatron_core_h100_weak_scaling_readme", 0.025, 0.23, 0.75),
+    ("megatron_core_h100_weak_scaling_readme", 0.055, 0.205, 0.75),
     ("megatron_moe_layer_perf_baseline_h100", 0.05, 0.16, 0.3),
     ("megatron_sc21_table1_weak_scaling_a100", 0.045, 0.07, 0.95),
     ("megatron_sc21_table2_zero3_vs_ptdp", 0.055, 0.195, 0.85),

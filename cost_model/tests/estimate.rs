@@ -424,7 +424,7 @@ fn fusion_and_attention_generation_change_the_step() {
     let h_native = time("dgx-h100", "fsdp,attention=fused");
     let a_fa2 = time("dgx-a100", "fsdp,attention=flash");
     let a_native = time("dgx-a100", "fsdp,attention=fused");
-    assert!(h_native < 0.8 * h_fa2, "{h_native} vs {h_fa2}");
+    assert!(h_native < 0.85 * h_fa2, "{h_native} vs {h_fa2}");
     assert!((a_native - a_fa2).abs() < 1e-12);
 }
 
