@@ -369,7 +369,7 @@ fn estimate_case(c: &Case) -> Result<RowResult, CostError> {
         model.compute.benchmark_clock = true;
     }
     let plan = match c.tuned_mbs {
-        true => fastest_micro_batch(&model, c)?,
+        true => fastest_micro_batch(&model, c),
         false => c.plan.clone(),
     };
     let estimate = || model.estimate(&c.cfg, &plan);
@@ -424,8 +424,9 @@ fn estimate_case(c: &Case) -> Result<RowResult, CostError> {
 
 /// The plan of a row whose micro-batch size the table leaves out ([`Case::tuned_mbs`]): its
 /// plan at the size among 1, 2, 4 and 8 dividing a data-parallel rank's share of the batch
-/// whose step is shortest among those that fit (shortest of all if none fits).
-fn fastest_micro_batch(model: &CostModel, c: &Case) -> Result<Plan, CostError> {
+/// whose step is shortest among those that fit (shortest of all if none fits; the row's own
+/// plan if none can be estimated, which then reports why).
+fn fastest_micro_batch(model: &CostModel, c: &Case) -> Plan {
     let per_rank = c.plan.global_batch / c.plan.dp.max(1);
     let mut best: Option<(bool, f64, Plan)> = None;
     for mbs in [1, 2, 4, 8] {
@@ -436,7 +437,10 @@ fn fastest_micro_batch(model: &CostModel, c: &Case) -> Result<Plan, CostError> {
             micro_batch_size: mbs,
             ..c.plan.clone()
         };
-        let e = model.estimate(&c.cfg, &plan)?;
+        // A size the plan's rules refuse is not a candidate.
+        let Ok(e) = model.estimate(&c.cfg, &plan) else {
+            continue;
+        };
         let better = match &best {
             None => true,
             Some((fits, t, _)) => (e.fits, -e.iter_time_s) > (*fits, -t),
@@ -445,7 +449,7 @@ fn fastest_micro_batch(model: &CostModel, c: &Case) -> Result<Plan, CostError> {
             best = Some((e.fits, e.iter_time_s, plan));
         }
     }
-    Ok(best.map_or_else(|| c.plan.clone(), |(_, _, p)| p))
+    best.map_or_else(|| c.plan.clone(), |(_, _, p)| p)
 }
 
 /// One parsed data row: its line number in the file and its fields by column name.
