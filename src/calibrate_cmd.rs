@@ -27,7 +27,8 @@ pub struct CalibrateArgs {
     #[arg(long)]
     rows: bool,
     /// Add the published runs outside the reference tables (NeMo 24.07's fp8 table,
-    /// Megatron-Core's strong scaling, Llama 3 405B), embedded in the binary.
+    /// Megatron-Bridge's fp8 Llama runs, Megatron-Core's strong scaling, Llama 3 405B),
+    /// embedded in the binary.
     #[arg(long)]
     published: bool,
 }
