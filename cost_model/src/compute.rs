@@ -901,6 +901,37 @@ mod tests {
         );
     }
 
+    /// A long run keeps the device's own share of its matmul maximum where its description
+    /// gives one (700 W Hopper), the default elsewhere, and all of it at a benchmark's clock;
+    /// a cluster file may state it.
+    #[test]
+    fn sustained_share_is_the_devices_own() {
+        let p = ComputeParams::default();
+        let h100 = cluster::Cluster::preset("dgx-h100:nodes=1").unwrap();
+        let h200 = cluster::Cluster::preset("hgx-h200:nodes=1").unwrap();
+        let a100 = cluster::Cluster::preset("dgx-a100:nodes=1").unwrap();
+        assert_eq!(p.sustained_fraction(&h100), cluster::HOPPER_700W_SUSTAINED);
+        assert_eq!(p.sustained_fraction(&h200), cluster::HOPPER_700W_SUSTAINED);
+        assert_eq!(p.sustained_fraction(&a100), p.gemm_sustained_fraction);
+        let bench = ComputeParams {
+            benchmark_clock: true,
+            ..ComputeParams::default()
+        };
+        assert_eq!(bench.sustained_fraction(&h100), 1.0);
+        // The GEMM slows in proportion on a compute-bound shape.
+        let shape = GemmShape::new(1, 8192, 8192, 8192);
+        let bytes = 3.0 * 2.0 * 8192.0 * 8192.0;
+        let ratio = p.gemm_time(shape, DType::BF16, bytes, &h100)
+            / bench.gemm_time(shape, DType::BF16, bytes, &h100);
+        assert!(
+            (ratio - 1.0 / cluster::HOPPER_700W_SUSTAINED).abs() < 0.01,
+            "{ratio}"
+        );
+        let text = h100.to_toml();
+        assert!(text.contains("sustained = 0.82"), "{text}");
+        assert_eq!(cluster::Cluster::from_toml(&text).unwrap(), h100);
+    }
+
     /// On Hopper a partial last wave is balanced stream-K style: the MAMF finder's best fp8
     /// shape on H200 (160 tiles of 256x128 on 132 SMs) runs within a few percent of the
     /// ceiling, where whole-tile waves (Ampere, or with stream-K off) lose about a fifth.
