@@ -1188,6 +1188,16 @@ fn megatron_bridge_fp8_h100(rows: &[Line]) -> Read {
         .collect()
 }
 
+/// The data-parallel size of `gpus` GPUs laid out with `model_parallel` (tp x pp x cp) GPUs per
+/// replica, or why the row's layout does not add up.
+fn data_parallel(gpus: usize, model_parallel: usize) -> Result<usize, &'static str> {
+    let dp = gpus / model_parallel.max(1);
+    match dp > 0 && dp * model_parallel == gpus {
+        true => Ok(dp),
+        false => Err("the layout does not multiply to the GPU count"),
+    }
+}
+
 /// One row of a NeMo-style fp8 performance table (model shape, GPU count, GBS, MBS, TP, PP,
 /// CP, VP, tokens/s/GPU) as a case on DGX H100 under `software` at ZeRO stage `zero`: tensor
 /// parallelism with sequence parallelism and virtual stages with the interleaved schedule,
@@ -1213,10 +1223,7 @@ fn nemo_layout_case(r: &Line, software: &'static str, zero: usize) -> Result<Cas
         .num("tokens_per_s_per_gpu")
         .filter(|t| *t > 0.0)
         .ok_or("no measured throughput")?;
-    let dp = gpus / (tp * pp * cp).max(1);
-    if dp == 0 || dp * tp * pp * cp != gpus {
-        return Err("the layout does not multiply to the GPU count");
-    }
+    let dp = data_parallel(gpus, tp * pp * cp)?;
     let gated = r.get("gated_mlp") == "true";
     let learned = r.get("positions") == "learned";
     let name = r.get("model");
@@ -1275,10 +1282,7 @@ fn megatron_core_strong_scaling(rows: &[Line]) -> Read {
                 .filter(|m| *m > 0.0)
                 .ok_or("no measured MFU")?
                 / 100.0;
-            let dp = gpus / (tp * pp).max(1);
-            if dp == 0 || dp * tp * pp != gpus {
-                return Err("the layout does not multiply to the GPU count");
-            }
+            let dp = data_parallel(gpus, tp * pp)?;
             megatron_core_case(
                 format!("line {}: {} on {gpus} GPUs", r.number, r.get("model")),
                 r.get("model"),

@@ -694,6 +694,12 @@ pub fn layers_per_virtual_stage(layers: usize, virtual_stages: usize) -> Vec<usi
         .collect()
 }
 
+/// Layers pipeline rank `rank` of `pp` holds, given the layers of every virtual stage
+/// (`layers[c * pp + rank]` is its chunk `c`'s, as [`stage_layers`] lists them).
+pub fn rank_layers(layers: &[usize], pp: usize, rank: usize) -> usize {
+    layers.iter().skip(rank).step_by(pp.max(1)).sum()
+}
+
 /// Layers of each virtual stage of `plan`: the ones it fixes, or the balanced division.
 pub fn stage_layers(cfg: &TransformerConfig, plan: &Plan) -> Vec<usize> {
     plan.stage_layers
@@ -2045,9 +2051,7 @@ impl<'a> Ctx<'a> {
                 // head stay 16-bit).
                 let (layer_dense, per_param) = match plan.fp8 && self.m.software.fp8_params {
                     true => {
-                        let held: usize = (0..plan.vpp)
-                            .map(|c| layers[c * pp + m.pipeline_rank])
-                            .sum();
+                        let held = rank_layers(&layers, pp, m.pipeline_rank);
                         (held as f64 * self.layer_dense_params(), 1.0)
                     }
                     false => (0.0, self.e),
@@ -2255,7 +2259,7 @@ impl<'a> Ctx<'a> {
         let layer_tp_sharded_state = layer_params - optimizer_params_per_layer(cfg, plan);
         (0..pp)
             .map(|rank| {
-                let held_layers: usize = (0..plan.vpp).map(|c| layers[c * pp + rank]).sum();
+                let held_layers = rank_layers(layers, pp, rank);
                 let mut params = held_layers as f64 * layer_params;
                 let expert = held_layers as f64 * layer_experts;
                 let tp_sharded_state = held_layers as f64 * layer_tp_sharded_state;

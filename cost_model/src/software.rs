@@ -252,15 +252,15 @@ pub struct Software {
     /// moves their buffer ([`Software::grad_buffer_bytes`]).
     pub reduce_bytes: f64,
     /// Bytes per element of the gradient buffer that ZeRO-0/1 accumulates over a step's
-    /// micro-batches and then all-reduces (or reduce-scatters): `None` for the memory
-    /// model's default ([`crate::memory::MemoryParams::grad_bytes_per_param`], fp32 as
-    /// Megatron-LM forces under bf16: `accumulate_allreduce_grads_in_fp32`); 2 where the
-    /// stack accumulates and reduces in bf16, as NeMo's H100 performance scripts for GPT-3 and
+    /// micro-batches and then all-reduces (or reduce-scatters), where the stack keeps it in
+    /// its reduce dtype: 4 under the Megatron profiles (fp32, as Megatron-LM forces under
+    /// bf16: `accumulate_allreduce_grads_in_fp32`), 2 where the stack accumulates and
+    /// reduces in bf16, as NeMo's H100 performance scripts for GPT-3 and
     /// Llama ask (`optim.grad_sync_dtype=bf16`, NeMo-Framework-Launcher
     /// `examples/training/{gpt,llama}/h100/*.sh`, June 2024; Megatron-Core's
-    /// `grad_reduce_in_fp32=False`). Under the Megatron profiles and `nemo`, `reduce_dtype`
-    /// sets it with `reduce_bytes` (one switch in Megatron); elsewhere it sets only the
-    /// collective's dtype.
+    /// `grad_reduce_in_fp32=False`); `None` where the reduce dtype is only the collective's
+    /// (the memory model's default buffer, [`crate::memory::MemoryParams::grad_bytes_per_param`]).
+    /// Where it is set, `reduce_dtype` sets it with `reduce_bytes` (one switch in Megatron).
     #[serde(default)]
     pub grad_buffer_bytes: Option<f64>,
     /// Stage-to-stage transfers block both ends: the sender waits for its send to complete
@@ -436,6 +436,7 @@ impl Software {
         // set it; Megatron-LM's default is off).
         let megatron = Software {
             loss: LossKernel::Megatron,
+            grad_buffer_bytes: Some(4.0),
             ..by_layer.clone()
         };
         let s = match name {
@@ -485,6 +486,8 @@ impl Software {
                 overlap_grad_reduce: false,
                 overlap_param_gather: false,
                 param_gather: GatherUnit::Tensor,
+                // Its bf16 optimizer keeps fp32 gradients whatever it reduces in.
+                grad_buffer_bytes: None,
                 ..megatron
             },
             other => {
@@ -864,10 +867,11 @@ impl SoftwareSpec {
                     )));
                 }
             };
-            // Megatron's `grad_reduce_in_fp32` sets the dtype of the gradient buffer and of
-            // its reduction alike; PyTorch FSDP's and DeepSpeed's reduce dtype only the
-            // collective's (FSDP upcasts the reduced shard to the fp32 parameter's dtype).
-            if s.name.starts_with("megatron") || s.name == "nemo" {
+            // A stack whose gradient buffer is in its reduce dtype (Megatron's
+            // `grad_reduce_in_fp32` sets both) keeps it so; PyTorch FSDP's and DeepSpeed's
+            // reduce dtype is only the collective's (FSDP upcasts the reduced shard to the
+            // fp32 parameter's dtype), and they name no buffer.
+            if s.grad_buffer_bytes.is_some() {
                 s.grad_buffer_bytes = Some(s.reduce_bytes);
             }
         }
@@ -1006,10 +1010,16 @@ mod tests {
         // NeMo's H100 scripts accumulate and reduce gradients in bf16; Megatron-LM in fp32;
         // `reduce_dtype` sets both the buffer and the ZeRO-2/3 reduce-scatter.
         assert_eq!(Software::preset("nemo")?.grad_buffer_bytes, Some(2.0));
-        assert_eq!(Software::preset("megatron-core")?.grad_buffer_bytes, None);
+        assert_eq!(
+            Software::preset("megatron-core")?.grad_buffer_bytes,
+            Some(4.0)
+        );
+        assert_eq!(Software::preset("fsdp")?.grad_buffer_bytes, None);
         let f = Software::parse("megatron-core,reduce_dtype=bf16")?;
         assert_eq!((f.reduce_bytes, f.grad_buffer_bytes), (2.0, Some(2.0)));
         let f = Software::parse("fsdp,reduce_dtype=bf16")?;
+        assert_eq!((f.reduce_bytes, f.grad_buffer_bytes), (2.0, None));
+        let f = Software::parse("deepspeed,reduce_dtype=bf16")?;
         assert_eq!((f.reduce_bytes, f.grad_buffer_bytes), (2.0, None));
         let mut m = crate::CostModel::new(crate::Cluster::preset("dgx-h100:nodes=1")?);
         Software::parse("nemo,reduce_dtype=fp32")?.apply(&mut m);

@@ -2,7 +2,7 @@
 //! peak memory of a plan from the state every rank must hold, and the ordering of recompute
 //! policies in time. Neither can remove a plan that would rank; the proofs are in the docs.
 
-use autopar_cost_model::estimate::stage_layers;
+use autopar_cost_model::estimate::{rank_layers, stage_layers};
 use autopar_cost_model::memory::{
     activation_bytes_per_layer, expert_params_per_layer, layer_params_per_rank,
     optimizer_params_per_layer,
@@ -80,7 +80,7 @@ pub fn memory_lower_bound(
     };
     let worst = (0..pp)
         .map(|r| {
-            let held: usize = (0..plan.vpp).map(|c| layers[c * pp + r]).sum();
+            let held = rank_layers(&layers, pp, r);
             let chunks = in_flight.and_then(|f| f.get(r)).copied().unwrap_or(0) as f64;
             held as f64 * per_layer + chunks * min_chunk * act
         })

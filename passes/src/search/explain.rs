@@ -8,7 +8,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use autopar_cost_model::estimate::stage_layers;
+use autopar_cost_model::estimate::{rank_layers, stage_layers};
 use autopar_cost_model::{
     CostModel, Estimate, LayerPlacement, Offload, Plan, Recompute, TransformerConfig,
 };
@@ -126,7 +126,7 @@ pub fn time_terms(cfg: &TransformerConfig, plan: &Plan, estimate: &Estimate) -> 
         let work: f64 = (0..plan.vpp).map(|c| stage(c * pp + r)).sum::<f64>() * m;
         if work > busiest_work {
             busiest_work = work;
-            busiest_layers = (0..plan.vpp).map(|c| layers[c * pp + r]).sum();
+            busiest_layers = rank_layers(&layers, pp, r);
         }
     }
     let (f, b) = (&t.layer_forward, &t.layer_backward);
