@@ -1291,17 +1291,21 @@ impl<'a> Ctx<'a> {
         t
     }
 
-    /// ZeRO-3 all-gather of one layer's weights in one pass, cut as the software cuts it: a
-    /// byte per weight where they live in fp8 ([`crate::Software::fp8_params`]).
+    /// Bytes per layer weight that a ZeRO gather moves: a byte where the weights live in fp8
+    /// ([`crate::Software::fp8_params`] under `dtype=fp8`), the compute dtype's otherwise.
+    fn gathered_weight_bytes(&self) -> f64 {
+        match self.plan.fp8 && self.m.software.fp8_params {
+            true => 1.0,
+            false => self.e,
+        }
+    }
+
+    /// ZeRO-3 all-gather of one layer's weights in one pass, cut as the software cuts it.
     fn zero3_gather_pass(&self) -> f64 {
         if self.plan.zero_stage < 3 {
             return 0.0;
         }
-        let bytes = match self.plan.fp8 && self.m.software.fp8_params {
-            true => 1.0,
-            false => self.e,
-        };
-        self.zero3_collective(Collective::AllGather, bytes)
+        self.zero3_collective(Collective::AllGather, self.gathered_weight_bytes())
     }
 
     /// `c` over one layer's ZeRO-3 state at `bytes` per parameter, cut into collectives as the
@@ -2047,15 +2051,11 @@ impl<'a> Ctx<'a> {
             };
             optimizer = optimizer.max(step);
             if (1..=2).contains(&plan.zero_stage) {
-                // fp8 parameters are gathered a byte each (the layers'; the embedding and
-                // head stay 16-bit).
-                let (layer_dense, per_param) = match plan.fp8 && self.m.software.fp8_params {
-                    true => {
-                        let held = rank_layers(&layers, pp, m.pipeline_rank);
-                        (held as f64 * self.layer_dense_params(), 1.0)
-                    }
-                    false => (0.0, self.e),
-                };
+                // The layers' weights at their gathered bytes; the embedding and head are
+                // 16-bit.
+                let per_param = self.gathered_weight_bytes();
+                let layer_dense =
+                    rank_layers(&layers, pp, m.pipeline_rank) as f64 * self.layer_dense_params();
                 let gather = self.zero_collective(
                     Collective::AllGather,
                     (dense - layer_dense) * self.e + layer_dense * per_param,
