@@ -31,9 +31,11 @@ const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
 ///   state of [`optimizer_params_per_layer`] at `o / z1`; embedding and head are left out
 ///   (under CPU offload, what the estimate leaves on the GPU: the weights and a 16-bit
 ///   gradient shard with the optimizer offloaded, nothing with the parameters);
-/// - it stores `in_flight[r] * c_r * a` activation bytes, where `c_r` is its largest chunk's
-///   layer count, at least the smallest chunk of all, and `a` is
-///   [`activation_bytes_per_layer`] under the plan's recompute policy;
+/// - it stores `a` activation bytes per layer of each of its `in_flight[r]` in-flight
+///   micro-batch chunks (the schedule's peak with every chunk at its own size,
+///   `Schedule::peak_in_flight_by`), so at least `in_flight[r] * m * a`, where `m` is the
+///   smallest chunk of all and `a` is [`activation_bytes_per_layer`] under the plan's
+///   recompute policy;
 /// - the reserved memory is always there; working memory and buffers are left out.
 ///
 /// So each rank's total is at least its term here, and the maximum over ranks bounds the
