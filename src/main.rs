@@ -102,7 +102,7 @@ enum Command {
     Launch(launch_cmd::LaunchArgs),
     /// Describe a cluster: devices, memory, fabrics and link bandwidths.
     Topo {
-        /// A preset (dgx-a100:nodes=N, dgx-h100:nodes=N, hgx-h200:nodes=N, cpu:ranks=N) or a TOML file.
+        /// A preset (dgx-a100:nodes=N, dgx-h100:nodes=N[,power=W], hgx-h200:nodes=N, cpu:ranks=N, ...) or a TOML file.
         cluster: String,
         /// Print the description as TOML (the input format of --cluster files).
         #[arg(long)]
@@ -125,7 +125,7 @@ enum Command {
 struct EstimateArgs {
     /// A transformer from the zoo (name or spec) or a .air/.json file.
     model: String,
-    /// A preset (dgx-a100:nodes=N, dgx-h100:nodes=N, hgx-h200:nodes=N, cpu:ranks=N) or a TOML file.
+    /// A preset (dgx-a100:nodes=N, dgx-h100:nodes=N[,power=W], hgx-h200:nodes=N, cpu:ranks=N, ...) or a TOML file.
     #[arg(long)]
     cluster: String,
     /// The training stack whose speed is modelled: autopar (default), megatron-lm-2021,

@@ -20,7 +20,7 @@ use crate::report::{self, Measured, PageInput, RankedRow};
 pub struct ReportArgs {
     /// A transformer from the zoo (name or spec) or a .air/.json file.
     model: String,
-    /// A preset (dgx-a100:nodes=N, dgx-h100:nodes=N, hgx-h200:nodes=N, cpu:ranks=N) or a TOML file.
+    /// A preset (dgx-a100:nodes=N, dgx-h100:nodes=N[,power=W], hgx-h200:nodes=N, cpu:ranks=N, ...) or a TOML file.
     #[arg(long)]
     cluster: String,
     /// Global batch size in sequences.

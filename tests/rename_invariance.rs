@@ -209,6 +209,20 @@ fn a_shared_expert_is_read_off_the_graph() {
     assert_eq!(TransformerConfig::from_graph(&r).expect("config"), c);
 }
 
+/// The norm is read off the graph's ops: the zoo's Llama normalises with RMSNorm, its GPT
+/// with LayerNorm (what PyTorch eager mode pays for differs: one kernel against a chain).
+#[test]
+fn the_norm_is_read_off_the_ops() {
+    let config = |spec: &str| {
+        let g = autopar_frontends::zoo::build(spec, 8).expect("zoo model");
+        TransformerConfig::from_graph(&g).expect("config")
+    };
+    let llama = config("llama:layers=2,hidden=64,heads=4,kv_heads=2,ffn=172,seq=32,vocab=256");
+    assert!(llama.rms_norm && !llama.learned_positions && llama.gated_mlp);
+    let gpt = config("gpt:layers=2,hidden=64,heads=4,seq=32,vocab=256");
+    assert!(!gpt.rms_norm && gpt.learned_positions);
+}
+
 #[test]
 fn partitioned_programs_do_not_depend_on_names() {
     let mesh = DeviceMesh::parse("dp=2,tp=2").expect("mesh");

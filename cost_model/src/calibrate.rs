@@ -264,6 +264,10 @@ pub fn published_tables() -> Vec<(String, String)> {
             "megatron_bridge_fp8_h100.csv",
             include_str!("../published/megatron_bridge_fp8_h100.csv"),
         ),
+        (
+            "torchtitan_llama3_h100.csv",
+            include_str!("../published/torchtitan_llama3_h100.csv"),
+        ),
     ]
     .into_iter()
     .map(|(name, text)| (name.to_string(), text.to_string()))
@@ -290,6 +294,7 @@ fn table_report(file: &str, text: &str) -> TableReport {
         "megatron_bridge_fp8_h100" => Ok(steps(megatron_bridge_fp8_h100(&rows))),
         "megatron_core_strong_scaling_h100" => Ok(steps(megatron_core_strong_scaling(&rows))),
         "llama3_405b_h100" => Ok(steps(llama3_405b(&rows))),
+        "torchtitan_llama3_h100" => Ok(steps(torchtitan_llama3_h100(&rows))),
         _ => Err("no reader for this table"),
     };
     let cases = match read {
@@ -354,9 +359,10 @@ fn figure_note(table: &str, figures: &[String]) -> String {
         "megatron_core_h100_weak_scaling_readme" => {
             ", from measured TFLOP/s/GPU by 72BLsh^2(1+s/6h+V/12hL)"
         }
-        "llmfoundry_mpt_benchmarks" | "nemo_24_07_fp8_h100" | "megatron_bridge_fp8_h100" => {
-            ", from measured tokens/s"
-        }
+        "llmfoundry_mpt_benchmarks"
+        | "nemo_24_07_fp8_h100"
+        | "megatron_bridge_fp8_h100"
+        | "torchtitan_llama3_h100" => ", from measured tokens/s",
         "megatron_core_strong_scaling_h100" => ", from MFU by 72BLsh^2(1+s/6h+V/12hL)",
         _ => "",
     };
@@ -871,6 +877,7 @@ fn megatron_moe_layer(rows: &[Line]) -> Read {
                     gated_mlp: true,
                     tied_embeddings: false,
                     learned_positions: false,
+                    rms_norm: true,
                     shared_ffn,
                 };
                 let dp = gpus / tp;
@@ -1233,6 +1240,9 @@ fn nemo_layout_case(r: &Line, software: &'static str, zero: usize) -> Result<Cas
         gated_mlp: gated,
         tied_embeddings: learned,
         learned_positions: learned,
+        // The gated models of these tables (Llama 2 and 3, Mixtral) normalise with RMSNorm,
+        // the others (GPT-3, Nemotron) with LayerNorm.
+        rms_norm: gated,
         ..TransformerConfig::gpt(name, layers, hidden, heads, seq, vocab)
     };
     let model = format!(
@@ -1260,6 +1270,109 @@ fn nemo_layout_case(r: &Line, software: &'static str, zero: usize) -> Result<Cas
         short_run: false,
         tuned_mbs: false,
     })
+}
+
+/// torchtitan's published Llama 3.1 benchmarks (`published/torchtitan_llama3_h100.csv`) on
+/// the 96 GB HBM2e H100 at 500 W they ran on (`hgx-h100-96gb`): FSDP2 as ZeRO-3 over the
+/// data-parallel ranks (and, under context parallelism, over `dp x cp`, the `torchtitan`
+/// profile's `zero_over_cp`), tensor parallelism with sequence parallelism, `torch.compile`
+/// as fused element-wise work (`fusion=fused`), async TP as the pipelined tensor-parallel
+/// collectives (`tp_comm_overlap`), float8 as `dtype=fp8`. Each data-parallel rank's batch
+/// is split into as many micro-batches as there are pipeline ranks (torchtitan's default),
+/// otherwise run whole.
+fn torchtitan_llama3_h100(rows: &[Line]) -> Read {
+    rows.iter()
+        .map(|r| {
+            let need = |k: &str| r.int(k).ok_or("a configuration column is missing");
+            let flag = |k: &str| match r.get(k) {
+                "true" => Ok(true),
+                "false" => Ok(false),
+                _ => Err("a true/false column is not understood"),
+            };
+            let (layers, hidden, heads, kv_heads, ffn) = (
+                need("layers")?,
+                need("hidden")?,
+                need("heads")?,
+                need("kv_heads")?,
+                need("ffn")?,
+            );
+            let (vocab, seq, gpus, local) = (
+                need("vocab")?,
+                need("seq")?,
+                need("gpus")?,
+                need("local_batch")?,
+            );
+            let (fsdp, tp, pp, cp, vpp) = (
+                need("fsdp")?,
+                need("tp")?,
+                need("pp")?,
+                need("cp")?,
+                need("vpp")?,
+            );
+            let tokens = r
+                .num("tokens_per_s_per_gpu")
+                .filter(|t| *t > 0.0)
+                .ok_or("no measured throughput")?;
+            if data_parallel(gpus, tp * pp * cp)? != fsdp {
+                return Err("the layout does not multiply to the GPU count");
+            }
+            let recompute = match r.get("ac") {
+                "selective" => "selective",
+                "full" => "full",
+                _ => return Err("activation checkpointing not understood"),
+            };
+            let software = match (flag("compile")?, flag("async_tp")?) {
+                (false, false) => "torchtitan",
+                (true, false) => "torchtitan,fusion=fused",
+                (false, true) => "torchtitan,tp_comm_overlap=true",
+                (true, true) => "torchtitan,fusion=fused,tp_comm_overlap=true",
+            };
+            let dtype = if flag("float8")? { "fp8" } else { "bf16" };
+            if !local.is_multiple_of(pp) {
+                return Err("the batch does not split into one micro-batch per stage");
+            }
+            let mbs = local / pp;
+            let gbs = fsdp * local;
+            let name = r.get("model");
+            let cfg = TransformerConfig {
+                kv_heads,
+                ffn,
+                gated_mlp: true,
+                tied_embeddings: false,
+                learned_positions: false,
+                rms_norm: true,
+                ..TransformerConfig::gpt(name, layers, hidden, heads, seq, vocab)
+            };
+            let model = format!(
+                "{name}: {layers} layers, h {hidden}, {heads} heads ({kv_heads} kv), ffn {ffn} \
+                 (SwiGLU, RMSNorm, rotary), seq {seq}, vocab {vocab}"
+            );
+            let (cluster_spec, cluster) = nodes("hgx-h100-96gb", gpus)?;
+            let sp = if tp > 1 { ",sp=true" } else { "" };
+            let schedule = if vpp > 1 { ",schedule=interleaved" } else { "" };
+            let plan = plan(&format!(
+                "dp={fsdp},tp={tp},pp={pp},cp={cp},vpp={vpp},mbs={mbs},gbs={gbs},zero=3,\
+                 recompute={recompute},dtype={dtype}{sp}{schedule}"
+            ))?;
+            Ok(Case {
+                label: format!(
+                    "line {}: table {}, {name} on {gpus} GPUs, {software}, {dtype}",
+                    r.number,
+                    r.get("table")
+                ),
+                model,
+                cfg,
+                cluster_spec,
+                cluster,
+                plan,
+                software,
+                figure: Figure::StepTime,
+                measured: (gbs * seq) as f64 / (gpus as f64 * tokens),
+                short_run: false,
+                tuned_mbs: false,
+            })
+        })
+        .collect()
 }
 
 /// Megatron-Core r0.8's strong-scaling statement (`published/megatron_core_strong_scaling_h100.csv`):
@@ -1326,6 +1439,7 @@ fn llama3_405b(rows: &[Line]) -> Read {
                 gated_mlp: true,
                 tied_embeddings: false,
                 learned_positions: false,
+                rms_norm: true,
                 ..TransformerConfig::gpt("llama3-405b", 126, 16384, 128, seq, 128256)
             };
             let (cluster_spec, cluster) = nodes("dgx-h100", gpus)?;

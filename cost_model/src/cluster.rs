@@ -189,6 +189,33 @@ pub struct GpuSpec {
     /// of the datasheet peak ([`crate::compute::ComputeParams::gemm_ceiling_default`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mamf_tflops: Option<MamfTflops>,
+    /// The board power the device is rated for and its matmul maximum was measured at, W
+    /// (the datasheet's maximum TDP).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tdp_w: Option<f64>,
+    /// The power limit the device runs under, W, where it is set below `tdp_w`
+    /// (`nvidia-smi -pl`, or a platform's default): see [`GpuSpec::power_clock_share`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub power_limit_w: Option<f64>,
+}
+
+impl GpuSpec {
+    /// The share of its rated clock the tensor cores keep under
+    /// [`GpuSpec::power_limit_w`]: `(limit / tdp)^(1/3)`, 1 without a limit below the rating.
+    /// Under matmul load the power limit already binds at the rated power (the sustained
+    /// share of [`MamfTflops::sustained`]), so a lower limit lowers the clock further; the
+    /// dynamic power of CMOS logic is `C V^2 f` and along the voltage-frequency curve the
+    /// voltage rises about linearly with the clock, so the power goes as the cube of the
+    /// clock and the clock as the cube root of the power. Leakage, which does not fall with
+    /// the clock, would make the loss larger; the voltage floor at low clocks, smaller. A
+    /// check from the MAMF table: the A100 PCIe (300 W) reaches 252.9 TFLOP/s where the SXM
+    /// part (400 W) reaches 271.2, 0.933 of it; the cube root of 300/400 gives 0.909.
+    pub fn power_clock_share(&self) -> f64 {
+        match (self.tdp_w, self.power_limit_w) {
+            (Some(tdp), Some(limit)) if limit < tdp => (limit / tdp).cbrt(),
+            _ => 1.0,
+        }
+    }
 }
 
 /// The fabric joining the devices of one node.
@@ -324,33 +351,43 @@ impl Cluster {
     }
 
     /// A preset: `dgx-a100:nodes=N`, `dgx-a100-40gb:nodes=N`, `dgx-h100:nodes=N`,
-    /// `hgx-h200:nodes=N`, `dgx-b200:nodes=N` or `cpu:ranks=N` (options may be omitted: one
-    /// node, or one rank).
+    /// `hgx-h100-96gb:nodes=N`, `hgx-h200:nodes=N`, `dgx-b200:nodes=N` or `cpu:ranks=N`
+    /// (options may be omitted: one node, or one rank). GPU presets whose rated power is
+    /// known also take `power=W`, a power limit below it ([`GpuSpec::power_limit_w`]).
     pub fn preset(spec: &str) -> Result<Cluster, CostError> {
         let err = |message: String| CostError::Preset {
             preset: spec.to_string(),
             message,
         };
         let (name, opts) = spec.split_once(':').unwrap_or((spec, ""));
-        let mut count: Option<usize> = None;
-        let allowed = if name.trim() == "cpu" {
-            "ranks"
-        } else {
-            "nodes"
+        let name = name.trim();
+        let gpu = name != "cpu";
+        let allowed = if gpu { "nodes" } else { "ranks" };
+        let expected = match gpu {
+            true => "`nodes` or `power`",
+            false => "`ranks`",
         };
+        let (mut count, mut power): (Option<usize>, Option<f64>) = (None, None);
         let opts = crate::plan::key_values(opts).map_err(|e| err(e.to_string()))?;
         for (k, v) in opts {
+            let (k, v) = (k.trim(), v.trim());
+            if k == "power" && gpu {
+                if power.is_some() {
+                    return Err(err("`power` is given twice".into()));
+                }
+                let w: f64 = v
+                    .parse()
+                    .map_err(|_| err(format!("`power` must be a number of watts, not `{v}`")))?;
+                power = Some(w);
+                continue;
+            }
+            if k != allowed {
+                return Err(err(format!("unknown option `{k}` (expected {expected})")));
+            }
             if count.is_some() {
                 return Err(err(format!("`{allowed}` is given twice")));
             }
-            if k.trim() != allowed {
-                return Err(err(format!(
-                    "unknown option `{}` (expected `{allowed}`)",
-                    k.trim()
-                )));
-            }
             let n: usize = v
-                .trim()
                 .parse()
                 .map_err(|_| err(format!("`{allowed}` must be a positive integer, not `{v}`")))?;
             if n == 0 || n > crate::plan::MAX_DEVICES {
@@ -362,9 +399,10 @@ impl Cluster {
             count = Some(n);
         }
         let n = count.unwrap_or(1);
-        let c = match name.trim() {
+        let mut c = match name {
             "dgx-a100" => dgx_a100(n),
             "dgx-h100" => dgx_h100(n),
+            "hgx-h100-96gb" => hgx_h100_96gb(n),
             "hgx-h200" => hgx_h200(n),
             "dgx-a100-40gb" => dgx_a100_40gb(n),
             "dgx-b200" => dgx_b200(n),
@@ -372,10 +410,19 @@ impl Cluster {
             other => {
                 return Err(err(format!(
                     "unknown preset `{other}` (expected dgx-a100, dgx-a100-40gb, dgx-h100, \
-                     hgx-h200, dgx-b200 or cpu)"
+                     hgx-h100-96gb, hgx-h200, dgx-b200 or cpu)"
                 )));
             }
         };
+        if let Some(w) = power {
+            if c.gpu.tdp_w.is_none() {
+                return Err(err(format!(
+                    "`power` needs the device's rated power, which preset `{name}` does not give"
+                )));
+            }
+            c.gpu.power_limit_w = Some(w);
+            c.name = format!("{},power={w}", c.name);
+        }
         c.validate().map_err(|e| err(e.to_string()))?;
         Ok(c)
     }
@@ -457,6 +504,22 @@ impl Cluster {
         }
         if self.gpu.sms == Some(0) {
             return bad("gpu.sms", "must be at least 1");
+        }
+        if let Some(v) = self.gpu.tdp_w {
+            positive("gpu.tdp_w", v)?;
+        }
+        if let Some(v) = self.gpu.power_limit_w {
+            positive("gpu.power_limit_w", v)?;
+            match self.gpu.tdp_w {
+                None => return bad("gpu.power_limit_w", "is given but gpu.tdp_w is not"),
+                Some(tdp) if v > tdp => {
+                    return bad(
+                        "gpu.power_limit_w",
+                        &format!("{v} W is above the device's rated {tdp} W (gpu.tdp_w)"),
+                    );
+                }
+                Some(_) => {}
+            }
         }
         if let Some(m) = &self.gpu.mamf_tflops {
             positive("gpu.mamf_tflops.bf16", m.bf16)?;
@@ -706,6 +769,8 @@ pub fn dgx_a100(nodes: usize) -> Cluster {
                 fp8: None,
                 sustained: None,
             }),
+            tdp_w: Some(400.0),
+            power_limit_w: None,
         },
         intra_node: FabricSpec {
             fabric: "nvswitch".into(),
@@ -776,6 +841,8 @@ pub fn dgx_h100(nodes: usize) -> Cluster {
                 fp8: Some(1402.6),
                 sustained: Some(HOPPER_700W_SUSTAINED),
             }),
+            tdp_w: Some(700.0),
+            power_limit_w: None,
         },
         intra_node: FabricSpec {
             fabric: "nvswitch".into(),
@@ -814,6 +881,23 @@ pub fn hgx_h200(nodes: usize) -> Cluster {
     c
 }
 
+/// HGX H100 with the 96 GB HBM2e part that torchtitan's published benchmarks ran on
+/// (`benchmarks/llama3_h100_202412_torchtitan.md` and `asyncTP_llama3_h100_2025-06_torchtitan.md`
+/// in github.com/pytorch/torchtitan: Meta's Grand Teton hosts, "96GB HBM2e with 2.4 TB/sec
+/// peak memory bandwidth", 400 Gb/s of RDMA per GPU, "the default 500W power limit"): the
+/// H100 SXM die (the same peaks, SMs and matmul maximum at 700 W) with 96 GiB at 2.4 TB/s,
+/// limited to 500 W ([`GpuSpec::power_clock_share`]; `power=700` lifts it). The RDMA NICs
+/// are priced as DGX H100's 400 Gb/s ones.
+pub fn hgx_h100_96gb(nodes: usize) -> Cluster {
+    let mut c = dgx_h100(nodes);
+    c.name = format!("hgx-h100-96gb:nodes={nodes}");
+    c.gpu.model = "H100-SXM5-96GB-HBM2e".into();
+    c.gpu.hbm_capacity_gib = 96.0;
+    c.gpu.hbm_bandwidth_gb_per_s = 2400.0;
+    c.gpu.power_limit_w = Some(500.0);
+    c
+}
+
 /// One GH200 superchip's GPU (the Hopper die of H100 with 132 SMs, 989 TFLOP/s bf16 and
 /// 1979 fp8 dense, NVIDIA GH200 datasheet) in the 141 GB HBM3e version the MAMF table's
 /// GH200 row names ("900W 141GiB HBM3e version"), at the 4.8 TB/s of H200's 141 GB of HBM3e
@@ -832,6 +916,8 @@ pub fn gh200_gpu() -> Cluster {
         fp8: Some(1535.0),
         sustained: None,
     });
+    // The module's 900 W covers the Grace CPU as well; the GPU's own share is not stated.
+    c.gpu.tdp_w = None;
     // The Grace CPU's 480 GB of LPDDR5X at up to 512 GB/s, reached over NVLink-C2C at
     // 450 GB/s per direction (NVIDIA GH200 datasheet: 900 GB/s bidirectional).
     c.host = Some(HostSpec {
@@ -858,6 +944,8 @@ pub fn a100_pcie_gpu() -> Cluster {
         fp8: None,
         sustained: None,
     });
+    // 300 W: the datasheet's PCIe 80GB column.
+    c.gpu.tdp_w = Some(300.0);
     // Alone in the node: its Gen4 x16 link is its own.
     c.host = Some(HostSpec {
         gpus_per_pcie_link: 1,
@@ -916,6 +1004,8 @@ pub fn dgx_b200(nodes: usize) -> Cluster {
             fp8: Some(3432.5),
             sustained: None,
         }),
+        tdp_w: None,
+        power_limit_w: None,
     };
     c.intra_node.bus_bandwidth_gb_per_s = 680.0;
     c.intra_node.nvls_algbw_gb_per_s = Some(480.0);
@@ -953,6 +1043,8 @@ pub fn cpu(ranks: usize) -> Cluster {
             sms: None,
             arch: GpuArch::Other,
             mamf_tflops: None,
+            tdp_w: None,
+            power_limit_w: None,
         },
         intra_node: FabricSpec {
             fabric: "shared-memory".into(),
@@ -1041,6 +1133,51 @@ mod tests {
                 .unwrap_err()
                 .to_string()
                 .contains("network.gpu_to_nic")
+        );
+    }
+
+    /// A power limit below the rating keeps the cube root of its share of the clock; the
+    /// presets take it as `power=W`, torchtitan's 96 GB H100 starts at its 500 W, and the
+    /// description round-trips through TOML. A limit above the rating, or without one, is
+    /// refused with the key at fault.
+    #[test]
+    fn power_limits_lower_the_clock_by_their_cube_root() {
+        let full = Cluster::preset("dgx-h100:nodes=2").unwrap();
+        assert_eq!(full.gpu.tdp_w, Some(700.0));
+        assert_eq!(full.gpu.power_clock_share(), 1.0);
+        let capped = Cluster::preset("dgx-h100:nodes=2,power=500").unwrap();
+        assert_eq!(capped.num_devices(), 16);
+        assert!((capped.gpu.power_clock_share() - (500.0f64 / 700.0).cbrt()).abs() < 1e-12);
+        assert!(capped.name.contains("power=500"), "{}", capped.name);
+        assert_eq!(Cluster::from_toml(&capped.to_toml()).unwrap(), capped);
+        let tt = Cluster::preset("hgx-h100-96gb:nodes=4").unwrap();
+        assert_eq!(tt.num_devices(), 32);
+        assert_eq!(tt.gpu.power_limit_w, Some(500.0));
+        assert_eq!(tt.gpu.hbm_bandwidth_gb_per_s, 2400.0);
+        let lifted = Cluster::preset("hgx-h100-96gb:power=700").unwrap();
+        assert_eq!(lifted.gpu.power_clock_share(), 1.0);
+        // The A100 PCIe / SXM pair of the MAMF table: 0.933 measured, 0.909 by the law.
+        let mut pcie = dgx_a100(1);
+        pcie.gpu.power_limit_w = Some(300.0);
+        let law = pcie.gpu.power_clock_share();
+        assert!((law - 0.909).abs() < 0.001 && (law - 252.9 / 271.2).abs() < 0.03);
+        for (spec, want) in [
+            ("dgx-h100:power=800", "above the device's rated 700 W"),
+            ("dgx-h100:power=lots", "`power` must be a number of watts"),
+            ("dgx-h100:power=500,power=600", "`power` is given twice"),
+            ("dgx-h100:power=0", "gpu.power_limit_w"),
+            ("dgx-b200:power=800", "does not give"),
+            ("cpu:ranks=2,power=100", "unknown option `power`"),
+        ] {
+            let e = Cluster::preset(spec).unwrap_err().to_string();
+            assert!(e.contains(want), "{spec}: {e}");
+        }
+        let text = include_str!("../clusters/dgx-a100.toml");
+        let orphan = text.replace("tdp_w = 400.0", "power_limit_w = 300.0");
+        let e = Cluster::from_toml(&orphan).unwrap_err().to_string();
+        assert!(
+            e.contains("gpu.power_limit_w") && e.contains("gpu.tdp_w"),
+            "{e}"
         );
     }
 

@@ -251,6 +251,72 @@ fn default_attention_block_overhead() -> f64 {
     1.5
 }
 
+/// What an element-wise chain of a model's layer costs in PyTorch eager mode beyond the one
+/// fused kernel a fusing stack runs for it, `[forward, backward]`: bytes moved per element
+/// of the tensor it works on (16-bit activations, fp32 where the model's Python code
+/// upcasts) and kernels launched. Counted op by op from torchtitan's Llama
+/// (`torchtitan/models/llama/model.py` and `models/norms.py` at the commit of its December
+/// 2024 benchmarks, 9dec370); Hugging Face's Llama runs the same chains. The backward of a
+/// chain is autograd's: each op's gradient reads the incoming gradient and what the op
+/// saved and writes its own, and a tensor read twice accumulates two gradients.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct EagerChain {
+    /// Extra bytes per element, `[forward, backward]`.
+    pub bytes: [f64; 2],
+    /// Extra kernels, `[forward, backward]`.
+    pub kernels: [f64; 2],
+}
+
+/// RMSNorm as `(x.float() * rsqrt(x.float().pow(2).mean(-1) + eps)).type_as(x) * w`, per
+/// element of its `[tokens, h]` input: the forward casts up (2 B read, 4 written), squares
+/// (4 + 4), reduces (4), scales (4 + 4), casts down (4 + 2) and multiplies by the weight
+/// (2 + 2): 36 B in 7 kernels where one fused kernel reads and writes 4 B, so 32 B more.
+/// The backward: the weight's product (the input gradient 2 + 2 and the weight gradient's
+/// reduction 2 + 2), the casts (2 + 4, 4 + 2), the scale's two gradients (8 and 8), the
+/// square's (4 + 4) and the two gradients of the fp32 input summed (12): 56 B in about 12
+/// kernels against a fused kernel's 6, so 50 B more. PyTorch's `nn.LayerNorm` is one kernel
+/// in eager mode as well, so a LayerNorm model pays nothing here.
+pub const EAGER_RMS_NORM: EagerChain = EagerChain {
+    bytes: [32.0, 50.0],
+    kernels: [6.0, 11.0],
+};
+
+/// Rotary positions as complex multiplication
+/// (`view_as_real(view_as_complex(x.float()) * freqs).type_as(x)`), per element of the
+/// queries and keys: the upcast (2 + 4), the product (4 + 4; the frequencies are one
+/// `[seq, d]` table) and the downcast (4 + 2), 20 B in 3 kernels per tensor where a fused
+/// rotary kernel reads and writes 4 B: 16 B more each way (the backward runs the mirror
+/// chain, the conjugate product between the casts). Hugging Face's `rotate_half` form
+/// (negate, concatenate, two products, a sum, in 16 bits) moves as much.
+pub const EAGER_ROTARY: EagerChain = EagerChain {
+    bytes: [16.0, 16.0],
+    kernels: [4.0, 4.0],
+};
+
+/// Grouped-query attention's `repeat_kv` (expand and reshape: a copy) that gives every query
+/// head its own key and value head before `scaled_dot_product_attention`, per element of
+/// the repeated keys and values: the copy writes the repeated heads (2 B) and reads the
+/// shared one once per group (2 B over the group's size); its backward sums the group's
+/// gradients back. Counted as 4 B each way per element of the query-wide keys and values,
+/// the read as if the group were of one (an over-count of at most a few percent of the
+/// chain); nothing without grouping.
+pub const EAGER_REPEAT_KV: EagerChain = EagerChain {
+    bytes: [4.0, 4.0],
+    kernels: [2.0, 2.0],
+};
+
+/// A gated MLP's `silu(a) * b`, per element of one gate: `silu` reads `a` and writes its
+/// output (4 B) and the product reads both and writes (6 B), where a fused SwiGLU kernel
+/// reads the two inputs and writes once (6 B): 4 B more. The backward: the product's two
+/// gradients (each reading the incoming gradient and the other factor, writing 2 B: 12 B)
+/// and `silu`'s (6 B), against a fused kernel's reads of the gradient and both inputs and
+/// writes of two gradients (10 B): 8 B more. A GELU MLP's activation is one kernel in eager
+/// mode as in fused code.
+pub const EAGER_GATE: EagerChain = EagerChain {
+    bytes: [4.0, 8.0],
+    kernels: [1.0, 2.0],
+};
+
 /// The key block of the fused attention kernels' tiles (FlashAttention 2 and 3, head dims 64
 /// to 128): [`ComputeParams::attention_block_factor`] counts work in blocks of it.
 pub const ATTENTION_BLOCK: f64 = 128.0;
@@ -402,17 +468,21 @@ impl ComputeParams {
 
     /// The share of the device's matmul maximum its GEMMs sustain: the device's own
     /// ([`crate::cluster::MamfTflops::sustained`]) or the default
-    /// ([`ComputeParams::gemm_sustained_fraction`]); all of it at a benchmark's clock.
+    /// ([`ComputeParams::gemm_sustained_fraction`]); all of it at a benchmark's clock. Under
+    /// a power limit below the device's rating, times the clock share that limit leaves
+    /// ([`crate::cluster::GpuSpec::power_clock_share`]), a benchmark's as well.
     pub fn sustained_fraction(&self, cluster: &Cluster) -> f64 {
+        let limited = cluster.gpu.power_clock_share();
         if self.benchmark_clock {
-            return 1.0;
+            return limited;
         }
-        cluster
-            .gpu
-            .mamf_tflops
-            .as_ref()
-            .and_then(|m| m.sustained)
-            .unwrap_or(self.gemm_sustained_fraction)
+        limited
+            * cluster
+                .gpu
+                .mamf_tflops
+                .as_ref()
+                .and_then(|m| m.sustained)
+                .unwrap_or(self.gemm_sustained_fraction)
     }
 
     /// [`ComputeParams::gemm_time`] against a given ceiling (FLOP/s of the best shape before
@@ -744,7 +814,8 @@ impl ComputeParams {
 
     /// Seconds for a fused attention kernel doing `flops` with `io` bytes of inputs/outputs,
     /// in the forward or the `backward`, each call over `keys` keys (with or without a
-    /// `causal` mask; [`ComputeParams::attention_block_factor`]).
+    /// `causal` mask; [`ComputeParams::attention_block_factor`]), at the clock a power limit
+    /// leaves ([`crate::cluster::GpuSpec::power_clock_share`]).
     #[allow(clippy::too_many_arguments)]
     pub fn flash_time(
         &self,
@@ -756,7 +827,9 @@ impl ComputeParams {
         keys: f64,
         causal: bool,
     ) -> f64 {
-        let peak = cluster.peak_flops(dtype) * self.attention_fraction(cluster, backward);
+        let peak = cluster.peak_flops(dtype)
+            * self.attention_fraction(cluster, backward)
+            * cluster.gpu.power_clock_share();
         (flops / peak * self.attention_block_factor(keys, causal))
             .max(io / (cluster.hbm_bandwidth() * self.memory_bandwidth_fraction))
             + self.kernel_overhead_s
@@ -930,6 +1003,27 @@ mod tests {
         let text = h100.to_toml();
         assert!(text.contains("sustained = 0.82"), "{text}");
         assert_eq!(cluster::Cluster::from_toml(&text).unwrap(), h100);
+    }
+
+    /// Under a power limit the GEMMs and the attention kernels both run at the clock share
+    /// it leaves, a benchmark's GEMMs as well; memory-bound work is untouched.
+    #[test]
+    fn a_power_limit_slows_the_tensor_cores_only() {
+        let p = ComputeParams::default();
+        let full = cluster::Cluster::preset("dgx-h100:nodes=1").unwrap();
+        let capped = cluster::Cluster::preset("dgx-h100:nodes=1,power=400").unwrap();
+        let share = (400.0f64 / 700.0).cbrt();
+        let sustained = p.sustained_fraction(&capped) / p.sustained_fraction(&full);
+        assert!((sustained - share).abs() < 1e-12, "{sustained}");
+        let bench = ComputeParams {
+            benchmark_clock: true,
+            ..ComputeParams::default()
+        };
+        assert!((bench.sustained_fraction(&capped) - share).abs() < 1e-12);
+        let flash = |c: &Cluster| p.flash_time(1e15, 1e6, DType::BF16, c, true, 8192.0, true);
+        let ratio = (flash(&capped) - p.kernel_overhead_s) / (flash(&full) - p.kernel_overhead_s);
+        assert!((ratio - 1.0 / share).abs() < 1e-9, "{ratio}");
+        assert_eq!(p.memory_time(1e9, &capped), p.memory_time(1e9, &full));
     }
 
     /// On Hopper a partial last wave is balanced stream-K style: the MAMF finder's best fp8

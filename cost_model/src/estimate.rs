@@ -13,7 +13,10 @@ use crate::buckets::{GradientSpan, gradient_buckets, layer_gradient_params};
 use crate::cluster::Cluster;
 use crate::cluster::Runtime;
 use crate::comm::{Collective, CommParams};
-use crate::compute::{AttentionKernel, AttentionShape, ComputeParams, GemmShape, OpCost};
+use crate::compute::{
+    AttentionKernel, AttentionShape, ComputeParams, EAGER_GATE, EAGER_REPEAT_KV, EAGER_RMS_NORM,
+    EAGER_ROTARY, EagerChain, GemmShape, OpCost,
+};
 use crate::cost::Cost;
 use crate::error::CostError;
 use crate::layer::{
@@ -898,16 +901,45 @@ impl<'a> Ctx<'a> {
     }
 
     /// What eager (unfused) execution adds to one layer's forward or backward: extra passes
-    /// over the `[tokens, hidden]` activation and the launch gaps of the extra kernels.
+    /// over the `[tokens, hidden]` activation and the launch gaps of the extra kernels, and
+    /// the element-wise chains of a Llama-style model ([`EagerChain`]): two RMSNorms over
+    /// the norm inputs, rotary positions over this rank's queries and keys, `repeat_kv` over
+    /// its query-wide keys and values where heads share them, the gated activation over
+    /// each gate. The chains' bytes are counted at 16-bit activations and scale with the
+    /// element size.
     fn eager_overhead(&self, backward: bool) -> f64 {
         let c = &self.m.compute;
         if c.fusion != Fusion::Eager {
             return 0.0;
         }
         let pass = usize::from(backward);
-        let bytes = c.eager_passes[pass] * self.act() * self.e;
+        let mut bytes = c.eager_passes[pass] * self.act() * self.e;
+        let mut kernels = c.eager_kernels[pass];
+        // `count` applications of a chain, each over `elements`.
+        let mut add = |chain: EagerChain, count: f64, elements: f64| {
+            bytes += count * chain.bytes[pass] * self.e / 2.0 * elements;
+            kernels += count * chain.kernels[pass];
+        };
+        let cfg = self.cfg;
+        if cfg.rms_norm {
+            add(EAGER_RMS_NORM, 2.0, self.act_sp());
+        }
+        let d = cfg.head_dim() as f64;
+        let tokens = self.n as f64;
+        let q = (cfg.heads / self.plan.tp).max(1) as f64 * d * tokens;
+        let kv = (cfg.kv_heads / self.plan.tp).max(1) as f64 * d * tokens;
+        if !cfg.learned_positions {
+            add(EAGER_ROTARY, 1.0, q + kv);
+        }
+        if cfg.kv_heads < cfg.heads {
+            add(EAGER_REPEAT_KV, 1.0, 2.0 * q);
+        }
+        if cfg.gated_mlp {
+            let (elements, _) = self.mlp_activation_shape();
+            add(EAGER_GATE, 1.0, elements);
+        }
         bytes / (self.cl().hbm_bandwidth() * c.memory_bandwidth_fraction)
-            + c.eager_kernels[pass] * c.kernel_overhead_s
+            + kernels * c.kernel_overhead_s
     }
 
     /// Elements of a `[tokens, h]` activation in the replicated regions of one rank.

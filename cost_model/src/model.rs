@@ -37,8 +37,15 @@ pub struct TransformerConfig {
     pub gated_mlp: bool,
     /// Input embedding and output projection share one matrix.
     pub tied_embeddings: bool,
-    /// Learned absolute position embeddings (`[seq, h]`), as in GPT-2/3.
+    /// Learned absolute position embeddings (`[seq, h]`), as in GPT-2/3; otherwise rotary
+    /// positions, applied to the queries and keys of every layer.
     pub learned_positions: bool,
+    /// RMSNorm (Llama, Mixtral) instead of LayerNorm (GPT-3, MPT). One fused kernel either
+    /// way where the stack fuses; in PyTorch eager mode RMSNorm is a chain of element-wise
+    /// kernels in fp32 where LayerNorm is one kernel
+    /// ([`crate::compute::EAGER_RMS_NORM_BYTES`]).
+    #[serde(default)]
+    pub rms_norm: bool,
     /// Width of a MoE layer's shared expert, a dense MLP of the experts' kind every token
     /// passes through beside the routed ones (DeepSeekMoE, Qwen2-MoE, Llama 4); 0: none.
     pub shared_ffn: usize,
@@ -68,6 +75,7 @@ impl TransformerConfig {
             gated_mlp: false,
             tied_embeddings: true,
             learned_positions: true,
+            rms_norm: false,
             shared_ffn: 0,
         }
     }
@@ -96,6 +104,7 @@ impl TransformerConfig {
             gated_mlp: true,
             tied_embeddings: false,
             learned_positions: false,
+            rms_norm: true,
             shared_ffn: 0,
         }
     }
@@ -262,7 +271,7 @@ impl TransformerConfig {
     /// `[experts, h, ffn]` for MoE, where an `mlp_in` weight is the shared expert's), gated
     /// when a gate is present; the vocabulary is the
     /// `token_embedding`'s first dim, tied unless a `head` weight exists, with learned
-    /// positions when a `position_embedding` exists; the sequence is the last dim of the token
+    /// positions when a `position_embedding` exists, RMSNorm when an `rms_norm` op is present; the sequence is the last dim of the token
     /// input. A graph without weight roles (a hand-written `.air` without `meta{role=...}`)
     /// is an error naming the role it misses.
     pub fn from_graph(g: &Graph) -> Result<Self, CostError> {
@@ -325,7 +334,11 @@ impl TransformerConfig {
                 ) => {}
             }
         }
+        let mut rms_norm = false;
         for n in g.nodes_in_order() {
+            if let Op::RmsNorm { .. } = &g.node(n).op {
+                rms_norm = true;
+            }
             if let Op::MoeRoute { top_k: k, .. } = &g.node(n).op {
                 top_k = *k;
             }
@@ -366,6 +379,7 @@ impl TransformerConfig {
             gated_mlp: gated,
             tied_embeddings: !lm_head,
             learned_positions: positions,
+            rms_norm,
             shared_ffn,
         };
         cfg.validate()?;

@@ -421,8 +421,9 @@ impl Software {
     /// - `fsdp` and `torchtitan`: PyTorch FSDP (1 and 2): scaled-dot-product attention
     ///   (FlashAttention 2), one all-gather per wrapped block prefetched under the previous
     ///   block (`forward_prefetch`, `backward_prefetch`), reduce-scatter overlapped, PyTorch
-    ///   eager element-wise kernels, gradients reduced in fp32 (Composer's and llm-foundry's
-    ///   `DEFAULT` mixed precision has `reduce_dtype=float32`; torchtitan's
+    ///   eager element-wise kernels (for a Llama-style layer its fp32 RMSNorm, rotary,
+    ///   `repeat_kv` and gate chains, [`crate::compute::EagerChain`]), gradients reduced in
+    ///   fp32 (Composer's and llm-foundry's `DEFAULT` mixed precision has `reduce_dtype=float32`; torchtitan's
     ///   `mixed_precision_reduce` defaults to `float32`); under `torchtitan`, selective
     ///   recomputation is its per-op policy ([`SelectiveRecompute::Op`]).
     pub fn preset(name: &str) -> Result<Software, CostError> {

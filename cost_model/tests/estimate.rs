@@ -788,6 +788,7 @@ fn a_shared_expert_is_priced_as_a_dense_mlp_beside_the_experts() {
         gated_mlp: true,
         tied_embeddings: false,
         learned_positions: false,
+        rms_norm: true,
         shared_ffn: 0,
     };
     let shared = TransformerConfig {
@@ -955,4 +956,51 @@ fn in_flight_activations_count_each_chunk_at_its_own_size() {
         rank.activations
     );
     assert!(rank.activations >= rank.in_flight as f64 * per_layer * (1.0 - 1e-9));
+}
+
+/// PyTorch eager mode pays, beside the attention plumbing every eager layer has, the
+/// element-wise chains of a Llama-style layer: RMSNorm in fp32 twice, complex rotary over
+/// the queries and keys, `repeat_kv` of grouped keys and values, and `silu(a) * b`. By
+/// hand for one A100 (80% of 2039 GB/s, 3 us a kernel); a GPT-style layer (LayerNorm,
+/// learned positions, GELU, a key/value head per query head) pays the plumbing only.
+#[test]
+fn eager_mode_pays_a_llama_layers_element_wise_chains() {
+    use autopar_cost_model::Software;
+    let llama = TransformerConfig {
+        kv_heads: 8,
+        ffn: 14336,
+        gated_mlp: true,
+        tied_embeddings: false,
+        learned_positions: false,
+        rms_norm: true,
+        ..TransformerConfig::gpt("llama", 2, 4096, 32, 4096, 32000)
+    };
+    let gpt = TransformerConfig::gpt("gpt", 2, 4096, 32, 4096, 32000);
+    let plan = Plan::parse("mbs=1,gbs=1").unwrap();
+    let passes = |cfg: &TransformerConfig, sw: &str| {
+        let mut m = a100(1);
+        Software::parse(sw).unwrap().apply(&mut m);
+        let t = m.estimate(cfg, &plan).unwrap().time;
+        (t.layer_forward.memory_s, t.layer_backward.memory_s)
+    };
+    let extra = |cfg: &TransformerConfig| {
+        let (eager, fused) = (passes(cfg, "fsdp"), passes(cfg, "fsdp,fusion=fused"));
+        (eager.0 - fused.0, eager.1 - fused.1)
+    };
+    let (t, h, q, kv, f) = (4096.0, 4096.0, 4096.0, 1024.0, 14336.0);
+    let bw = 2039e9 * 0.8;
+    let plumbing = |passes: f64, kernels: f64| passes * t * h * 2.0 / bw + kernels * 3e-6;
+    let (fwd, bwd) = extra(&gpt);
+    assert!((fwd - plumbing(9.0, 10.0)).abs() < 1e-9, "{fwd}");
+    assert!((bwd - plumbing(12.0, 20.0)).abs() < 1e-9, "{bwd}");
+    let chains = |norm: f64, rotary: f64, repeat: f64, gate: f64| {
+        (2.0 * norm * t * h + rotary * t * (q + kv) + repeat * t * 2.0 * q + gate * t * f) / bw
+    };
+    let (fwd, bwd) = extra(&llama);
+    let want_fwd = plumbing(9.0, 10.0) + chains(32.0, 16.0, 4.0, 4.0) + 19.0 * 3e-6;
+    let want_bwd = plumbing(12.0, 20.0) + chains(50.0, 16.0, 4.0, 8.0) + 30.0 * 3e-6;
+    assert!((fwd - want_fwd).abs() < 1e-9, "{fwd} vs {want_fwd}");
+    assert!((bwd - want_bwd).abs() < 1e-9, "{bwd} vs {want_bwd}");
+    // Several times the plumbing alone: what `torch.compile` buys a Llama layer.
+    assert!(fwd > 4.0 * plumbing(9.0, 10.0), "{fwd}");
 }

@@ -20,6 +20,16 @@
 //!   weights): 5% in the median, the 405B at 512 sequences 11% short; held within 7% in the
 //!   median and 13% each. Every run fits the 80 GB, as measured: the interleaved warm-up
 //!   holds each chunk at its own size and fp8 GEMM inputs are kept a byte each.
+//! - torchtitan's Llama 3.1 benchmarks (8B, 70B and 405B on 8 to 512 H100s of 96 GB HBM2e at
+//!   500 W: FSDP2, tensor, pipeline and context parallelism, eager or compiled, bf16 or
+//!   float8): 11% in the median, predicted too fast on four runs in five. What
+//!   `torch.compile` buys is about reproduced (1.16x measured on 8 and 128 GPUs, 1.21x
+//!   predicted: PyTorch eager's RMSNorm, rotary, `repeat_kv` and SwiGLU chains against
+//!   fused kernels); without them, and at 700 W with HBM3, the 8B runs were 30-42% short.
+//!   Two gaps are held rather than hidden: context parallelism (PyTorch's experimental ring
+//!   attention) runs 11-37% slower than predicted, more with more ranks, and tensor
+//!   parallelism of 8 on the 8B model 15-25% (async TP gains 1.04-1.16x measured, 1.2x
+//!   predicted).
 
 use autopar_cost_model::calibrate;
 use autopar_cost_model::calibrate::{CalibrationReport, TableReport, published_tables};
@@ -82,4 +92,63 @@ fn megatron_bridge_fp8_llama_on_h100s_within_7_percent() {
     assert!(worst(t) < 0.13, "{}", worst(t));
     let median = t.summary.median_abs_error.unwrap_or(f64::INFINITY);
     assert!(median < 0.07, "{median}");
+}
+
+/// The torchtitan rows of one table, by the `table N,` their labels carry.
+fn torchtitan_rows<'a>(t: &'a TableReport, which: &str) -> Vec<&'a calibrate::RowResult> {
+    t.rows
+        .iter()
+        .filter(|r| r.label.contains(&format!("table {which},")))
+        .collect()
+}
+
+#[test]
+fn torchtitan_llama3_on_h100s_holds_its_gaps() {
+    let r = report();
+    let t = table(&r, "torchtitan_llama3_h100");
+    assert_eq!(t.rows.len(), 26);
+    assert!(t.rows.iter().all(|row| row.fits), "{:?}", t.rows);
+    let median = t.summary.median_abs_error.unwrap_or(f64::INFINITY);
+    assert!(median < 0.13, "{median}");
+    // Without context parallelism every run is within 26%.
+    let cp = |row: &calibrate::RowResult| !row.plan.contains("cp=1,");
+    for row in t.rows.iter().filter(|row| !cp(row)) {
+        assert!(row.error.abs() < 0.26, "{row:?}");
+    }
+    // Context parallelism is predicted too fast, the more so the more ranks share a sequence
+    // (the gap this table exposes, held so that it cannot grow unnoticed).
+    for which in ["2", "6"] {
+        let rows = torchtitan_rows(t, which);
+        assert_eq!(rows.len(), 4, "table {which}");
+        assert!(
+            rows.iter().filter(|row| cp(row)).all(|row| row.too_fast),
+            "{rows:?}"
+        );
+        assert!(rows[3].error < rows[1].error, "{rows:?}");
+        assert!(rows.iter().all(|row| row.error > -0.40), "{rows:?}");
+    }
+}
+
+/// What `torch.compile` buys the 8B model under FSDP (tables 1 and 3: eager against
+/// compiled, both bf16) is predicted within 8% of what was measured (1.21-1.22x against
+/// 1.16x): the eager chains of a Llama layer (RMSNorm in fp32, complex rotary, `repeat_kv`,
+/// `silu(a) * b`) cost about what compilation removes. The prediction is the larger because
+/// the compiled run is priced as hand-fused kernels (`fusion=fused`), and Inductor's
+/// generated ones move somewhat more.
+#[test]
+fn torchtitan_compile_speedup_is_reproduced() {
+    let r = report();
+    let t = table(&r, "torchtitan_llama3_h100");
+    for which in ["1", "3"] {
+        let rows = torchtitan_rows(t, which);
+        let (eager, compiled) = (rows[0], rows[1]);
+        assert!(!eager.software.contains("fused") && compiled.software.contains("fused"));
+        let measured = eager.measured / compiled.measured;
+        let predicted = eager.predicted / compiled.predicted;
+        assert!(measured > 1.1, "{measured}");
+        assert!(
+            (predicted / measured - 1.0).abs() < 0.08,
+            "table {which}: compile speedup {predicted} predicted, {measured} measured"
+        );
+    }
 }

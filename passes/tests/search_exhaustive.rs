@@ -35,6 +35,7 @@ fn small_moe() -> TransformerConfig {
         gated_mlp: true,
         tied_embeddings: false,
         learned_positions: false,
+        rms_norm: true,
         shared_ffn: 0,
     }
 }

@@ -100,6 +100,7 @@ fn dense(name: &str, layers: usize, hidden: usize, heads: usize, ffn: usize) -> 
         gated_mlp: true,
         tied_embeddings: false,
         learned_positions: false,
+        rms_norm: true,
         shared_ffn: 0,
     }
 }
