@@ -924,10 +924,7 @@ impl<'a> Ctx<'a> {
         if cfg.rms_norm {
             add(EAGER_RMS_NORM, 2.0, self.act_sp());
         }
-        let d = cfg.head_dim() as f64;
-        let tokens = self.n as f64;
-        let q = (cfg.heads / self.plan.tp).max(1) as f64 * d * tokens;
-        let kv = (cfg.kv_heads / self.plan.tp).max(1) as f64 * d * tokens;
+        let (q, kv) = self.query_key_elements();
         if !cfg.learned_positions {
             add(EAGER_ROTARY, 1.0, q + kv);
         }
@@ -940,6 +937,29 @@ impl<'a> Ctx<'a> {
         }
         bytes / (self.cl().hbm_bandwidth() * c.memory_bandwidth_fraction)
             + kernels * c.kernel_overhead_s
+    }
+
+    /// Elements of this rank's queries and of its keys in one micro-batch (its heads of
+    /// each, at least one key/value head where `tp` exceeds their number).
+    fn query_key_elements(&self) -> (f64, f64) {
+        let cfg = self.cfg;
+        let per_token = |heads: usize| {
+            (heads / self.plan.tp).max(1) as f64 * cfg.head_dim() as f64 * self.n as f64
+        };
+        (per_token(cfg.heads), per_token(cfg.kv_heads))
+    }
+
+    /// Rotary positions applied to this rank's queries and keys by one fused kernel (a read
+    /// and a write of each, in the forward and again for their gradients in the backward):
+    /// Transformer Engine's fused RoPE, which NeMo and Megatron-Bridge enable
+    /// (`apply_rope_fusion`), or a compiled kernel. Nothing for learned positions, which are
+    /// added once below the first layer.
+    fn rotary(&self) -> f64 {
+        if self.cfg.learned_positions {
+            return 0.0;
+        }
+        let (q, kv) = self.query_key_elements();
+        self.mem((q + kv) * 2.0 * self.e)
     }
 
     /// Elements of a `[tokens, h]` activation in the replicated regions of one rank.
@@ -1549,9 +1569,11 @@ impl<'a> Ctx<'a> {
         let (attn, mlp) = self.layer_gemms();
         let act_sp = self.act_sp();
         let e = self.e;
-        // Two layer norms, two bias-dropout-residual adds; the MLP block's own work.
+        // Two layer norms, two bias-dropout-residual adds, rotary positions; the MLP
+        // block's own work.
         p.memory_s += 2.0 * self.mem(act_sp * 2.0 * e)
             + 2.0 * self.mem(act_sp * (3.0 * e + 1.0))
+            + self.rotary()
             + self.eager_overhead(false);
         let mut flops = 0.0;
         for (_, s, batched) in &attn {
@@ -1608,6 +1630,7 @@ impl<'a> Ctx<'a> {
         let e = self.e;
         p.memory_s += 2.0 * self.mem(act_sp * 4.0 * e)
             + 2.0 * self.mem(act_sp * (3.0 * e + 1.0))
+            + self.rotary()
             + self.eager_overhead(true);
         // dgrad and wgrad of every GEMM, by op: the collectives of a column-parallel GEMM's
         // input run under them.

@@ -129,11 +129,11 @@ fn every_reference_table_is_read_and_the_megatron_tables_are_expressed() {
 
 /// Per table: (median |error| at most, worst |error| at most, share predicted too fast at
 /// most). Today's figures, each with a little headroom: llm-foundry 3.9% / 29.1% (the 70B
-/// on 64 A100-40GB; fp8 rows 4-11% too slow), Megatron-Core 5.1% / 19.9% (each row at the
+/// on 64 A100-40GB; fp8 rows 4-11% too slow), Megatron-Core 5.3% / 18.9% (each row at the
 /// fastest micro-batch size that fits, which the README does not give: the 32B row's fp32
 /// gradient reduce-scatter over 48 nodes hides under a whole backward at 4 and was 30% too
 /// slow at 1; at Hopper's sustained share, `cluster::HOPPER_700W_SUSTAINED`, the 1.7B and
-/// 7.1B rows 20% and 15% too fast and the pipelined ones up to 8% too slow), SC'21 Table 1 4.0% / 5.8%, SC'21 Table 2 4.5% / 18.5% (PTD-P within
+/// 7.1B rows 19% and 14% too fast and the pipelined ones up to 8% too slow), SC'21 Table 1 4.0% / 5.8%, SC'21 Table 2 4.5% / 18.5% (PTD-P within
 /// 5%, the 530B ZeRO-3 rows 18% too fast), Korthikanti Table 4 3.0% / 4.9% and Table 5
 /// 2.0% / 5.1%, the all-reduce sweep 2.2% / 39.4% (4 B200 nodes over EFA at 4-256 MiB,
 /// 18-39% too fast, a ring across nodes below its large-message rate that the model

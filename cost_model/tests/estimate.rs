@@ -1004,3 +1004,29 @@ fn eager_mode_pays_a_llama_layers_element_wise_chains() {
     // Several times the plumbing alone: what `torch.compile` buys a Llama layer.
     assert!(fwd > 4.0 * plumbing(9.0, 10.0), "{fwd}");
 }
+
+/// Rotary positions cost a fused kernel's read and write of this rank's queries and keys in
+/// each pass; learned positions nothing inside the layers. By hand on one A100 at tp=2
+/// (16 of 32 query heads and 4 of 8 key/value heads of 128 per rank).
+#[test]
+fn rotary_positions_cost_a_pass_over_the_queries_and_keys() {
+    let learned = TransformerConfig {
+        kv_heads: 8,
+        ..TransformerConfig::gpt("gqa", 2, 4096, 32, 4096, 32000)
+    };
+    let rotary = TransformerConfig {
+        learned_positions: false,
+        ..learned.clone()
+    };
+    let m = a100(1);
+    let plan = Plan::parse("tp=2,mbs=1,gbs=1").unwrap();
+    let layer = |cfg: &TransformerConfig| {
+        let t = m.estimate(cfg, &plan).unwrap().time;
+        (t.layer_forward.memory_s, t.layer_backward.memory_s)
+    };
+    let ((lf, lb), (rf, rb)) = (layer(&learned), layer(&rotary));
+    // The bytes at 80% of 2039 GB/s, and one kernel's 3 us.
+    let want = 4096.0 * (16.0 + 4.0) * 128.0 * 2.0 * 2.0 / (2039e9 * 0.8) + 3e-6;
+    assert!((rf - lf - want).abs() < 1e-12, "{} vs {want}", rf - lf);
+    assert!((rb - lb - want).abs() < 1e-12, "{} vs {want}", rb - lb);
+}

@@ -5,9 +5,9 @@
 //!
 //! - Llama 3 405B on 8,192 and 16,384 H100s (the Llama 3 paper's Table 4, model TFLOP/s per
 //!   GPU), under Megatron-Core's profile with four virtual stages and one recomputed layer
-//!   per chunk (assumed): +3%, -1% and -6%; held within 8%.
+//!   per chunk (assumed): +3%, -2% and -6%; held within 8%.
 //! - NeMo 24.07's fp8 pretraining table on DGX H100 (twelve runs with their whole layout):
-//!   the model's step is 1-16% short on every run, 10% in the median (13% before Hopper's
+//!   the model's step is 1-15% short on every run, 9% in the median (13% before Hopper's
 //!   own sustained GEMM share, `cluster::HOPPER_700W_SUSTAINED`). The bounds (median within
 //!   12%, each run within 18%) hold that bias so that it cannot grow unnoticed; charging
 //!   every fp8 GEMM for casting both its operands, as the model did before, put these runs
@@ -22,7 +22,7 @@
 //!   holds each chunk at its own size and fp8 GEMM inputs are kept a byte each.
 //! - torchtitan's Llama 3.1 benchmarks (8B, 70B and 405B on 8 to 512 H100s of 96 GB HBM2e at
 //!   500 W: FSDP2, tensor, pipeline and context parallelism, eager or compiled, bf16 or
-//!   float8): 11% in the median, predicted too fast on four runs in five. What
+//!   float8): 10% in the median, predicted too fast on three runs in four. What
 //!   `torch.compile` buys is about reproduced (1.16x measured on 8 and 128 GPUs, 1.21x
 //!   predicted: PyTorch eager's RMSNorm, rotary, `repeat_kv` and SwiGLU chains against
 //!   fused kernels); without them, and at 700 W with HBM3, the 8B runs were 30-42% short.
