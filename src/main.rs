@@ -947,6 +947,13 @@ fn topo(arg: &str, toml: bool) -> Result<()> {
         g.hbm_bandwidth_gb_per_s,
         g.reserved_gib
     );
+    if let (Some(tdp), Some(limit)) = (g.tdp_w, g.power_limit_w) {
+        out += &format!(
+            "power      limited to {limit} W of its rated {tdp} W: tensor cores at {:.1}% of \
+             their clock\n",
+            100.0 * g.power_clock_share()
+        );
+    }
     out += &format!(
         "intra-node {}: {} GB/s bus bandwidth, {} us per step\n",
         c.intra_node.fabric, c.intra_node.bus_bandwidth_gb_per_s, c.intra_node.latency_us

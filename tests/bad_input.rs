@@ -844,6 +844,10 @@ fn table(dir: &Path) -> Table {
         "dgx-a100:=4",
         "dgx-a100:nodes=2,,",
         "DGX-A100:nodes=2",
+        "dgx-h100:nodes=2,power=900",
+        "dgx-h100:power=-5",
+        "dgx-h100:power=nan",
+        "dgx-b200:power=500",
     ] {
         let needle = if preset.is_empty() { "cluster" } else { preset };
         t.add(&["topo", preset], needle);

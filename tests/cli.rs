@@ -394,6 +394,13 @@ fn topo_describes_presets_and_reads_its_own_toml() {
     );
     let err = autopar_err(&["topo", "dgx-z100:nodes=2"]);
     assert!(err.contains("dgx-z100"), "{err}");
+    // A power limit below the rating is shown with the clock it leaves.
+    let capped = autopar_ok(&["topo", "hgx-h100-96gb:nodes=2,power=600"]);
+    assert!(
+        capped.contains("limited to 600 W of its rated 700 W") && capped.contains("96 GiB"),
+        "{capped}"
+    );
+    assert!(!text.contains("limited to"), "{text}");
 }
 
 #[test]

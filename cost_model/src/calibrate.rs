@@ -1205,11 +1205,16 @@ fn data_parallel(gpus: usize, model_parallel: usize) -> Result<usize, &'static s
     }
 }
 
-/// One row of a NeMo-style fp8 performance table (model shape, GPU count, GBS, MBS, TP, PP,
-/// CP, VP, tokens/s/GPU) as a case on DGX H100 under `software` at ZeRO stage `zero`: tensor
-/// parallelism with sequence parallelism and virtual stages with the interleaved schedule,
-/// as NeMo runs them.
-fn nemo_layout_case(r: &Line, software: &'static str, zero: usize) -> Result<Case, &'static str> {
+/// The model of a published run's row: the shape columns `layers`, `hidden`, `heads`,
+/// `kv_heads`, `ffn`, with `seq` and `vocab` given; a gated MLP (SwiGLU) with RMSNorm as in
+/// Llama, or a plain one with LayerNorm as in GPT-3 and Nemotron; learned positions (and tied
+/// embeddings, as GPT-3 has them) or rotary ones. Returns the description and its words.
+fn row_model(
+    r: &Line,
+    (seq, vocab): (usize, usize),
+    gated: bool,
+    learned: bool,
+) -> Result<(TransformerConfig, String), &'static str> {
     let need = |k: &str| r.int(k).ok_or("a configuration column is missing");
     let (layers, hidden, heads, kv_heads, ffn) = (
         need("layers")?,
@@ -1218,6 +1223,55 @@ fn nemo_layout_case(r: &Line, software: &'static str, zero: usize) -> Result<Cas
         need("kv_heads")?,
         need("ffn")?,
     );
+    let name = r.get("model");
+    let cfg = TransformerConfig {
+        kv_heads,
+        ffn,
+        gated_mlp: gated,
+        tied_embeddings: learned,
+        learned_positions: learned,
+        rms_norm: gated,
+        ..TransformerConfig::gpt(name, layers, hidden, heads, seq, vocab)
+    };
+    let words = format!(
+        "{name}: {layers} layers, h {hidden}, {heads} heads ({kv_heads} kv), ffn {ffn} ({}, \
+         {}), seq {seq}, vocab {vocab}",
+        match gated {
+            true => "SwiGLU, RMSNorm",
+            false => "plain, LayerNorm",
+        },
+        match learned {
+            true => "learned positions",
+            false => "rotary",
+        }
+    );
+    Ok((cfg, words))
+}
+
+/// The plan of a published run's layout: `(dp, tp, pp, cp, vpp)`, `(mbs, gbs)`, with
+/// sequence parallelism under tensor parallelism and the interleaved schedule under virtual
+/// stages, as Megatron-Core, NeMo and torchtitan run them.
+fn layout_plan(
+    (dp, tp, pp, cp, vpp): (usize, usize, usize, usize, usize),
+    (mbs, gbs): (usize, usize),
+    zero: usize,
+    recompute: &str,
+    dtype: &str,
+) -> Result<Plan, &'static str> {
+    let sp = if tp > 1 { ",sp=true" } else { "" };
+    let schedule = if vpp > 1 { ",schedule=interleaved" } else { "" };
+    plan(&format!(
+        "dp={dp},tp={tp},pp={pp},cp={cp},vpp={vpp},mbs={mbs},gbs={gbs},zero={zero},\
+         recompute={recompute},dtype={dtype}{sp}{schedule}"
+    ))
+}
+
+/// One row of a NeMo-style fp8 performance table (model shape, GPU count, GBS, MBS, TP, PP,
+/// CP, VP, tokens/s/GPU) as a case on DGX H100 under `software` at ZeRO stage `zero`: tensor
+/// parallelism with sequence parallelism and virtual stages with the interleaved schedule,
+/// as NeMo runs them.
+fn nemo_layout_case(r: &Line, software: &'static str, zero: usize) -> Result<Case, &'static str> {
+    let need = |k: &str| r.int(k).ok_or("a configuration column is missing");
     let (vocab, seq, gpus, gbs, mbs) = (
         need("vocab")?,
         need("seq")?,
@@ -1231,32 +1285,17 @@ fn nemo_layout_case(r: &Line, software: &'static str, zero: usize) -> Result<Cas
         .filter(|t| *t > 0.0)
         .ok_or("no measured throughput")?;
     let dp = data_parallel(gpus, tp * pp * cp)?;
-    let gated = r.get("gated_mlp") == "true";
-    let learned = r.get("positions") == "learned";
+    // The gated models of these tables (Llama 2 and 3, Mixtral) normalise with RMSNorm,
+    // the others (GPT-3, Nemotron) with LayerNorm.
+    let (cfg, model) = row_model(
+        r,
+        (seq, vocab),
+        r.get("gated_mlp") == "true",
+        r.get("positions") == "learned",
+    )?;
     let name = r.get("model");
-    let cfg = TransformerConfig {
-        kv_heads,
-        ffn,
-        gated_mlp: gated,
-        tied_embeddings: learned,
-        learned_positions: learned,
-        // The gated models of these tables (Llama 2 and 3, Mixtral) normalise with RMSNorm,
-        // the others (GPT-3, Nemotron) with LayerNorm.
-        rms_norm: gated,
-        ..TransformerConfig::gpt(name, layers, hidden, heads, seq, vocab)
-    };
-    let model = format!(
-        "{name}: {layers} layers, h {hidden}, {heads} heads ({kv_heads} kv), ffn {ffn} \
-         ({}), seq {seq}, vocab {vocab}",
-        if gated { "SwiGLU" } else { "plain" }
-    );
     let (cluster_spec, cluster) = nodes("dgx-h100", gpus)?;
-    let sp = if tp > 1 { ",sp=true" } else { "" };
-    let schedule = if vp > 1 { ",schedule=interleaved" } else { "" };
-    let plan = plan(&format!(
-        "dp={dp},tp={tp},pp={pp},cp={cp},vpp={vp},mbs={mbs},gbs={gbs},zero={zero},\
-         recompute=none,dtype=fp8{sp}{schedule}"
-    ))?;
+    let plan = layout_plan((dp, tp, pp, cp, vp), (mbs, gbs), zero, "none", "fp8")?;
     Ok(Case {
         label: format!("line {}: {name} on {gpus} GPUs", r.number),
         model,
@@ -1289,13 +1328,6 @@ fn torchtitan_llama3_h100(rows: &[Line]) -> Read {
                 "false" => Ok(false),
                 _ => Err("a true/false column is not understood"),
             };
-            let (layers, hidden, heads, kv_heads, ffn) = (
-                need("layers")?,
-                need("hidden")?,
-                need("heads")?,
-                need("kv_heads")?,
-                need("ffn")?,
-            );
             let (vocab, seq, gpus, local) = (
                 need("vocab")?,
                 need("seq")?,
@@ -1334,26 +1366,9 @@ fn torchtitan_llama3_h100(rows: &[Line]) -> Read {
             let mbs = local / pp;
             let gbs = fsdp * local;
             let name = r.get("model");
-            let cfg = TransformerConfig {
-                kv_heads,
-                ffn,
-                gated_mlp: true,
-                tied_embeddings: false,
-                learned_positions: false,
-                rms_norm: true,
-                ..TransformerConfig::gpt(name, layers, hidden, heads, seq, vocab)
-            };
-            let model = format!(
-                "{name}: {layers} layers, h {hidden}, {heads} heads ({kv_heads} kv), ffn {ffn} \
-                 (SwiGLU, RMSNorm, rotary), seq {seq}, vocab {vocab}"
-            );
+            let (cfg, model) = row_model(r, (seq, vocab), true, false)?;
             let (cluster_spec, cluster) = nodes("hgx-h100-96gb", gpus)?;
-            let sp = if tp > 1 { ",sp=true" } else { "" };
-            let schedule = if vpp > 1 { ",schedule=interleaved" } else { "" };
-            let plan = plan(&format!(
-                "dp={fsdp},tp={tp},pp={pp},cp={cp},vpp={vpp},mbs={mbs},gbs={gbs},zero=3,\
-                 recompute={recompute},dtype={dtype}{sp}{schedule}"
-            ))?;
+            let plan = layout_plan((fsdp, tp, pp, cp, vpp), (mbs, gbs), 3, recompute, dtype)?;
             Ok(Case {
                 label: format!(
                     "line {}: table {}, {name} on {gpus} GPUs, {software}, {dtype}",
