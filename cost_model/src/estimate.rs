@@ -34,6 +34,7 @@ use crate::memory::{
 };
 use crate::model::TransformerConfig;
 use crate::plan::{Offload, Plan, Recompute};
+use crate::software::CpAttention;
 use crate::software::{Fusion, GatherUnit, SelectiveRecompute, Software};
 
 const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
@@ -1153,10 +1154,16 @@ impl<'a> Ctx<'a> {
         }
     }
 
-    /// Keys one call of the attention kernel attends over: the sequence, or under context
-    /// parallelism the chunk each ring step brings.
+    /// Keys one call of the attention kernel attends over: the sequence, or under ring
+    /// context parallelism the chunk each ring step brings (all of them where they are
+    /// gathered first, [`crate::CpAttention::AllGather`]).
     fn attention_keys_per_call(&self) -> f64 {
-        (self.cfg.seq / self.plan.cp.max(1)) as f64
+        match self.m.software.cp_attention {
+            CpAttention::AllGather => self.cfg.seq as f64,
+            CpAttention::Ring | CpAttention::EagerRing => {
+                (self.cfg.seq / self.plan.cp.max(1)) as f64
+            }
+        }
     }
 
     /// Attention core forward (scores, softmax, dropout, weighted sum) and its FLOPs.
@@ -1231,6 +1238,19 @@ impl<'a> Ctx<'a> {
                 )
             }
         }
+    }
+
+    /// What merging the ring steps of context-parallel attention moves in one pass: `cp`
+    /// steps of the software's [`crate::CpAttention`] over this rank's queries and keys
+    /// (nothing where the keys and values are gathered and nothing merges).
+    fn ring_merge(&self, backward: bool) -> f64 {
+        let (per_query, per_key) =
+            self.m.software.cp_attention.bytes_per_step()[usize::from(backward)];
+        if self.plan.cp <= 1 || per_query + per_key == 0.0 {
+            return 0.0;
+        }
+        let (q, kv) = self.query_key_elements();
+        self.plan.cp as f64 * self.mem((per_query * q + per_key * kv) * self.e / 2.0)
     }
 
     /// Context-parallel exchange of K and V around the ring, for the whole sequence.
@@ -1606,6 +1626,7 @@ impl<'a> Ctx<'a> {
                 None => p.exposed(CommKind::Tensor, t),
             }
         }
+        p.memory_s += self.ring_merge(false);
         let cp = self.cp_comm();
         p.overlapped(CommKind::Context, cp, self.m.comm.exposed(cp, t_attn));
         // Offloaded parameters are copied up before their gather: one chain, prefetched alike.
@@ -1692,6 +1713,7 @@ impl<'a> Ctx<'a> {
                 _ => p.exposed(CommKind::Tensor, t),
             }
         }
+        p.memory_s += self.ring_merge(true);
         let cp = 2.0 * self.cp_comm();
         let under = p.attention_s;
         p.overlapped(CommKind::Context, cp, self.m.comm.exposed(cp, under));

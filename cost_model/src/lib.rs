@@ -39,6 +39,6 @@ pub use memory::{MemoryBreakdown, MemoryParams, ZeroShards};
 pub use model::TransformerConfig;
 pub use plan::{Offload, Plan, Recompute};
 pub use software::{
-    CpuOptimizer, Fp8Recipe, Fusion, GatherUnit, LossKernel, Offers, SelectiveRecompute, Software,
-    SoftwareSpec,
+    CpAttention, CpuOptimizer, Fp8Recipe, Fusion, GatherUnit, LossKernel, Offers,
+    SelectiveRecompute, Software, SoftwareSpec,
 };

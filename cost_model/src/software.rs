@@ -185,6 +185,50 @@ fn tensor_recipe() -> Fp8Recipe {
     Fp8Recipe::Tensor
 }
 
+/// How context-parallel attention combines what each rank holds of the keys and values,
+/// priced over the rank's queries (and, for the gradients of grouped keys and values, their
+/// own width) by [`CpAttention::bytes_per_step`] per step of its ring.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CpAttention {
+    /// A ring of `cp` steps, each an attention call over the keys and values the rank holds
+    /// at that step, merged by fused kernels: Transformer Engine's `AttnFuncWithCPAndKVP2P`
+    /// (Megatron-Core, NeMo; and this project's runtime, which merges as it does). Each
+    /// step's output is folded into the running one by a correction kernel
+    /// (`flash_attn_fwd_out_correction`: read the step's 16-bit output, read and write the
+    /// running one, 6 B per element); the backward adds each step's query gradient into the
+    /// running one (6 B) and each step's key and value gradients into those passed around
+    /// the ring (6 B each, at their own width).
+    #[default]
+    Ring,
+    /// The same ring in PyTorch's experimental `context_parallel` (torchtitan;
+    /// `torch/distributed/tensor/experimental/_attention.py`), merged by eager ops: per step
+    /// the keys and values, query-wide after `repeat_kv`, are concatenated for the exchange
+    /// (8 B per query element), the step's output is cast to fp32 (6 B) and merged by fp32
+    /// element-wise ops (about 32 B), half the steps copying the running output through
+    /// `chunk` and `cat` (4 B on average): 50 B. The backward concatenates the keys and
+    /// values again (8 B), accumulates the query, key and value gradients in fp32 (10 B
+    /// each) and concatenates the fp32 key and value gradients to pass them on (16 B), with
+    /// partial-update copies (about 8 B): 62 B.
+    EagerRing,
+    /// The keys and values all-gathered first and one attention call per query chunk over
+    /// all of them, nothing to merge (Llama 3's context parallelism: Dubey et al. 2024,
+    /// Sec. 3.3.2).
+    AllGather,
+}
+
+impl CpAttention {
+    /// Bytes per ring step, `[forward, backward]`, as `(per element of the rank's queries,
+    /// per element of its keys)`.
+    pub fn bytes_per_step(self) -> [(f64, f64); 2] {
+        match self {
+            CpAttention::Ring => [(6.0, 0.0), (6.0, 12.0)],
+            CpAttention::EagerRing => [(50.0, 0.0), (62.0, 0.0)],
+            CpAttention::AllGather => [(0.0, 0.0), (0.0, 0.0)],
+        }
+    }
+}
+
 /// What a plan's selective recomputation (`recompute=selective`) repeats in the backward.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -323,6 +367,9 @@ pub struct Software {
     /// (`selective_ac_option = "op"`).
     #[serde(default = "attention_selective")]
     pub selective: SelectiveRecompute,
+    /// How context-parallel attention combines the ranks' keys and values.
+    #[serde(default)]
+    pub cp_attention: CpAttention,
 }
 
 /// What a training stack can run, along the dimensions the plan search explores
@@ -386,6 +433,7 @@ impl Default for Software {
             fp8_params: false,
             grad_buffer_bytes: None,
             selective: SelectiveRecompute::Attention,
+            cp_attention: CpAttention::Ring,
         }
     }
 }
@@ -425,7 +473,8 @@ impl Software {
     ///   `repeat_kv` and gate chains, [`crate::compute::EagerChain`]), gradients reduced in
     ///   fp32 (Composer's and llm-foundry's `DEFAULT` mixed precision has `reduce_dtype=float32`; torchtitan's
     ///   `mixed_precision_reduce` defaults to `float32`); under `torchtitan`, selective
-    ///   recomputation is its per-op policy ([`SelectiveRecompute::Op`]).
+    ///   recomputation is its per-op policy ([`SelectiveRecompute::Op`]) and context
+    ///   parallelism PyTorch's ring attention ([`CpAttention::EagerRing`]).
     pub fn preset(name: &str) -> Result<Software, CostError> {
         let base = Software::default();
         // The other stacks bucket their gradients by layer.
@@ -467,6 +516,10 @@ impl Software {
                     _ => SelectiveRecompute::Attention,
                 },
                 zero_over_cp: name == "torchtitan",
+                cp_attention: match name {
+                    "torchtitan" => CpAttention::EagerRing,
+                    _ => CpAttention::Ring,
+                },
                 ..by_layer
             },
             "megatron-lm-2021" => Software {
@@ -695,6 +748,9 @@ pub struct SoftwareSpec {
     /// See [`Software::selective`]: `attention` or `op`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub selective: Option<SelectiveRecompute>,
+    /// See [`Software::cp_attention`]: `ring`, `eager_ring` or `all_gather`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cp_attention: Option<CpAttention>,
 }
 
 /// The value of the software option `key` named `value` among `options`, or an error that
@@ -821,13 +877,25 @@ impl SoftwareSpec {
                     )?;
                     out.selective.replace(r).is_none()
                 }
+                "cp_attention" => {
+                    let a = choice(
+                        key,
+                        value,
+                        &[
+                            ("ring", CpAttention::Ring),
+                            ("eager_ring", CpAttention::EagerRing),
+                            ("all_gather", CpAttention::AllGather),
+                        ],
+                    )?;
+                    out.cp_attention.replace(a).is_none()
+                }
                 other => {
                     return Err(bad(format!(
                         "unknown software option `{other}` (attention, overlap_grad_reduce, \
                          tp_backward_overlap, tp_forward_overlap, tp_comm_overlap, \
                          overlap_param_gather, param_gather, fusion, reduce_dtype, bucket_mb, \
                          p2p_blocking, sm_carveout, cpu_optimizer, loss, fp8_recipe, fp8_weight_cache, \
-                         zero_over_cp, fp8_params, selective)"
+                         zero_over_cp, fp8_params, selective, cp_attention)"
                     )));
                 }
             };
@@ -917,6 +985,9 @@ impl SoftwareSpec {
         }
         if let Some(v) = self.selective {
             s.selective = v;
+        }
+        if let Some(v) = self.cp_attention {
+            s.cp_attention = v;
         }
         if let Some(mb) = self.bucket_mb {
             if !mb.is_finite() || mb < 0.0 {

@@ -1030,3 +1030,46 @@ fn rotary_positions_cost_a_pass_over_the_queries_and_keys() {
     assert!((rf - lf - want).abs() < 1e-12, "{} vs {want}", rf - lf);
     assert!((rb - lb - want).abs() < 1e-12, "{} vs {want}", rb - lb);
 }
+
+/// Context-parallel attention merges its ring's steps: Transformer Engine's fused
+/// corrections move 6 bytes per query element per step forward (and 6 per query and 12 per
+/// key element backward), PyTorch's eager merges 50 and 62 per query element; gathering the
+/// keys and values first (Llama 3's) merges nothing. By hand on one A100 node, cp=2.
+#[test]
+fn context_parallel_attention_pays_its_merges() {
+    use autopar_cost_model::Software;
+    let cfg = TransformerConfig {
+        kv_heads: 8,
+        learned_positions: false,
+        ..TransformerConfig::gpt("gqa", 2, 4096, 32, 8192, 32000)
+    };
+    let plan = Plan::parse("dp=4,cp=2,mbs=1,gbs=4").unwrap();
+    let memory = |sw: &str| {
+        let mut m = a100(1);
+        Software::parse(sw).unwrap().apply(&mut m);
+        let t = m.estimate(&cfg, &plan).unwrap().time;
+        (t.layer_forward.memory_s, t.layer_backward.memory_s)
+    };
+    let gathered = memory("megatron-core,cp_attention=all_gather");
+    let ring = memory("megatron-core");
+    let eager = memory("megatron-core,cp_attention=eager_ring");
+    // 4096 local tokens, 4096 query and 1024 key elements each; two steps, each one
+    // memory-bound kernel at 80% of 2039 GB/s with its 3 us.
+    let (q, k) = (4096.0 * 4096.0, 4096.0 * 1024.0);
+    let steps = |bytes: f64| 2.0 * (bytes / (2039e9 * 0.8) + 3e-6);
+    let close = |a: f64, b: f64| (a - b).abs() < 1e-12 * b.max(1.0);
+    assert!(close(ring.0 - gathered.0, steps(6.0 * q)), "{ring:?}");
+    assert!(
+        close(ring.1 - gathered.1, steps(6.0 * q + 12.0 * k)),
+        "{ring:?}"
+    );
+    assert!(close(eager.0 - gathered.0, steps(50.0 * q)), "{eager:?}");
+    assert!(close(eager.1 - gathered.1, steps(62.0 * q)), "{eager:?}");
+    // torchtitan's profile runs PyTorch's ring.
+    assert_eq!(
+        Software::parse("torchtitan").unwrap().cp_attention,
+        autopar_cost_model::CpAttention::EagerRing
+    );
+    let e = Software::parse("megatron-core,cp_attention=star").unwrap_err();
+    assert!(e.to_string().contains("cp_attention"), "{e}");
+}
