@@ -484,8 +484,27 @@ impl CostModel {
             )));
         }
         check_mapping(plan, mapping)?;
-        let ctx = Ctx::new(self, cfg, plan, mapping)?;
+        let plan = self.as_run(plan);
+        let ctx = Ctx::new(self, cfg, &plan, mapping)?;
         Ok(ctx.run(schedule))
+    }
+
+    /// `plan` as the software runs it: under pipeline parallelism a stack that holds a
+    /// stage's gathered weights over the step ([`crate::Software::pp_holds_gathered_weights`])
+    /// runs ZeRO-3 as ZeRO-1 does, the weights gathered once and the gradients reduced once,
+    /// after the last micro-batch, with the full weights and gradients held meanwhile.
+    fn as_run<'p>(&self, plan: &'p Plan) -> std::borrow::Cow<'p, Plan> {
+        match self.software.pp_holds_gathered_weights
+            && plan.pp > 1
+            && plan.zero_stage == 3
+            && plan.offload == Offload::None
+        {
+            true => std::borrow::Cow::Owned(Plan {
+                zero_stage: 1,
+                ..plan.clone()
+            }),
+            false => std::borrow::Cow::Borrowed(plan),
+        }
     }
 }
 
@@ -512,7 +531,8 @@ impl CostModel {
     ) -> Result<BlockTimes, CostError> {
         self.check_plan(cfg, plan)?;
         let mapping = MeshMapping::new(&plan.mesh_axes(), &self.cluster)?;
-        let ctx = Ctx::new(self, cfg, plan, &mapping)?;
+        let plan = self.as_run(plan);
+        let ctx = Ctx::new(self, cfg, &plan, &mapping)?;
         let (_, mlp) = ctx.layer_gemms();
         let pass = |pass: Pass| {
             let (mut p, _, _) = ctx.mlp_block(&mlp, pass);
@@ -565,7 +585,8 @@ impl CostModel {
     ) -> Result<StageTimes, CostError> {
         self.check_plan(cfg, plan)?;
         check_mapping(plan, mapping)?;
-        let s = Ctx::new(self, cfg, plan, mapping)?.stages();
+        let plan = self.as_run(plan);
+        let s = Ctx::new(self, cfg, &plan, mapping)?.stages();
         Ok(StageTimes {
             forward_s: s.fwd,
             backward_s: s.bwd,

@@ -370,6 +370,14 @@ pub struct Software {
     /// How context-parallel attention combines the ranks' keys and values.
     #[serde(default)]
     pub cp_attention: CpAttention,
+    /// Under pipeline parallelism, ZeRO-3 gathers a stage's weights once per step and holds
+    /// them, and reduces its gradients once, after the last micro-batch, instead of
+    /// gathering and reducing for every micro-batch: torchtitan's FSDP2 under PP
+    /// (`reshard_after_forward=False` "to avoid per-microbatch all-gathers",
+    /// `parallelize_llama.py`, and PyTorch's pipelining stage, which defers FSDP's reshard
+    /// and gradient sync to the last backward). Its traffic and memory are ZeRO-1's.
+    #[serde(default)]
+    pub pp_holds_gathered_weights: bool,
 }
 
 /// What a training stack can run, along the dimensions the plan search explores
@@ -434,6 +442,7 @@ impl Default for Software {
             grad_buffer_bytes: None,
             selective: SelectiveRecompute::Attention,
             cp_attention: CpAttention::Ring,
+            pp_holds_gathered_weights: false,
         }
     }
 }
@@ -474,7 +483,9 @@ impl Software {
     ///   fp32 (Composer's and llm-foundry's `DEFAULT` mixed precision has `reduce_dtype=float32`; torchtitan's
     ///   `mixed_precision_reduce` defaults to `float32`); under `torchtitan`, selective
     ///   recomputation is its per-op policy ([`SelectiveRecompute::Op`]) and context
-    ///   parallelism PyTorch's ring attention ([`CpAttention::EagerRing`]).
+    ///   parallelism PyTorch's ring attention ([`CpAttention::EagerRing`]), and under
+    ///   pipeline parallelism FSDP holds a stage's gathered weights over the step
+    ///   ([`Software::pp_holds_gathered_weights`]).
     pub fn preset(name: &str) -> Result<Software, CostError> {
         let base = Software::default();
         // The other stacks bucket their gradients by layer.
@@ -520,6 +531,7 @@ impl Software {
                     "torchtitan" => CpAttention::EagerRing,
                     _ => CpAttention::Ring,
                 },
+                pp_holds_gathered_weights: name == "torchtitan",
                 ..by_layer
             },
             "megatron-lm-2021" => Software {

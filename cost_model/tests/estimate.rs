@@ -1073,3 +1073,41 @@ fn context_parallel_attention_pays_its_merges() {
     let e = Software::parse("megatron-core,cp_attention=star").unwrap_err();
     assert!(e.to_string().contains("cp_attention"), "{e}");
 }
+
+/// Under pipeline parallelism torchtitan's FSDP gathers a stage's weights once per step and
+/// holds them, reducing the gradients once after the last micro-batch: its ZeRO-3 costs what
+/// ZeRO-1 costs, in time and memory. Plain FSDP regathers for every micro-batch.
+#[test]
+fn torchtitan_holds_gathered_weights_under_pipeline_parallelism() {
+    use autopar_cost_model::Software;
+    let cfg = TransformerConfig {
+        kv_heads: 8,
+        ffn: 14336,
+        gated_mlp: true,
+        learned_positions: false,
+        rms_norm: true,
+        ..TransformerConfig::gpt("llama", 8, 4096, 32, 4096, 32000)
+    };
+    let plan = |zero: u8| Plan::parse(&format!("dp=4,pp=2,mbs=1,gbs=16,zero={zero}")).unwrap();
+    let run = |sw: &str, zero: u8| {
+        let mut m = a100(1);
+        Software::parse(sw).unwrap().apply(&mut m);
+        let e = m.estimate(&cfg, &plan(zero)).unwrap();
+        (e.iter_time_s, e.peak_memory_gib)
+    };
+    assert_eq!(run("torchtitan", 3), run("torchtitan", 1));
+    // Without pipeline parallelism the hold does not apply.
+    let mut m = a100(1);
+    Software::parse("torchtitan").unwrap().apply(&mut m);
+    let flat = |zero: u8| {
+        let p = Plan::parse(&format!("dp=8,mbs=1,gbs=16,zero={zero}")).unwrap();
+        m.estimate(&cfg, &p).unwrap().peak_memory_gib
+    };
+    assert!(flat(3) < flat(1));
+    // Plain FSDP gathers per micro-batch: more time, less memory.
+    let (fsdp3, fsdp1) = (run("fsdp", 3), run("fsdp", 1));
+    assert!(
+        fsdp3.0 > fsdp1.0 && fsdp3.1 < fsdp1.1,
+        "{fsdp3:?} {fsdp1:?}"
+    );
+}

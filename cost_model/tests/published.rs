@@ -23,15 +23,17 @@
 //!   holds each chunk at its own size and fp8 GEMM inputs are kept a byte each.
 //! - torchtitan's Llama 3.1 benchmarks (8B, 70B and 405B on 8 to 512 H100s of 96 GB HBM2e at
 //!   500 W: FSDP2, tensor, pipeline and context parallelism, eager or compiled, bf16 or
-//!   float8): 9% in the median, predicted too fast on three runs in four. What
+//!   float8): 13% in the median, predicted too fast on seven runs in eight. What
 //!   `torch.compile` buys is about reproduced (1.16x measured on 8 and 128 GPUs, 1.21x
 //!   predicted: PyTorch eager's RMSNorm, rotary, `repeat_kv` and SwiGLU chains against
 //!   fused kernels); without them, and at 700 W with HBM3, the 8B runs were 30-42% short.
-//!   Two gaps are held rather than hidden: context parallelism (PyTorch's experimental ring
+//!   Three gaps are held rather than hidden: context parallelism (PyTorch's experimental ring
 //!   attention, its eager fp32 merges priced) runs 5-33% slower than predicted, more with
-//!   more ranks, and tensor
-//!   parallelism of 8 on the 8B model 15-25% (async TP gains 1.04-1.16x measured, 1.2x
-//!   predicted).
+//!   more ranks; the 405B runs under pipeline parallelism 14-17% (FSDP holds a stage's
+//!   gathered weights over the step there, as torchtitan does, which puts their memory at
+//!   80 GiB against the 73-83 measured where per-micro-batch gathers said 39, and took the
+//!   time from 9-12% too slow to this); and tensor parallelism of 8 on the 8B model 15-25%
+//!   (async TP gains 1.04-1.16x measured, 1.2x predicted).
 
 use autopar_cost_model::calibrate;
 use autopar_cost_model::calibrate::{CalibrationReport, TableReport, published_tables};
@@ -111,7 +113,7 @@ fn torchtitan_llama3_on_h100s_holds_its_gaps() {
     assert_eq!(t.rows.len(), 26);
     assert!(t.rows.iter().all(|row| row.fits), "{:?}", t.rows);
     let median = t.summary.median_abs_error.unwrap_or(f64::INFINITY);
-    assert!(median < 0.13, "{median}");
+    assert!(median < 0.14, "{median}");
     // Without context parallelism every run is within 26%.
     let cp = |row: &calibrate::RowResult| !row.plan.contains("cp=1,");
     for row in t.rows.iter().filter(|row| !cp(row)) {
