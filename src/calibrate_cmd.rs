@@ -27,8 +27,8 @@ pub struct CalibrateArgs {
     #[arg(long)]
     rows: bool,
     /// Add the published runs outside the reference tables (NeMo 24.07's fp8 table,
-    /// Megatron-Bridge's fp8 Llama runs, Megatron-Core's strong scaling, Llama 3 405B,
-    /// torchtitan's Llama 3.1 benchmarks),
+    /// Megatron-Bridge's fp8 Llama runs, Megatron-LM's Llama 3 fp8 examples, Megatron-Core's
+    /// strong scaling, Llama 3 405B, torchtitan's Llama 3.1 benchmarks),
     /// embedded in the binary.
     #[arg(long)]
     published: bool,

@@ -119,6 +119,7 @@ fn published_runs_are_reported_without_the_reference_directory() {
         "nemo_24_07_fp8_h100",
         "megatron_bridge_fp8_h100",
         "torchtitan_llama3_h100",
+        "megatron_lm_llama3_fp8_h100",
     ] {
         assert!(text.contains(table), "{table} missing:\n{text}");
     }

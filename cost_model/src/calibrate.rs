@@ -269,6 +269,10 @@ pub fn published_tables() -> Vec<(String, String)> {
             include_str!("../published/megatron_bridge_fp8_h100.csv"),
         ),
         (
+            "megatron_lm_llama3_fp8_h100.csv",
+            include_str!("../published/megatron_lm_llama3_fp8_h100.csv"),
+        ),
+        (
             "torchtitan_llama3_h100.csv",
             include_str!("../published/torchtitan_llama3_h100.csv"),
         ),
@@ -299,6 +303,7 @@ fn table_report(file: &str, text: &str) -> TableReport {
         "megatron_core_strong_scaling_h100" => Ok(steps(megatron_core_strong_scaling(&rows))),
         "llama3_405b_h100" => Ok(steps(llama3_405b(&rows))),
         "torchtitan_llama3_h100" => Ok(steps(torchtitan_llama3_h100(&rows))),
+        "megatron_lm_llama3_fp8_h100" => Ok(steps(megatron_lm_llama3_fp8_h100(&rows))),
         _ => Err("no reader for this table"),
     };
     let cases = match read {
@@ -366,7 +371,8 @@ fn figure_note(table: &str, figures: &[String]) -> String {
         "llmfoundry_mpt_benchmarks"
         | "nemo_24_07_fp8_h100"
         | "megatron_bridge_fp8_h100"
-        | "torchtitan_llama3_h100" => ", from measured tokens/s",
+        | "torchtitan_llama3_h100"
+        | "megatron_lm_llama3_fp8_h100" => ", from measured tokens/s",
         "megatron_core_strong_scaling_h100" => ", from MFU by 72BLsh^2(1+s/6h+V/12hL)",
         _ => "",
     };
@@ -1177,6 +1183,15 @@ fn nemo_fp8_h100(rows: &[Line]) -> Read {
             };
             nemo_layout_case(r, software, 1)
         })
+        .collect()
+}
+
+/// Megatron-LM's Llama 3 fp8 examples on H100 (`published/megatron_lm_llama3_fp8_h100.csv`):
+/// each run's layout ([`nemo_layout_case`]), the distributed optimizer and no recomputation
+/// (not stated), under the `nemo` profile whose performance scripts the examples follow.
+fn megatron_lm_llama3_fp8_h100(rows: &[Line]) -> Read {
+    rows.iter()
+        .map(|r| nemo_layout_case(r, "nemo", 1))
         .collect()
 }
 

@@ -21,6 +21,9 @@
 //!   weights): 5% in the median, the 405B at 512 sequences 11% short; held within 7% in the
 //!   median and 13% each. Every run fits the 80 GB, as measured: the interleaved warm-up
 //!   holds each chunk at its own size and fp8 GEMM inputs are kept a byte each.
+//! - Megatron-LM's Llama 3 fp8 examples on H100 (its `examples/llama` README: 8B with cp=2 on
+//!   8 GPUs, 70B on 64, 3.1 405B on 1,024, configured as NeMo's performance scripts): 2-4%
+//!   short, each; held within 6%.
 //! - torchtitan's Llama 3.1 benchmarks (8B, 70B and 405B on 8 to 512 H100s of 96 GB HBM2e at
 //!   500 W: FSDP2, tensor, pipeline and context parallelism, eager or compiled, bf16 or
 //!   float8): 13% in the median, predicted too fast on seven runs in eight. What
@@ -155,4 +158,13 @@ fn torchtitan_compile_speedup_is_reproduced() {
             "table {which}: compile speedup {predicted} predicted, {measured} measured"
         );
     }
+}
+
+#[test]
+fn megatron_lm_llama3_fp8_examples_within_6_percent() {
+    let r = report();
+    let t = table(&r, "megatron_lm_llama3_fp8_h100");
+    assert_eq!(t.rows.len(), 3);
+    assert!(t.rows.iter().all(|row| row.fits), "{:?}", t.rows);
+    assert!(worst(t) < 0.06, "{}", worst(t));
 }
