@@ -34,8 +34,7 @@ use crate::memory::{
 };
 use crate::model::TransformerConfig;
 use crate::plan::{Offload, Plan, Recompute};
-use crate::software::CpAttention;
-use crate::software::{Fusion, GatherUnit, SelectiveRecompute, Software};
+use crate::software::{CpAttention, Fusion, GatherUnit, SelectiveRecompute, Software};
 
 const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
 

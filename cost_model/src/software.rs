@@ -193,7 +193,7 @@ fn tensor_recipe() -> Fp8Recipe {
 pub enum CpAttention {
     /// A ring of `cp` steps, each an attention call over the keys and values the rank holds
     /// at that step, merged by fused kernels: Transformer Engine's `AttnFuncWithCPAndKVP2P`
-    /// (Megatron-Core, NeMo; and this project's runtime, which merges as it does). Each
+    /// (Megatron-Core, NeMo; this project's ring attention is priced alike). Each
     /// step's output is folded into the running one by a correction kernel
     /// (`flash_attn_fwd_out_correction`: read the step's 16-bit output, read and write the
     /// running one, 6 B per element); the backward adds each step's query gradient into the
@@ -480,8 +480,9 @@ impl Software {
     ///   block (`forward_prefetch`, `backward_prefetch`), reduce-scatter overlapped, PyTorch
     ///   eager element-wise kernels (for a Llama-style layer its fp32 RMSNorm, rotary,
     ///   `repeat_kv` and gate chains, [`crate::compute::EagerChain`]), gradients reduced in
-    ///   fp32 (Composer's and llm-foundry's `DEFAULT` mixed precision has `reduce_dtype=float32`; torchtitan's
-    ///   `mixed_precision_reduce` defaults to `float32`); under `torchtitan`, selective
+    ///   fp32 (Composer's and llm-foundry's `DEFAULT` mixed precision has
+    ///   `reduce_dtype=float32`; torchtitan's `mixed_precision_reduce` defaults to
+    ///   `float32`); under `torchtitan`, selective
     ///   recomputation is its per-op policy ([`SelectiveRecompute::Op`]) and context
     ///   parallelism PyTorch's ring attention ([`CpAttention::EagerRing`]), and under
     ///   pipeline parallelism FSDP holds a stage's gathered weights over the step
