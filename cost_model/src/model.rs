@@ -271,8 +271,8 @@ impl TransformerConfig {
     /// `[experts, h, ffn]` for MoE, where an `mlp_in` weight is the shared expert's), gated
     /// when a gate is present; the vocabulary is the
     /// `token_embedding`'s first dim, tied unless a `head` weight exists, with learned
-    /// positions when a `position_embedding` exists, RMSNorm when an `rms_norm` op is present; the sequence is the last dim of the token
-    /// input. A graph without weight roles (a hand-written `.air` without `meta{role=...}`)
+    /// positions when a `position_embedding` exists and RMSNorm when an `rms_norm` op is
+    /// present; the sequence is the last dim of the token input. A graph without weight roles (a hand-written `.air` without `meta{role=...}`)
     /// is an error naming the role it misses.
     pub fn from_graph(g: &Graph) -> Result<Self, CostError> {
         let mut layers = BTreeSet::new();
