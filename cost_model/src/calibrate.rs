@@ -25,7 +25,7 @@ use crate::cluster::Cluster;
 use crate::comm::{Algorithm, Collective};
 use crate::compute::GemmShape;
 use crate::error::CostError;
-use crate::estimate::CostModel;
+use crate::estimate::{CostModel, Estimate};
 use crate::mapping::GroupInfo;
 use crate::model::TransformerConfig;
 use crate::plan::{Plan, Recompute};
@@ -384,11 +384,19 @@ fn estimate_case(c: &Case) -> Result<RowResult, CostError> {
     if c.short_run {
         model.compute.benchmark_clock = true;
     }
-    let plan = match c.tuned_mbs {
-        true => fastest_micro_batch(&model, c),
-        false => c.plan.clone(),
+    // A tuned row's winning estimate is the row's: it is not estimated again.
+    let (plan, tuned) = match c
+        .tuned_mbs
+        .then(|| fastest_micro_batch(&model, c))
+        .flatten()
+    {
+        Some((plan, e)) => (plan, Some(e)),
+        None => (c.plan.clone(), None),
     };
-    let estimate = || model.estimate(&c.cfg, &plan);
+    let estimate = || match tuned {
+        Some(e) => Ok(e),
+        None => model.estimate(&c.cfg, &plan),
+    };
     let block = || model.mlp_block_times(&c.cfg, &plan);
     let (figure, predicted, fits) = match c.figure {
         Figure::StepTime => {
@@ -440,11 +448,11 @@ fn estimate_case(c: &Case) -> Result<RowResult, CostError> {
 
 /// The plan of a row whose micro-batch size the table leaves out ([`Case::tuned_mbs`]): its
 /// plan at the size among 1, 2, 4 and 8 dividing a data-parallel rank's share of the batch
-/// whose step is shortest among those that fit (shortest of all if none fits; the row's own
-/// plan if none can be estimated, which then reports why).
-fn fastest_micro_batch(model: &CostModel, c: &Case) -> Plan {
+/// whose step is shortest among those that fit (shortest of all if none fits), with its
+/// estimate; `None` if no size can be estimated (the row's own plan then reports why).
+fn fastest_micro_batch(model: &CostModel, c: &Case) -> Option<(Plan, Estimate)> {
     let per_rank = c.plan.global_batch / c.plan.dp.max(1);
-    let mut best: Option<(bool, f64, Plan)> = None;
+    let mut best: Option<(Plan, Estimate)> = None;
     for mbs in [1, 2, 4, 8] {
         if !per_rank.is_multiple_of(mbs) {
             continue;
@@ -459,13 +467,13 @@ fn fastest_micro_batch(model: &CostModel, c: &Case) -> Plan {
         };
         let better = match &best {
             None => true,
-            Some((fits, t, _)) => (e.fits, -e.iter_time_s) > (*fits, -t),
+            Some((_, b)) => (e.fits, -e.iter_time_s) > (b.fits, -b.iter_time_s),
         };
         if better {
-            best = Some((e.fits, e.iter_time_s, plan));
+            best = Some((plan, e));
         }
     }
-    best.map_or_else(|| c.plan.clone(), |(_, _, p)| p)
+    best
 }
 
 /// One parsed data row: its line number in the file and its fields by column name.
