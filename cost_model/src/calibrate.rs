@@ -276,6 +276,10 @@ pub fn published_tables() -> Vec<(String, String)> {
             "torchtitan_llama3_h100.csv",
             include_str!("../published/torchtitan_llama3_h100.csv"),
         ),
+        (
+            "megatron_deepspeed_a100.csv",
+            include_str!("../published/megatron_deepspeed_a100.csv"),
+        ),
     ]
     .into_iter()
     .map(|(name, text)| (name.to_string(), text.to_string()))
@@ -301,6 +305,7 @@ fn table_report(file: &str, text: &str) -> TableReport {
         "nemo_24_07_fp8_h100" => Ok(steps(nemo_fp8_h100(&rows))),
         "megatron_bridge_fp8_h100" => Ok(steps(megatron_bridge_fp8_h100(&rows))),
         "megatron_core_strong_scaling_h100" => Ok(steps(megatron_core_strong_scaling(&rows))),
+        "megatron_deepspeed_a100" => Ok(steps(megatron_deepspeed_a100(&rows))),
         "llama3_405b_h100" => Ok(steps(llama3_405b(&rows))),
         "torchtitan_llama3_h100" => Ok(steps(torchtitan_llama3_h100(&rows))),
         "megatron_lm_llama3_fp8_h100" => Ok(steps(megatron_lm_llama3_fp8_h100(&rows))),
@@ -1410,6 +1415,88 @@ fn torchtitan_llama3_h100(rows: &[Line]) -> Read {
                 software,
                 figure: Figure::StepTime,
                 measured: (gbs * seq) as f64 / (gpus as f64 * tokens),
+                short_run: false,
+                tuned_mbs: false,
+            })
+        })
+        .collect()
+}
+
+/// The line rate of the DGX A100 preset's NICs (HDR InfiniBand), Gb/s: a row's NICs of
+/// another rate get the preset's bus bandwidth per NIC in proportion.
+const DGX_A100_NIC_GBPS: f64 = 200.0;
+
+/// Megatron-DeepSpeed's production runs on A100 (`published/megatron_deepspeed_a100.csv`:
+/// BLOOM-176B, MT-NLG 530B): seconds per iteration under the `deepspeed` profile (its
+/// pipeline engine, synchronous transfers, bf16 gradients accumulated in fp32), on DGX A100
+/// nodes with the row's NICs, full recomputation and the 1F1B schedule (DeepSpeed's pipeline
+/// engine has no other), the distributed optimizer state sharded ZeRO-1 style.
+fn megatron_deepspeed_a100(rows: &[Line]) -> Read {
+    rows.iter()
+        .map(|r| {
+            let need = |k: &str| r.int(k).ok_or("a configuration column is missing");
+            let (layers, hidden, heads, seq, vocab) = (
+                need("layers")?,
+                need("hidden")?,
+                need("heads")?,
+                need("seq")?,
+                need("vocab")?,
+            );
+            let (nodes, gbs, mbs, tp, pp) = (
+                need("nodes")?,
+                need("gbs")?,
+                need("mbs")?,
+                need("tp")?,
+                need("pp")?,
+            );
+            let (cluster_spec, mut cluster) = self::nodes("dgx-a100", nodes * 8)?;
+            let nics = need("nics_per_node")?;
+            let gbps = r
+                .num("nic_gbps")
+                .filter(|g| *g > 0.0)
+                .ok_or("no NIC rate")?;
+            if nics == 0 || nics > cluster.gpus_per_node {
+                return Err("NIC count outside 1 to the GPUs of a node");
+            }
+            cluster.network.nics_per_node = nics;
+            cluster.network.nic_bus_bandwidth_gb_per_s *= gbps / DGX_A100_NIC_GBPS;
+            // ALiBi adds a bias to the attention scores and has no position embedding.
+            let learned = match r.get("positions") {
+                "learned" => true,
+                "alibi" => false,
+                _ => return Err("positions neither learned nor alibi"),
+            };
+            let (spec, base) = gpt(layers, hidden, heads, seq, vocab);
+            let cfg = TransformerConfig {
+                learned_positions: learned,
+                ..base
+            };
+            let dp = data_parallel(nodes * 8, tp * pp)?;
+            let dtype = match r.get("dtype") {
+                d @ ("bf16" | "f16") => d,
+                _ => return Err("dtype neither bf16 nor f16"),
+            };
+            let step = r
+                .num("step_s")
+                .filter(|t| *t > 0.0)
+                .ok_or("no measured step")?;
+            let nic_note = match gbps == DGX_A100_NIC_GBPS && nics == cluster.gpus_per_node {
+                true => String::new(),
+                false => format!(" with {nics}x {gbps} Gb/s NICs"),
+            };
+            Ok(Case {
+                label: format!("line {}: {} on {} GPUs", r.number, r.get("run"), nodes * 8),
+                model: format!("{spec} ({} positions)", r.get("positions")),
+                cfg,
+                cluster_spec: format!("{cluster_spec}{nic_note}"),
+                cluster,
+                plan: plan(&format!(
+                    "dp={dp},tp={tp},pp={pp},mbs={mbs},gbs={gbs},zero=1,recompute=full,\
+                     dtype={dtype}"
+                ))?,
+                software: DEEPSPEED_2021,
+                figure: Figure::StepTime,
+                measured: step,
                 short_run: false,
                 tuned_mbs: false,
             })

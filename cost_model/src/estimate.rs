@@ -34,7 +34,9 @@ use crate::memory::{
 };
 use crate::model::TransformerConfig;
 use crate::plan::{Offload, Plan, Recompute};
-use crate::software::{CpAttention, Fusion, GatherUnit, SelectiveRecompute, Software};
+use crate::software::{
+    CpAttention, FP32_GRAD_ACCUMULATION_BYTES, Fusion, GatherUnit, SelectiveRecompute, Software,
+};
 
 const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
 
@@ -921,6 +923,20 @@ impl<'a> Ctx<'a> {
         self.m.compute.memory_time(bytes, self.cl())
     }
 
+    /// The pass after a micro-batch's backward that adds the 16-bit gradients of `params`
+    /// parameters into their fp32 copies, where the profile runs one
+    /// ([`crate::Software::fp32_grad_accumulation`]: bf16 training with ZeRO-0/1).
+    fn fp32_grad_accumulation(&self, params: f64) -> f64 {
+        let applies = self.m.software.fp32_grad_accumulation
+            && self.plan.dtype == DType::BF16
+            && !self.plan.fp8
+            && self.plan.zero_stage <= 1;
+        match applies {
+            true => self.mem(params * FP32_GRAD_ACCUMULATION_BYTES),
+            false => 0.0,
+        }
+    }
+
     /// What eager (unfused) execution adds to one layer's forward or backward: extra passes
     /// over the `[tokens, hidden]` activation and the launch gaps of the extra kernels, and
     /// the element-wise chains of a Llama-style model ([`EagerChain`]): two RMSNorms over
@@ -1672,7 +1688,8 @@ impl<'a> Ctx<'a> {
         p.memory_s += 2.0 * self.mem(act_sp * 4.0 * e)
             + 2.0 * self.mem(act_sp * (3.0 * e + 1.0))
             + self.rotary()
-            + self.eager_overhead(true);
+            + self.eager_overhead(true)
+            + self.fp32_grad_accumulation(self.layer_params_per_rank());
         // dgrad and wgrad of every GEMM, by op: the collectives of a column-parallel GEMM's
         // input run under them.
         let mut grads: Vec<(LayerOp, f64, f64)> = Vec::new();
@@ -1802,7 +1819,9 @@ impl<'a> Ctx<'a> {
         let act = self.act();
         let e = self.e;
         f.memory_s += self.mem(act * 2.0 * e) + self.mem(self.act_sp() * (3.0 * e + 1.0));
-        b.memory_s += self.mem(act * 3.0 * e) + self.mem(self.act_sp() * (2.0 * e + 1.0));
+        b.memory_s += self.mem(act * 3.0 * e)
+            + self.mem(self.act_sp() * (2.0 * e + 1.0))
+            + self.fp32_grad_accumulation(self.cfg.embedding_params() as f64 / self.plan.tp as f64);
         if self.plan.tp > 1 {
             f.exposed(CommKind::Tensor, self.tp_comm());
             if self.sp {
@@ -1832,7 +1851,12 @@ impl<'a> Ctx<'a> {
         let dgrad = self.gemm(GemmShape::new(1, self.n, h, v_t), false);
         let wgrad = self.gemm(GemmShape::new(1, h, v_t, self.n), false);
         b.gemm_s += dgrad + wgrad;
-        b.memory_s += self.mem(logits * loss_backward) + self.mem(self.act_sp() * 4.0 * e);
+        // The output weight's gradient: its own, or under pipelining the tied copy's.
+        let own_weight = !c.tied_embeddings || self.plan.pp > 1;
+        let head_params = (c.vocab * c.hidden) as f64 / self.plan.tp as f64;
+        b.memory_s += self.mem(logits * loss_backward)
+            + self.mem(self.act_sp() * 4.0 * e)
+            + self.fp32_grad_accumulation(if own_weight { head_params } else { 0.0 });
         if self.plan.tp > 1 {
             let tc = self.tp_comm();
             b.overlapped(CommKind::Tensor, tc, self.m.comm.exposed(tc, wgrad));

@@ -112,6 +112,13 @@ impl CpuOptimizer {
     }
 }
 
+/// Bytes a 16-bit gradient's accumulation into its fp32 copy moves per parameter, as
+/// DeepSpeed's `BF16_Optimizer.update_hp_grads` does it (`hp_grad.add_(lp.grad.to(fp32))`,
+/// `deepspeed/runtime/bf16_optimizer.py`, v0.6-0.7): the cast reads the bf16 gradient and
+/// writes an fp32 temporary (2 + 4), the add reads both fp32 tensors and writes the sum
+/// (4 + 4 + 4): 18.
+pub const FP32_GRAD_ACCUMULATION_BYTES: f64 = 18.0;
+
 fn cpu_adam() -> CpuOptimizer {
     CpuOptimizer::CpuAdam
 }
@@ -378,6 +385,17 @@ pub struct Software {
     /// and gradient sync to the last backward). Its traffic and memory are ZeRO-1's.
     #[serde(default)]
     pub pp_holds_gathered_weights: bool,
+    /// Under bf16 with ZeRO-0/1, every micro-batch's backward is followed by a pass that
+    /// adds the rank's bf16 gradients into fp32 copies
+    /// ([`FP32_GRAD_ACCUMULATION_BYTES`] per parameter), and the fp32 copies are what the
+    /// step reduces: DeepSpeed's `BF16_Optimizer`, which its pipeline engine calls after each
+    /// backward (`update_hp_grads` in `_exec_backward_pass`, `deepspeed/runtime/pipe/engine.py`,
+    /// v0.6-0.7; the optimizer Megatron-DeepSpeed's bf16 runs take with ZeRO stage 0, as
+    /// BLOOM's did). Megatron's own distributed optimizer accumulates into its fp32 buffer
+    /// inside the weight-gradient GEMM instead (`gradient_accumulation_fusion`), at no extra
+    /// pass.
+    #[serde(default)]
+    pub fp32_grad_accumulation: bool,
 }
 
 /// What a training stack can run, along the dimensions the plan search explores
@@ -443,6 +461,7 @@ impl Default for Software {
             selective: SelectiveRecompute::Attention,
             cp_attention: CpAttention::Ring,
             pp_holds_gathered_weights: false,
+            fp32_grad_accumulation: false,
         }
     }
 }
@@ -471,10 +490,14 @@ impl Software {
     ///   attention (cuDNN, native to Hopper), `--overlap-grad-reduce` and
     ///   `--overlap-param-gather` of the distributed optimizer, bucketed per layer, and
     ///   `--tp-comm-overlap` (the flags of its README's weak-scaling runs).
-    /// - `deepspeed`: DeepSpeed ZeRO-3 as in SC'21 Table 2: unfused attention, the gradient
-    ///   reduction not overlapped (`overlap_comm` defaults to false in DeepSpeed's ZeRO
-    ///   configuration of the time), and weights gathered parameter by parameter from module
-    ///   hooks, each gather awaited before its module runs.
+    /// - `deepspeed`: Megatron-DeepSpeed: DeepSpeed ZeRO-3 as in SC'21 Table 2 (unfused
+    ///   attention, the gradient reduction not overlapped, as `overlap_comm` defaults to
+    ///   false in DeepSpeed's ZeRO configuration of the time, and weights gathered parameter
+    ///   by parameter from module hooks, each gather awaited before its module runs), and
+    ///   DeepSpeed's pipeline engine with its synchronous stage-to-stage transfers and, under
+    ///   bf16, its fp32 gradient accumulation after every micro-batch
+    ///   ([`Software::fp32_grad_accumulation`]); the tensor-parallel all-reduce of the
+    ///   backward awaited where it is issued.
     /// - `fsdp` and `torchtitan`: PyTorch FSDP (1 and 2): scaled-dot-product attention
     ///   (FlashAttention 2), one all-gather per wrapped block prefetched under the previous
     ///   block (`forward_prefetch`, `backward_prefetch`), reduce-scatter overlapped, PyTorch
@@ -553,6 +576,15 @@ impl Software {
                 overlap_grad_reduce: false,
                 overlap_param_gather: false,
                 param_gather: GatherUnit::Tensor,
+                // Its pipeline engine's sends and receives are synchronous
+                // (`deepspeed/runtime/pipe/p2p.py` refuses `async_op`), and Megatron-DeepSpeed's
+                // column-parallel layers all-reduce their input gradient where the backward
+                // reaches them (`copy_to_tensor_model_parallel_region` in
+                // `megatron/mpu/layers.py` of the BigScience fork), without the later
+                // asynchronous all-reduce under the weight-gradient GEMM.
+                p2p_blocking: true,
+                tp_backward_overlap: false,
+                fp32_grad_accumulation: true,
                 // Its bf16 optimizer keeps fp32 gradients whatever it reduces in.
                 grad_buffer_bytes: None,
                 ..megatron
@@ -764,6 +796,9 @@ pub struct SoftwareSpec {
     /// See [`Software::cp_attention`]: `ring`, `eager_ring` or `all_gather`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cp_attention: Option<CpAttention>,
+    /// See [`Software::fp32_grad_accumulation`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fp32_grad_accumulation: Option<bool>,
 }
 
 /// The value of the software option `key` named `value` among `options`, or an error that
@@ -902,13 +937,15 @@ impl SoftwareSpec {
                     )?;
                     out.cp_attention.replace(a).is_none()
                 }
+                "fp32_grad_accumulation" => out.fp32_grad_accumulation.replace(flag()?).is_none(),
                 other => {
                     return Err(bad(format!(
                         "unknown software option `{other}` (attention, overlap_grad_reduce, \
                          tp_backward_overlap, tp_forward_overlap, tp_comm_overlap, \
                          overlap_param_gather, param_gather, fusion, reduce_dtype, bucket_mb, \
                          p2p_blocking, sm_carveout, cpu_optimizer, loss, fp8_recipe, fp8_weight_cache, \
-                         zero_over_cp, fp8_params, selective, cp_attention)"
+                         zero_over_cp, fp8_params, selective, cp_attention, \
+                         fp32_grad_accumulation)"
                     )));
                 }
             };
@@ -995,6 +1032,9 @@ impl SoftwareSpec {
         }
         if let Some(v) = self.zero_over_cp {
             s.zero_over_cp = v;
+        }
+        if let Some(v) = self.fp32_grad_accumulation {
+            s.fp32_grad_accumulation = v;
         }
         if let Some(v) = self.selective {
             s.selective = v;

@@ -37,6 +37,12 @@
 //!   80 GiB against the 73-83 measured where per-micro-batch gathers said 39, and took the
 //!   time from 9-12% too slow to this); and tensor parallelism of 8 on the 8B model 15-25%
 //!   (async TP gains 1.04-1.16x measured, 1.2x predicted).
+//! - Megatron-DeepSpeed's production runs on A100 80GB: BLOOM-176B on 384 GPUs of Jean Zay
+//!   (4x 100 Gb/s Omni-Path per node) 6% short under the `deepspeed` profile, whose bf16
+//!   optimizer accumulates each micro-batch's gradients into fp32 (13% short without it);
+//!   MT-NLG 530B on 2,240 to 3,360 GPUs of Selene 21-24% short, held within 30%: the same
+//!   layout ran 1.24x faster per micro-batch under Megatron-LM (SC'21 Table 2, which the
+//!   model meets within 2%), a gap of DeepSpeed's engine the model has no mechanism for.
 
 use autopar_cost_model::calibrate;
 use autopar_cost_model::calibrate::{CalibrationReport, TableReport, published_tables};
@@ -167,4 +173,30 @@ fn megatron_lm_llama3_fp8_examples_within_6_percent() {
     assert_eq!(t.rows.len(), 3);
     assert!(t.rows.iter().all(|row| row.fits), "{:?}", t.rows);
     assert!(worst(t) < 0.06, "{}", worst(t));
+}
+
+/// Megatron-DeepSpeed's production runs on A100: BLOOM-176B's iteration under the
+/// `deepspeed` profile (its pipeline engine, awaited tensor-parallel all-reduces, and the bf16
+/// optimizer's fp32 accumulation after every micro-batch, 6.6 s of the step) within 10%;
+/// MT-NLG 530B's three scales 21-24% faster than measured, which is held, not hidden:
+/// Megatron-LM ran the same layout on the same machine 1.24x faster per micro-batch (SC'21
+/// Table 2), and that gap of DeepSpeed's engine has no mechanism in the model.
+#[test]
+fn megatron_deepspeed_runs_on_a100s_hold_their_gap() {
+    let r = report();
+    let t = table(&r, "megatron_deepspeed_a100");
+    assert_eq!(t.rows.len(), 4);
+    assert!(t.rows.iter().all(|row| row.fits), "{:?}", t.rows);
+    let bloom = &t.rows[0];
+    assert!(bloom.label.contains("BLOOM"), "{}", bloom.label);
+    assert!(bloom.error.abs() < 0.10, "{}", bloom.error);
+    for row in &t.rows[1..] {
+        assert!(row.label.contains("MT-NLG"), "{}", row.label);
+        assert!(
+            row.too_fast && row.error > -0.30,
+            "{}: {}",
+            row.label,
+            row.error
+        );
+    }
 }
