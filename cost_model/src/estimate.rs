@@ -927,14 +927,19 @@ impl<'a> Ctx<'a> {
     /// parameters into their fp32 copies, where the profile runs one
     /// ([`crate::Software::fp32_grad_accumulation`]: bf16 training with ZeRO-0/1).
     fn fp32_grad_accumulation(&self, params: f64) -> f64 {
-        let applies = self.m.software.fp32_grad_accumulation
-            && self.plan.dtype == DType::BF16
-            && !self.plan.fp8
-            && self.plan.zero_stage <= 1;
-        match applies {
+        match self.accumulates_in_fp32() {
             true => self.mem(params * FP32_GRAD_ACCUMULATION_BYTES),
             false => 0.0,
         }
+    }
+
+    /// Whether the profile adds each micro-batch's 16-bit gradients into fp32 copies after
+    /// the backward: then both live at the end of every backward.
+    fn accumulates_in_fp32(&self) -> bool {
+        self.m.software.fp32_grad_accumulation
+            && self.plan.dtype == DType::BF16
+            && !self.plan.fp8
+            && self.plan.zero_stage <= 1
     }
 
     /// What eager (unfused) execution adds to one layer's forward or backward: extra passes
@@ -2435,6 +2440,10 @@ impl<'a> Ctx<'a> {
                     }
                 }
                 let mut gradients = z.bytes(plan, 2, dense, expert, mp.grad_bytes_per_param);
+                if self.accumulates_in_fp32() {
+                    // The backward's 16-bit gradients, until they are added into the fp32 ones.
+                    gradients += z.bytes(plan, 2, dense, expert, self.e);
+                }
                 let mut optimizer = z.bytes(
                     plan,
                     1,

@@ -387,8 +387,8 @@ pub struct Software {
     pub pp_holds_gathered_weights: bool,
     /// Under bf16 with ZeRO-0/1, every micro-batch's backward is followed by a pass that
     /// adds the rank's bf16 gradients into fp32 copies
-    /// ([`FP32_GRAD_ACCUMULATION_BYTES`] per parameter), and the fp32 copies are what the
-    /// step reduces: DeepSpeed's `BF16_Optimizer`, which its pipeline engine calls after each
+    /// ([`FP32_GRAD_ACCUMULATION_BYTES`] per parameter; until it runs, the backward's 16-bit
+    /// gradients live beside the fp32 ones), and the fp32 copies are what the step reduces: DeepSpeed's `BF16_Optimizer`, which its pipeline engine calls after each
     /// backward (`update_hp_grads` in `_exec_backward_pass`, `deepspeed/runtime/pipe/engine.py`,
     /// v0.6-0.7; the optimizer Megatron-DeepSpeed's bf16 runs take with ZeRO stage 0, as
     /// BLOOM's did). Megatron's own distributed optimizer accumulates into its fp32 buffer

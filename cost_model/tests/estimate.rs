@@ -1115,7 +1115,8 @@ fn torchtitan_holds_gathered_weights_under_pipeline_parallelism() {
 /// DeepSpeed's bf16 optimizer adds every micro-batch's 16-bit gradients into fp32 copies
 /// after the backward: 18 bytes per parameter the rank holds (the cast's read and fp32
 /// write, the add's two reads and one write), at 80% of the A100's 2039 GB/s and one
-/// kernel's 3 us, on each layer's backward. Not under fp16 (gradients accumulate in the
+/// kernel's 3 us, on each layer's backward; the bf16 gradients (2 bytes per parameter) live
+/// beside the fp32 ones until then. Not under fp16 (gradients accumulate in the
 /// 16-bit `.grad`), nor ZeRO-2/3 (each micro-batch's gradients are reduce-scattered into
 /// the fp32 shard), nor under Megatron's profiles (the fp32 buffer is the weight-gradient
 /// GEMM's own output).
@@ -1129,11 +1130,14 @@ fn deepspeed_bf16_accumulates_each_micro_batch_into_fp32_gradients() {
         Software::parse(sw).unwrap().apply(&mut m);
         let plan = Plan::parse(plan).unwrap();
         let e = m.estimate(&cfg, &plan).unwrap();
-        (e.time.layer_backward.memory_s, e.iter_time_s)
+        (e.time.layer_backward.memory_s, e.iter_time_s, e.memory)
     };
     let bf16 = "dp=2,tp=2,pp=2,mbs=1,gbs=8,zero=1,recompute=full,dtype=bf16";
-    let (on, step_on) = backward("deepspeed", bf16);
-    let (off, step_off) = backward("deepspeed,fp32_grad_accumulation=false", bf16);
+    let (on, step_on, mem_on) = backward("deepspeed", bf16);
+    let (off, step_off, mem_off) = backward("deepspeed,fp32_grad_accumulation=false", bf16);
+    // The backward's bf16 gradients live beside the fp32 ones until the pass adds them.
+    let extra = mem_on.gradients - mem_off.gradients;
+    assert!((extra - 2.0 * mem_on.num_params).abs() < 1.0, "{extra}");
     let params = layer_params_per_rank(&cfg, &Plan::parse(bf16).unwrap());
     let want = params * 18.0 / (2039e9 * 0.8) + 3e-6;
     assert!((on - off - want).abs() < 1e-12, "{} vs {want}", on - off);
@@ -1147,9 +1151,10 @@ fn deepspeed_bf16_accumulates_each_micro_batch_into_fp32_gradients() {
         ("deepspeed", bf16.replace("zero=1", "zero=2")),
         ("megatron-lm-2022", bf16.to_string()),
     ] {
-        let (with, _) = backward(sw, &plan);
+        let (with, _, with_mem) = backward(sw, &plan);
         let sw_off = format!("{sw},fp32_grad_accumulation=false");
-        let (without, _) = backward(&sw_off, &plan);
+        let (without, _, without_mem) = backward(&sw_off, &plan);
         assert_eq!(with, without, "{sw} {plan}");
+        assert_eq!(with_mem.gradients, without_mem.gradients, "{sw} {plan}");
     }
 }
