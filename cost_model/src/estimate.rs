@@ -1294,6 +1294,45 @@ impl<'a> Ctx<'a> {
         self.plan.cp as f64 * self.mem((per_query * q + per_key * kv) * self.e / 2.0)
     }
 
+    /// The context-parallel exchange of one layer's keys and values in its forward or
+    /// backward beside `attention` seconds of attention, as (issued, exposed) seconds.
+    ///
+    /// Transformer Engine's ring (and Llama 3's gather) passes each step's keys and values
+    /// under the step before, so the exchange hides under the whole attention (twice the
+    /// traffic in the backward, the key and value gradients travelling too). PyTorch's
+    /// `context_parallel` as torchtitan ran it ([`crate::CpAttention::EagerRing`], rotate
+    /// method `allgather`, torchtitan's default) all-gathers the query-wide keys and values
+    /// once, after issuing the first step's attention, which is all the gather hides under
+    /// (`_AllGatherRotater`); its backward gathers them again the same way and passes the
+    /// fp32 key and value gradients around the ring, one step's shard at a time, each under
+    /// its step (`_templated_ring_attention_backward`, `dkv_rotater`).
+    fn cp_exchange(&self, backward: bool, attention: f64) -> (f64, f64) {
+        if self.plan.cp <= 1 {
+            return (0.0, 0.0);
+        }
+        let comm = &self.m.comm;
+        match self.m.software.cp_attention {
+            CpAttention::EagerRing => {
+                let cp = self.plan.cp as f64;
+                let (queries, _) = self.query_key_elements();
+                let step = attention / cp;
+                let gather =
+                    self.coll(Collective::AllGather, cp * 2.0 * queries * self.e, &self.cp);
+                let (mut issued, mut exposed) = (gather, comm.exposed(gather, step));
+                if backward {
+                    let pass = self.coll(Collective::SendRecv, 2.0 * queries * 4.0, &self.cp);
+                    issued += (cp - 1.0) * pass;
+                    exposed += (cp - 1.0) * comm.exposed(pass, step);
+                }
+                (issued, exposed)
+            }
+            CpAttention::Ring | CpAttention::AllGather => {
+                let t = self.cp_comm() * if backward { 2.0 } else { 1.0 };
+                (t, comm.exposed(t, attention))
+            }
+        }
+    }
+
     /// Context-parallel exchange of K and V around the ring, for the whole sequence.
     fn cp_comm(&self) -> f64 {
         let c = self.cfg;
@@ -1668,8 +1707,8 @@ impl<'a> Ctx<'a> {
             }
         }
         p.memory_s += self.ring_merge(false);
-        let cp = self.cp_comm();
-        p.overlapped(CommKind::Context, cp, self.m.comm.exposed(cp, t_attn));
+        let (cp, cp_exposed) = self.cp_exchange(false, t_attn);
+        p.overlapped(CommKind::Context, cp, cp_exposed);
         // Offloaded parameters are copied up before their gather: one chain, prefetched alike.
         let z3 = self.zero3_gather_pass() + self.offloaded_param_copy();
         let hidden_under = p.total_s();
@@ -1756,9 +1795,8 @@ impl<'a> Ctx<'a> {
             }
         }
         p.memory_s += self.ring_merge(true);
-        let cp = 2.0 * self.cp_comm();
-        let under = p.attention_s;
-        p.overlapped(CommKind::Context, cp, self.m.comm.exposed(cp, under));
+        let (cp, cp_exposed) = self.cp_exchange(true, p.attention_s);
+        p.overlapped(CommKind::Context, cp, cp_exposed);
         // The recomputed forward runs first, inside the backward, so the backward's ZeRO
         // traffic below overlaps it too. Under full recompute it is the whole layer forward,
         // with its ZeRO-3 gather only where the profile gathers per module

@@ -209,11 +209,16 @@ pub enum CpAttention {
     #[default]
     Ring,
     /// The same ring in PyTorch's experimental `context_parallel` (torchtitan;
-    /// `torch/distributed/tensor/experimental/_attention.py`), merged by eager ops: per step
-    /// the keys and values, query-wide after `repeat_kv`, are concatenated for the exchange
-    /// (8 B per query element), the step's output is cast to fp32 (6 B) and merged by fp32
-    /// element-wise ops (about 32 B), half the steps copying the running output through
-    /// `chunk` and `cat` (4 B on average): 50 B. The backward concatenates the keys and
+    /// `torch/distributed/tensor/experimental/_attention.py`), with torchtitan's default
+    /// rotate method `allgather` (`--experimental.context_parallel_rotate_method`): the
+    /// query-wide keys and values all-gathered once, under the first step's attention only,
+    /// gathered again in the backward, where the fp32 key and value gradients go around the
+    /// ring a step at a time. Merged by eager ops: per step the keys and values, query-wide
+    /// after `repeat_kv`, are concatenated for the exchange (8 B per query element; every
+    /// step, though only the first one's is gathered), the step's output is cast to fp32
+    /// (6 B) and merged by fp32 element-wise ops (about 32 B), half the steps copying the
+    /// running output through `chunk` and `cat` (4 B on average): 50 B. The backward
+    /// concatenates the keys and
     /// values again (8 B), accumulates the query, key and value gradients in fp32 (10 B
     /// each) and concatenates the fp32 key and value gradients to pass them on (16 B), with
     /// partial-update copies (about 8 B): 62 B.

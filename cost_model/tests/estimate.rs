@@ -1158,3 +1158,63 @@ fn deepspeed_bf16_accumulates_each_micro_batch_into_fp32_gradients() {
         assert_eq!(with_mem.gradients, without_mem.gradients, "{sw} {plan}");
     }
 }
+
+/// PyTorch's context parallelism as torchtitan ran it all-gathers the query-wide keys and
+/// values once, under the first ring step's attention only, and its backward gathers them
+/// again and passes fp32 key and value gradients around the ring, a step's shard under each
+/// step; Transformer Engine's ring passes the grouped keys and values under the whole
+/// attention. Across 4 nodes (tp=8 fills each), with 64 query heads on 8 key/value heads:
+/// the gather moves 8x the ring's bytes, the backward adds three fp32 passes, and more of
+/// it shows.
+#[test]
+fn pytorch_context_parallelism_gathers_query_wide_keys_under_one_step() {
+    use autopar_cost_model::Software;
+    let cfg = TransformerConfig {
+        kv_heads: 8,
+        learned_positions: false,
+        ..TransformerConfig::gpt("gqa", 2, 8192, 64, 65536, 32000)
+    };
+    let layer = |sw: &str, cfg: &TransformerConfig, plan: &str| {
+        let mut m = CostModel::new(Cluster::preset("hgx-h100-96gb:nodes=4").unwrap());
+        Software::parse(sw).unwrap().apply(&mut m);
+        let plan = Plan::parse(plan).unwrap();
+        m.estimate(cfg, &plan).unwrap().time
+    };
+    let cp4 = "dp=1,tp=8,cp=4,mbs=1,gbs=1,sp=true";
+    let ring = layer("torchtitan,cp_attention=ring", &cfg, cp4);
+    let eager = layer("torchtitan", &cfg, cp4);
+    // The same local tokens without context parallelism: the tensor-parallel traffic alone.
+    let short = TransformerConfig {
+        seq: 16384,
+        ..cfg.clone()
+    };
+    let alone = layer("torchtitan", &short, "dp=4,tp=8,mbs=1,gbs=4,sp=true");
+    let cp = |p: &autopar_cost_model::estimate::PassTime,
+              a: &autopar_cost_model::estimate::PassTime| {
+        p.comm_total_s - a.comm_total_s
+    };
+    let (rf, ef, af) = (
+        &ring.layer_forward,
+        &eager.layer_forward,
+        &alone.layer_forward,
+    );
+    // Issued: 8x the bytes of the same all-gather (within its latency).
+    let ratio = cp(ef, af) / cp(rf, af);
+    assert!((ratio - 8.0).abs() < 0.5, "{ratio}");
+    assert!(ef.exposed_by.cp_s > rf.exposed_by.cp_s, "{ef:?} {rf:?}");
+    // Backward: the gather again, and three passes of fp32 gradients, each the size of
+    // two of the gather's shards (out of four).
+    let (rb, eb, ab) = (
+        &ring.layer_backward,
+        &eager.layer_backward,
+        &alone.layer_backward,
+    );
+    assert!(
+        cp(eb, ab) > cp(ef, af) * 1.5,
+        "{} vs {}",
+        cp(eb, ab),
+        cp(ef, af)
+    );
+    assert!(eb.exposed_by.cp_s > rb.exposed_by.cp_s, "{eb:?} {rb:?}");
+    assert!(eb.exposed_by.cp_s <= cp(eb, ab) + 1e-12);
+}

@@ -31,7 +31,8 @@
 //!   predicted: PyTorch eager's RMSNorm, rotary, `repeat_kv` and SwiGLU chains against
 //!   fused kernels); without them, and at 700 W with HBM3, the 8B runs were 30-42% short.
 //!   Three gaps are held rather than hidden: context parallelism (PyTorch's experimental ring
-//!   attention, its eager fp32 merges priced) runs 5-33% slower than predicted, more with
+//!   attention, its eager fp32 merges and its one-shot gathers of the query-wide keys and
+//!   values, under the first ring step only, priced) runs 5-32% slower than predicted, more with
 //!   more ranks; the 405B runs under pipeline parallelism 14-17% (FSDP holds a stage's
 //!   gathered weights over the step there, as torchtitan does, which puts their memory at
 //!   80 GiB against the 73-83 measured where per-micro-batch gathers said 39, and took the
