@@ -20,6 +20,7 @@ use std::fmt::Write as _;
 use serde::Serialize;
 
 use autopar_ir::DType;
+use autopar_ir::schedule::ScheduleKind;
 
 use crate::cluster::Cluster;
 use crate::comm::{Algorithm, Collective};
@@ -118,11 +119,12 @@ struct Case {
     /// at the power-limited clock of a long run
     /// ([`crate::compute::ComputeParams::benchmark_clock`]).
     short_run: bool,
-    /// The table does not state the micro-batch size of a tuned benchmark: the plan is
-    /// estimated at every size that divides a data-parallel rank's share of the batch (up to
-    /// 8) and the fastest that fits stands for the row, as the benchmark's authors would have
-    /// picked it (and as `autopar plan` does).
-    tuned_mbs: bool,
+    /// The table does not state the micro-batch size of a tuned benchmark, nor, under
+    /// pipeline parallelism, its virtual stages: the plan is estimated at every micro-batch
+    /// size that divides a data-parallel rank's share of the batch (up to 8) and every number
+    /// of virtual stages that divides a stage's layers, and the fastest that fits stands for
+    /// the row, as the benchmark's authors would have picked it (and as `autopar plan` does).
+    tuned: bool,
 }
 
 /// A row of a table, estimated.
@@ -390,11 +392,7 @@ fn estimate_case(c: &Case) -> Result<RowResult, CostError> {
         model.compute.benchmark_clock = true;
     }
     // A tuned row's winning estimate is the row's: it is not estimated again.
-    let (plan, tuned) = match c
-        .tuned_mbs
-        .then(|| fastest_micro_batch(&model, c))
-        .flatten()
-    {
+    let (plan, tuned) = match c.tuned.then(|| fastest_layout(&model, c)).flatten() {
         Some((plan, e)) => (plan, Some(e)),
         None => (c.plan.clone(), None),
     };
@@ -451,31 +449,48 @@ fn estimate_case(c: &Case) -> Result<RowResult, CostError> {
     })
 }
 
-/// The plan of a row whose micro-batch size the table leaves out ([`Case::tuned_mbs`]): its
-/// plan at the size among 1, 2, 4 and 8 dividing a data-parallel rank's share of the batch
-/// whose step is shortest among those that fit (shortest of all if none fits), with its
-/// estimate; `None` if no size can be estimated (the row's own plan then reports why).
-fn fastest_micro_batch(model: &CostModel, c: &Case) -> Option<(Plan, Estimate)> {
+/// The plan of a row whose micro-batch size and virtual stages the table leaves out
+/// ([`Case::tuned`]): its plan at the size among 1, 2, 4 and 8 dividing a data-parallel
+/// rank's share of the batch, and under pipeline parallelism at the number of virtual stages
+/// dividing a stage's layers (the interleaved schedule above one), whose step is shortest
+/// among those that fit (shortest of all if none fits), with its estimate; `None` if no
+/// layout can be estimated (the row's own plan then reports why).
+fn fastest_layout(model: &CostModel, c: &Case) -> Option<(Plan, Estimate)> {
     let per_rank = c.plan.global_batch / c.plan.dp.max(1);
+    let per_stage = c.cfg.layers / c.plan.pp.max(1);
+    let virtual_stages: Vec<usize> = match c.plan.pp > 1 {
+        true => (1..=per_stage)
+            .filter(|v| per_stage.is_multiple_of(*v))
+            .collect(),
+        false => vec![c.plan.vpp],
+    };
     let mut best: Option<(Plan, Estimate)> = None;
     for mbs in [1, 2, 4, 8] {
         if !per_rank.is_multiple_of(mbs) {
             continue;
         }
-        let plan = Plan {
-            micro_batch_size: mbs,
-            ..c.plan.clone()
-        };
-        // A size the plan's rules refuse is not a candidate.
-        let Ok(e) = model.estimate(&c.cfg, &plan) else {
-            continue;
-        };
-        let better = match &best {
-            None => true,
-            Some((_, b)) => (e.fits, -e.iter_time_s) > (b.fits, -b.iter_time_s),
-        };
-        if better {
-            best = Some((plan, e));
+        for &vpp in &virtual_stages {
+            let schedule = match vpp > 1 {
+                true => ScheduleKind::Interleaved,
+                false => c.plan.schedule,
+            };
+            let plan = Plan {
+                micro_batch_size: mbs,
+                vpp,
+                schedule,
+                ..c.plan.clone()
+            };
+            // A layout the plan's rules refuse is not a candidate.
+            let Ok(e) = model.estimate(&c.cfg, &plan) else {
+                continue;
+            };
+            let better = match &best {
+                None => true,
+                Some((_, b)) => (e.fits, -e.iter_time_s) > (b.fits, -b.iter_time_s),
+            };
+            if better {
+                best = Some((plan, e));
+            }
         }
     }
     best
@@ -658,7 +673,7 @@ fn sc21_table1(rows: &[Line]) -> Read {
                 figure: Figure::StepTime,
                 measured: flops / (gpus as f64 * tflops * 1e12),
                 short_run: false,
-                tuned_mbs: false,
+                tuned: false,
             })
         })
         .collect()
@@ -720,7 +735,7 @@ fn sc21_table2(rows: &[Line]) -> Read {
                 figure: Figure::StepTime,
                 measured: flops / (gpus as f64 * tflops * 1e12),
                 short_run: false,
-                tuned_mbs: false,
+                tuned: false,
             })
         })
         .collect()
@@ -768,7 +783,7 @@ fn korthikanti_table5(rows: &[Line]) -> Read {
                 figure: Figure::StepTime,
                 measured,
                 short_run: false,
-                tuned_mbs: false,
+                tuned: false,
             })
         };
         out.push(case(
@@ -816,7 +831,7 @@ fn korthikanti_table4(rows: &[Line]) -> Read {
                     figure,
                     measured,
                     short_run: false,
-                    tuned_mbs: false,
+                    tuned: false,
                 })
             })());
         }
@@ -928,7 +943,7 @@ fn megatron_moe_layer(rows: &[Line]) -> Read {
                     figure,
                     measured,
                     short_run: true,
-                    tuned_mbs: false,
+                    tuned: false,
                 })
             })());
         }
@@ -1054,7 +1069,7 @@ fn llm_foundry(rows: &[Line]) -> Read {
                 figure: Figure::StepTime,
                 measured: tokens / rate,
                 short_run: false,
-                tuned_mbs: false,
+                tuned: false,
             })
         })
         .collect()
@@ -1132,9 +1147,13 @@ fn mamf_gemm(rows: &[Line]) -> Vec<Result<Reading, &'static str>> {
 
 /// A Megatron-Core r0.8 run on H100 (its README's weak- and strong-scaling figures): a GPT
 /// of `(layers, hidden, heads, seq, vocab)` with untied embeddings and rotary positions on
-/// `gpus` GPUs laid out `(dp, tp, pp, gbs)`, the fastest micro-batch size that fits
-/// ([`Case::tuned_mbs`]; the README gives none), no recomputation, sequence parallelism with
-/// tp, the distributed optimizer (assumed, not stated), and the step
+/// `gpus` GPUs laid out `(dp, tp, pp, gbs)`, at the fastest micro-batch size and number of
+/// virtual stages that fit ([`Case::tuned`]; the README gives neither, and its pipelined
+/// runs cannot have run without virtual stages: the 177B model reaches 44% MFU on 2,304
+/// GPUs, 24 sequences per pipeline of 6 stages, where the plain 1F1B schedule idles 17% of
+/// the step, and 47% on 96 GPUs, 576 sequences per pipeline with next to no bubble, so
+/// its pipeline stood still at most 6% of the step), no recomputation, sequence parallelism
+/// with tp, the distributed optimizer (assumed, not stated), and the step
 /// time at which the README's FLOP count, 72BLsh^2(1+s/6h+V/12hL), runs at `rate` FLOP/s
 /// per GPU.
 fn megatron_core_case(
@@ -1178,7 +1197,7 @@ fn megatron_core_case(
         figure: Figure::StepTime,
         measured: flops / (gpus as f64 * rate),
         short_run: false,
-        tuned_mbs: true,
+        tuned: true,
     })
 }
 
@@ -1339,7 +1358,7 @@ fn nemo_layout_case(r: &Line, software: &'static str, zero: usize) -> Result<Cas
         figure: Figure::StepTime,
         measured: (gbs * seq) as f64 / (gpus as f64 * tokens),
         short_run: false,
-        tuned_mbs: false,
+        tuned: false,
     })
 }
 
@@ -1416,7 +1435,7 @@ fn torchtitan_llama3_h100(rows: &[Line]) -> Read {
                 figure: Figure::StepTime,
                 measured: (gbs * seq) as f64 / (gpus as f64 * tokens),
                 short_run: false,
-                tuned_mbs: false,
+                tuned: false,
             })
         })
         .collect()
@@ -1498,7 +1517,7 @@ fn megatron_deepspeed_a100(rows: &[Line]) -> Read {
                 figure: Figure::StepTime,
                 measured: step,
                 short_run: false,
-                tuned_mbs: false,
+                tuned: false,
             })
         })
         .collect()
@@ -1588,7 +1607,7 @@ fn llama3_405b(rows: &[Line]) -> Read {
                 figure: Figure::ModelTflops,
                 measured,
                 short_run: false,
-                tuned_mbs: false,
+                tuned: false,
             })
         })
         .collect()

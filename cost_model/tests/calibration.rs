@@ -128,12 +128,15 @@ fn every_reference_table_is_read_and_the_megatron_tables_are_expressed() {
 }
 
 /// Per table: (median |error| at most, worst |error| at most, share predicted too fast at
-/// most). Today's figures, each with a little headroom: llm-foundry 3.9% / 29.1% (the 70B
-/// on 64 A100-40GB; fp8 rows 4-11% too slow), Megatron-Core 5.3% / 18.9% (each row at the
-/// fastest micro-batch size that fits, which the README does not give: the 32B row's fp32
-/// gradient reduce-scatter over 48 nodes hides under a whole backward at 4 and was 30% too
-/// slow at 1; at Hopper's sustained share, `cluster::HOPPER_700W_SUSTAINED`, the 1.7B and
-/// 7.1B rows 19% and 14% too fast and the pipelined ones up to 8% too slow), SC'21 Table 1 4.0% / 5.8%, SC'21 Table 2 4.5% / 18.5% (PTD-P within
+/// most). Today's figures, each with a little headroom: llm-foundry 4.3% / 29.1% (the 70B
+/// on 64 A100-40GB; the H100 rows 8% too slow in the median at Hopper's sustained share,
+/// `cluster::HOPPER_700W_SUSTAINED`, the fp8 ones 2-10%), Megatron-Core 5.4% / 14.2% (each
+/// row at the fastest micro-batch size and number of virtual stages that fit, which the
+/// README does not give: the 32B row's fp32 gradient reduce-scatter over 48 nodes hides under
+/// a whole backward at micro-batch 4 and was 30% too slow at 1, and the pipelined rows'
+/// MFU needs virtual stages; the 1.7B and 7.1B rows 12% and 5% too fast, the 16B and 32B,
+/// with tp=4 and 8 and no pipeline, 5% and 14% too slow), SC'21 Table 1 4.0% / 5.8%, SC'21
+/// Table 2 4.5% / 18.5% (PTD-P within
 /// 5%, the 530B ZeRO-3 rows 18% too fast), Korthikanti Table 4 3.0% / 4.9% and Table 5
 /// 2.0% / 5.1%, the all-reduce sweep 2.2% / 39.4% (4 B200 nodes over EFA at 4-256 MiB,
 /// 18-39% too fast, a ring across nodes below its large-message rate that the model
@@ -141,8 +144,8 @@ fn every_reference_table_is_read_and_the_megatron_tables_are_expressed() {
 /// 22%), the MAMF GEMMs
 /// 4.5% / 12.5% (GH200 and A100 PCIe included), the NCCL maintainers' and users' bus
 /// bandwidths 0.6% / 11.5% (2 nodes with 4 HDR NICs, 86 GB/s measured against the ring's
-/// 96) and 0.2% / 1.9%, the Megatron-Core MoE block on 8 H100s with ep=8 5.9% / 19.7% (the
-/// Mixtral proxy within 11%; the DeepSeek proxy's backward with its shared expert 14-20%
+/// 96) and 0.2% / 1.9%, the Megatron-Core MoE block on 8 H100s with ep=8 4.2% / 14.2% (the
+/// Mixtral proxy within 11%; the DeepSeek proxy's backward with its shared expert 14%
 /// too slow).
 const BOUNDS: [(&str, f64, f64, f64); 11] = [
     ("korthikanti2022_table4_per_layer_22B", 0.04, 0.06, 0.5),
@@ -152,8 +155,8 @@ const BOUNDS: [(&str, f64, f64, f64); 11] = [
         0.06,
         0.65,
     ),
-    ("llmfoundry_mpt_benchmarks", 0.04, 0.30, 0.55),
-    ("megatron_core_h100_weak_scaling_readme", 0.055, 0.205, 0.75),
+    ("llmfoundry_mpt_benchmarks", 0.045, 0.30, 0.55),
+    ("megatron_core_h100_weak_scaling_readme", 0.055, 0.16, 0.8),
     ("megatron_moe_layer_perf_baseline_h100", 0.05, 0.16, 0.3),
     ("megatron_sc21_table1_weak_scaling_a100", 0.045, 0.07, 0.95),
     ("megatron_sc21_table2_zero3_vs_ptdp", 0.055, 0.195, 0.85),

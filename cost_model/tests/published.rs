@@ -6,38 +6,39 @@
 //! - Llama 3 405B on 8,192 and 16,384 H100s (the Llama 3 paper's Table 4, model TFLOP/s per
 //!   GPU), under Megatron-Core's profile with four virtual stages and one recomputed layer
 //!   per chunk (assumed), the keys and values all-gathered for context parallelism (the
-//!   paper's Sec. 3.3.2): +3%, -2% and -4%; held within 8%.
+//!   paper's Sec. 3.3.2): 8-12% too slow, held within 13%. Hopper's sustained matmul share
+//!   (`cluster::HOPPER_700W_SUSTAINED`, 0.72) is set where NVIDIA's own stacks of 2024 agree;
+//!   at 0.82 these runs were within 4% and those 9-14% too fast.
 //! - NeMo 24.07's fp8 pretraining table on DGX H100 (twelve runs with their whole layout):
-//!   the model's step is 1-15% short on every run, 9% in the median (13% before Hopper's
-//!   own sustained GEMM share, `cluster::HOPPER_700W_SUSTAINED`). The bounds (median within
-//!   12%, each run within 18%) hold that bias so that it cannot grow unnoticed; charging
-//!   every fp8 GEMM for casting both its operands, as the model did before, put these runs
-//!   24% too slow in the median and the large-tensor-parallel ones 60-100%.
+//!   2% in the median, each within 11% (GPT-3 175B on 512 GPUs the slow one); held within 4%
+//!   and 13%. Charging every fp8 GEMM for casting both its operands, as the model did
+//!   before, put these runs 24% too slow in the median and the large-tensor-parallel ones
+//!   60-100%.
 //! - Megatron-Core r0.8's GPT-3 177B at 47% MFU on 96 H100s (its README's strong scaling;
-//!   tp=8, pp=6 leave 576 micro-batches, almost no bubble): predicted 14% short, the same
-//!   bias; held within 16%.
+//!   tp=8, pp=6 leave 576 micro-batches, almost no bubble): 4.5% too fast; held within 7%.
+//!   It is the run that pins Hopper's sustained share without any pipeline assumption.
 //! - Megatron-Bridge's fp8 (current scaling) Llama 3 and 3.1 runs on DGX H100 (releases
 //!   25.11 and 26.04.01, 8 to 1,024 GPUs, Megatron FSDP and the distributed optimizer, fp8
-//!   weights): 5% in the median, the 405B at 512 sequences 11% short; held within 7% in the
-//!   median and 13% each. Every run fits the 80 GB, as measured: the interleaved warm-up
+//!   weights): 6% in the median, the 8B with Megatron FSDP 14% too slow; held within 7% in
+//!   the median and 15% each. Every run fits the 80 GB, as measured: the interleaved warm-up
 //!   holds each chunk at its own size and fp8 GEMM inputs are kept a byte each.
 //! - Megatron-LM's Llama 3 fp8 examples on H100 (its `examples/llama` README: 8B with cp=2 on
-//!   8 GPUs, 70B on 64, 3.1 405B on 1,024, configured as NeMo's performance scripts): 2-4%
-//!   short, each; held within 6%.
+//!   8 GPUs, 70B on 64, 3.1 405B on 1,024, configured as NeMo's performance scripts): 5-7%
+//!   too slow, each; held within 8%.
 //! - torchtitan's Llama 3.1 benchmarks (8B, 70B and 405B on 8 to 512 H100s of 96 GB HBM2e at
 //!   500 W: FSDP2, tensor, pipeline and context parallelism, eager or compiled, bf16 or
-//!   float8): 13% in the median, predicted too fast on seven runs in eight. What
-//!   `torch.compile` buys is about reproduced (1.16x measured on 8 and 128 GPUs, 1.21x
+//!   float8): 9% in the median, the 8B runs without context or tensor parallelism within 3%.
+//!   What `torch.compile` buys is about reproduced (1.16x measured on 8 and 128 GPUs, 1.21x
 //!   predicted: PyTorch eager's RMSNorm, rotary, `repeat_kv` and SwiGLU chains against
 //!   fused kernels); without them, and at 700 W with HBM3, the 8B runs were 30-42% short.
 //!   Three gaps are held rather than hidden: context parallelism (PyTorch's experimental ring
 //!   attention, its eager fp32 merges and its one-shot gathers of the query-wide keys and
-//!   values, under the first ring step only, priced) runs 5-32% slower than predicted, more with
-//!   more ranks; the 405B runs under pipeline parallelism 14-17% (FSDP holds a stage's
+//!   values, under the first ring step only, priced) runs 3-32% slower than predicted, more
+//!   with more ranks; the 405B runs under pipeline parallelism 8-9% (FSDP holds a stage's
 //!   gathered weights over the step there, as torchtitan does, which puts their memory at
-//!   80 GiB against the 73-83 measured where per-micro-batch gathers said 39, and took the
-//!   time from 9-12% too slow to this); and tensor parallelism of 8 on the 8B model 15-25%
-//!   (async TP gains 1.04-1.16x measured, 1.2x predicted).
+//!   80 GiB against the 73-83 measured where per-micro-batch gathers said 39); and tensor
+//!   parallelism of 8 on the 8B model 11-19% (async TP gains 1.04-1.16x measured, 1.2x
+//!   predicted).
 //! - Megatron-DeepSpeed's production runs on A100 80GB: BLOOM-176B on 384 GPUs of Jean Zay
 //!   (4x 100 Gb/s Omni-Path per node) 6% short under the `deepspeed` profile, whose bf16
 //!   optimizer accumulates each micro-batch's gradients into fp32 (13% short without it);
@@ -70,31 +71,31 @@ fn worst(t: &TableReport) -> f64 {
 }
 
 #[test]
-fn llama3_405b_on_h100s_within_8_percent() {
+fn llama3_405b_on_h100s_within_13_percent() {
     let r = report();
     let t = table(&r, "llama3_405b_h100");
     assert_eq!(t.rows.len(), 3);
     assert!(t.rows.iter().all(|row| row.fits), "{:?}", t.rows);
-    assert!(worst(t) < 0.08, "{}", worst(t));
+    assert!(worst(t) < 0.13, "{}", worst(t));
 }
 
 #[test]
-fn nemo_24_07_fp8_pretraining_on_h100s_holds_its_bias() {
+fn nemo_24_07_fp8_pretraining_on_h100s_within_4_percent() {
     let r = report();
     let t = table(&r, "nemo_24_07_fp8_h100");
     assert_eq!(t.rows.len(), 12);
-    assert!(worst(t) < 0.18, "{}", worst(t));
+    assert!(worst(t) < 0.13, "{}", worst(t));
     let median = t.summary.median_abs_error.unwrap_or(f64::INFINITY);
-    assert!(median < 0.12, "{median}");
+    assert!(median < 0.04, "{median}");
 }
 
 #[test]
-fn megatron_core_177b_on_96_h100s_holds_its_bias() {
+fn megatron_core_177b_on_96_h100s_within_7_percent() {
     let r = report();
     let t = table(&r, "megatron_core_strong_scaling_h100");
     assert_eq!(t.rows.len(), 1);
     assert!(t.rows[0].fits, "{:?}", t.rows[0]);
-    assert!(worst(t) < 0.16, "{}", worst(t));
+    assert!(worst(t) < 0.07, "{}", worst(t));
 }
 
 #[test]
@@ -103,7 +104,7 @@ fn megatron_bridge_fp8_llama_on_h100s_within_7_percent() {
     let t = table(&r, "megatron_bridge_fp8_h100");
     assert_eq!(t.rows.len(), 5);
     assert!(t.rows.iter().all(|row| row.fits), "{:?}", t.rows);
-    assert!(worst(t) < 0.13, "{}", worst(t));
+    assert!(worst(t) < 0.15, "{}", worst(t));
     let median = t.summary.median_abs_error.unwrap_or(f64::INFINITY);
     assert!(median < 0.07, "{median}");
 }
@@ -123,11 +124,11 @@ fn torchtitan_llama3_on_h100s_holds_its_gaps() {
     assert_eq!(t.rows.len(), 26);
     assert!(t.rows.iter().all(|row| row.fits), "{:?}", t.rows);
     let median = t.summary.median_abs_error.unwrap_or(f64::INFINITY);
-    assert!(median < 0.14, "{median}");
-    // Without context parallelism every run is within 26%.
+    assert!(median < 0.10, "{median}");
+    // Without context parallelism every run is within 20%.
     let cp = |row: &calibrate::RowResult| !row.plan.contains("cp=1,");
     for row in t.rows.iter().filter(|row| !cp(row)) {
-        assert!(row.error.abs() < 0.26, "{row:?}");
+        assert!(row.error.abs() < 0.20, "{row:?}");
     }
     // Context parallelism is predicted too fast, the more so the more ranks share a sequence
     // (the gap this table exposes, held so that it cannot grow unnoticed).
@@ -168,12 +169,12 @@ fn torchtitan_compile_speedup_is_reproduced() {
 }
 
 #[test]
-fn megatron_lm_llama3_fp8_examples_within_6_percent() {
+fn megatron_lm_llama3_fp8_examples_within_8_percent() {
     let r = report();
     let t = table(&r, "megatron_lm_llama3_fp8_h100");
     assert_eq!(t.rows.len(), 3);
     assert!(t.rows.iter().all(|row| row.fits), "{:?}", t.rows);
-    assert!(worst(t) < 0.06, "{}", worst(t));
+    assert!(worst(t) < 0.08, "{}", worst(t));
 }
 
 /// Megatron-DeepSpeed's production runs on A100: BLOOM-176B's iteration under the
