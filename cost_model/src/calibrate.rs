@@ -582,6 +582,18 @@ fn steps(read: Read) -> Vec<Result<Reading, &'static str>> {
         .collect()
 }
 
+/// A row's GPT shape columns: `(layers, hidden, heads, seq, vocab)`.
+fn gpt_shape(r: &Line) -> Result<(usize, usize, usize, usize, usize), &'static str> {
+    let need = |k: &str| r.int(k).ok_or("a configuration column is missing");
+    Ok((
+        need("layers")?,
+        need("hidden")?,
+        need("heads")?,
+        need("seq")?,
+        need("vocab")?,
+    ))
+}
+
 /// A GPT of the SC'21/Korthikanti/MPT kind (GELU MLP of `4h`, tied embeddings, learned
 /// positions) and its `gpt:` spec.
 fn gpt(
@@ -1454,13 +1466,7 @@ fn megatron_deepspeed_a100(rows: &[Line]) -> Read {
     rows.iter()
         .map(|r| {
             let need = |k: &str| r.int(k).ok_or("a configuration column is missing");
-            let (layers, hidden, heads, seq, vocab) = (
-                need("layers")?,
-                need("hidden")?,
-                need("heads")?,
-                need("seq")?,
-                need("vocab")?,
-            );
+            let (layers, hidden, heads, seq, vocab) = gpt_shape(r)?;
             let (nodes, gbs, mbs, tp, pp) = (
                 need("nodes")?,
                 need("gbs")?,
@@ -1530,13 +1536,7 @@ fn megatron_core_strong_scaling(rows: &[Line]) -> Read {
     rows.iter()
         .map(|r| {
             let need = |k: &str| r.int(k).ok_or("a configuration column is missing");
-            let (layers, hidden, heads, seq, vocab) = (
-                need("layers")?,
-                need("hidden")?,
-                need("heads")?,
-                need("seq")?,
-                need("vocab")?,
-            );
+            let (layers, hidden, heads, seq, vocab) = gpt_shape(r)?;
             let (gpus, gbs, tp, pp) = (need("gpus")?, need("gbs")?, need("tp")?, need("pp")?);
             let mfu = r
                 .num("mfu_pct")
