@@ -927,7 +927,7 @@ impl<'a> Ctx<'a> {
     /// parameters into their fp32 copies, where the profile runs one
     /// ([`crate::Software::fp32_grad_accumulation`]: bf16 training with ZeRO-0/1).
     fn fp32_grad_accumulation(&self, params: f64) -> f64 {
-        match self.accumulates_in_fp32() {
+        match self.accumulates_in_fp32() && params > 0.0 {
             true => self.mem(params * FP32_GRAD_ACCUMULATION_BYTES),
             false => 0.0,
         }
