@@ -968,8 +968,10 @@ fn megatron_moe_layer(rows: &[Line]) -> Read {
 /// Not stated, so assumed: the fastest micro-batch size that fits (a benchmark's authors tune
 /// it; with 4 sequences per data-parallel rank and the gradient reduction overlapping only
 /// the last micro-batch's backward, the 32B row's fp32 reduce-scatter over 48 nodes is
-/// hidden at 4 and exposed at 1), no recomputation, sequence parallelism with tp, the
-/// distributed optimizer (ZeRO-1), 1F1B, bf16, rotary positions.
+/// hidden at 4 and exposed at 1) and, under pipeline parallelism, the fastest number of
+/// virtual stages (the interleaved schedule, which the pipelined rows' MFU implies:
+/// [`megatron_core_case`]), no recomputation, sequence parallelism with tp, the distributed
+/// optimizer (ZeRO-1), bf16, rotary positions.
 fn megatron_core_h100(rows: &[Line]) -> Read {
     rows.iter()
         .map(|r| {
