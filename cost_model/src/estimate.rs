@@ -1383,6 +1383,22 @@ impl<'a> Ctx<'a> {
         layer_params_per_rank(self.cfg, self.plan)
     }
 
+    /// The embedding's parameters on a rank of the first stage (the vocabulary split over
+    /// `tp`, learned positions with it).
+    fn embedding_params_per_rank(&self) -> f64 {
+        self.cfg.embedding_params() as f64 / self.plan.tp as f64
+    }
+
+    /// The output layer's weight on a rank of the last stage (the vocabulary split over
+    /// `tp`), and whether that rank holds it as a weight of its own, with its own gradient:
+    /// untied, or tied under pipelining (a copy of the first stage's embedding); a tied head
+    /// without pipelining is the embedding itself.
+    fn head_weight_per_rank(&self) -> (f64, bool) {
+        let c = self.cfg;
+        let own = !c.tied_embeddings || self.plan.pp > 1;
+        ((c.vocab * c.hidden) as f64 / self.plan.tp as f64, own)
+    }
+
     /// One collective per kind of parameter of one layer, `bytes` per parameter: the dense
     /// ones over every data-parallel rank sharing their ZeRO state, the experts' over the
     /// ranks that hold the same experts.
@@ -1864,7 +1880,7 @@ impl<'a> Ctx<'a> {
         f.memory_s += self.mem(act * 2.0 * e) + self.mem(self.act_sp() * (3.0 * e + 1.0));
         b.memory_s += self.mem(act * 3.0 * e)
             + self.mem(self.act_sp() * (2.0 * e + 1.0))
-            + self.fp32_grad_accumulation(self.cfg.embedding_params() as f64 / self.plan.tp as f64);
+            + self.fp32_grad_accumulation(self.embedding_params_per_rank());
         if self.plan.tp > 1 {
             f.exposed(CommKind::Tensor, self.tp_comm());
             if self.sp {
@@ -1894,9 +1910,7 @@ impl<'a> Ctx<'a> {
         let dgrad = self.gemm(GemmShape::new(1, self.n, h, v_t), false);
         let wgrad = self.gemm(GemmShape::new(1, h, v_t, self.n), false);
         b.gemm_s += dgrad + wgrad;
-        // The output weight's gradient: its own, or under pipelining the tied copy's.
-        let own_weight = !c.tied_embeddings || self.plan.pp > 1;
-        let head_params = (c.vocab * c.hidden) as f64 / self.plan.tp as f64;
+        let (head_params, own_weight) = self.head_weight_per_rank();
         b.memory_s += self.mem(logits * loss_backward)
             + self.mem(self.act_sp() * 4.0 * e)
             + self.fp32_grad_accumulation(if own_weight { head_params } else { 0.0 });
@@ -2087,7 +2101,7 @@ impl<'a> Ctx<'a> {
                 &self.tp,
             );
         }
-        let emb_params = cfg.embedding_params() as f64 / plan.tp as f64;
+        let emb_params = self.embedding_params_per_rank();
         // A layer's dense gradients on this rank, tensor by tensor (their shares of the
         // layer's, scaled to what the rank holds).
         let layer_tensor_bytes: Vec<f64> = {
@@ -2409,8 +2423,8 @@ impl<'a> Ctx<'a> {
             let (under, whole) = plan.recompute_split(l);
             under as f64 * per_layer_act + whole as f64 * full_layer_act
         };
-        let emb = cfg.embedding_params() as f64 / t;
-        let head_params = (cfg.vocab * cfg.hidden) as f64 / t;
+        let emb = self.embedding_params_per_rank();
+        let (head_params, own_head) = self.head_weight_per_rank();
         let msg = self.act() * self.e / t;
         let groups_used = [plan.tp, plan.dp, plan.pp, plan.cp, plan.ep]
             .iter()
@@ -2432,7 +2446,7 @@ impl<'a> Ctx<'a> {
                     if vs == 0 {
                         params += emb;
                     }
-                    if vs == v - 1 && (!cfg.tied_embeddings || pp > 1) {
+                    if vs == v - 1 && own_head {
                         params += head_params;
                     }
                 }
