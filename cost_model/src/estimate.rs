@@ -1680,6 +1680,56 @@ impl<'a> Ctx<'a> {
         (p, grads, flops)
     }
 
+    /// One forward tensor-parallel collective of the layer: its time and the part of it
+    /// exposed (with `--tp-comm-overlap` the sequence-parallel gathers and reduce-scatters
+    /// are pipelined with the GEMM they feed or follow, among `shapes`).
+    fn forward_tp_collective(
+        &self,
+        c: &TpCollective,
+        mlp_block: bool,
+        shapes: &[&(Option<LayerOp>, GemmShape, bool)],
+    ) -> (f64, f64) {
+        let t = self.layer_tp_collective(c, mlp_block);
+        let gemm = match c.overlap {
+            Overlap::PipelinedFprop(op) if self.m.comm.overlap_tp_forward => {
+                shapes.iter().find(|g| g.0 == Some(op)).map(|g| (g.1, g.2))
+            }
+            _ => None,
+        };
+        match gemm {
+            Some((s, batched)) => {
+                let gather = c.kind == Collective::AllGather;
+                (t, self.pipelined(t, s, batched, gather))
+            }
+            None => (t, t),
+        }
+    }
+
+    /// What a full recomputation that stops early ([`Software::recompute_early_stop`]) does
+    /// not run again of a dense layer's forward: the MLP's output GEMM, the reduction of
+    /// its partial sums over `tp` where one follows it, and the residual add, as (seconds,
+    /// the GEMM's FLOPs); nothing for an MoE layer or a profile that replays the whole
+    /// forward.
+    fn early_stop_skips(&self) -> (f64, f64) {
+        if !self.m.software.recompute_early_stop || self.cfg.experts > 1 {
+            return (0.0, 0.0);
+        }
+        let (attn, mlp) = self.layer_gemms();
+        let Some(out) = mlp.iter().find(|g| g.0 == Some(LayerOp::MlpOut)) else {
+            return (0.0, 0.0);
+        };
+        let gemm = self.layer_gemm(out.1, out.2);
+        let residual = self.mem(self.act_sp() * (3.0 * self.e + 1.0));
+        let shapes: Vec<_> = attn.iter().chain(mlp.iter()).collect();
+        let reduction = match self.layer_tp_collectives(Pass::Forward).last() {
+            Some((c, true)) if c.kind != Collective::AllGather => {
+                self.forward_tp_collective(c, true, &shapes).1
+            }
+            _ => 0.0,
+        };
+        (gemm + residual + reduction, out.1.flops())
+    }
+
     fn layer_forward(&self) -> (PassTime, f64) {
         let mut p = PassTime::default();
         let (attn, mlp) = self.layer_gemms();
@@ -1707,20 +1757,8 @@ impl<'a> Ctx<'a> {
         // reduce-scatters are pipelined with the GEMM they feed or follow.
         let shapes: Vec<_> = attn.iter().chain(mlp.iter()).collect();
         for (c, mlp_block) in self.layer_tp_collectives(Pass::Forward) {
-            let t = self.layer_tp_collective(&c, mlp_block);
-            let gemm = match c.overlap {
-                Overlap::PipelinedFprop(op) if self.m.comm.overlap_tp_forward => {
-                    shapes.iter().find(|g| g.0 == Some(op)).map(|g| (g.1, g.2))
-                }
-                _ => None,
-            };
-            match gemm {
-                Some((s, batched)) => {
-                    let gather = c.kind == Collective::AllGather;
-                    p.overlapped(CommKind::Tensor, t, self.pipelined(t, s, batched, gather))
-                }
-                None => p.exposed(CommKind::Tensor, t),
-            }
+            let (t, exposed) = self.forward_tp_collective(&c, mlp_block, &shapes);
+            p.overlapped(CommKind::Tensor, t, exposed);
         }
         p.memory_s += self.ring_merge(false);
         let (cp, cp_exposed) = self.cp_exchange(false, t_attn);
@@ -1835,10 +1873,11 @@ impl<'a> Ctx<'a> {
             },
             Recompute::Full => {
                 let f = self.layer_forward().0;
-                p.recompute_s += match self.m.software.param_gather.regathers_for_recompute() {
+                let replayed = match self.m.software.param_gather.regathers_for_recompute() {
                     true => f.total_s(),
                     false => f.total_s() - f.exposed_by.zero_s,
                 };
+                p.recompute_s += (replayed - self.early_stop_skips().0).max(0.0);
             }
         }
         // ZeRO-3 re-gathers the weights. ZeRO-2 and -3 hold only a 1/dp shard of the
@@ -2263,7 +2302,7 @@ impl<'a> Ctx<'a> {
             Recompute::None => 0.0,
             Recompute::Full => {
                 let recomputed: usize = layers.iter().map(|&l| plan.recompute_split(l).0).sum();
-                recomputed as f64 * layer_flops
+                recomputed as f64 * (layer_flops - self.early_stop_skips().1)
             }
             Recompute::Selective => match self.m.software.selective {
                 SelectiveRecompute::Attention => {

@@ -401,6 +401,17 @@ pub struct Software {
     /// pass.
     #[serde(default)]
     pub fp32_grad_accumulation: bool,
+    /// Full recomputation stops once it has rebuilt every tensor the backward saved, so a
+    /// layer's last GEMM (the MLP's output projection, whose result only feeds the residual
+    /// add) and what follows it are not run again: PyTorch's non-reentrant
+    /// `torch.utils.checkpoint` from PyTorch 2.1 on (`set_checkpoint_early_stop`, on by
+    /// default; pytorch/pytorch#96866), which FSDP's `checkpoint_wrapper` uses when
+    /// `use_reentrant=False` (llm-foundry's yamls, torchtitan's full activation
+    /// checkpointing). Megatron's, Transformer Engine's and DeepSpeed's checkpoint functions
+    /// replay the whole forward. Dense layers only: an MoE layer's combine multiplies the
+    /// experts' outputs by their routing weights, which saves those outputs.
+    #[serde(default)]
+    pub recompute_early_stop: bool,
 }
 
 /// What a training stack can run, along the dimensions the plan search explores
@@ -467,6 +478,7 @@ impl Default for Software {
             cp_attention: CpAttention::Ring,
             pp_holds_gathered_weights: false,
             fp32_grad_accumulation: false,
+            recompute_early_stop: false,
         }
     }
 }
@@ -514,7 +526,8 @@ impl Software {
     ///   recomputation is its per-op policy ([`SelectiveRecompute::Op`]) and context
     ///   parallelism PyTorch's ring attention ([`CpAttention::EagerRing`]), and under
     ///   pipeline parallelism FSDP holds a stage's gathered weights over the step
-    ///   ([`Software::pp_holds_gathered_weights`]).
+    ///   ([`Software::pp_holds_gathered_weights`]); full recomputation stops early, as
+    ///   PyTorch's non-reentrant checkpoint does ([`Software::recompute_early_stop`]).
     pub fn preset(name: &str) -> Result<Software, CostError> {
         let base = Software::default();
         // The other stacks bucket their gradients by layer.
@@ -561,6 +574,7 @@ impl Software {
                     _ => CpAttention::Ring,
                 },
                 pp_holds_gathered_weights: name == "torchtitan",
+                recompute_early_stop: true,
                 ..by_layer
             },
             "megatron-lm-2021" => Software {
@@ -804,6 +818,9 @@ pub struct SoftwareSpec {
     /// See [`Software::fp32_grad_accumulation`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fp32_grad_accumulation: Option<bool>,
+    /// See [`Software::recompute_early_stop`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recompute_early_stop: Option<bool>,
 }
 
 /// The value of the software option `key` named `value` among `options`, or an error that
@@ -943,6 +960,7 @@ impl SoftwareSpec {
                     out.cp_attention.replace(a).is_none()
                 }
                 "fp32_grad_accumulation" => out.fp32_grad_accumulation.replace(flag()?).is_none(),
+                "recompute_early_stop" => out.recompute_early_stop.replace(flag()?).is_none(),
                 other => {
                     return Err(bad(format!(
                         "unknown software option `{other}` (attention, overlap_grad_reduce, \
@@ -950,7 +968,7 @@ impl SoftwareSpec {
                          overlap_param_gather, param_gather, fusion, reduce_dtype, bucket_mb, \
                          p2p_blocking, sm_carveout, cpu_optimizer, loss, fp8_recipe, fp8_weight_cache, \
                          zero_over_cp, fp8_params, selective, cp_attention, \
-                         fp32_grad_accumulation)"
+                         fp32_grad_accumulation, recompute_early_stop)"
                     )));
                 }
             };
@@ -1040,6 +1058,9 @@ impl SoftwareSpec {
         }
         if let Some(v) = self.fp32_grad_accumulation {
             s.fp32_grad_accumulation = v;
+        }
+        if let Some(v) = self.recompute_early_stop {
+            s.recompute_early_stop = v;
         }
         if let Some(v) = self.selective {
             s.selective = v;

@@ -857,13 +857,60 @@ fn a_recomputed_forward_regathers_only_where_weights_are_gathered_per_module() {
         let t = m.estimate(&cfg, &plan).unwrap().time;
         (t.layer_forward, t.layer_backward)
     };
-    let (fwd, bwd) = layer("fsdp,overlap_param_gather=false");
+    // The whole forward is replayed (PyTorch before 2.1) for the comparison to be exact.
+    let (fwd, bwd) = layer("fsdp,overlap_param_gather=false,recompute_early_stop=false");
     assert!(fwd.exposed_by.zero_s > 0.0);
     let rerun = fwd.total_s() - fwd.exposed_by.zero_s;
     assert!((bwd.recompute_s - rerun).abs() < 1e-12 * rerun.max(1.0));
-    let (fwd, bwd) = layer("fsdp,overlap_param_gather=false,param_gather=tensor");
+    let (fwd, bwd) =
+        layer("fsdp,overlap_param_gather=false,param_gather=tensor,recompute_early_stop=false");
     assert!((bwd.recompute_s - fwd.total_s()).abs() < 1e-12 * fwd.total_s());
     assert!(fwd.exposed_by.zero_s > 0.0);
+}
+
+/// PyTorch's non-reentrant checkpoint (2.1 on) stops recomputing once every tensor the
+/// backward saved is rebuilt, so a dense layer's MLP output GEMM (a third of a GPT layer's
+/// forward GEMM FLOPs at ffn = 4h) and the residual add after it are not run again; the
+/// hardware FLOPs drop by that GEMM. Megatron-Core replays the whole forward, and an MoE
+/// layer's combine saves the experts' outputs, so neither stops early.
+#[test]
+fn pytorch_recomputation_stops_before_the_mlp_output_gemm() {
+    use autopar_cost_model::Software;
+    let plan = Plan::parse("dp=8,mbs=2,gbs=16,zero=3,recompute=full").unwrap();
+    let run = |cfg: &TransformerConfig, sw: &str| {
+        let mut m = CostModel::new(Cluster::preset("dgx-h100").unwrap());
+        Software::parse(sw).unwrap().apply(&mut m);
+        m.estimate(cfg, &plan).unwrap()
+    };
+    let dense = TransformerConfig::gpt("1b", 24, 2048, 16, 2048, 50368);
+    let (early, whole) = (
+        run(&dense, "fsdp"),
+        run(&dense, "fsdp,recompute_early_stop=false"),
+    );
+    let skipped = whole.time.layer_backward.recompute_s - early.time.layer_backward.recompute_s;
+    let share = skipped / whole.time.layer_forward.gemm_s;
+    assert!(share > 0.3 && share < 0.45, "{share}");
+    assert!(early.iter_time_s < whole.iter_time_s);
+    let hardware = |e: &autopar_cost_model::Estimate| e.hardware_tflops_per_gpu * e.iter_time_s;
+    let model = |e: &autopar_cost_model::Estimate| e.model_tflops_per_gpu * e.iter_time_s;
+    // Recomputation repeats the layers' forward FLOPs; stopping early drops the output
+    // GEMM's share of them: 8h^2 of 24h^2 plus the attention core's (at seq = h, between
+    // none and 4sh), so between 2/7 and 1/3.
+    let repeated = |e| hardware(e) / model(e) - 1.0;
+    let kept = repeated(&early) / repeated(&whole);
+    assert!(kept > 2.0 / 3.0 - 1e-3 && kept < 5.0 / 7.0 + 1e-3, "{kept}");
+
+    let replays = |cfg: &TransformerConfig, sw: &str| {
+        let e = run(cfg, sw);
+        let f = e.time.layer_forward;
+        (e.time.layer_backward.recompute_s - (f.total_s() - f.exposed_by.zero_s)).abs()
+            < 1e-9 * f.total_s()
+    };
+    assert!(replays(&dense, "megatron-core"));
+    let mut moe = dense.clone();
+    moe.experts = 8;
+    moe.top_k = 2;
+    assert!(replays(&moe, "fsdp"));
 }
 
 /// Megatron-Core and torchtitan shard ZeRO state over the context-parallel ranks as well
