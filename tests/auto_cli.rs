@@ -270,6 +270,44 @@ fn a_plan_with_fixed_stage_layers_runs_with_those_stages() {
     );
 }
 
+/// Llama 3's pipeline: the first virtual stage holds the embedding alone and the last the
+/// final norm, head and loss alone (`stages=0-...-0`), interleaved over two ranks; the run
+/// verifies against the single-device interpreter.
+#[test]
+fn a_plan_with_embedding_and_head_stages_of_their_own_runs_and_verifies() {
+    let model = "gpt:layers=2,hidden=32,heads=2,seq=16,vocab=64";
+    let file = plan_file(
+        "auto_embedding_head_stages",
+        "pp=2,vpp=2,schedule=interleaved,mbs=1,gbs=4,dtype=f32,stages=0-1-1-0",
+    );
+    let out = autopar_ok(&[
+        "run",
+        model,
+        "--batch",
+        "4",
+        "--plan-file",
+        &file,
+        "--verify",
+    ]);
+    assert!(out.contains("ranks: 2 (pp=2)"), "{out}");
+    assert!(out.trim_end().ends_with(" OK"), "{out}");
+    // The search takes the division as a pin, and a stage without layers anywhere else is
+    // refused with the rule.
+    let doc = plan_f32_on_two_ranks(model, "4", "pp=2,stages=0-2");
+    assert!(doc.contains("\"stage_layers\""), "{doc}");
+    let err = autopar_err(&[
+        "plan",
+        model,
+        "--cluster",
+        "cpu:ranks=3",
+        "--batch",
+        "3",
+        "--pin",
+        "pp=3,stages=1-0-1",
+    ]);
+    assert!(err.contains("first and last virtual"), "{err}");
+}
+
 #[test]
 fn a_plan_with_the_mlp_on_sequence_shards_runs_as_planned() {
     let dir = scratch("auto_mlp_seq_plan");

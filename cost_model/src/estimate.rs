@@ -391,7 +391,7 @@ impl Plan {
                 cfg.seq
             ));
         }
-        if cfg.layers < plan.pp * plan.vpp {
+        if plan.stage_layers.is_none() && cfg.layers < plan.pp * plan.vpp {
             return mis(format!(
                 "{} layers cannot fill pp x vpp = {} virtual stages",
                 cfg.layers,

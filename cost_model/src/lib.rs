@@ -37,7 +37,7 @@ pub use layer::{LayerOp, LayerPlacement, OpPlacement};
 pub use mapping::{GroupInfo, MeshMapping};
 pub use memory::{MemoryBreakdown, MemoryParams, ZeroShards};
 pub use model::TransformerConfig;
-pub use plan::{Offload, Plan, Recompute};
+pub use plan::{Offload, Plan, Recompute, parse_stage_layers};
 pub use software::{
     CpAttention, CpuOptimizer, Fp8Recipe, Fusion, GatherUnit, LossKernel, Offers,
     SelectiveRecompute, Software, SoftwareSpec,

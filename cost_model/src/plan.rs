@@ -234,6 +234,27 @@ impl Default for Plan {
     }
 }
 
+/// The layers of each virtual stage as `stages=` spells them (`0-12-12-...-0`): counts
+/// joined by `-`, each positive but for the first virtual stage's, which may hold the
+/// embedding alone, and the last's, which may hold the head alone (Llama 3's pipeline;
+/// Megatron-Core's `--account-for-embedding-in-pipeline-split` and
+/// `--account-for-loss-in-pipeline-split`).
+pub fn parse_stage_layers(v: &str) -> Result<Vec<usize>, String> {
+    let layers: Result<Vec<usize>, _> = v.split('-').map(|x| x.trim().parse::<usize>()).collect();
+    let inner_positive = |l: &[usize]| match l.len() {
+        0 => false,
+        1 => l[0] > 0,
+        n => l[1..n - 1].iter().all(|&x| x > 0) && l.iter().sum::<usize>() > 0,
+    };
+    match layers {
+        Ok(l) if inner_positive(&l) => Ok(l),
+        _ => Err(format!(
+            "expected layer counts joined by `-`, positive but for the first and last virtual \
+             stages (the embedding's and the head's), not `{v}`"
+        )),
+    }
+}
+
 impl Plan {
     /// Megatron-LM's placement: `tp` fastest, then `cp`, `ep`, `dp`, and `pp` slowest.
     pub const DEFAULT_ORDER: [&'static str; 5] = [axis::PP, axis::DP, axis::EP, axis::CP, axis::TP];
@@ -342,20 +363,7 @@ impl Plan {
                 }
                 "attn" => p.layer.set_attention(v).map_err(err)?,
                 "mlp" => p.layer.set_mlp(v).map_err(err)?,
-                "stages" => {
-                    let layers: Result<Vec<usize>, _> =
-                        v.split('-').map(|x| x.trim().parse::<usize>()).collect();
-                    match layers {
-                        Ok(l) if !l.is_empty() && l.iter().all(|&n| n > 0) => {
-                            p.stage_layers = Some(l)
-                        }
-                        _ => {
-                            return Err(err(format!(
-                                "expected positive layer counts joined by `-`, not `{v}`"
-                            )));
-                        }
-                    }
-                }
+                "stages" => p.stage_layers = Some(parse_stage_layers(v).map_err(err)?),
                 "order" => {
                     let axes: Vec<String> = v.split('-').map(|a| a.trim().to_string()).collect();
                     let mut sorted = axes.clone();
@@ -690,6 +698,20 @@ mod tests {
                 "{e}"
             );
         }
+    }
+
+    #[test]
+    fn only_the_end_stages_may_hold_no_layers() {
+        assert_eq!(parse_stage_layers("0-2-2-0"), Ok(vec![0, 2, 2, 0]));
+        assert_eq!(parse_stage_layers("3-0"), Ok(vec![3, 0]));
+        assert_eq!(parse_stage_layers("4"), Ok(vec![4]));
+        for bad in ["0", "0-0", "1-0-1", "2--2", "a-1", ""] {
+            let e = parse_stage_layers(bad).unwrap_err();
+            assert!(e.contains("first and last"), "{bad}: {e}");
+        }
+        let p = Plan::parse("pp=2,stages=0-4").unwrap();
+        assert_eq!(p.stage_layers, Some(vec![0, 4]));
+        assert!(p.to_string().contains("stages=0-4"));
     }
 
     #[test]

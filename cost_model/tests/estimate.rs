@@ -913,6 +913,33 @@ fn pytorch_recomputation_stops_before_the_mlp_output_gemm() {
     assert!(replays(&moe, "fsdp"));
 }
 
+/// A first virtual stage that holds the embedding alone and a last that holds the head
+/// alone (Llama 3's pipeline) are priced as that: the embedding's stage is nearly free, the
+/// head's costs the output GEMM and the loss, and the layers between are one each.
+#[test]
+fn embedding_and_head_stages_of_their_own_hold_no_layers() {
+    let cfg = TransformerConfig::gpt("g", 6, 4096, 32, 4096, 128256);
+    let m = CostModel::new(Cluster::preset("dgx-h100").unwrap());
+    let plan = Plan::parse("pp=4,vpp=2,mbs=1,gbs=32,stages=0-1-1-1-1-1-1-0").unwrap();
+    let mapping = autopar_cost_model::MeshMapping::new(&plan.mesh_axes(), &m.cluster).unwrap();
+    let st = m.stage_times(&cfg, &plan, &mapping).unwrap();
+    let (f, last) = (&st.forward_s, st.forward_s.len() - 1);
+    let layer = f[1];
+    assert!(
+        f[1..last].iter().all(|&t| (t - layer).abs() < 1e-9 * layer),
+        "{f:?}"
+    );
+    assert!(f[0] < 0.1 * layer, "{f:?}");
+    // The head of a 128K vocabulary: 2hV against a layer's 24h^2 + 4sh FLOPs per token.
+    assert!(f[last] > 1.5 * layer && f[last] < 4.0 * layer, "{f:?}");
+    assert!(m.estimate(&cfg, &plan).is_ok());
+    // The layer count must still cover every layer, and a stage inside cannot be empty.
+    let short = Plan::parse("pp=4,vpp=2,mbs=1,gbs=32,stages=0-1-1-1-1-1-0-0");
+    assert!(short.is_err());
+    let fewer = Plan::parse("pp=4,vpp=2,mbs=1,gbs=32,stages=0-1-1-1-1-1-1-1").unwrap();
+    assert!(m.estimate(&cfg, &fewer).is_err());
+}
+
 /// Megatron-Core and torchtitan shard ZeRO state over the context-parallel ranks as well
 /// (they hold the same parameters); autopar's compiler shards over the data-parallel ranks
 /// alone. With cp=2 the distributed optimizer's state per rank halves under the first.

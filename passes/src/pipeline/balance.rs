@@ -147,16 +147,25 @@ pub fn layer_sequence(step: &Graph) -> Result<Vec<Layer>, PassError> {
 }
 
 /// Resolves pinned boundaries, given as layer labels (`h.2`), layer spellings (`block(2)`)
-/// or layer indices (`3`): each names the first layer of a stage.
+/// or layer indices (`3`): each names the first layer of a stage. `block(N)`, with `N` the
+/// number of blocks, names the first layer after the last block (a last stage that holds the
+/// final norm, the head and the loss alone).
 pub fn resolve_boundaries(layers: &[Layer], pins: &[String]) -> Result<Vec<usize>, PassError> {
+    let blocks = layers.iter().filter(|l| l.id.block().is_some()).count();
+    let after_blocks = layers
+        .iter()
+        .rposition(|l| l.id.block().is_some())
+        .map(|i| i + 1);
     let mut out = Vec::with_capacity(pins.len());
     for pin in pins {
         let pin = pin.trim();
+        let past_last = after_blocks.filter(|_| pin == LayerId::Block(blocks as u32).to_string());
         let idx = match pin.parse::<usize>() {
             Ok(i) => i,
             Err(_) => layers
                 .iter()
                 .position(|l| l.name == pin || l.id.to_string() == pin)
+                .or(past_last)
                 .ok_or_else(|| PassError::PinnedBoundary {
                     boundary: pin.to_string(),
                     detail: format!(

@@ -47,8 +47,9 @@ pub fn megatron_order(plan: &Plan) -> String {
 }
 
 /// Megatron-LM's `--pipeline-model-parallel-layout` for the plan's layer division: one
-/// `|`-separated entry per virtual stage (`E` embedding, `t*N` layers, `L` loss and head),
-/// dealt to the pipeline ranks round-robin as the cost model assumes.
+/// `|`-separated entry per virtual stage (`E` embedding, `t*N` layers, `L` loss and head; a
+/// first or last stage without layers is `E` or `L` alone), dealt to the pipeline ranks
+/// round-robin as the cost model assumes.
 pub fn megatron_layout(cfg: &TransformerConfig, plan: &Plan) -> String {
     let layers = stage_layers(cfg, plan);
     let last = layers.len().saturating_sub(1);
@@ -57,8 +58,13 @@ pub fn megatron_layout(cfg: &TransformerConfig, plan: &Plan) -> String {
         .enumerate()
         .map(|(i, &n)| {
             format!(
-                "{}t*{n}{}",
+                "{}{}{}",
                 if i == 0 { "E" } else { "" },
+                if n > 0 {
+                    format!("t*{n}")
+                } else {
+                    String::new()
+                },
                 if i == last { "L" } else { "" }
             )
         })
@@ -533,6 +539,9 @@ mod tests {
         let s = megatron_args(&cfg, &plan, &Software::default()).unwrap();
         assert!(s.contains("--pipeline-model-parallel-layout \"Et*3|t*3|t*2|t*2L\""));
         assert!(s.contains("order=\"dp-pp-tp-cp-ep\""), "{s}");
+        // Embedding and head in stages of their own.
+        let plan = Plan::parse("dp=2,pp=2,vpp=2,gbs=8,stages=0-5-5-0").unwrap();
+        assert_eq!(megatron_layout(&cfg, &plan), "E|t*5|t*5|L");
     }
 
     #[test]

@@ -10,6 +10,7 @@
 use serde::{Deserialize, Serialize};
 
 use autopar_cost_model::estimate::stage_layers;
+use autopar_cost_model::parse_stage_layers;
 use autopar_cost_model::{
     LayerOp, LayerPlacement, Offers, Offload, OpPlacement, Plan, Recompute, TransformerConfig,
 };
@@ -166,20 +167,7 @@ impl Constraints {
                     "any" => c.cpu_executable = false,
                     _ => return Err(err(format!("expected cpu or any, not `{v}`"))),
                 },
-                "stages" => {
-                    let layers: Result<Vec<usize>, _> =
-                        v.split('-').map(|x| x.trim().parse::<usize>()).collect();
-                    match layers {
-                        Ok(l) if !l.is_empty() && l.iter().all(|&n| n > 0) => {
-                            c.stage_layers = Some(l)
-                        }
-                        _ => {
-                            return Err(err(format!(
-                                "expected positive layer counts joined by `-`, not `{v}`"
-                            )));
-                        }
-                    }
-                }
+                "stages" => c.stage_layers = Some(parse_stage_layers(v).map_err(err)?),
                 _ => {
                     return Err(err(
                         "unknown key (expected dp, tp, pp, vpp, cp, ep, etp, mbs, zero, \
@@ -862,7 +850,7 @@ mod tests {
         let stages = Constraints::parse(&format!("stages={}", vec!["3"; 32].join("-"))).unwrap();
         assert!(stages.admits(&cfg, &plan));
         assert!(!stages.admits(&cfg, &Plan { vpp: 1, ..plan }));
-        for bad in ["tp", "tp=x", "zero=5", "stages=1-0", "colour=red", "ep=0"] {
+        for bad in ["tp", "tp=x", "zero=5", "stages=1-0-1", "colour=red", "ep=0"] {
             assert!(
                 matches!(Constraints::parse(bad), Err(SearchError::Constraint { .. })),
                 "{bad}"
