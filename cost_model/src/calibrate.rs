@@ -56,9 +56,11 @@ const DEEPSPEED_2021: &str = "deepspeed";
 /// `--overlap-param-gather`, `--tp-comm-overlap`): the profile's defaults.
 const MEGATRON_CORE: &str = "megatron-core";
 
-/// Meta's Llama 3 stack, with Megatron-Core's profile standing in, and the keys and values
-/// all-gathered for context parallelism (Dubey et al. 2024, Sec. 3.3.2).
-const LLAMA3: &str = "megatron-core,cp_attention=all_gather";
+/// Meta's Llama 3 stack, with Megatron-Core's profile standing in, the keys and values
+/// all-gathered for context parallelism (Dubey et al. 2024, Sec. 3.3.2), and FlashAttention 2
+/// (assumed: PyTorch's attention kernel when Llama 3 was pre-trained, in the first half of
+/// 2024; FlashAttention 3 came out in July).
+const LLAMA3: &str = "megatron-core,cp_attention=all_gather,attention=flash";
 
 /// Megatron-Core with Transformer Engine's block-scaling fp8 recipe (`--fp8-recipe
 /// blockwise`), as the MoE-layer baselines' FP8 rows run ("FP8 blockwise").
@@ -1568,9 +1570,10 @@ const H100_BF16_PEAK: f64 = 989e12;
 
 /// Llama 3 405B on H100 (`published/llama3_405b_h100.csv`): model TFLOP/s per GPU, the
 /// paper's figure, against the model's (whose FLOP count is its own, as the paper's is).
-/// Megatron-Core's profile stands in for Meta's stack, with tp=8, pp=16, four virtual
-/// stages and full recomputation of one layer per chunk (assumed), and the paper's
-/// all-gather context parallelism (`cp_attention=all_gather`, its Sec. 3.3.2).
+/// Megatron-Core's profile stands in for Meta's stack ([`LLAMA3`]), with the layout of the
+/// paper's Sec. 3.3.2: tp=8, pp=16, no recomputation, and eight virtual stages per rank of
+/// one layer each but for the first, which holds the embedding alone, and the last, which
+/// holds the head alone (`stages=0-1-...-1-0`).
 fn llama3_405b(rows: &[Line]) -> Read {
     rows.iter()
         .map(|r| {
@@ -1599,9 +1602,14 @@ fn llama3_405b(rows: &[Line]) -> Read {
                 ..TransformerConfig::gpt("llama3-405b", 126, 16384, 128, seq, 128256)
             };
             let (cluster_spec, cluster) = nodes("dgx-h100", gpus)?;
+            let stages = std::iter::once("0")
+                .chain(std::iter::repeat_n("1", cfg.layers))
+                .chain(std::iter::once("0"))
+                .collect::<Vec<_>>()
+                .join("-");
             let plan = plan(&format!(
-                "dp={dp},tp=8,pp=16,vpp=4,cp={cp},mbs=1,gbs={gbs},zero=1,sp=true,\
-                 recompute=full,recompute_layers=1"
+                "dp={dp},tp=8,pp=16,vpp=8,cp={cp},mbs=1,gbs={gbs},zero=1,sp=true,\
+                 recompute=none,stages={stages}"
             ))?;
             Ok(Case {
                 label: format!("line {}: {gpus} GPUs, seq {seq}", r.number),

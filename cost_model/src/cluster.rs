@@ -803,10 +803,11 @@ pub fn dgx_a100(nodes: usize) -> Cluster {
 /// weak-scaling table, read with the virtual stages its pipelined rows must have run
 /// (`calibrate::megatron_core_case`), stays within 6% in the median only below 0.73; NeMo
 /// 24.07's fp8 table and torchtitan's benchmarks, 9% and 13% too fast at 0.82, come to 2% and
-/// 9%. The cost: the Llama 3 paper's 405B runs, 3% from their measured TFLOP/s at 0.82, are
-/// 10% too slow, as are llm-foundry's H100 rows by 8% in the median (2% at 0.82): newer
-/// stacks and Meta's reach more of the GPU than Megatron-Core and NeMo of mid-2024 did, by a
-/// mechanism the model does not have.
+/// 9%; the Llama 3 paper's 405B runs at 8K, with the layout its text gives (no activation
+/// checkpointing), are 8% too fast even at 0.72. The cost: llm-foundry's H100 rows are 7% too
+/// slow in the median, and Megatron-LM's and Megatron-Bridge's 2025 releases 5-8%: newer
+/// stacks reach more of the GPU than Megatron-Core and NeMo of mid-2024 did, by a mechanism
+/// the model does not have.
 pub const HOPPER_700W_SUSTAINED: f64 = 0.72;
 
 /// DGX H100: 8x H100-SXM5-80GB on four third-generation NVSwitches, 8x ConnectX-7 NDR
