@@ -1225,12 +1225,15 @@ fn megatron_core_case(
 /// NeMo 24.07's fp8 pretraining table on DGX H100 (`published/nemo_24_07_fp8_h100.csv`):
 /// each run's layout as the table gives it ([`nemo_layout_case`]), the distributed optimizer
 /// and no recomputation (not stated), under the `nemo` profile: NeMo's H100 scripts of the
-/// time reduce GPT-3's and Llama's gradients in bf16 (the profile's default), Nemotron's leave
-/// NeMo's fp32 default.
+/// time reduce GPT-3's and Llama's gradients in bf16 (the profile's default), Nemotron 8B's and
+/// 22B's leave NeMo's fp32 default, and Nemotron-340B's training configuration sets
+/// `grad_sync_dtype: bf16` itself (NeMo-Framework-Launcher
+/// `launcher_scripts/conf/training/nemotron/nemotron_340b.yaml`, June 2024).
 fn nemo_fp8_h100(rows: &[Line]) -> Read {
     rows.iter()
         .map(|r| {
-            let software = match r.get("model").starts_with("Nemotron") {
+            let model = r.get("model");
+            let software = match model.starts_with("Nemotron") && model != "Nemotron-340B" {
                 true => "nemo,reduce_dtype=fp32",
                 false => "nemo",
             };
