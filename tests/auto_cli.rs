@@ -232,16 +232,7 @@ fn a_plan_with_fixed_stage_layers_runs_with_those_stages() {
     let doc = plan_f32_on_two_ranks(model, "4", "pp=2,stages=1-3");
     assert!(doc.contains("\"stage_layers\""), "{doc}");
     std::fs::write(&file, doc).expect("write");
-    let file = file.to_str().expect("UTF-8 path");
-    let out = autopar_ok(&[
-        "run",
-        model,
-        "--batch",
-        "4",
-        "--plan-file",
-        file,
-        "--verify",
-    ]);
+    let out = run_verified(model, "4", file.to_str().expect("UTF-8 path"));
     assert!(out.trim_end().ends_with(" OK"), "{out}");
     // The estimate balances the layers itself when the plan does not fix them, and reports
     // the division it used.
@@ -280,15 +271,7 @@ fn a_plan_with_embedding_and_head_stages_of_their_own_runs_and_verifies() {
         "auto_embedding_head_stages",
         "pp=2,vpp=2,schedule=interleaved,mbs=1,gbs=4,dtype=f32,stages=0-1-1-0",
     );
-    let out = autopar_ok(&[
-        "run",
-        model,
-        "--batch",
-        "4",
-        "--plan-file",
-        &file,
-        "--verify",
-    ]);
+    let out = run_verified(model, "4", &file);
     assert!(out.contains("ranks: 2 (pp=2)"), "{out}");
     assert!(out.trim_end().ends_with(" OK"), "{out}");
     // The search takes the division as a pin, and a stage without layers anywhere else is
@@ -341,6 +324,19 @@ fn a_plan_with_the_attention_core_on_sequence_shards_runs_as_planned() {
 }
 
 /// `autopar plan MODEL --cluster cpu:ranks=2 --batch B --dtype f32 --pin PINS --json`.
+/// `autopar run MODEL --batch BATCH --plan-file FILE --verify`, which must succeed.
+fn run_verified(model: &str, batch: &str, file: &str) -> String {
+    autopar_ok(&[
+        "run",
+        model,
+        "--batch",
+        batch,
+        "--plan-file",
+        file,
+        "--verify",
+    ])
+}
+
 fn plan_f32_on_two_ranks(model: &str, batch: &str, pins: &str) -> String {
     autopar_ok(&[
         "plan",
