@@ -1049,7 +1049,14 @@ impl<'a> Ctx<'a> {
             Width::KeyValue => 2.0 * cfg.kv_heads as f64 * d,
             Width::Ffn => cfg.ffn as f64,
         };
-        let mut bytes = self.n as f64 * width * self.e;
+        // fp8 all-gathers move a byte per element ([`Software::fp8_tp_gather`]).
+        let e =
+            match c.kind == Collective::AllGather && self.plan.fp8 && self.m.software.fp8_tp_gather
+            {
+                true => 1.0,
+                false => self.e,
+            };
+        let mut bytes = self.n as f64 * width * e;
         if c.kind == Collective::AllToAll {
             // The send buffer: this rank's share.
             bytes /= self.plan.tp as f64;
@@ -1377,6 +1384,27 @@ impl<'a> Ctx<'a> {
             return self.coll(c.kind, self.tp_collective_bytes(c) * share, &self.etp);
         }
         self.tp_collective(c)
+    }
+
+    /// The copies that move the sequence dimension around a tensor-parallel collective
+    /// where the stack's collectives gather and scatter along another dimension
+    /// ([`Software::tp_relayout_copies`]): an all-gather's output rewritten whole, a
+    /// reduce-scatter's input; under micro-pipelined TP (`pipelined`) the local shard
+    /// restrided before the gather, and the peers' partial products summed after the scatter.
+    fn tp_relayout(&self, c: &TpCollective, pipelined: bool) -> f64 {
+        if !self.m.software.tp_relayout_copies {
+            return 0.0;
+        }
+        let whole = self.tp_collective_bytes(c);
+        let shard = whole / self.plan.tp as f64;
+        match (c.kind, pipelined) {
+            (Collective::AllGather, false) | (Collective::ReduceScatter, false) => {
+                self.mem(2.0 * whole)
+            }
+            (Collective::AllGather, true) => self.mem(2.0 * shard),
+            (Collective::ReduceScatter, true) => self.mem(whole + shard),
+            _ => 0.0,
+        }
     }
 
     fn layer_params_per_rank(&self) -> f64 {
@@ -1759,6 +1787,9 @@ impl<'a> Ctx<'a> {
         for (c, mlp_block) in self.layer_tp_collectives(Pass::Forward) {
             let (t, exposed) = self.forward_tp_collective(&c, mlp_block, &shapes);
             p.overlapped(CommKind::Tensor, t, exposed);
+            let pipelined =
+                matches!(c.overlap, Overlap::PipelinedFprop(_)) && self.m.comm.overlap_tp_forward;
+            p.memory_s += self.tp_relayout(&c, pipelined);
         }
         p.memory_s += self.ring_merge(false);
         let (cp, cp_exposed) = self.cp_exchange(false, t_attn);
@@ -1830,6 +1861,7 @@ impl<'a> Ctx<'a> {
                 (Overlap::PipelinedDgrad(op), true) => dgrad_shape(op),
                 _ => None,
             };
+            p.memory_s += self.tp_relayout(&c, pipelined.is_some());
             if let Some((s, batched)) = pipelined {
                 p.overlapped(CommKind::Tensor, t, self.pipelined(t, s, batched, true));
                 continue;

@@ -412,6 +412,26 @@ pub struct Software {
     /// experts' outputs by their routing weights, which saves those outputs.
     #[serde(default)]
     pub recompute_early_stop: bool,
+    /// Tensor-parallel collectives along the sequence copy the whole tensor to move the
+    /// sequence dimension to the front and back: PyTorch's functional collectives gather and
+    /// scatter along dimension 0 (`all_gather_tensor` ends in
+    /// `torch.cat(torch.chunk(res, group_size, dim=0), dim=gather_dim)`,
+    /// `reduce_scatter_tensor` starts with the same cat of its input), and DTensor's
+    /// sequence parallelism (torchtitan's `SequenceParallel`, batch-first activations)
+    /// shards dimension 1, so every all-gather writes its output twice and every
+    /// reduce-scatter its input. Under torch's micro-pipelined (async) TP the fused kernels
+    /// restride the local shard before the gather and sum the peers' partial products after
+    /// the scatter (`torch/distributed/_symmetric_memory`). Megatron's activations are
+    /// sequence-first: nothing to move.
+    #[serde(default)]
+    pub tp_relayout_copies: bool,
+    /// Under fp8 training the tensor-parallel all-gathers move fp8: torchao's float8 tensor
+    /// parallelism (torchtitan's float8 TP plan) casts a column-parallel layer's input to
+    /// float8 before gathering it (`PrepareFloat8ModuleInput`, "so that ... we perform fp8
+    /// allgather only once") and a row-parallel layer's output gradient before the backward's
+    /// gather (`NoopFwToFloat8BwDynamic`); reduce-scatters stay in bf16.
+    #[serde(default)]
+    pub fp8_tp_gather: bool,
 }
 
 /// What a training stack can run, along the dimensions the plan search explores
@@ -479,6 +499,8 @@ impl Default for Software {
             pp_holds_gathered_weights: false,
             fp32_grad_accumulation: false,
             recompute_early_stop: false,
+            tp_relayout_copies: false,
+            fp8_tp_gather: false,
         }
     }
 }
@@ -527,7 +549,10 @@ impl Software {
     ///   parallelism PyTorch's ring attention ([`CpAttention::EagerRing`]), and under
     ///   pipeline parallelism FSDP holds a stage's gathered weights over the step
     ///   ([`Software::pp_holds_gathered_weights`]); full recomputation stops early, as
-    ///   PyTorch's non-reentrant checkpoint does ([`Software::recompute_early_stop`]).
+    ///   PyTorch's non-reentrant checkpoint does ([`Software::recompute_early_stop`]);
+    ///   sequence-parallel collectives copy their tensors to move the sequence dimension
+    ///   ([`Software::tp_relayout_copies`]), and fp8 training gathers in fp8
+    ///   ([`Software::fp8_tp_gather`]).
     pub fn preset(name: &str) -> Result<Software, CostError> {
         let base = Software::default();
         // The other stacks bucket their gradients by layer.
@@ -575,6 +600,8 @@ impl Software {
                 },
                 pp_holds_gathered_weights: name == "torchtitan",
                 recompute_early_stop: true,
+                tp_relayout_copies: true,
+                fp8_tp_gather: true,
                 ..by_layer
             },
             "megatron-lm-2021" => Software {
@@ -821,6 +848,12 @@ pub struct SoftwareSpec {
     /// See [`Software::recompute_early_stop`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recompute_early_stop: Option<bool>,
+    /// See [`Software::tp_relayout_copies`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tp_relayout_copies: Option<bool>,
+    /// See [`Software::fp8_tp_gather`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fp8_tp_gather: Option<bool>,
 }
 
 /// The value of the software option `key` named `value` among `options`, or an error that
@@ -961,6 +994,8 @@ impl SoftwareSpec {
                 }
                 "fp32_grad_accumulation" => out.fp32_grad_accumulation.replace(flag()?).is_none(),
                 "recompute_early_stop" => out.recompute_early_stop.replace(flag()?).is_none(),
+                "tp_relayout_copies" => out.tp_relayout_copies.replace(flag()?).is_none(),
+                "fp8_tp_gather" => out.fp8_tp_gather.replace(flag()?).is_none(),
                 other => {
                     return Err(bad(format!(
                         "unknown software option `{other}` (attention, overlap_grad_reduce, \
@@ -968,7 +1003,8 @@ impl SoftwareSpec {
                          overlap_param_gather, param_gather, fusion, reduce_dtype, bucket_mb, \
                          p2p_blocking, sm_carveout, cpu_optimizer, loss, fp8_recipe, fp8_weight_cache, \
                          zero_over_cp, fp8_params, selective, cp_attention, \
-                         fp32_grad_accumulation, recompute_early_stop)"
+                         fp32_grad_accumulation, recompute_early_stop, tp_relayout_copies, \
+                         fp8_tp_gather)"
                     )));
                 }
             };
@@ -1061,6 +1097,12 @@ impl SoftwareSpec {
         }
         if let Some(v) = self.recompute_early_stop {
             s.recompute_early_stop = v;
+        }
+        if let Some(v) = self.tp_relayout_copies {
+            s.tp_relayout_copies = v;
+        }
+        if let Some(v) = self.fp8_tp_gather {
+            s.fp8_tp_gather = v;
         }
         if let Some(v) = self.selective {
             s.selective = v;

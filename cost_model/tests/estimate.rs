@@ -940,6 +940,99 @@ fn embedding_and_head_stages_of_their_own_hold_no_layers() {
     assert!(m.estimate(&cfg, &fewer).is_err());
 }
 
+/// PyTorch's functional collectives gather and scatter along dimension 0, and DTensor's
+/// sequence parallelism shards dimension 1 of batch-first activations: every tensor-parallel
+/// all-gather rewrites its output and every reduce-scatter copies its input, four full
+/// tensors read and written in a Llama layer's forward. Under torchao's float8 TP the
+/// all-gathers move a byte per element; reduce-scatters stay in bf16. Megatron's stacks do
+/// neither.
+#[test]
+fn pytorch_tensor_parallelism_pays_its_relayout_copies_and_gathers_fp8() {
+    use autopar_cost_model::{Collective, Software};
+    let cfg = TransformerConfig {
+        kv_heads: 8,
+        ffn: 14336,
+        gated_mlp: true,
+        rms_norm: true,
+        learned_positions: false,
+        tied_embeddings: false,
+        ..TransformerConfig::gpt("llama-8b", 32, 4096, 32, 8192, 128256)
+    };
+    let run = |sw: &str, plan: &str| {
+        let mut m = CostModel::new(Cluster::preset("dgx-h100").unwrap());
+        Software::parse(sw).unwrap().apply(&mut m);
+        m.estimate(&cfg, &Plan::parse(plan).unwrap()).unwrap()
+    };
+    let plan = "dp=1,tp=8,mbs=2,gbs=8,sp=true";
+    let (with, without) = (
+        run("torchtitan", plan),
+        run("torchtitan,tp_relayout_copies=false", plan),
+    );
+    let added = with.time.layer_forward.memory_s - without.time.layer_forward.memory_s;
+    // Four collectives of the whole [2, 8192, 4096] bf16 activation, each read and written.
+    let whole = 2.0 * 8192.0 * 4096.0 * 2.0;
+    let hbm = Cluster::preset("dgx-h100").unwrap().hbm_bandwidth();
+    let at_peak = 4.0 * 2.0 * whole / hbm;
+    assert!(
+        added > at_peak && added < 1.6 * at_peak,
+        "{added} {at_peak}"
+    );
+    // Micro-pipelined (async) TP restrides shards and sums partials instead: less.
+    let fused = run("torchtitan,tp_comm_overlap=true", plan);
+    let fused_off = run(
+        "torchtitan,tp_comm_overlap=true,tp_relayout_copies=false",
+        plan,
+    );
+    let fused_added = fused.time.layer_forward.memory_s - fused_off.time.layer_forward.memory_s;
+    assert!(
+        fused_added > 0.0 && fused_added < 0.5 * added,
+        "{fused_added} {added}"
+    );
+    // No copies without tensor parallelism, nor under Megatron-Core.
+    let dp = "dp=8,mbs=2,gbs=16";
+    assert_eq!(
+        run("torchtitan", dp).time.layer_forward.memory_s,
+        run("torchtitan,tp_relayout_copies=false", dp)
+            .time
+            .layer_forward
+            .memory_s
+    );
+    assert_eq!(
+        run("megatron-core", plan).time.layer_forward.memory_s,
+        run("megatron-core,tp_relayout_copies=false", plan)
+            .time
+            .layer_forward
+            .memory_s
+    );
+
+    // fp8: the gathers halve, the reduce-scatters do not.
+    let fp8 = format!("{plan},dtype=fp8");
+    let bytes = |e: &autopar_cost_model::Estimate, kind: Collective| {
+        e.layer_tp_collectives
+            .iter()
+            .filter(|c| c.collective.kind == kind)
+            .map(|c| c.bytes)
+            .sum::<f64>()
+    };
+    let (f8, f8_off) = (
+        run("torchtitan", &fp8),
+        run("torchtitan,fp8_tp_gather=false", &fp8),
+    );
+    let ratio = bytes(&f8, Collective::AllGather) / bytes(&f8_off, Collective::AllGather);
+    assert!((ratio - 0.5).abs() < 1e-9, "{ratio}");
+    assert_eq!(
+        bytes(&f8, Collective::ReduceScatter),
+        bytes(&f8_off, Collective::ReduceScatter)
+    );
+    assert_eq!(
+        bytes(&run("torchtitan", plan), Collective::AllGather),
+        bytes(
+            &run("torchtitan,fp8_tp_gather=false", plan),
+            Collective::AllGather
+        )
+    );
+}
+
 /// Megatron-Core and torchtitan shard ZeRO state over the context-parallel ranks as well
 /// (they hold the same parameters); autopar's compiler shards over the data-parallel ranks
 /// alone. With cp=2 the distributed optimizer's state per rank halves under the first.
