@@ -1870,7 +1870,10 @@ impl<'a> Ctx<'a> {
                 // Transformer Engine's userbuffers (`--tp-comm-overlap`) run these under
                 // the GEMM on SMs the GEMM leaves them; otherwise they are NCCL's.
                 Some(gemm) if comm.overlap_tp_backward => {
-                    let (exposed, second_wave) = match comm.overlap_tp_forward {
+                    let pipelined = comm.overlap_tp_forward
+                        && (c.kind != Collective::ReduceScatter
+                            || self.m.software.tp_pipelined_backward_reduce_scatter);
+                    let (exposed, second_wave) = match pipelined {
                         true => (comm.exposed(t, gemm), 0.0),
                         false => self.nccl_exposed(t, gemm, 1.0),
                     };

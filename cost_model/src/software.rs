@@ -270,6 +270,10 @@ fn attention_selective() -> SelectiveRecompute {
     SelectiveRecompute::Attention
 }
 
+fn yes() -> bool {
+    true
+}
+
 /// A training stack's behaviour, as the cost model sees it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -432,6 +436,15 @@ pub struct Software {
     /// gather (`NoopFwToFloat8BwDynamic`); reduce-scatters stay in bf16.
     #[serde(default)]
     pub fp8_tp_gather: bool,
+    /// With `tp_forward_overlap` (micro-pipelined TP), the backward's reduce-scatter of an
+    /// input gradient is pipelined with the GEMMs that produce it. Not under torch's async
+    /// TP on torchtitan's Llama: its pattern matcher fuses a reduce-scatter only with the one
+    /// matmul that feeds it, and the input gradients of the separate q/k/v and w1/w3
+    /// projections are summed first ("only valid scaled_mm-reduce-scatter patterns in the
+    /// forward graph, but not in the backward graph": pytorch/pytorch#149946), so those
+    /// reduce-scatters run as plain NCCL collectives beside the weight-gradient GEMMs.
+    #[serde(default = "yes")]
+    pub tp_pipelined_backward_reduce_scatter: bool,
 }
 
 /// What a training stack can run, along the dimensions the plan search explores
@@ -501,6 +514,7 @@ impl Default for Software {
             recompute_early_stop: false,
             tp_relayout_copies: false,
             fp8_tp_gather: false,
+            tp_pipelined_backward_reduce_scatter: true,
         }
     }
 }
@@ -602,6 +616,7 @@ impl Software {
                 recompute_early_stop: true,
                 tp_relayout_copies: true,
                 fp8_tp_gather: true,
+                tp_pipelined_backward_reduce_scatter: false,
                 ..by_layer
             },
             "megatron-lm-2021" => Software {
@@ -854,6 +869,9 @@ pub struct SoftwareSpec {
     /// See [`Software::fp8_tp_gather`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fp8_tp_gather: Option<bool>,
+    /// See [`Software::tp_pipelined_backward_reduce_scatter`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tp_pipelined_backward_reduce_scatter: Option<bool>,
 }
 
 /// The value of the software option `key` named `value` among `options`, or an error that
@@ -996,6 +1014,10 @@ impl SoftwareSpec {
                 "recompute_early_stop" => out.recompute_early_stop.replace(flag()?).is_none(),
                 "tp_relayout_copies" => out.tp_relayout_copies.replace(flag()?).is_none(),
                 "fp8_tp_gather" => out.fp8_tp_gather.replace(flag()?).is_none(),
+                "tp_pipelined_backward_reduce_scatter" => out
+                    .tp_pipelined_backward_reduce_scatter
+                    .replace(flag()?)
+                    .is_none(),
                 other => {
                     return Err(bad(format!(
                         "unknown software option `{other}` (attention, overlap_grad_reduce, \
@@ -1004,7 +1026,7 @@ impl SoftwareSpec {
                          p2p_blocking, sm_carveout, cpu_optimizer, loss, fp8_recipe, fp8_weight_cache, \
                          zero_over_cp, fp8_params, selective, cp_attention, \
                          fp32_grad_accumulation, recompute_early_stop, tp_relayout_copies, \
-                         fp8_tp_gather)"
+                         fp8_tp_gather, tp_pipelined_backward_reduce_scatter)"
                     )));
                 }
             };
@@ -1103,6 +1125,9 @@ impl SoftwareSpec {
         }
         if let Some(v) = self.fp8_tp_gather {
             s.fp8_tp_gather = v;
+        }
+        if let Some(v) = self.tp_pipelined_backward_reduce_scatter {
+            s.tp_pipelined_backward_reduce_scatter = v;
         }
         if let Some(v) = self.selective {
             s.selective = v;

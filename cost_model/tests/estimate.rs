@@ -988,6 +988,19 @@ fn pytorch_tensor_parallelism_pays_its_relayout_copies_and_gathers_fp8() {
         fused_added > 0.0 && fused_added < 0.5 * added,
         "{fused_added} {added}"
     );
+    // torch's async TP leaves the backward's reduce-scatters of summed input gradients to
+    // NCCL: more of the backward's tensor-parallel traffic is exposed than when they are
+    // pipelined as Transformer Engine pipelines them.
+    let rs_pipelined = run(
+        "torchtitan,tp_comm_overlap=true,tp_pipelined_backward_reduce_scatter=true",
+        plan,
+    );
+    let exposed = |e: &autopar_cost_model::Estimate| e.time.layer_backward.exposed_by.tp_s;
+    assert!(exposed(&fused) > exposed(&rs_pipelined) + 1e-6);
+    assert_eq!(
+        fused.time.layer_forward.total_s(),
+        rs_pipelined.time.layer_forward.total_s()
+    );
     // No copies without tensor parallelism, nor under Megatron-Core.
     let dp = "dp=8,mbs=2,gbs=16";
     assert_eq!(

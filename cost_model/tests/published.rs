@@ -30,19 +30,20 @@
 //!   500 W: FSDP2, tensor, pipeline and context parallelism, eager or compiled, bf16 or
 //!   float8): 7% in the median, the 8B runs without context or tensor parallelism within 3%.
 //!   Full recomputation stops before the MLP's output GEMM (PyTorch's non-reentrant
-//!   checkpoint), DTensor's sequence-parallel collectives pay their relayout copies, and
-//!   torchao's float8 TP gathers in fp8.
+//!   checkpoint), DTensor's sequence-parallel collectives pay their relayout copies,
+//!   torchao's float8 TP gathers in fp8, and torch's async TP leaves the backward's
+//!   reduce-scatters of summed input gradients unfused.
 //!   What `torch.compile` buys is about reproduced (1.16x measured on 8 and 128 GPUs, 1.21x
 //!   predicted: PyTorch eager's RMSNorm, rotary, `repeat_kv` and SwiGLU chains against
 //!   fused kernels); without them, and at 700 W with HBM3, the 8B runs were 30-42% short.
 //!   Three gaps are held rather than hidden: context parallelism (PyTorch's experimental ring
 //!   attention, its eager fp32 merges and its one-shot gathers of the query-wide keys and
 //!   values, under the first ring step only, priced) runs 3-32% slower than predicted, more
-//!   with more ranks; the 405B runs under pipeline parallelism 10-12% (FSDP holds a stage's
+//!   with more ranks; the 405B runs under pipeline parallelism 8-9% (FSDP holds a stage's
 //!   gathered weights over the step there, as torchtitan does, which puts their memory at
 //!   80 GiB against the 73-83 measured where per-micro-batch gathers said 39); and async
-//!   tensor parallelism, which gains 1.06-1.16x measured and 1.2-1.3x predicted (the 8B
-//!   model at tp=8 12-16% short with it, within 8% without).
+//!   tensor parallelism, which gains 1.06-1.16x measured and 1.15-1.22x predicted (the 8B
+//!   model at tp=8 9-13% short with it, within 8% without).
 //! - Megatron-DeepSpeed's production runs on A100 80GB: BLOOM-176B on 384 GPUs of Jean Zay
 //!   (4x 100 Gb/s Omni-Path per node) 6% short under the `deepspeed` profile, whose bf16
 //!   optimizer accumulates each micro-batch's gradients into fp32 (13% short without it);
