@@ -1391,11 +1391,15 @@ impl<'a> Ctx<'a> {
     /// ([`Software::tp_relayout_copies`]): an all-gather's output rewritten whole, a
     /// reduce-scatter's input; under micro-pipelined TP (`pipelined`) the local shard
     /// restrided before the gather, and the peers' partial products summed after the scatter.
-    fn tp_relayout(&self, c: &TpCollective, pipelined: bool) -> f64 {
+    fn tp_relayout(&self, c: &TpCollective, moe_block: bool, pipelined: bool) -> f64 {
         if !self.m.software.tp_relayout_copies {
             return 0.0;
         }
-        let whole = self.tp_collective_bytes(c);
+        let mut whole = self.tp_collective_bytes(c);
+        if moe_block && self.expert_tp_below_tp() {
+            // The experts' share of the tokens, as `layer_tp_collective` moves them.
+            whole *= self.cfg.top_k as f64 * self.plan.expert_tp() as f64 / self.plan.tp as f64;
+        }
         let shard = whole / self.plan.tp as f64;
         match (c.kind, pipelined) {
             (Collective::AllGather, false) | (Collective::ReduceScatter, false) => {
@@ -1708,6 +1712,12 @@ impl<'a> Ctx<'a> {
         (p, grads, flops)
     }
 
+    /// Whether a forward tensor-parallel collective is pipelined with its GEMM
+    /// (`--tp-comm-overlap`, or torch's async TP).
+    fn fprop_pipelined(&self, c: &TpCollective) -> bool {
+        matches!(c.overlap, Overlap::PipelinedFprop(_)) && self.m.comm.overlap_tp_forward
+    }
+
     /// One forward tensor-parallel collective of the layer: its time and the part of it
     /// exposed (with `--tp-comm-overlap` the sequence-parallel gathers and reduce-scatters
     /// are pipelined with the GEMM they feed or follow, among `shapes`).
@@ -1719,7 +1729,7 @@ impl<'a> Ctx<'a> {
     ) -> (f64, f64) {
         let t = self.layer_tp_collective(c, mlp_block);
         let gemm = match c.overlap {
-            Overlap::PipelinedFprop(op) if self.m.comm.overlap_tp_forward => {
+            Overlap::PipelinedFprop(op) if self.fprop_pipelined(c) => {
                 shapes.iter().find(|g| g.0 == Some(op)).map(|g| (g.1, g.2))
             }
             _ => None,
@@ -1752,6 +1762,7 @@ impl<'a> Ctx<'a> {
         let reduction = match self.layer_tp_collectives(Pass::Forward).last() {
             Some((c, true)) if c.kind != Collective::AllGather => {
                 self.forward_tp_collective(c, true, &shapes).1
+                    + self.tp_relayout(c, true, self.fprop_pipelined(c))
             }
             _ => 0.0,
         };
@@ -1787,9 +1798,7 @@ impl<'a> Ctx<'a> {
         for (c, mlp_block) in self.layer_tp_collectives(Pass::Forward) {
             let (t, exposed) = self.forward_tp_collective(&c, mlp_block, &shapes);
             p.overlapped(CommKind::Tensor, t, exposed);
-            let pipelined =
-                matches!(c.overlap, Overlap::PipelinedFprop(_)) && self.m.comm.overlap_tp_forward;
-            p.memory_s += self.tp_relayout(&c, pipelined);
+            p.memory_s += self.tp_relayout(&c, mlp_block, self.fprop_pipelined(&c));
         }
         p.memory_s += self.ring_merge(false);
         let (cp, cp_exposed) = self.cp_exchange(false, t_attn);
@@ -1861,7 +1870,7 @@ impl<'a> Ctx<'a> {
                 (Overlap::PipelinedDgrad(op), true) => dgrad_shape(op),
                 _ => None,
             };
-            p.memory_s += self.tp_relayout(&c, pipelined.is_some());
+            p.memory_s += self.tp_relayout(&c, mlp_block, pipelined.is_some());
             if let Some((s, batched)) = pipelined {
                 p.overlapped(CommKind::Tensor, t, self.pipelined(t, s, batched, true));
                 continue;
