@@ -274,6 +274,10 @@ pub fn published_tables() -> Vec<(String, String)> {
             include_str!("../published/nemo_24_07_fp8_h100.csv"),
         ),
         (
+            "nemo_24_05_fp8_h100.csv",
+            include_str!("../published/nemo_24_05_fp8_h100.csv"),
+        ),
+        (
             "megatron_bridge_fp8_h100.csv",
             include_str!("../published/megatron_bridge_fp8_h100.csv"),
         ),
@@ -311,7 +315,7 @@ fn table_report(file: &str, text: &str) -> TableReport {
         "mlengineering_allreduce_busbw" => Ok(mlengineering_allreduce(&rows)),
         "nccl_busbw_reference" => Ok(nccl_reference(&rows)),
         "nccl_issue_reference_busbw" => Ok(nccl_issues(&rows)),
-        "nemo_24_07_fp8_h100" => Ok(steps(nemo_fp8_h100(&rows))),
+        "nemo_24_07_fp8_h100" | "nemo_24_05_fp8_h100" => Ok(steps(nemo_fp8_h100(&rows))),
         "megatron_bridge_fp8_h100" => Ok(steps(megatron_bridge_fp8_h100(&rows))),
         "megatron_core_strong_scaling_h100" => Ok(steps(megatron_core_strong_scaling(&rows))),
         "megatron_deepspeed_a100" => Ok(steps(megatron_deepspeed_a100(&rows))),
@@ -384,6 +388,7 @@ fn figure_note(table: &str, figures: &[String]) -> String {
         }
         "llmfoundry_mpt_benchmarks"
         | "nemo_24_07_fp8_h100"
+        | "nemo_24_05_fp8_h100"
         | "megatron_bridge_fp8_h100"
         | "torchtitan_llama3_h100"
         | "megatron_lm_llama3_fp8_h100" => ", from measured tokens/s",
@@ -1222,7 +1227,9 @@ fn megatron_core_case(
     })
 }
 
-/// NeMo 24.07's fp8 pretraining table on DGX H100 (`published/nemo_24_07_fp8_h100.csv`):
+/// NeMo 24.07's fp8 pretraining table on DGX H100 (`published/nemo_24_07_fp8_h100.csv`), and
+/// NeMo 24.05's (`published/nemo_24_05_fp8_h100.csv`, the same columns, its virtual stages the
+/// launcher's configurations'):
 /// each run's layout as the table gives it ([`nemo_layout_case`]), the distributed optimizer
 /// and no recomputation (not stated), under the `nemo` profile: NeMo's H100 scripts of the
 /// time reduce GPT-3's and Llama's gradients in bf16 (the profile's default), Nemotron 8B's and
