@@ -278,6 +278,10 @@ pub fn published_tables() -> Vec<(String, String)> {
             include_str!("../published/nemo_24_05_fp8_h100.csv"),
         ),
         (
+            "nemo_24_03_long_sequence_h100.csv",
+            include_str!("../published/nemo_24_03_long_sequence_h100.csv"),
+        ),
+        (
             "megatron_bridge_fp8_h100.csv",
             include_str!("../published/megatron_bridge_fp8_h100.csv"),
         ),
@@ -315,7 +319,9 @@ fn table_report(file: &str, text: &str) -> TableReport {
         "mlengineering_allreduce_busbw" => Ok(mlengineering_allreduce(&rows)),
         "nccl_busbw_reference" => Ok(nccl_reference(&rows)),
         "nccl_issue_reference_busbw" => Ok(nccl_issues(&rows)),
-        "nemo_24_07_fp8_h100" | "nemo_24_05_fp8_h100" => Ok(steps(nemo_fp8_h100(&rows))),
+        "nemo_24_07_fp8_h100" => Ok(steps(nemo_fp8_h100(&rows, false))),
+        "nemo_24_05_fp8_h100" => Ok(steps(nemo_fp8_h100(&rows, true))),
+        "nemo_24_03_long_sequence_h100" => Ok(steps(nemo_long_sequence_h100(&rows))),
         "megatron_bridge_fp8_h100" => Ok(steps(megatron_bridge_fp8_h100(&rows))),
         "megatron_core_strong_scaling_h100" => Ok(steps(megatron_core_strong_scaling(&rows))),
         "megatron_deepspeed_a100" => Ok(steps(megatron_deepspeed_a100(&rows))),
@@ -393,6 +399,9 @@ fn figure_note(table: &str, figures: &[String]) -> String {
         | "torchtitan_llama3_h100"
         | "megatron_lm_llama3_fp8_h100" => ", from measured tokens/s",
         "megatron_core_strong_scaling_h100" => ", from MFU by 72BLsh^2(1+s/6h+V/12hL)",
+        "nemo_24_03_long_sequence_h100" => {
+            ", from measured TFLOP/s/GPU by NeMo's count, sLh^2(12+12g/a+18f/h+12s/h+6V/Lh)"
+        }
         _ => "",
     };
     format!("{}{from_tflops}", figures.join(", "))
@@ -1236,17 +1245,65 @@ fn megatron_core_case(
 /// 22B's leave NeMo's fp32 default, and Nemotron-340B's training configuration sets
 /// `grad_sync_dtype: bf16` itself (NeMo-Framework-Launcher
 /// `launcher_scripts/conf/training/nemotron/nemotron_340b.yaml`, June 2024).
-fn nemo_fp8_h100(rows: &[Line]) -> Read {
+///
+/// `launcher_attention` is FlashAttention 2 where the runs went through NeMo-Framework-Launcher
+/// while its `launcher_scripts/conf/config.yaml` set `NVTE_FUSED_ATTN: 0` ("Disable cudnn FA
+/// until we've tested it more": from 562dcb45, 2024-02-13, in every release tag 24.03 to
+/// 24.07, until 04b8d098 "enable fused attention", 2024-08-29), which leaves Transformer
+/// Engine the flash-attn package instead of cuDNN: the 24.05 table is that README's own, of
+/// June 2024. The 24.07 table was published with NeMo's documentation on 2024-11-05, after
+/// the change, and is read with the profile's cuDNN attention (with FlashAttention 2 it is
+/// 5.8% too slow in the median instead of 2.2%).
+fn nemo_fp8_h100(rows: &[Line], launcher_attention: bool) -> Read {
     rows.iter()
         .map(|r| {
             let model = r.get("model");
-            let software = match model.starts_with("Nemotron") && model != "Nemotron-340B" {
-                true => "nemo,reduce_dtype=fp32",
-                false => "nemo",
+            let reduce_fp32 = model.starts_with("Nemotron") && model != "Nemotron-340B";
+            let software = match (reduce_fp32, launcher_attention) {
+                (true, false) => "nemo,reduce_dtype=fp32",
+                (false, false) => "nemo",
+                (true, true) => "nemo,reduce_dtype=fp32,attention=flash",
+                (false, true) => NEMO_LAUNCHER,
             };
             nemo_layout_case(r, software, 1)
         })
         .collect()
+}
+
+/// NeMo run through NeMo-Framework-Launcher 24.03-24.07: FlashAttention 2 in place of cuDNN's
+/// fused attention (`NVTE_FUSED_ATTN: 0`, [`nemo_fp8_h100`]).
+const NEMO_LAUNCHER: &str = "nemo,attention=flash";
+
+/// NeMo's long-sequence table on DGX H100 (`published/nemo_24_03_long_sequence_h100.csv`,
+/// NeMo 24.03.01): Llama 2 7B in fp8 at 4K to 1M tokens per sequence with context
+/// parallelism, each run's layout as given ([`nemo_layout_case`]), its measured TFLOP/s/GPU
+/// turned into a step time by NeMo's own count ([`nemo_llama_flops`]), the distributed
+/// optimizer, no recomputation and one sequence per micro-batch (not stated), under the
+/// launcher of that release's attention ([`NEMO_LAUNCHER`]). Megatron-Core's context
+/// parallelism is the `nemo` profile's ring of overlapped key/value exchanges.
+fn nemo_long_sequence_h100(rows: &[Line]) -> Read {
+    rows.iter()
+        .map(|r| nemo_layout_case(r, NEMO_LAUNCHER, 1))
+        .collect()
+}
+
+/// NeMo's model FLOPs of a step of a gated-MLP (Llama) model, as its throughput figures count
+/// them: `gbs s L h^2 (12 + 12 kv/heads + 18 ffn/h + 12 s/h + 6 V/(L h))` (NeMo
+/// `nemo/utils/flops_formulas.py`, `llama2`/`llama3`), attention counted without the causal
+/// mask.
+fn nemo_llama_flops(cfg: &TransformerConfig, gbs: usize) -> f64 {
+    let (s, l, h) = (cfg.seq as f64, cfg.layers as f64, cfg.hidden as f64);
+    let groups = cfg.kv_heads as f64 / cfg.heads as f64;
+    gbs as f64
+        * s
+        * l
+        * h
+        * h
+        * (12.0
+            + 12.0 * groups
+            + 18.0 * cfg.ffn as f64 / h
+            + 12.0 * s / h
+            + 6.0 * cfg.vocab as f64 / (l * h))
 }
 
 /// Megatron-LM's Llama 3 fp8 examples on H100 (`published/megatron_lm_llama3_fp8_h100.csv`):
@@ -1362,10 +1419,6 @@ fn nemo_layout_case(r: &Line, software: &'static str, zero: usize) -> Result<Cas
         need("mbs")?,
     );
     let (tp, pp, cp, vp) = (need("tp")?, need("pp")?, need("cp")?, need("vp")?);
-    let tokens = r
-        .num("tokens_per_s_per_gpu")
-        .filter(|t| *t > 0.0)
-        .ok_or("no measured throughput")?;
     let dp = data_parallel(gpus, tp * pp * cp)?;
     // The gated models of these tables (Llama 2 and 3, Mixtral) normalise with RMSNorm,
     // the others (GPT-3, Nemotron) with LayerNorm.
@@ -1376,7 +1429,22 @@ fn nemo_layout_case(r: &Line, software: &'static str, zero: usize) -> Result<Cas
         r.get("positions") == "learned",
     )?;
     let name = r.get("model");
-    let (cluster_spec, cluster) = nodes("dgx-h100", gpus)?;
+    // Tokens per second per GPU, or NeMo's model TFLOP/s per GPU where that is the figure.
+    let measured = match (r.num("tokens_per_s_per_gpu"), r.num("tflops_per_gpu")) {
+        (Some(tokens), _) if tokens > 0.0 => (gbs * seq) as f64 / (gpus as f64 * tokens),
+        (None, Some(tflops)) if tflops > 0.0 && cfg.gated_mlp => {
+            nemo_llama_flops(&cfg, gbs) / (gpus as f64 * tflops * 1e12)
+        }
+        (None, Some(_)) if !cfg.gated_mlp => {
+            return Err("NeMo's TFLOP/s count is read for gated-MLP (Llama) models only");
+        }
+        _ => return Err("no measured throughput"),
+    };
+    // A run on part of one node (4 GPUs) takes that many of its GPUs.
+    let (cluster_spec, cluster) = match gpus < 8 && 8 % gpus == 0 {
+        true => nodes("dgx-h100", 8)?,
+        false => nodes("dgx-h100", gpus)?,
+    };
     let plan = layout_plan((dp, tp, pp, cp, vp), (mbs, gbs), zero, "none", "fp8")?;
     Ok(Case {
         label: format!("line {}: {name} on {gpus} GPUs", r.number),
@@ -1387,7 +1455,7 @@ fn nemo_layout_case(r: &Line, software: &'static str, zero: usize) -> Result<Cas
         plan,
         software,
         figure: Figure::StepTime,
-        measured: (gbs * seq) as f64 / (gpus as f64 * tokens),
+        measured,
         short_run: false,
         tuned: false,
     })

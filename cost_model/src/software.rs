@@ -542,7 +542,11 @@ impl Software {
     /// - `megatron-core` and `nemo` (which builds on it): Transformer Engine's fused
     ///   attention (cuDNN, native to Hopper), `--overlap-grad-reduce` and
     ///   `--overlap-param-gather` of the distributed optimizer, bucketed per layer, and
-    ///   `--tp-comm-overlap` (the flags of its README's weak-scaling runs).
+    ///   `--tp-comm-overlap` (the flags of its README's weak-scaling runs). NeMo run through
+    ///   NeMo-Framework-Launcher releases 24.03 to 24.07 is `nemo,attention=flash`: the
+    ///   launcher's `conf/config.yaml` set `NVTE_FUSED_ATTN: 0` from February to August 2024
+    ///   (562dcb45 to 04b8d098), so Transformer Engine ran the flash-attn package's
+    ///   FlashAttention 2 rather than cuDNN.
     /// - `deepspeed`: Megatron-DeepSpeed: DeepSpeed ZeRO-3 as in SC'21 Table 2 (unfused
     ///   attention, the gradient reduction not overlapped, as `overlap_comm` defaults to
     ///   false in DeepSpeed's ZeRO configuration of the time, and weights gathered parameter
