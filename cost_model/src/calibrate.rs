@@ -1251,9 +1251,12 @@ fn megatron_core_case(
 /// until we've tested it more": from 562dcb45, 2024-02-13, in every release tag 24.03 to
 /// 24.07, until 04b8d098 "enable fused attention", 2024-08-29), which leaves Transformer
 /// Engine the flash-attn package instead of cuDNN: the 24.05 table is that README's own, of
-/// June 2024. The 24.07 table was published with NeMo's documentation on 2024-11-05, after
-/// the change, and is read with the profile's cuDNN attention (with FlashAttention 2 it is
-/// 5.8% too slow in the median instead of 2.2%).
+/// June 2024. The 24.07 table's figures were measured across the change (first published in
+/// NeMo's documentation on 2024-08-14, the revision read on 2024-09-09, which is 1.8% and
+/// 3.3% faster than the August one on the two runs where attention weighs most, Llama 2 7B
+/// at 4K and Llama 3 8B at 8K tokens, and within 2% elsewhere) and are read with the
+/// profile's cuDNN attention: 2.2% in the median, half the runs too fast; with
+/// FlashAttention 2 they are 5.8% too slow in the median.
 fn nemo_fp8_h100(rows: &[Line], launcher_attention: bool) -> Read {
     rows.iter()
         .map(|r| {
