@@ -85,6 +85,15 @@ fn worst(t: &TableReport) -> f64 {
     t.rows.iter().map(|r| r.error.abs()).fold(0.0, f64::max)
 }
 
+/// Asserts that a table has `rows` runs, its median `|error|` below `median` and every run's
+/// below `each`.
+fn holds(t: &TableReport, rows: usize, median: f64, each: f64) {
+    assert_eq!(t.rows.len(), rows, "{}", t.table);
+    assert!(worst(t) < each, "{}: worst {}", t.table, worst(t));
+    let m = t.summary.median_abs_error.unwrap_or(f64::INFINITY);
+    assert!(m < median, "{}: median {m}", t.table);
+}
+
 #[test]
 fn llama3_405b_on_h100s_within_13_percent() {
     let r = report();
@@ -103,10 +112,7 @@ fn llama3_405b_on_h100s_within_13_percent() {
 fn nemo_24_05_fp8_pretraining_on_h100s_within_4_percent() {
     let r = report();
     let t = table(&r, "nemo_24_05_fp8_h100");
-    assert_eq!(t.rows.len(), 10);
-    assert!(worst(t) < 0.09, "{}", worst(t));
-    let median = t.summary.median_abs_error.unwrap_or(f64::INFINITY);
-    assert!(median < 0.04, "{median}");
+    holds(t, 10, 0.04, 0.09);
 }
 
 /// Context parallelism from 4K to 1M tokens per sequence: attention grows from a sixth of the
@@ -118,10 +124,7 @@ fn nemo_24_05_fp8_pretraining_on_h100s_within_4_percent() {
 fn nemo_long_sequence_llama2_with_context_parallelism_within_3_percent() {
     let r = report();
     let t = table(&r, "nemo_24_03_long_sequence_h100");
-    assert_eq!(t.rows.len(), 9);
-    assert!(worst(t) < 0.08, "{}", worst(t));
-    let median = t.summary.median_abs_error.unwrap_or(f64::INFINITY);
-    assert!(median < 0.03, "{median}");
+    holds(t, 9, 0.03, 0.08);
     assert!(t.rows.iter().all(|row| row.fits), "{:?}", t.rows);
 }
 
@@ -129,10 +132,7 @@ fn nemo_long_sequence_llama2_with_context_parallelism_within_3_percent() {
 fn nemo_24_07_fp8_pretraining_on_h100s_within_4_percent() {
     let r = report();
     let t = table(&r, "nemo_24_07_fp8_h100");
-    assert_eq!(t.rows.len(), 12);
-    assert!(worst(t) < 0.13, "{}", worst(t));
-    let median = t.summary.median_abs_error.unwrap_or(f64::INFINITY);
-    assert!(median < 0.04, "{median}");
+    holds(t, 12, 0.04, 0.13);
 }
 
 #[test]
@@ -148,11 +148,8 @@ fn megatron_core_177b_on_96_h100s_within_7_percent() {
 fn megatron_bridge_fp8_llama_on_h100s_within_7_percent() {
     let r = report();
     let t = table(&r, "megatron_bridge_fp8_h100");
-    assert_eq!(t.rows.len(), 5);
+    holds(t, 5, 0.07, 0.15);
     assert!(t.rows.iter().all(|row| row.fits), "{:?}", t.rows);
-    assert!(worst(t) < 0.15, "{}", worst(t));
-    let median = t.summary.median_abs_error.unwrap_or(f64::INFINITY);
-    assert!(median < 0.07, "{median}");
 }
 
 /// The torchtitan rows of one table, by the `table N,` their labels carry.
