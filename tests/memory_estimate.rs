@@ -248,3 +248,12 @@ fn zero_with_experts() {
         "dp=2,ep=2,mbs=4,zero=1",
     );
 }
+
+/// A head dim of the model's own: `llama-tiny` with heads of 32 rather than 16, so that its
+/// queries, keys, values and attention output are twice as wide as the hidden size.
+#[test]
+fn heads_wider_than_the_model() {
+    let model = "llama-tiny:head_dim=32";
+    check(model, 4, &["--mesh", "dp=2,tp=2"], "dp=2,tp=2,mbs=4");
+    check(model, 1, &[], "mbs=8");
+}

@@ -940,6 +940,7 @@ fn megatron_moe_layer(rows: &[Line]) -> Read {
                     hidden,
                     heads,
                     kv_heads: heads,
+                    head_dim: None,
                     ffn,
                     vocab: 32000,
                     seq: tokens,

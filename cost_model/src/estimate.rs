@@ -754,8 +754,9 @@ pub fn balanced_layers_per_virtual_stage(
         return even;
     }
     let h = cfg.hidden as f64;
-    let layer =
-        2.0 * (cfg.attention_params() as f64 + cfg.active_mlp_params()) + 4.0 * cfg.seq as f64 * h;
+    let attention_width = (cfg.heads * cfg.head_dim()) as f64;
+    let layer = 2.0 * (cfg.attention_params() as f64 + cfg.active_mlp_params())
+        + 4.0 * cfg.seq as f64 * attention_width;
     let head = 2.0 * h * cfg.vocab as f64 + 5.0 * cfg.vocab as f64;
     let extra = |i: usize| if i == v - 1 { head } else { 0.0 };
     let cost = |n: &[usize]| {
@@ -2852,7 +2853,7 @@ mod stage_tests {
     fn costliest(cfg: &TransformerConfig, n: &[usize]) -> f64 {
         let h = cfg.hidden as f64;
         let layer = 2.0 * (cfg.attention_params() as f64 + cfg.active_mlp_params())
-            + 4.0 * cfg.seq as f64 * h;
+            + 4.0 * cfg.seq as f64 * (cfg.heads * cfg.head_dim()) as f64;
         let head = 2.0 * h * cfg.vocab as f64 + 5.0 * cfg.vocab as f64;
         n.iter()
             .enumerate()

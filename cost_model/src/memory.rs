@@ -297,7 +297,8 @@ pub fn op_policy_activation_bytes_per_layer(cfg: &TransformerConfig, plan: &Plan
 
 /// Activation bytes stored per layer per micro-batch, following Korthikanti et al. 2022
 /// Sec. 4 (16-bit activations, one-byte dropout masks), generalised to grouped-query
-/// attention, any MLP width and gated MLPs.
+/// attention, any MLP width, gated MLPs and a head dim of the model's own (the attention's
+/// tensors `a d / h` times as wide).
 ///
 /// With `s` tokens, micro-batch `b`, hidden `h`, `a` heads and tensor parallelism `t`, a GPT
 /// layer without recompute stores `sbh (10 + 24/t + 5as/(ht))` bytes, or `sbh/t (34 + 5as/h)`
@@ -351,7 +352,9 @@ pub fn activation_bytes_per_layer(
     let mlp = moe * (2.0 * f_frac * gate + kept * f_frac) + 2.0 * shared * gate + kept * shared;
     let kv = if seq(LayerOp::Attention) { t } else { 1.0 };
     let projection = if plan.fp8 { 3.0 } else { 2.0 };
-    let sharded = (2.0 + 4.0 * kv_frac * kv + projection + mlp) * sbh / t;
+    // Q, K, V and the attention output are `a d` (and `kv d`) wide rather than `h`.
+    let attention_width = cfg.query_width_ratio();
+    let sharded = ((2.0 + 4.0 * kv_frac * kv + projection) * attention_width + mlp) * sbh / t;
     let scores = match (recompute, attention) {
         (Recompute::None, AttentionKernel::Unfused) => {
             // softmax output 2, dropout mask 1, dropout output 2 bytes per score.
@@ -369,7 +372,8 @@ pub fn activation_bytes_per_layer(
 /// [`activation_bytes_per_layer`]), with `e` bytes per element of the compute dtype.
 ///
 /// In `[s, b, h]` units: the inputs and outputs of both norms, 4 (over `t` with sequence
-/// parallelism); over `t`: q, k and v (`1 + 2 kv/a`), the attention output 1, and the MLP's
+/// parallelism); over `t`: q, k and v (`1 + 2 kv/a`), the attention output 1 (both times
+/// `a d / h` where the head dim is the model's own), and the MLP's
 /// `f`-wide tensors, `2f/h` for GELU (its input and output) or `4f/h` for SwiGLU (gate, up,
 /// `silu(gate)` and their product), times `top_k` for experts; the attention probabilities,
 /// one element per score over the whole key sequence (`as/(ht)`), unless selective recompute
@@ -406,7 +410,7 @@ pub fn runtime_activation_bytes_per_layer(
     } else {
         1.0
     };
-    let attention = (1.0 + 2.0 * kv_frac * kv + 1.0) * sbh / t;
+    let attention = (1.0 + 2.0 * kv_frac * kv + 1.0) * cfg.query_width_ratio() * sbh / t;
     let scores = cfg.heads as f64 * cfg.seq as f64 / (h * t) * sbh;
     // Under context parallelism attention differentiates through the fused ring backward,
     // which keeps no probabilities.

@@ -23,6 +23,10 @@ pub struct TransformerConfig {
     pub heads: usize,
     /// Key/value heads (equal to `heads` without grouped-query attention).
     pub kv_heads: usize,
+    /// Width of one attention head where it is not `h / a` (Qwen3, Gemma, GPT-OSS): the
+    /// queries are `a * head_dim` wide, the keys and values `kv * head_dim`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub head_dim: Option<usize>,
     /// MLP inner size (per expert for MoE).
     pub ffn: usize,
     /// Vocabulary.
@@ -67,6 +71,7 @@ impl TransformerConfig {
             hidden,
             heads,
             kv_heads: heads,
+            head_dim: None,
             ffn: 4 * hidden,
             vocab,
             seq,
@@ -96,6 +101,7 @@ impl TransformerConfig {
             hidden: 4096,
             heads: 32,
             kv_heads: 8,
+            head_dim: None,
             ffn: 14336,
             vocab: 32000,
             seq: 4096,
@@ -109,9 +115,16 @@ impl TransformerConfig {
         }
     }
 
-    /// Head dimension `h / a`.
+    /// Head dimension: the model's own where given, else `h / a`.
     pub fn head_dim(&self) -> usize {
-        self.hidden / self.heads.max(1)
+        self.head_dim.unwrap_or(self.hidden / self.heads.max(1))
+    }
+
+    /// Width of the queries (and of the attention's output) over the hidden size, `a d / h`:
+    /// 1 unless the model sets a head dimension of its own. The activations that follow the
+    /// hidden size scale by it.
+    pub fn query_width_ratio(&self) -> f64 {
+        (self.heads * self.head_dim()) as f64 / self.hidden.max(1) as f64
     }
 
     /// Parameters of one layer's attention block (weights and biases).
@@ -237,11 +250,16 @@ impl TransformerConfig {
                 return bad(format!("`{what}` is 0"));
             }
         }
-        if !self.hidden.is_multiple_of(self.heads) {
-            return bad(format!(
-                "hidden {} is not a multiple of heads {}",
-                self.hidden, self.heads
-            ));
+        match self.head_dim {
+            Some(0) => return bad("`head_dim` is 0".to_string()),
+            Some(_) => {}
+            None if !self.hidden.is_multiple_of(self.heads) => {
+                return bad(format!(
+                    "hidden {} is not a multiple of heads {} (give the head dim)",
+                    self.hidden, self.heads
+                ));
+            }
+            None => {}
         }
         if !self.heads.is_multiple_of(self.kv_heads) {
             return bad(format!(
@@ -266,7 +284,8 @@ impl TransformerConfig {
 
     /// Reads the description off a graph's typed metadata ([`autopar_ir::meta`]), never its
     /// names: layers are the distinct blocks ([`LayerId::Block`]) of its parameters; attention
-    /// weights are the `query[h, heads, d]` and `key[h, kv, d]` roles; the MLP width is that of
+    /// weights are the `query[h, heads, d]` and `key[h, kv, d]` roles (the head dim `d` kept where
+    /// it is not `h / heads`); the MLP width is that of
     /// an `mlp_in`/`mlp_gate` weight `[h, ffn]` (or `expert_in`/`expert_gate`
     /// `[experts, h, ffn]` for MoE, where an `mlp_in` weight is the shared expert's), gated
     /// when a gate is present; the vocabulary is the
@@ -276,7 +295,7 @@ impl TransformerConfig {
     /// is an error naming the role it misses.
     pub fn from_graph(g: &Graph) -> Result<Self, CostError> {
         let mut layers = BTreeSet::new();
-        let (mut hidden, mut heads, mut kv_heads) = (None, None, None);
+        let (mut hidden, mut heads, mut kv_heads, mut head_dim) = (None, None, None, None);
         let (mut dense_ffn, mut expert_ffn) = (None, None);
         let (mut experts, mut gated, mut vocab, mut positions) = (1, false, None, false);
         let mut lm_head = false;
@@ -289,9 +308,10 @@ impl TransformerConfig {
             }
             let Some(role) = meta.role else { continue };
             match (role, dims) {
-                (WeightRole::Query, [h, a, _]) => {
+                (WeightRole::Query, [h, a, d]) => {
                     hidden = Some(*h);
                     heads = Some(*a);
+                    head_dim = Some(*d);
                 }
                 (WeightRole::Key, [_, kv, _]) => kv_heads = Some(*kv),
                 (WeightRole::MlpIn, [_, f]) => dense_ffn = Some(*f),
@@ -371,6 +391,8 @@ impl TransformerConfig {
             hidden,
             heads,
             kv_heads: kv_heads.unwrap_or(heads),
+            // Only a head dim other than `h / a` is the model's own.
+            head_dim: head_dim.filter(|&d| d * heads != hidden),
             ffn: ffn.ok_or_else(|| missing("MLP weight with role `mlp_in` [h, ffn]"))?,
             vocab: vocab.ok_or_else(|| missing("embedding or token input"))?,
             seq: seq.ok_or_else(|| missing("token input"))?,
@@ -391,6 +413,51 @@ impl TransformerConfig {
 mod tests {
     use super::*;
     use autopar_ir::{DType, Init, TensorType};
+
+    /// Qwen3-32B: 64 query heads of 128 over h = 5120, 32.8B parameters by its model card
+    /// (without its per-head q/k norms); a hidden size the heads do not divide is valid once
+    /// the head dim is given.
+    #[test]
+    fn a_head_dim_of_its_own() {
+        let qwen3 = TransformerConfig {
+            kv_heads: 8,
+            head_dim: Some(128),
+            ffn: 25600,
+            gated_mlp: true,
+            tied_embeddings: false,
+            learned_positions: false,
+            rms_norm: true,
+            ..TransformerConfig::gpt("qwen3-32b", 64, 5120, 64, 4096, 151936)
+        };
+        assert_eq!(qwen3.validate(), Ok(()));
+        assert!((qwen3.query_width_ratio() - 1.6).abs() < 1e-12);
+        let billions = qwen3.total_params() as f64 / 1e9;
+        assert!((billions - 32.76).abs() < 0.01, "{billions}");
+        let plain = TransformerConfig {
+            head_dim: None,
+            ..qwen3.clone()
+        };
+        assert!(plain.attention_params() < qwen3.attention_params());
+        let odd = TransformerConfig {
+            hidden: 3000,
+            head_dim: None,
+            ..qwen3.clone()
+        };
+        assert!(odd.validate().is_err());
+        let given = TransformerConfig {
+            head_dim: Some(64),
+            ..odd
+        };
+        assert_eq!(given.validate(), Ok(()));
+        assert!(
+            TransformerConfig {
+                head_dim: Some(0),
+                ..given
+            }
+            .validate()
+            .is_err()
+        );
+    }
 
     #[test]
     fn gpt3_has_175b_parameters() {

@@ -780,6 +780,7 @@ fn a_shared_expert_is_priced_as_a_dense_mlp_beside_the_experts() {
         hidden: 4096,
         heads: 32,
         kv_heads: 32,
+        head_dim: None,
         ffn: 1024,
         vocab: 32000,
         seq: 4096,

@@ -50,6 +50,7 @@ fn generic_llama_moe_and_mlp_specs() -> Result<(), FrontendError> {
             hidden: 64,
             n_heads: 4,
             n_kv_heads: 4,
+            head_dim: None,
             ffn: 128,
             seq_len: 32,
             vocab: 256,
@@ -92,6 +93,48 @@ fn generic_llama_moe_and_mlp_specs() -> Result<(), FrontendError> {
             hidden: 64,
             n_out: 16
         })
+    );
+    Ok(())
+}
+
+/// Qwen3, Gemma and GPT-OSS give their attention heads a width of their own: Qwen3-32B runs
+/// 64 query heads of 128 over a 5120-wide model.
+#[test]
+fn a_head_dim_of_its_own() -> Result<(), FrontendError> {
+    let qwen3 = zoo::resolve(
+        "llama:layers=64,hidden=5120,heads=64,kv_heads=8,head_dim=128,ffn=25600,seq=4096,\
+         vocab=151936",
+    )?;
+    let ModelConfig::Llama(c) = &qwen3.config else {
+        panic!("a llama spec gives a Llama")
+    };
+    assert_eq!((c.head_dim, c.head_dim()), (Some(128), 128));
+    // 32.8B parameters, as Qwen3-32B's model card counts them (without its per-head q/k
+    // norms, 256 parameters a layer).
+    let billions = qwen3.num_parameters() as f64 / 1e9;
+    assert!((billions - 32.76).abs() < 0.01, "{billions}");
+    let spec = qwen3.config.to_string();
+    assert!(spec.contains("kv_heads=8,head_dim=128,"), "{spec}");
+    assert_eq!(zoo::resolve(&spec)?.config, qwen3.config);
+
+    // The hidden size need not divide among the heads then (GPT-OSS: 2880 over 64 heads of
+    // 64), and the graph holds the parameters the sizes count.
+    let small = zoo::resolve(
+        "llama:layers=2,hidden=48,heads=4,kv_heads=2,head_dim=16,ffn=64,seq=8,vocab=32",
+    )?;
+    let graph = small.build(zoo::DEFAULT_BATCH)?;
+    assert_eq!(graph.num_parameter_elements(), small.num_parameters());
+    zoo::resolve(
+        "llama:layers=1,hidden=2880,heads=64,kv_heads=8,head_dim=64,ffn=2880,seq=16,vocab=64",
+    )?;
+    assert_eq!(
+        error("llama-tiny:head_dim=5"),
+        "model `llama-tiny:head_dim=5`: the head dim `head_dim` = 5 must be even for rotary \
+         embeddings"
+    );
+    assert_eq!(
+        error("llama-tiny:head_dim=0"),
+        "model `llama-tiny:head_dim=0`: `head_dim` must be positive, got 0"
     );
     Ok(())
 }
@@ -191,7 +234,7 @@ fn unknown_keys_list_the_valid_ones() {
     assert_eq!(
         error("moe:style=llama,layer=2"),
         "model `moe:style=llama,layer=2`: unknown key `layer` (valid keys: layers, hidden, \
-         heads, kv_heads, ffn, seq, vocab, rope_base, experts, top_k, capacity_factor, \
+         heads, kv_heads, head_dim, ffn, seq, vocab, rope_base, experts, top_k, capacity_factor, \
          normalize, shared_ffn, style)"
     );
     // `style` chooses a generic MoE spec's architecture; a preset's is fixed.

@@ -27,6 +27,7 @@ fn small_moe() -> TransformerConfig {
         hidden: 1024,
         heads: 16,
         kv_heads: 4,
+        head_dim: None,
         ffn: 2048,
         vocab: 32000,
         seq: 1024,

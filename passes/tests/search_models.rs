@@ -92,6 +92,7 @@ fn dense(name: &str, layers: usize, hidden: usize, heads: usize, ffn: usize) -> 
         hidden,
         heads,
         kv_heads: 8,
+        head_dim: None,
         ffn,
         vocab: 128256,
         seq: 8192,

@@ -16,10 +16,14 @@ pub struct LlamaConfig {
     pub n_layers: usize,
     /// Model width (`hidden`).
     pub hidden: usize,
-    /// Query heads (`heads`); the head dim is `hidden / heads`.
+    /// Query heads (`heads`).
     pub n_heads: usize,
     /// Key/value heads (`kv_heads`), dividing `heads`; fewer than `heads` is GQA.
     pub n_kv_heads: usize,
+    /// Width of one attention head (`head_dim`), where it is not `hidden / heads`: Qwen3,
+    /// Gemma and GPT-OSS project the hidden state to `heads * head_dim` queries of another
+    /// width than the model's.
+    pub head_dim: Option<usize>,
     /// SwiGLU width, or each expert's width with MoE (`ffn`).
     pub ffn: usize,
     /// Sequence length (`seq`).
@@ -33,9 +37,9 @@ pub struct LlamaConfig {
 }
 
 impl LlamaConfig {
-    /// The width of one attention head.
+    /// The width of one attention head: `head_dim` where given, else `hidden / heads`.
     pub fn head_dim(&self) -> usize {
-        self.hidden / self.n_heads
+        self.head_dim.unwrap_or(self.hidden / self.n_heads.max(1))
     }
 
     /// Number of trainable parameters, counted from the sizes (in `u128`: never overflows).

@@ -22,8 +22,8 @@ pub(crate) const FAMILIES: &[(&str, &str)] = &[
         "any GPT (ffn defaults to 4*hidden)",
     ),
     (
-        "llama:layers=L,hidden=H,heads=A,ffn=F,seq=S,vocab=V[,kv_heads=K,rope_base=B]",
-        "any Llama (kv_heads defaults to heads, rope_base to 10000)",
+        "llama:layers=L,hidden=H,heads=A,ffn=F,seq=S,vocab=V[,kv_heads=K,head_dim=D,rope_base=B]",
+        "any Llama (kv_heads defaults to heads, head_dim to hidden/heads, rope_base to 10000)",
     ),
     (
         "moe:layers=L,hidden=H,heads=A,seq=S,vocab=V,experts=E,top_k=K[,ffn=F,capacity_factor=C,normalize=B,shared_ffn=F,style=gpt|llama]",
@@ -84,6 +84,7 @@ impl ModelConfig {
                     ("hidden", Int(&mut c.hidden)),
                     ("heads", Int(&mut c.n_heads)),
                     ("kv_heads", Int(&mut c.n_kv_heads)),
+                    ("head_dim", OptionalInt(&mut c.head_dim)),
                     ("ffn", Int(&mut c.ffn)),
                     ("seq", Int(&mut c.seq_len)),
                     ("vocab", Int(&mut c.vocab)),
@@ -141,13 +142,20 @@ impl ModelConfig {
                 c.moe.as_ref().map_or(Ok(()), |moe| check_moe(model, moe))
             }
             ModelConfig::Llama(c) => {
-                divisible(model, ("hidden", c.hidden), ("heads", c.n_heads))?;
+                // A head dim of its own frees the hidden size from the heads.
+                if c.head_dim.is_none() {
+                    divisible(model, ("hidden", c.hidden), ("heads", c.n_heads))?;
+                }
                 divisible(model, ("heads", c.n_heads), ("kv_heads", c.n_kv_heads))?;
                 if c.head_dim() % 2 != 0 {
+                    let which = match c.head_dim {
+                        Some(_) => "`head_dim`",
+                        None => "`hidden`/`heads`",
+                    };
                     return Err(FrontendError::InvalidConfig {
                         model: model.to_string(),
                         detail: format!(
-                            "the head dim `hidden`/`heads` = {} must be even for rotary embeddings",
+                            "the head dim {which} = {} must be even for rotary embeddings",
                             c.head_dim()
                         ),
                     });
@@ -246,6 +254,7 @@ fn family_config(
             hidden: 0,
             n_heads: 0,
             n_kv_heads: 0,
+            head_dim: None,
             ffn: 0,
             seq_len: 0,
             vocab: 0,
