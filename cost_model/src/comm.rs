@@ -351,6 +351,21 @@ impl CommParams {
             };
         }
         let (steps, factor) = ring_factor(coll, nf);
+        if coll == Collective::AllToAll && !group.intra_node() {
+            // Every rank sends each peer its own slice: the slices for the `n - m` peers on
+            // other nodes leave through the NICs its node's `m` members share, while those
+            // for the `m - 1` on its own node cross NVLink at the same time. No ring forwards
+            // anything, so unlike the ring collectives the off-node bytes are the rank's own,
+            // at its share of the NICs.
+            let m = (group.members_per_node.max(1) as f64).min(nf);
+            let nic_share = group.inter_node_bandwidth(cluster) / m;
+            let off_node = bytes * (nf - m) / nf / nic_share;
+            let on_node = bytes * (m - 1.0) / nf / intra_bw;
+            return CommCost {
+                time_s: self.launch_overhead_s + steps * alpha + off_node.max(on_node),
+                algorithm: Algorithm::Direct,
+            };
+        }
         let nccl = self.nccl_protocols && cluster.gpu.arch != GpuArch::Other;
         let ring_by_protocol = nccl
             && group.intra_node()
@@ -762,6 +777,39 @@ mod tests {
         close(
             P.collective(Collective::SendRecv, 1e8, &g, &c).time_s,
             10e-6 + 1e8 / 24e9,
+        );
+    }
+
+    #[test]
+    fn all_to_all_across_nodes_is_bound_by_each_ranks_nic_share() {
+        // ep=16 over two DGX A100 nodes (8 HDR NICs of 24 GB/s each): of each rank's buffer,
+        // the half for the other node leaves through its own NIC, the 7/16 for its own node's
+        // peers crosses NVLink at the same time.
+        let c = cluster::dgx_a100(2);
+        let g = GroupInfo {
+            size: 16,
+            nodes_spanned: 2,
+            members_per_node: 8,
+            nics_per_group: 8,
+            groups_per_nic: 1,
+        };
+        let s = 1e9;
+        let t = P.collective(Collective::AllToAll, s, &g, &c);
+        assert_eq!(t.algorithm, Algorithm::Direct);
+        close(t.time_s, 5e-6 + 15.0 * 5e-6 + 0.5 * s / 24e9);
+        // Twice the NICs' load where two groups share them.
+        let shared = GroupInfo {
+            groups_per_nic: 2,
+            ..g.clone()
+        };
+        close(
+            P.collective(Collective::AllToAll, s, &shared, &c).time_s,
+            5e-6 + 15.0 * 5e-6 + 0.5 * s / 12e9,
+        );
+        // Inside one node it stays the NVLink ring's, seven steps of 1 us at 230 GB/s.
+        close(
+            P.collective(Collective::AllToAll, s, &intra(8), &c).time_s,
+            12e-6 + 0.875 * s / 230e9,
         );
     }
 

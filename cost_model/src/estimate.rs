@@ -855,7 +855,7 @@ impl<'a> Ctx<'a> {
             mapping,
             tp: mapping.axis_group(axis::TP)?.clone(),
             cp: mapping.axis_group(axis::CP)?.clone(),
-            ep: mapping.axis_group(axis::EP)?.clone(),
+            ep: expert_parallel_group(plan, mapping)?,
             dp: match over_cp {
                 true => mapping.group(&[
                     axis::DP.to_string(),
@@ -2058,13 +2058,35 @@ impl<'a> Ctx<'a> {
         (send, gather)
     }
 
+    /// Under [`Software::ep_comm_overlap`], hides a layer's expert all-to-alls of each pass
+    /// under the other pass's computation (another micro-batch's, in the merged steady-state
+    /// 1F1B step), at the overlap's slowdown ([`CommParams::exposed`]): nothing to hide
+    /// behind with a single micro-batch per pipeline.
+    fn overlap_expert_all_to_alls(&self, lf: &mut PassTime, lb: &mut PassTime) {
+        if !self.m.software.ep_comm_overlap
+            || self.cfg.experts <= 1
+            || self.plan.micro_batches() < 2
+        {
+            return;
+        }
+        let compute = |p: &PassTime| p.total_s() - p.comm_exposed_s;
+        let (under_backward, under_forward) = (compute(lb), compute(lf));
+        for (p, other) in [(lf, under_backward), (lb, under_forward)] {
+            let a2a = p.exposed_by.ep_s;
+            let hidden = a2a - self.m.comm.exposed(a2a, other);
+            p.comm_exposed_s -= hidden;
+            p.exposed_by.ep_s -= hidden;
+        }
+    }
+
     /// Forward and backward of one layer, per-virtual-stage times, FLOPs of a layer and of
     /// the head: everything before the schedule runs.
     fn stages(&self) -> Stages {
         let v = self.plan.pp * self.plan.vpp;
         let layers = stage_layers(self.cfg, self.plan);
-        let (lf, layer_flops) = self.layer_forward();
-        let lb = self.layer_backward();
+        let (mut lf, layer_flops) = self.layer_forward();
+        let mut lb = self.layer_backward();
+        self.overlap_expert_all_to_alls(&mut lf, &mut lb);
         // The layers `recompute_layers` leaves out of full recompute keep their activations.
         let kept = match self.plan.recompute_layers {
             Some(_) => self.layer_backward_under(Recompute::None).total_s(),
@@ -2798,11 +2820,32 @@ fn expert_tp_group(plan: &Plan, tp: &GroupInfo) -> GroupInfo {
     }
 }
 
+/// The expert-parallel group: the mesh's `ep` axis, and with `etp < tp` first the
+/// [`Plan::ep_over_tp`] ranks of a tensor-parallel group that hold the same expert shards
+/// (Megatron-Core's order: `etp`, then `ep`). Placed as the `ep` and `tp` axes together place
+/// their ranks, with the group's size and its share of each node's.
+fn expert_parallel_group(plan: &Plan, mapping: &MeshMapping) -> Result<GroupInfo, CostError> {
+    let ep = mapping.axis_group(axis::EP)?;
+    let folded = plan.ep_over_tp();
+    if folded <= 1 {
+        return Ok(ep.clone());
+    }
+    let both = mapping.group(&[axis::EP.to_string(), axis::TP.to_string()])?;
+    // Of each tensor-parallel group's `tp` ranks, `folded` are members.
+    let per_node = (both.members_per_node * folded / plan.tp.max(1)).max(1);
+    Ok(GroupInfo {
+        size: plan.ep,
+        members_per_node: per_node.min(plan.ep),
+        ..both
+    })
+}
+
 /// The ranks holding the same expert shards: the mesh's `dp` axis, and with `etp < tp` the
-/// `tp / etp` ranks of each tensor-parallel group that hold the same shards (Megatron-Core's
-/// expert data-parallel group, `dp * tp / (ep * etp)` ranks), and the `cp` axis where the
-/// stack reduces and shards over context parallelism (`over_cp`). Placed as those axes
-/// together place their ranks, with the group's size.
+/// `tp / etp` ranks of each tensor-parallel group that hold the same shards and are not in
+/// the expert-parallel group ([`Plan::ep_over_tp`]; Megatron-Core's expert data-parallel
+/// group, `dp * tp / (ep * etp)` ranks), and the `cp` axis where the stack reduces and shards
+/// over context parallelism (`over_cp`). Placed as those axes together place their ranks,
+/// with the group's size.
 fn expert_data_group(
     plan: &Plan,
     mapping: &MeshMapping,
@@ -2812,7 +2855,7 @@ fn expert_data_group(
         true => mapping.group(&[axis::DP.to_string(), axis::CP.to_string()])?,
         false => mapping.axis_group(axis::DP)?.clone(),
     };
-    let replicas = plan.tp / plan.expert_tp();
+    let replicas = plan.tp / plan.expert_tp() / plan.ep_over_tp();
     if replicas <= 1 {
         return Ok(dp);
     }

@@ -186,14 +186,14 @@ pub struct ZeroShards {
 
 impl ZeroShards {
     /// The shards of `plan`: dense state over every data-parallel rank, expert state over
-    /// the ranks holding the same expert shards (`dp / ep`, times `tp / etp` with expert
-    /// tensor parallelism below `tp`); both times `cp` where the stack shards over the
+    /// the ranks holding the same expert shards (`dp x (tp / etp) / ep`: `dp / ep` without
+    /// expert tensor parallelism below `tp`, [`Plan::ep_over_tp`]); both times `cp` where the stack shards over the
     /// context-parallel ranks too (`over_cp`, [`crate::Software::zero_over_cp`]).
     pub fn new(plan: &Plan, over_cp: bool) -> Self {
         let cp = if over_cp { plan.cp.max(1) } else { 1 };
         ZeroShards {
             dense: (plan.dp.max(1) * cp) as f64,
-            expert: ((plan.dp / plan.ep.max(1)) * (plan.tp / plan.expert_tp()) * cp).max(1) as f64,
+            expert: ((plan.dp * (plan.tp / plan.expert_tp()) / plan.ep.max(1)) * cp).max(1) as f64,
         }
     }
 

@@ -461,9 +461,6 @@ impl Plan {
                 self.global_batch, self.micro_batch_size, self.dp
             ));
         }
-        if !self.dp.is_multiple_of(self.ep) {
-            return mis(format!("ep={} does not divide dp={}", self.ep, self.dp));
-        }
         if let Some(etp) = self.etp {
             if etp == 0 {
                 return Err(CostError::PlanSyntax {
@@ -486,6 +483,27 @@ impl Plan {
                     self.tp
                 ));
             }
+        }
+        // Expert parallelism takes the tensor-parallel ranks that hold the same expert
+        // shards first (`tp / etp` of them), then data-parallel ranks.
+        let folded = self.ep_over_tp();
+        let replicas = self.tp / self.expert_tp();
+        if !replicas.is_multiple_of(folded)
+            || !self.ep.is_multiple_of(folded)
+            || !self.dp.is_multiple_of(self.ep / folded)
+        {
+            return mis(match replicas {
+                1 => format!("ep={} does not divide dp={}", self.ep, self.dp),
+                r => format!(
+                    "ep={} does not fit dp={} with etp={} below tp={}: the {r} \
+                     tensor-parallel ranks holding the same expert shards join expert \
+                     parallelism first, so ep must divide {r} or be {r} times a divisor of dp",
+                    self.ep,
+                    self.dp,
+                    self.expert_tp(),
+                    self.tp
+                ),
+            });
         }
         match self.recompute_layers {
             Some(0) => {
@@ -568,6 +586,23 @@ impl Plan {
         self.etp.unwrap_or(self.tp).max(1)
     }
 
+    /// How many of an expert-parallel group's `ep` ranks are tensor-parallel ranks: with
+    /// expert tensor parallelism below `tp`, the `tp / etp` ranks of a tensor-parallel group
+    /// that hold the same expert shards are the first members of expert parallelism
+    /// (Megatron-Core's MoE parallel folding: expert ranks run `etp`, then `ep`, then expert
+    /// data parallelism over the `tp x dp` ranks of a stage), so `ep` may exceed `dp` (tp=2,
+    /// etp=1, ep=32 on dp=16, as Megatron-Bridge runs Qwen3-235B-A22B); the rest of `ep` is
+    /// data-parallel ranks. 1 without expert tensor parallelism below `tp`.
+    pub fn ep_over_tp(&self) -> usize {
+        let replicas = (self.tp / self.expert_tp()).max(1);
+        self.ep.clamp(1, replicas)
+    }
+
+    /// The data-parallel ranks of an expert-parallel group: `ep` over [`Plan::ep_over_tp`].
+    pub fn ep_over_dp(&self) -> usize {
+        (self.ep / self.ep_over_tp()).max(1)
+    }
+
     /// Devices used.
     pub fn world_size(&self) -> usize {
         self.dp * self.tp * self.pp * self.cp
@@ -582,15 +617,16 @@ impl Plan {
     }
 
     /// Mesh axes, outermost first, as `(name, size)`; `dp` here is the data-parallel degree
-    /// outside the expert axis (`dp / ep`).
+    /// outside the expert axis (`dp / ep`), and `ep` the expert-parallel ranks the
+    /// data-parallel ones hold ([`Plan::ep_over_dp`]; the others are tensor-parallel ranks).
     pub fn mesh_axes(&self) -> Vec<(String, usize)> {
         self.axis_order
             .iter()
             .map(|a| {
                 let size = match a.as_str() {
                     axis::PP => self.pp,
-                    axis::DP => self.dp / self.ep,
-                    axis::EP => self.ep,
+                    axis::DP => self.dp / self.ep_over_dp(),
+                    axis::EP => self.ep_over_dp(),
                     axis::CP => self.cp,
                     axis::TP => self.tp,
                     _ => 1,

@@ -416,6 +416,15 @@ pub struct Software {
     /// experts' outputs by their routing weights, which saves those outputs.
     #[serde(default)]
     pub recompute_early_stop: bool,
+    /// Each micro-batch's expert-parallel all-to-alls (dispatch and combine) run while another
+    /// micro-batch's layer computes: Megatron-Core's `--overlap-moe-expert-parallel-comm`
+    /// (Megatron-Bridge's `overlap_moe_expert_parallel_comm` / `moe_a2a_overlap`), which
+    /// merges the forward of one micro-batch with the backward of another in the steady
+    /// 1F1B phase so that the forward's all-to-alls hide under the backward's compute and the
+    /// backward's under the forward's. Off in every profile: a Megatron-Core option of 2025,
+    /// which benchmark recipes turn on per model.
+    #[serde(default)]
+    pub ep_comm_overlap: bool,
     /// Tensor-parallel collectives along the sequence copy the whole tensor to move the
     /// sequence dimension to the front and back: PyTorch's functional collectives gather and
     /// scatter along dimension 0 (`all_gather_tensor` ends in
@@ -512,6 +521,7 @@ impl Default for Software {
             pp_holds_gathered_weights: false,
             fp32_grad_accumulation: false,
             recompute_early_stop: false,
+            ep_comm_overlap: false,
             tp_relayout_copies: false,
             fp8_tp_gather: false,
             tp_pipelined_backward_reduce_scatter: true,
@@ -684,6 +694,7 @@ impl Software {
             tp_forward_overlap: false,
             overlap_param_gather: false,
             p2p_blocking: true,
+            ep_comm_overlap: false,
             ..self.clone()
         }
     }
@@ -867,6 +878,9 @@ pub struct SoftwareSpec {
     /// See [`Software::recompute_early_stop`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recompute_early_stop: Option<bool>,
+    /// See [`Software::ep_comm_overlap`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ep_comm_overlap: Option<bool>,
     /// See [`Software::tp_relayout_copies`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tp_relayout_copies: Option<bool>,
@@ -1016,6 +1030,7 @@ impl SoftwareSpec {
                 }
                 "fp32_grad_accumulation" => out.fp32_grad_accumulation.replace(flag()?).is_none(),
                 "recompute_early_stop" => out.recompute_early_stop.replace(flag()?).is_none(),
+                "ep_comm_overlap" => out.ep_comm_overlap.replace(flag()?).is_none(),
                 "tp_relayout_copies" => out.tp_relayout_copies.replace(flag()?).is_none(),
                 "fp8_tp_gather" => out.fp8_tp_gather.replace(flag()?).is_none(),
                 "tp_pipelined_backward_reduce_scatter" => out
@@ -1029,8 +1044,8 @@ impl SoftwareSpec {
                          overlap_param_gather, param_gather, fusion, reduce_dtype, bucket_mb, \
                          p2p_blocking, sm_carveout, cpu_optimizer, loss, fp8_recipe, fp8_weight_cache, \
                          zero_over_cp, fp8_params, selective, cp_attention, \
-                         fp32_grad_accumulation, recompute_early_stop, tp_relayout_copies, \
-                         fp8_tp_gather, tp_pipelined_backward_reduce_scatter)"
+                         fp32_grad_accumulation, recompute_early_stop, ep_comm_overlap, \
+                         tp_relayout_copies, fp8_tp_gather, tp_pipelined_backward_reduce_scatter)"
                     )));
                 }
             };
@@ -1123,6 +1138,9 @@ impl SoftwareSpec {
         }
         if let Some(v) = self.recompute_early_stop {
             s.recompute_early_stop = v;
+        }
+        if let Some(v) = self.ep_comm_overlap {
+            s.ep_comm_overlap = v;
         }
         if let Some(v) = self.tp_relayout_copies {
             s.tp_relayout_copies = v;

@@ -748,6 +748,86 @@ fn expert_tensor_parallelism_divides_expert_weights_and_moves_the_collectives() 
     assert!(err.contains("without experts"), "{err}");
 }
 
+/// Megatron-Core's MoE parallel folding: with `etp` below `tp`, the tensor-parallel ranks
+/// holding the same expert shards are expert-parallel ranks first, so `ep` may exceed `dp`
+/// (Megatron-Bridge's Qwen3-235B-A22B on 256 H100s: tp=2, etp=1, ep=32 on dp=16). Expert
+/// all-to-alls across nodes leave through each rank's own NIC; overlapped with another
+/// micro-batch's compute (`ep_comm_overlap`) they hide, and the range's slow end keeps them.
+#[test]
+fn expert_parallelism_folds_over_tensor_parallel_ranks() {
+    let m = CostModel::new(Cluster::preset("dgx-h100:nodes=32").unwrap());
+    let qwen3 = TransformerConfig {
+        kv_heads: 4,
+        head_dim: Some(128),
+        ffn: 1536,
+        experts: 128,
+        top_k: 8,
+        gated_mlp: true,
+        tied_embeddings: false,
+        learned_positions: false,
+        rms_norm: true,
+        ..TransformerConfig::gpt("qwen3-235b-a22b", 94, 4096, 64, 4096, 151936)
+    };
+    let layout = "dp=16,tp=2,pp=8,vpp=4,schedule=interleaved,sp=true,mbs=1,gbs=8192,dtype=fp8";
+    let plan = |rest: &str| Plan::parse(&format!("{layout},{rest}")).unwrap();
+    let folded = plan("ep=32,etp=1");
+    assert_eq!((folded.ep_over_tp(), folded.ep_over_dp()), (2, 16));
+    let est = |p: &Plan, software: &str| {
+        let mut m = m.clone();
+        autopar_cost_model::Software::parse(software)
+            .unwrap()
+            .apply(&mut m);
+        m.estimate(&qwen3, p).unwrap()
+    };
+    let plain = est(&folded, "megatron-core");
+    // 128 experts over 32 ranks (4 each) hold half the expert weights of 16 ranks (8 each).
+    let sixteen = est(&plan("ep=16,etp=1"), "megatron-core");
+    let ratio = sixteen.memory.num_expert_params / plain.memory.num_expert_params;
+    assert!((ratio - 2.0).abs() < 1e-9, "{ratio}");
+    // Half of each rank's dispatch goes to the 24 peers on other nodes at its NIC's rate.
+    assert!(plain.time.layer_forward.exposed_by.ep_s > 0.0);
+    let overlapped = est(&folded, "megatron-core,ep_comm_overlap=true");
+    let ep = |e: &autopar_cost_model::Estimate| {
+        e.time.layer_forward.exposed_by.ep_s + e.time.layer_backward.exposed_by.ep_s
+    };
+    assert!(
+        ep(&overlapped) < 0.5 * ep(&plain),
+        "{} {}",
+        ep(&overlapped),
+        ep(&plain)
+    );
+    assert!(overlapped.iter_time_s < plain.iter_time_s);
+    // The range's slow end overlaps nothing: the plain estimate's all-to-alls.
+    let mut overlapping = m.clone();
+    autopar_cost_model::Software::parse("megatron-core,ep_comm_overlap=true")
+        .unwrap()
+        .apply(&mut overlapping);
+    let mut without = m.clone();
+    autopar_cost_model::Software::parse("megatron-core")
+        .unwrap()
+        .apply(&mut without);
+    let slow_end = |m: &CostModel| m.without_overlap().estimate(&qwen3, &folded).unwrap();
+    let (a, b) = (slow_end(&overlapping), slow_end(&without));
+    assert!((a.iter_time_s - b.iter_time_s).abs() < 1e-9 * b.iter_time_s);
+
+    for (bad, says) in [
+        ("ep=32", "does not divide dp=16"),
+        (
+            "ep=3,etp=1",
+            "tensor-parallel ranks holding the same expert shards",
+        ),
+        (
+            "ep=64,etp=1",
+            "ep must divide 2 or be 2 times a divisor of dp",
+        ),
+    ] {
+        let err = Plan::parse(&format!("{layout},{bad}"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(says), "{bad}: {err}");
+    }
+}
+
 /// The MoE block the calibration prices alone is the one inside the layer: its all-to-alls
 /// are the layer's, its GEMMs a part of the layer's, and its backward twice its forward.
 #[test]

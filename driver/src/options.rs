@@ -216,6 +216,16 @@ fn check_executable(plan: &Plan) -> Result<(), Error> {
                 .into(),
         );
     }
+    if plan.expert_tp() < plan.tp {
+        // The compiler splits each expert over all of tp; expert parallelism folded over
+        // tensor-parallel ranks (`Plan::ep_over_tp`) has no mesh here either.
+        return bad(format!(
+            "`etp={}` below tp={} is estimate-only: the runtime splits each expert over all \
+             of tp",
+            plan.expert_tp(),
+            plan.tp
+        ));
+    }
     if let Some(n) = plan.recompute_layers {
         // The runtime's recompute pass covers every layer or none.
         return bad(format!(

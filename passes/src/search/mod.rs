@@ -423,15 +423,28 @@ struct Family<'a> {
     partial: bool,
 }
 
-/// The mapping of `plan`'s mesh, built on first use.
+/// The mapping of `plan`'s mesh, built on first use, and again when the plan's mesh differs
+/// from the one kept (expert tensor parallelism below `tp` moves expert-parallel ranks from
+/// the `ep` axis into `tp`, [`Plan::ep_over_tp`]).
 fn mapping_of<'m>(
     slot: &'m mut Option<MeshMapping>,
     plan: &Plan,
     model: &CostModel,
 ) -> Result<&'m MeshMapping, SearchError> {
+    let axes = plan.mesh_axes();
+    let same = |m: &MeshMapping| {
+        m.axes().len() == axes.len()
+            && m.axes()
+                .iter()
+                .zip(&axes)
+                .all(|(a, (name, size))| a.name == *name && a.size == *size)
+    };
+    if !slot.as_ref().is_some_and(same) {
+        *slot = None;
+    }
     Ok(match slot {
         Some(mapping) => mapping,
-        None => slot.insert(MeshMapping::new(&plan.mesh_axes(), &model.cluster)?),
+        None => slot.insert(MeshMapping::new(&axes, &model.cluster)?),
     })
 }
 
