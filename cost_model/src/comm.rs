@@ -561,6 +561,18 @@ mod tests {
         }
     }
 
+    /// A group of `size` members over `nodes` nodes, `per_node` on each, using `nics` NICs of
+    /// each node that no other group shares.
+    fn across(size: usize, nodes: usize, per_node: usize, nics: usize) -> GroupInfo {
+        GroupInfo {
+            size,
+            nodes_spanned: nodes,
+            members_per_node: per_node,
+            nics_per_group: nics,
+            groups_per_nic: 1,
+        }
+    }
+
     fn close(a: f64, b: f64) {
         assert!((a - b).abs() <= 1e-9 * b.abs().max(1e-12), "{a} vs {b}");
     }
@@ -700,13 +712,7 @@ mod tests {
             ALPHA.collective(Collective::AllReduce, 4e6, &g, &cpu)
         );
         // Across nodes the cluster's latency per step stands.
-        let g2 = GroupInfo {
-            size: 16,
-            nodes_spanned: 2,
-            members_per_node: 8,
-            nics_per_group: 8,
-            groups_per_nic: 1,
-        };
+        let g2 = across(16, 2, 8, 8);
         let c2 = cluster::dgx_a100(2);
         assert_eq!(
             P.collective(Collective::AllGather, 4e6, &g2, &c2),
@@ -762,13 +768,7 @@ mod tests {
     fn data_parallel_all_reduce_across_nodes_by_hand() {
         // dp=8 with tp=8 inside nodes: one member per node, one NIC of 24 GB/s per group.
         let c = cluster::dgx_a100(8);
-        let g = GroupInfo {
-            size: 8,
-            nodes_spanned: 8,
-            members_per_node: 1,
-            nics_per_group: 1,
-            groups_per_nic: 1,
-        };
+        let g = across(8, 8, 1, 1);
         let s = 4e9;
         let t = P.collective(Collective::AllReduce, s, &g, &c);
         assert_eq!(t.algorithm, Algorithm::Ring);
@@ -786,13 +786,7 @@ mod tests {
         // the half for the other node leaves through its own NIC, the 7/16 for its own node's
         // peers crosses NVLink at the same time.
         let c = cluster::dgx_a100(2);
-        let g = GroupInfo {
-            size: 16,
-            nodes_spanned: 2,
-            members_per_node: 8,
-            nics_per_group: 8,
-            groups_per_nic: 1,
-        };
+        let g = across(16, 2, 8, 8);
         let s = 1e9;
         let t = P.collective(Collective::AllToAll, s, &g, &c);
         assert_eq!(t.algorithm, Algorithm::Direct);
@@ -818,13 +812,7 @@ mod tests {
         // 2 nodes x 8 GPUs with 4 HDR NICs per node (nccl_busbw_reference.csv: 86-91 GB/s).
         let mut c = cluster::dgx_a100(2);
         c.network.nics_per_node = 4;
-        let g = GroupInfo {
-            size: 16,
-            nodes_spanned: 2,
-            members_per_node: 8,
-            nics_per_group: 4,
-            groups_per_nic: 1,
-        };
+        let g = across(16, 2, 8, 4);
         let s = 4e9;
         let ring = 5e-6 + 30.0 * 5e-6 + 2.0 * 15.0 / 16.0 * s / 96e9;
         let hier = 5e-6 + 14e-6 + 1.75 * s / 230e9 + 2.0 * 5e-6 + 1.0 * (s / 8.0) / 12e9;
