@@ -2058,10 +2058,15 @@ impl<'a> Ctx<'a> {
         (send, gather)
     }
 
-    /// Under [`Software::ep_comm_overlap`], hides a layer's expert all-to-alls of each pass
-    /// under the other pass's computation (another micro-batch's, in the merged steady-state
-    /// 1F1B step), at the overlap's slowdown ([`CommParams::exposed`]): nothing to hide
-    /// behind with a single micro-batch per pipeline.
+    /// Under [`Software::ep_comm_overlap`], hides a layer's expert all-to-alls under the
+    /// other micro-batch's work they run beside in Megatron-Core's merged forward-backward
+    /// step (`TransformerLayerSchedulePlan.run`, `models/common/model_chunk_schedule_plan.py`):
+    /// the backward's combine under the forward's attention block (attention, norm, router),
+    /// the forward's dispatch under the backward's expert data-gradient GEMMs, the backward's
+    /// dispatch (after the weight gradients) under the forward's experts, and the forward's
+    /// combine under the backward's attention block. Each pair exposes what the computation
+    /// does not cover, at the overlap's slowdown ([`CommParams::exposed`]); nothing hides
+    /// with a single micro-batch per pipeline.
     fn overlap_expert_all_to_alls(&self, lf: &mut PassTime, lb: &mut PassTime) {
         if !self.m.software.ep_comm_overlap
             || self.cfg.experts <= 1
@@ -2070,10 +2075,19 @@ impl<'a> Ctx<'a> {
             return;
         }
         let compute = |p: &PassTime| p.total_s() - p.comm_exposed_s;
-        let (under_backward, under_forward) = (compute(lb), compute(lf));
-        for (p, other) in [(lf, under_backward), (lb, under_forward)] {
-            let a2a = p.exposed_by.ep_s;
-            let hidden = a2a - self.m.comm.exposed(a2a, other);
+        let (_, mlp) = self.layer_gemms();
+        let f_mlp = compute(&self.mlp_block(&mlp, Pass::Forward).0);
+        let b_mlp = compute(&self.mlp_block(&mlp, Pass::Backward).0);
+        let f_attn = (compute(lf) - f_mlp).max(0.0);
+        let b_attn = (compute(lb) - b_mlp).max(0.0);
+        // Dispatch and combine move the same bytes; the data gradients are half the experts'
+        // backward GEMMs.
+        let (f_a2a, b_a2a) = (lf.exposed_by.ep_s / 2.0, lb.exposed_by.ep_s / 2.0);
+        let exposed = |a2a: f64, under: f64| self.m.comm.exposed(a2a, under);
+        let f_exposed = exposed(f_a2a, b_mlp / 2.0) + exposed(f_a2a, b_attn);
+        let b_exposed = exposed(b_a2a, f_attn) + exposed(b_a2a, f_mlp);
+        for (p, left) in [(lf, f_exposed), (lb, b_exposed)] {
+            let hidden = (p.exposed_by.ep_s - left).max(0.0);
             p.comm_exposed_s -= hidden;
             p.exposed_by.ep_s -= hidden;
         }

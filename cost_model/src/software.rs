@@ -420,9 +420,9 @@ pub struct Software {
     /// micro-batch's layer computes: Megatron-Core's `--overlap-moe-expert-parallel-comm`
     /// (Megatron-Bridge's `overlap_moe_expert_parallel_comm` / `moe_a2a_overlap`), which
     /// merges the forward of one micro-batch with the backward of another in the steady
-    /// 1F1B phase so that the forward's all-to-alls hide under the backward's compute and the
-    /// backward's under the forward's. Off in every profile: a Megatron-Core option of 2025,
-    /// which benchmark recipes turn on per model.
+    /// 1F1B phase, each all-to-all beside one sub-block of the other pass
+    /// (`Ctx::overlap_expert_all_to_alls` in the estimate says which). Off in every profile:
+    /// a Megatron-Core option of 2025, which benchmark recipes turn on per model.
     #[serde(default)]
     pub ep_comm_overlap: bool,
     /// Tensor-parallel collectives along the sequence copy the whole tensor to move the

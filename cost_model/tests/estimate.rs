@@ -790,8 +790,9 @@ fn expert_parallelism_folds_over_tensor_parallel_ranks() {
     let ep = |e: &autopar_cost_model::Estimate| {
         e.time.layer_forward.exposed_by.ep_s + e.time.layer_backward.exposed_by.ep_s
     };
+    // Each all-to-all (2.3 ms) outlasts the sub-block it runs beside, so some stays exposed.
     assert!(
-        ep(&overlapped) < 0.5 * ep(&plain),
+        ep(&overlapped) < 0.7 * ep(&plain) && ep(&overlapped) > 0.3 * ep(&plain),
         "{} {}",
         ep(&overlapped),
         ep(&plain)
