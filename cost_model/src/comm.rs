@@ -135,7 +135,8 @@ pub struct CommParams {
     pub nccl_protocols: bool,
 }
 
-fn yes() -> bool {
+/// `true`, for serde defaults of flags on by default (here and in [`crate::software`]).
+pub(crate) fn yes() -> bool {
     true
 }
 

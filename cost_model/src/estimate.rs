@@ -754,9 +754,8 @@ pub fn balanced_layers_per_virtual_stage(
         return even;
     }
     let h = cfg.hidden as f64;
-    let attention_width = (cfg.heads * cfg.head_dim()) as f64;
     let layer = 2.0 * (cfg.attention_params() as f64 + cfg.active_mlp_params())
-        + 4.0 * cfg.seq as f64 * attention_width;
+        + 4.0 * cfg.seq as f64 * cfg.attention_width();
     let head = 2.0 * h * cfg.vocab as f64 + 5.0 * cfg.vocab as f64;
     let extra = |i: usize| if i == v - 1 { head } else { 0.0 };
     let cost = |n: &[usize]| {
@@ -1380,11 +1379,18 @@ impl<'a> Ctx<'a> {
     /// before the experts and the reduce-scatter after them, and their conjugates in the
     /// backward: `top_k * etp / tp` of the tokens instead of all of them).
     fn layer_tp_collective(&self, c: &TpCollective, moe_block: bool) -> f64 {
-        if moe_block && self.expert_tp_below_tp() {
-            let share = self.cfg.top_k as f64 * self.plan.expert_tp() as f64 / self.plan.tp as f64;
-            return self.coll(c.kind, self.tp_collective_bytes(c) * share, &self.etp);
+        match self.experts_tp_share(moe_block) {
+            Some(share) => self.coll(c.kind, self.tp_collective_bytes(c) * share, &self.etp),
+            None => self.tp_collective(c),
         }
-        self.tp_collective(c)
+    }
+
+    /// The share of a collective's tokens that a MoE block's collective moves over the `etp`
+    /// group (`top_k * etp / tp`), where the experts are split over fewer ranks than the rest
+    /// of the layer; `None` for the attention block's, a dense MLP's, or without `etp < tp`.
+    fn experts_tp_share(&self, moe_block: bool) -> Option<f64> {
+        (moe_block && self.expert_tp_below_tp())
+            .then(|| self.cfg.top_k as f64 * self.plan.expert_tp() as f64 / self.plan.tp as f64)
     }
 
     /// The copies that move the sequence dimension around a tensor-parallel collective
@@ -1396,11 +1402,7 @@ impl<'a> Ctx<'a> {
         if !self.m.software.tp_relayout_copies {
             return 0.0;
         }
-        let mut whole = self.tp_collective_bytes(c);
-        if moe_block && self.expert_tp_below_tp() {
-            // The experts' share of the tokens, as `layer_tp_collective` moves them.
-            whole *= self.cfg.top_k as f64 * self.plan.expert_tp() as f64 / self.plan.tp as f64;
-        }
+        let whole = self.tp_collective_bytes(c) * self.experts_tp_share(moe_block).unwrap_or(1.0);
         let shard = whole / self.plan.tp as f64;
         match (c.kind, pipelined) {
             (Collective::AllGather, false) | (Collective::ReduceScatter, false) => {
@@ -2910,7 +2912,7 @@ mod stage_tests {
     fn costliest(cfg: &TransformerConfig, n: &[usize]) -> f64 {
         let h = cfg.hidden as f64;
         let layer = 2.0 * (cfg.attention_params() as f64 + cfg.active_mlp_params())
-            + 4.0 * cfg.seq as f64 * (cfg.heads * cfg.head_dim()) as f64;
+            + 4.0 * cfg.seq as f64 * cfg.attention_width();
         let head = 2.0 * h * cfg.vocab as f64 + 5.0 * cfg.vocab as f64;
         n.iter()
             .enumerate()

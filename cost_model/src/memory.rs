@@ -187,8 +187,9 @@ pub struct ZeroShards {
 impl ZeroShards {
     /// The shards of `plan`: dense state over every data-parallel rank, expert state over
     /// the ranks holding the same expert shards (`dp x (tp / etp) / ep`: `dp / ep` without
-    /// expert tensor parallelism below `tp`, [`Plan::ep_over_tp`]); both times `cp` where the stack shards over the
-    /// context-parallel ranks too (`over_cp`, [`crate::Software::zero_over_cp`]).
+    /// expert tensor parallelism below `tp`, [`Plan::ep_over_tp`]); both times `cp` where the
+    /// stack shards over the context-parallel ranks too (`over_cp`,
+    /// [`crate::Software::zero_over_cp`]).
     pub fn new(plan: &Plan, over_cp: bool) -> Self {
         let cp = if over_cp { plan.cp.max(1) } else { 1 };
         ZeroShards {
@@ -223,7 +224,7 @@ pub fn optimizer_params_per_layer(cfg: &TransformerConfig, plan: &Plan) -> f64 {
 /// counted by [`op_policy_recomputed_gemm_share`] apart.
 fn op_policy_matmuls(cfg: &TransformerConfig) -> Vec<(f64, f64, bool)> {
     let h = cfg.hidden as f64;
-    let q = (cfg.heads * cfg.head_dim()) as f64;
+    let q = cfg.attention_width();
     let kv = (cfg.kv_heads * cfg.head_dim()) as f64;
     let mut mms = vec![
         (q * h, q, true),
@@ -286,7 +287,7 @@ pub fn op_policy_activation_bytes_per_layer(cfg: &TransformerConfig, plan: &Plan
     } else {
         cfg.hidden as f64
     };
-    let attention_out = (cfg.heads * cfg.head_dim()) as f64 / t;
+    let attention_out = cfg.attention_width() / t;
     let saved: f64 = op_policy_matmuls(cfg)
         .iter()
         .step_by(2)

@@ -120,11 +120,16 @@ impl TransformerConfig {
         self.head_dim.unwrap_or(self.hidden / self.heads.max(1))
     }
 
-    /// Width of the queries (and of the attention's output) over the hidden size, `a d / h`:
-    /// 1 unless the model sets a head dimension of its own. The activations that follow the
-    /// hidden size scale by it.
+    /// Width of the queries and of the attention's output, `a d`.
+    pub fn attention_width(&self) -> f64 {
+        (self.heads * self.head_dim()) as f64
+    }
+
+    /// [`TransformerConfig::attention_width`] over the hidden size, `a d / h`: 1 unless the
+    /// model sets a head dimension of its own. The activations that follow the hidden size
+    /// scale by it.
     pub fn query_width_ratio(&self) -> f64 {
-        (self.heads * self.head_dim()) as f64 / self.hidden.max(1) as f64
+        self.attention_width() / self.hidden.max(1) as f64
     }
 
     /// Parameters of one layer's attention block (weights and biases).

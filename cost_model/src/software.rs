@@ -270,10 +270,6 @@ fn attention_selective() -> SelectiveRecompute {
     SelectiveRecompute::Attention
 }
 
-fn yes() -> bool {
-    true
-}
-
 /// A training stack's behaviour, as the cost model sees it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -452,7 +448,7 @@ pub struct Software {
     /// projections are summed first ("only valid scaled_mm-reduce-scatter patterns in the
     /// forward graph, but not in the backward graph": pytorch/pytorch#149946), so those
     /// reduce-scatters run as plain NCCL collectives beside the weight-gradient GEMMs.
-    #[serde(default = "yes")]
+    #[serde(default = "crate::comm::yes")]
     pub tp_pipelined_backward_reduce_scatter: bool,
 }
 
