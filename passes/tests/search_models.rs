@@ -181,6 +181,38 @@ fn the_moe_search_explores_expert_tensor_parallelism() {
     assert!(pinned_tp.stats.candidates < r.stats.candidates);
 }
 
+/// Below `tp`, experts fold over the tensor-parallel ranks (Megatron-Core's MoE parallel
+/// folding): with `tp=4` and `etp=1` the four ranks of a tensor-parallel group join expert
+/// parallelism first, so the search reaches `ep` above `dp` (8 experts over 8 ranks on
+/// `dp=4`), and a pinned `ep=8` finds those plans rather than none.
+#[test]
+fn the_moe_search_folds_experts_over_tensor_parallel_ranks() {
+    let m = model("dgx-h100:nodes=2");
+    let mut o = pinned(64, "tp=4,etp=1,sp=true,pp=1,zero=1,recompute=full");
+    o.top_k = 1000;
+    let r = search(&m, &TransformerConfig::mixtral_8x7b(), &o).unwrap();
+    assert!(
+        r.plans.iter().any(|p| p.plan.ep > p.plan.dp),
+        "{:?}",
+        r.plans
+            .iter()
+            .map(|p| (p.plan.dp, p.plan.ep))
+            .collect::<Vec<_>>()
+    );
+    let mut o = pinned(64, "tp=4,etp=1,ep=8,sp=true,pp=1,zero=1,recompute=full");
+    o.top_k = 1000;
+    let r = search(&m, &TransformerConfig::mixtral_8x7b(), &o).unwrap();
+    assert!(!r.plans.is_empty());
+    for p in &r.plans {
+        assert_eq!((p.plan.dp, p.plan.ep, p.plan.ep_over_tp()), (4, 8, 4));
+        // The estimate the search ranked is the one `estimate` gives for the same plan.
+        let again = m
+            .estimate(&TransformerConfig::mixtral_8x7b(), &p.plan)
+            .unwrap();
+        assert!((again.iter_time_s - p.estimate.iter_time_s).abs() <= 1e-9 * again.iter_time_s);
+    }
+}
+
 /// The search offers what the software profile's stack can run: under Megatron-Core no
 /// ZeRO beyond the distributed optimizer (ZeRO-1), under FSDP no ZeRO-1 (it has no such
 /// sharding strategy), under Megatron-LM of 2021 neither sequence parallelism nor selective

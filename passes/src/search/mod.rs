@@ -10,7 +10,8 @@
 //! policies, sequence-parallel settings and layer placements (each of a layer's five ops split
 //! over `tp` or run on sequence shards, [`autopar_cost_model::LayerPlacement`]) that are valid;
 //! for mixtures of experts every expert tensor-parallel degree dividing `tp`
-//! ([`Plan::etp`]); and CPU offload ([`Plan::offload`]) for the base plans whose weights,
+//! ([`Plan::etp`]), below `tp` with the experts folded over the tensor-parallel ranks so
+//! that `ep` may exceed `dp` (`space::expert_layouts`); and CPU offload ([`Plan::offload`]) for the base plans whose weights,
 //! gradients and optimizer state alone do not fit on the GPU (offloading only adds time in
 //! the cost model, so elsewhere it could not rank). Where the stack runs it
 //! ([`autopar_cost_model::Offers::partial_recompute`]) and the policy is not pinned, a plan
@@ -553,18 +554,19 @@ impl Worker {
         // (and a search for what it runs) has neither, nor offload a cluster without a host.
         let gpu_stack = model.cluster.runtime == Runtime::MixedPrecisionGpu && !c.cpu_executable;
         let can_offload = gpu_stack && model.cluster.host.is_some();
-        let etps = if gpu_stack || c.etp.is_some() {
-            space::expert_tps(cfg, &s, c)
+        let layouts = if gpu_stack || c.etp.is_some() {
+            space::expert_layouts(cfg, &s, c)
         } else {
-            vec![None]
+            vec![(None, s.ep)]
         };
-        let sp_etps: Vec<(bool, Option<usize>)> = sps
+        let sp_layouts: Vec<(bool, Option<usize>, usize)> = sps
             .iter()
-            .flat_map(|&sp| etps.iter().map(move |&etp| (sp, etp)))
-            .filter(|&(sp, etp)| sp || etp.is_none())
+            .flat_map(|&sp| layouts.iter().map(move |&(etp, ep)| (sp, etp, ep)))
+            .filter(|&(sp, etp, _)| sp || etp.is_none())
             .collect();
-        // Per (micro-batch size, sp, etp, axis order): the layer placements in dominance order.
-        type DominanceKey = (usize, bool, Option<usize>, usize);
+        // Per (micro-batch size, sp, etp, ep, axis order): the layer placements in dominance
+        // order.
+        type DominanceKey = (usize, bool, Option<usize>, usize, usize);
         let mut dominance: HashMap<DominanceKey, Rc<Dominance>> = HashMap::new();
         let selective_works = model.software.selective.does_work(model.compute.attention);
         let recomputes = space::recomputes(selective_works, c, offers);
@@ -621,7 +623,7 @@ impl Worker {
                         // Megatron-LM's placement has the fewest parameters per rank, so the
                         // base plan's weights bound every placement's from below.
                         let family =
-                            (sp_etps.len() * placements.len() * orders.len() * recomputes.len())
+                            (sp_layouts.len() * placements.len() * orders.len() * recomputes.len())
                                 as u64;
                         self.stats.candidates += family;
                         if opts.prune && memory_lower_bound(model, cfg, &base, None) > capacity {
@@ -629,12 +631,13 @@ impl Worker {
                             continue;
                         }
                         let built = self.schedule(kind, s.pp, vpp, m)?;
-                        for &(sp, etp) in &sp_etps {
+                        for &(sp, etp, ep) in &sp_layouts {
                             for (oi, order) in orders.iter().enumerate() {
                                 let base = Plan {
                                     sequence_parallel: sp,
                                     axis_order: order.clone(),
                                     etp,
+                                    ep,
                                     ..base.clone()
                                 };
                                 // No placement fits even with the most recomputation: the
@@ -659,7 +662,7 @@ impl Worker {
                                 }
                                 let mapping = &mut mappings[oi];
                                 let layers = if opts.prune && placements.len() > 1 {
-                                    let key = (mbs, sp, etp, oi);
+                                    let key = (mbs, sp, etp, ep, oi);
                                     if let Some(l) = dominance.get(&key) {
                                         Rc::clone(l)
                                     } else {

@@ -344,7 +344,8 @@ pub(crate) fn divisors(n: usize) -> Vec<usize> {
 ///   sequence divisible by `2 cp` (the causal load-balancing split of Megatron-LM);
 /// - `pp` at most the number of layers;
 /// - `dp` divides the global batch (whole micro-batches on every rank);
-/// - `ep` divides `dp` and the experts (1 for dense models).
+/// - `ep` divides `dp` and the experts (1 for dense models); a pinned `ep` may also be a
+///   multiple of it that folds over tensor-parallel ranks ([`expert_layouts`]).
 pub(crate) fn mesh_shapes(
     cfg: &TransformerConfig,
     devices: usize,
@@ -394,7 +395,10 @@ pub(crate) fn mesh_shapes(
                     } else {
                         ep == 1
                     };
-                    if ep_ok && c.allows_degree(axis::EP, ep) && c.ep.is_none_or(|p| p == ep) {
+                    if ep_ok
+                        && c.allows_degree(axis::EP, ep)
+                        && c.ep.is_none_or(|p| ep_pin_allows(cfg, p, ep, tp))
+                    {
                         out.push(Shape { dp, tp, pp, cp, ep });
                     }
                 }
@@ -643,26 +647,52 @@ pub(crate) fn offloads(zero: u8, fits: impl Fn(Offload) -> bool, c: &Constraints
     out
 }
 
-/// Expert tensor parallelism for a mesh shape: for MoE models with `tp > 1`, every divisor
-/// of `tp` that divides the experts' width, `tp` itself (Megatron-Core's default) first, as
-/// `None`, the others as `Some(etp)`; dense models get `None` only. Below `tp` it needs
-/// sequence parallelism, which the caller checks.
-pub(crate) fn expert_tps(
+/// The expert layouts of a mesh shape, as `(etp, ep)` pairs: for MoE models with `tp > 1`,
+/// expert tensor parallelism over every divisor of `tp` that divides the experts' width,
+/// `tp` itself (Megatron-Core's default, `None`) first with the shape's `ep`. Below `tp`
+/// the experts fold over the tensor-parallel ranks as Megatron-Core's MoE parallel folding
+/// lays them out ([`Plan::ep_over_tp`]): the `tp / etp` ranks holding the same expert shards
+/// join expert parallelism before the shape's `ep` data-parallel ones, so `ep` is their
+/// product and may exceed `dp` (tp=2, etp=1, ep=32 on dp=16, as Megatron-Bridge runs
+/// Qwen3-235B-A22B); where the shape has no expert parallelism, the experts may also stay
+/// whole on every one of those ranks (`ep = 1`). Dense models get `(None, 1)` only. Below
+/// `tp` the layout needs sequence parallelism, which the caller checks.
+pub(crate) fn expert_layouts(
     cfg: &TransformerConfig,
     s: &Shape,
     c: &Constraints,
-) -> Vec<Option<usize>> {
-    let mut out = vec![None];
+) -> Vec<(Option<usize>, usize)> {
+    let mut out = vec![(None, s.ep)];
     if cfg.experts > 1 && s.tp > 1 {
-        out.extend(
-            divisors(s.tp)
-                .into_iter()
-                .filter(|&e| e < s.tp && cfg.ffn.is_multiple_of(e))
-                .map(Some),
-        );
+        for e in divisors(s.tp) {
+            if e == s.tp || !cfg.ffn.is_multiple_of(e) {
+                continue;
+            }
+            let folded = s.ep * (s.tp / e);
+            if cfg.experts.is_multiple_of(folded) {
+                out.push((Some(e), folded));
+            }
+            if s.ep == 1 {
+                out.push((Some(e), 1));
+            }
+        }
     }
-    out.retain(|e| c.etp.is_none_or(|p| p == e.unwrap_or(s.tp)));
+    out.retain(|&(e, ep)| {
+        c.etp.is_none_or(|p| p == e.unwrap_or(s.tp)) && c.ep.is_none_or(|p| p == ep)
+    });
     out
+}
+
+/// Whether a shape whose mesh has `ep` expert-parallel data ranks may hold a plan of the
+/// pinned `pin`: the same, or `ep` times some of the `tp` ranks the experts fold over
+/// ([`expert_layouts`]).
+fn ep_pin_allows(cfg: &TransformerConfig, pin: usize, ep: usize, tp: usize) -> bool {
+    pin == ep
+        || (cfg.experts > 1
+            && tp > 1
+            && pin.is_multiple_of(ep)
+            && pin > ep
+            && tp.is_multiple_of(pin / ep))
 }
 
 /// Sequence parallelism: only with `tp > 1` (the cost model ignores it otherwise), only
