@@ -27,7 +27,7 @@ pub struct CalibrateArgs {
     #[arg(long)]
     rows: bool,
     /// Add the published runs outside the reference tables (NeMo 24.07's and 24.05's fp8 tables,
-    /// NeMo 24.03's long-sequence context-parallel runs, Megatron-Bridge's fp8 Llama runs, Megatron-LM's Llama 3 fp8 examples, Megatron-Core's
+    /// NeMo 24.03's long-sequence context-parallel runs, Megatron-Bridge's fp8 Llama and Qwen3-235B-A22B runs, Megatron-LM's Llama 3 fp8 examples, Megatron-Core's
     /// strong scaling, Llama 3 405B, torchtitan's Llama 3.1 benchmarks),
     /// embedded in the binary.
     #[arg(long)]

@@ -118,6 +118,7 @@ fn published_runs_are_reported_without_the_reference_directory() {
         "megatron_core_strong_scaling_h100",
         "nemo_24_07_fp8_h100",
         "megatron_bridge_fp8_h100",
+        "megatron_bridge_moe_fp8_h100",
         "torchtitan_llama3_h100",
         "megatron_lm_llama3_fp8_h100",
     ] {

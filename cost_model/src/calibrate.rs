@@ -286,6 +286,10 @@ pub fn published_tables() -> Vec<(String, String)> {
             include_str!("../published/megatron_bridge_fp8_h100.csv"),
         ),
         (
+            "megatron_bridge_moe_fp8_h100.csv",
+            include_str!("../published/megatron_bridge_moe_fp8_h100.csv"),
+        ),
+        (
             "megatron_lm_llama3_fp8_h100.csv",
             include_str!("../published/megatron_lm_llama3_fp8_h100.csv"),
         ),
@@ -323,6 +327,7 @@ fn table_report(file: &str, text: &str) -> TableReport {
         "nemo_24_05_fp8_h100" => Ok(steps(nemo_fp8_h100(&rows, true))),
         "nemo_24_03_long_sequence_h100" => Ok(steps(nemo_long_sequence_h100(&rows))),
         "megatron_bridge_fp8_h100" => Ok(steps(megatron_bridge_fp8_h100(&rows))),
+        "megatron_bridge_moe_fp8_h100" => Ok(steps(megatron_bridge_moe_fp8_h100(&rows))),
         "megatron_core_strong_scaling_h100" => Ok(steps(megatron_core_strong_scaling(&rows))),
         "megatron_deepspeed_a100" => Ok(steps(megatron_deepspeed_a100(&rows))),
         "llama3_405b_h100" => Ok(steps(llama3_405b(&rows))),
@@ -396,6 +401,7 @@ fn figure_note(table: &str, figures: &[String]) -> String {
         | "nemo_24_07_fp8_h100"
         | "nemo_24_05_fp8_h100"
         | "megatron_bridge_fp8_h100"
+        | "megatron_bridge_moe_fp8_h100"
         | "torchtitan_llama3_h100"
         | "megatron_lm_llama3_fp8_h100" => ", from measured tokens/s",
         "megatron_core_strong_scaling_h100" => ", from MFU by 72BLsh^2(1+s/6h+V/12hL)",
@@ -1334,6 +1340,105 @@ fn megatron_bridge_fp8_h100(rows: &[Line]) -> Read {
                 None => return Err("the FSDP size is missing"),
             };
             nemo_layout_case(r, "nemo,fp8_params=true", zero)
+        })
+        .collect()
+}
+
+/// Megatron-Bridge's fp8 (current scaling) pretraining of Qwen3-235B-A22B on DGX H100
+/// (`published/megatron_bridge_moe_fp8_h100.csv`): the layout as the table and its recipe
+/// give it, with the experts folded over the two tensor-parallel ranks (etp=1, ep=32 over
+/// dp=16, [`Plan::ep_over_tp`]), the embedding and the loss counted as layers in the
+/// pipeline split (the first and last of the 32 virtual stages hold two layers, the others
+/// three), the distributed optimizer, no recomputation, under the `nemo` profile with fp8
+/// weights as the dense rows ([`megatron_bridge_fp8_h100`]), without the userbuffer
+/// overlap of tensor-parallel communication the recipe turns off, and with the expert
+/// all-to-alls overlapped as Megatron-Core's merged forward-backward step runs them
+/// (`ep_comm_overlap`, the recipe's `moe_a2a_overlap`).
+fn megatron_bridge_moe_fp8_h100(rows: &[Line]) -> Read {
+    rows.iter()
+        .map(|r| {
+            let need = |k: &str| r.int(k).ok_or("a configuration column is missing");
+            let (layers, hidden, heads, kv_heads, head_dim) = (
+                need("layers")?,
+                need("hidden")?,
+                need("heads")?,
+                need("kv_heads")?,
+                need("head_dim")?,
+            );
+            let (ffn, experts, top_k, vocab, seq) = (
+                need("moe_ffn")?,
+                need("experts")?,
+                need("top_k")?,
+                need("vocab")?,
+                need("seq")?,
+            );
+            let (gpus, gbs, mbs) = (need("gpus")?, need("gbs")?, need("mbs")?);
+            let (tp, pp, cp, vp, ep, etp) = (
+                need("tp")?,
+                need("pp")?,
+                need("cp")?,
+                need("vp")?,
+                need("ep")?,
+                need("etp")?,
+            );
+            let dp = data_parallel(gpus, tp * pp * cp)?;
+            let tokens = r
+                .num("tokens_per_s_per_gpu")
+                .filter(|t| *t > 0.0)
+                .ok_or("no measured throughput")?;
+            let name = r.get("model");
+            let cfg = TransformerConfig {
+                kv_heads,
+                head_dim: Some(head_dim),
+                ffn,
+                experts,
+                top_k,
+                gated_mlp: true,
+                tied_embeddings: false,
+                learned_positions: false,
+                rms_norm: true,
+                ..TransformerConfig::gpt(name, layers, hidden, heads, seq, vocab)
+            };
+            // The embedding and the loss count as one layer each in the split.
+            let chunks = pp * vp;
+            let per_chunk = (layers + 2) / chunks;
+            if per_chunk < 2 || per_chunk * chunks != layers + 2 {
+                return Err("the layers with the embedding and loss do not split evenly");
+            }
+            let stages: Vec<String> = (0..chunks)
+                .map(|i| match i == 0 || i + 1 == chunks {
+                    true => per_chunk - 1,
+                    false => per_chunk,
+                })
+                .map(|n| n.to_string())
+                .collect();
+            let plan = plan(&format!(
+                "dp={dp},tp={tp},pp={pp},cp={cp},vpp={vp},ep={ep},etp={etp},mbs={mbs},gbs={gbs},\
+                 zero=1,recompute=none,dtype=fp8,sp=true,schedule=interleaved,stages={}",
+                stages.join("-")
+            ))?;
+            let (cluster_spec, cluster) = nodes("dgx-h100", gpus)?;
+            Ok(Case {
+                label: format!(
+                    "line {}: {name} on {gpus} GPUs ({})",
+                    r.number,
+                    r.get("release")
+                ),
+                model: format!(
+                    "{name}: {layers} layers, h {hidden}, {heads} heads ({kv_heads} kv) of \
+                     {head_dim}, {experts} experts of ffn {ffn} (SwiGLU), top-{top_k}, seq \
+                     {seq}, vocab {vocab}, untied, rotary"
+                ),
+                cfg,
+                cluster_spec,
+                cluster,
+                plan,
+                software: "nemo,fp8_params=true,tp_comm_overlap=false,ep_comm_overlap=true",
+                figure: Figure::StepTime,
+                measured: (gbs * seq) as f64 / (gpus as f64 * tokens),
+                short_run: false,
+                tuned: false,
+            })
         })
         .collect()
 }
