@@ -20,6 +20,7 @@ mod report;
 mod report_cmd;
 mod run_cmd;
 mod spmd_cmd;
+mod stack_args;
 
 /// autopar: an auto-parallel compiler for deep-learning training.
 #[derive(Parser)]
@@ -128,20 +129,8 @@ struct EstimateArgs {
     /// A preset (dgx-a100:nodes=N, dgx-h100:nodes=N[,power=W], hgx-h200:nodes=N, cpu:ranks=N, ...) or a TOML file.
     #[arg(long)]
     cluster: String,
-    /// The training stack whose speed is modelled: autopar (default), megatron-lm-2021,
-    /// megatron-lm-2022, megatron-core, nemo, deepspeed, fsdp or torchtitan, with knobs
-    /// overridden as `NAME,knob=value` (attention=flash|flash1|fused|unfused,
-    /// overlap_grad_reduce, tp_backward_overlap, tp_forward_overlap, tp_comm_overlap,
-    /// overlap_param_gather, param_gather=layer|tensor, fusion=fused|eager,
-    /// reduce_dtype=bf16|fp32, bucket_mb=MIB, p2p_blocking, sm_carveout, loss=fused|megatron|torch, fp8_recipe=tensor|blockwise, fp8_weight_cache, fp8_params, zero_over_cp, selective=attention|op, cp_attention=ring|eager_ring|all_gather, fp32_grad_accumulation, recompute_early_stop, ep_comm_overlap, tp_relayout_copies, fp8_tp_gather, tp_pipelined_backward_reduce_scatter).
-    /// Replaces a cluster file's [software].
-    #[arg(long, value_name = "PROFILE")]
-    software: Option<String>,
-    /// Price the data-parallel gradient all-reduces as buckets of this many MiB, as the
-    /// compiler's --bucket-mb forms them (0: one all-reduce per gradient); overrides the
-    /// software profile's `bucket_mb` (autopar: 25; the others bucket by layer).
-    #[arg(long, value_name = "MIB", value_parser = spmd_cmd::parse_bucket_mb)]
-    bucket_mb: Option<f64>,
+    #[command(flatten)]
+    stack: stack_args::StackArgs,
     /// Global batch size in sequences.
     #[arg(long, value_parser = crate::parse_batch)]
     batch: usize,
@@ -151,7 +140,7 @@ struct EstimateArgs {
     plan: String,
     /// Compute dtype (overrides the plan's).
     #[arg(long, value_enum)]
-    dtype: Option<ComputeDtype>,
+    dtype: Option<stack_args::ComputeDtype>,
     /// Print JSON.
     #[arg(long, conflicts_with = "explain")]
     json: bool,
@@ -161,18 +150,6 @@ struct EstimateArgs {
     /// Write the simulated pipeline schedule as a Chrome trace (open in Perfetto).
     #[arg(long, value_name = "FILE")]
     trace: Option<String>,
-}
-
-#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum ComputeDtype {
-    Bf16,
-    /// Transformer-Engine-style fp8 GEMMs in the layers, bf16 elsewhere.
-    #[value(alias = "f8")]
-    Fp8,
-    #[value(alias = "f16")]
-    Fp16,
-    #[value(alias = "f32")]
-    Fp32,
 }
 
 #[derive(clap::Args)]
@@ -713,11 +690,7 @@ fn parse_layers(s: &str) -> Result<driver::ir::dot::LayerSelection, String> {
 
 fn estimate(args: EstimateArgs) -> Result<()> {
     use driver::cost_model::Plan;
-    use driver::ir::DType;
-    let mut cluster = driver::load_cluster_with(&args.cluster, args.software.as_deref())?;
-    if let Some(mb) = args.bucket_mb {
-        driver::set_bucket_mb(&mut cluster, mb)?;
-    }
+    let cluster = args.stack.cluster(&args.cluster)?;
     let cluster_desc = format!("{} ({} devices)", args.cluster, cluster.num_devices());
     let mut plan = if args.plan.trim().is_empty() {
         Plan::default()
@@ -737,12 +710,7 @@ fn estimate(args: EstimateArgs) -> Result<()> {
     plan.global_batch = args.batch;
     plan.check()?;
     if let Some(d) = args.dtype {
-        plan.fp8 = d == ComputeDtype::Fp8;
-        plan.dtype = match d {
-            ComputeDtype::Bf16 | ComputeDtype::Fp8 => DType::BF16,
-            ComputeDtype::Fp16 => DType::F16,
-            ComputeDtype::Fp32 => DType::F32,
-        };
+        d.apply(&mut plan);
     }
     let est = driver::estimate(&args.model, cluster, &plan)?;
     if let Some(path) = &args.trace {

@@ -10,6 +10,7 @@ use anyhow::{Context, Result, bail};
 use clap::ValueEnum;
 
 use crate::progress::Ticker;
+use crate::stack_args::{ComputeDtype, StackArgs};
 use autopar_cost_model::{CostModel, LayerPlacement, Plan, TransformerConfig};
 use autopar_driver as driver;
 use autopar_driver::ir::DType;
@@ -28,23 +29,11 @@ pub struct PlanArgs {
     /// Global batch size in sequences.
     #[arg(long, value_parser = crate::parse_batch)]
     batch: usize,
-    /// The training stack whose speed is modelled: autopar (default), megatron-lm-2021,
-    /// megatron-lm-2022, megatron-core, nemo, deepspeed, fsdp or torchtitan, with knobs
-    /// overridden as `NAME,knob=value` (attention=flash|flash1|fused|unfused,
-    /// overlap_grad_reduce, tp_backward_overlap, tp_forward_overlap, tp_comm_overlap,
-    /// overlap_param_gather, param_gather=layer|tensor, fusion=fused|eager,
-    /// reduce_dtype=bf16|fp32, bucket_mb=MIB, p2p_blocking, sm_carveout, loss=fused|megatron|torch, fp8_recipe=tensor|blockwise, fp8_weight_cache, fp8_params, zero_over_cp, selective=attention|op, cp_attention=ring|eager_ring|all_gather, fp32_grad_accumulation, recompute_early_stop, ep_comm_overlap, tp_relayout_copies, fp8_tp_gather, tp_pipelined_backward_reduce_scatter).
-    /// Replaces a cluster file's [software].
-    #[arg(long, value_name = "PROFILE")]
-    software: Option<String>,
-    /// Price the data-parallel gradient all-reduces as buckets of this many MiB, as the
-    /// compiler's --bucket-mb forms them (0: one all-reduce per gradient); overrides the
-    /// software profile's `bucket_mb` (autopar: 25; the others bucket by layer).
-    #[arg(long, value_name = "MIB", value_parser = crate::spmd_cmd::parse_bucket_mb)]
-    bucket_mb: Option<f64>,
+    #[command(flatten)]
+    stack: StackArgs,
     /// Compute dtype.
-    #[arg(long, value_enum, default_value_t = PlanDtype::Bf16)]
-    dtype: PlanDtype,
+    #[arg(long, value_enum, default_value_t = ComputeDtype::Bf16)]
+    dtype: ComputeDtype,
     /// How many plans to rank.
     #[arg(long, default_value_t = 10)]
     top: usize,
@@ -91,18 +80,6 @@ pub struct PlanArgs {
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum PlanDtype {
-    Bf16,
-    /// Transformer-Engine-style fp8 GEMMs in the layers, bf16 elsewhere.
-    #[value(alias = "f8")]
-    Fp8,
-    #[value(alias = "f16")]
-    Fp16,
-    #[value(alias = "f32")]
-    Fp32,
-}
-
-#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum ExportTarget {
     /// Megatron-LM command-line arguments.
     Megatron,
@@ -114,10 +91,7 @@ enum ExportTarget {
 const PROGRESS_EVERY: Duration = Duration::from_secs(5);
 
 pub fn plan(args: PlanArgs) -> Result<()> {
-    let mut cluster = driver::load_cluster_with(&args.cluster, args.software.as_deref())?;
-    if let Some(mb) = args.bucket_mb {
-        driver::set_bucket_mb(&mut cluster, mb)?;
-    }
+    let cluster = args.stack.cluster(&args.cluster)?;
     let devices = cluster.num_devices();
     let gpu = cluster.gpu.model.clone();
     let model = CostModel::new(cluster);
@@ -127,12 +101,8 @@ pub fn plan(args: PlanArgs) -> Result<()> {
     let ranking = if args.robust { &no_overlap } else { &model };
     let cfg = driver::model_config(&args.model)?;
     let mut opts = SearchOptions::new(args.batch);
-    opts.fp8 = args.dtype == PlanDtype::Fp8;
-    opts.dtype = match args.dtype {
-        PlanDtype::Bf16 | PlanDtype::Fp8 => DType::BF16,
-        PlanDtype::Fp16 => DType::F16,
-        PlanDtype::Fp32 => DType::F32,
-    };
+    opts.fp8 = args.dtype.fp8();
+    opts.dtype = args.dtype.dtype();
     opts.top_k = args.top;
     opts.threads = args.threads;
     opts.constraints = Constraints::parse(&args.pin)?;

@@ -6,14 +6,13 @@
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use clap::ValueEnum;
 
 use autopar_cost_model::{CostModel, Plan, Recompute};
-use autopar_driver::ir::DType;
 use autopar_driver::search::{Constraints, SearchOptions, search_with_progress};
 use autopar_driver::{self as driver, CompileOptions, CompiledStep, RunReport};
 
 use crate::report::{self, Measured, PageInput, RankedRow};
+use crate::stack_args::{ComputeDtype, StackArgs};
 
 /// Options of `autopar report`.
 #[derive(clap::Args)]
@@ -32,9 +31,11 @@ pub struct ReportArgs {
     /// Report on the plan of this file (written by `plan --save`, or a `plan --json` document).
     #[arg(long, value_name = "FILE")]
     plan_file: Option<String>,
+    #[command(flatten)]
+    stack: StackArgs,
     /// Compute dtype [default: bf16 when searching, the plan's otherwise].
     #[arg(long, value_enum)]
-    dtype: Option<ReportDtype>,
+    dtype: Option<ComputeDtype>,
     /// How many plans the search ranks (the table of runner-ups).
     #[arg(long, default_value_t = 5)]
     top: usize,
@@ -52,28 +53,9 @@ pub struct ReportArgs {
     output: String,
 }
 
-#[derive(Clone, Copy, ValueEnum)]
-enum ReportDtype {
-    Bf16,
-    #[value(alias = "f16")]
-    Fp16,
-    #[value(alias = "f32")]
-    Fp32,
-}
-
-impl ReportDtype {
-    fn dtype(self) -> DType {
-        match self {
-            ReportDtype::Bf16 => DType::BF16,
-            ReportDtype::Fp16 => DType::F16,
-            ReportDtype::Fp32 => DType::F32,
-        }
-    }
-}
-
 /// `autopar report`.
 pub fn report(args: ReportArgs) -> Result<()> {
-    let cluster = driver::load_cluster(&args.cluster)?;
+    let cluster = args.stack.cluster(&args.cluster)?;
     let cfg = driver::model_config(&args.model)?;
     let model = CostModel::new(cluster.clone());
     let given = match (&args.plan, &args.plan_file) {
@@ -85,7 +67,7 @@ pub fn report(args: ReportArgs) -> Result<()> {
         Some(mut plan) => {
             plan.global_batch = args.batch;
             if let Some(d) = args.dtype {
-                plan.dtype = d.dtype();
+                d.apply(&mut plan);
             }
             let estimate = model
                 .estimate(&cfg, &plan)
@@ -133,7 +115,9 @@ fn search(
     cfg: &autopar_cost_model::TransformerConfig,
 ) -> Result<(Vec<RankedRow>, String)> {
     let mut opts = SearchOptions::new(args.batch);
-    opts.dtype = args.dtype.map_or(DType::BF16, ReportDtype::dtype);
+    let dtype = args.dtype.unwrap_or(ComputeDtype::Bf16);
+    opts.dtype = dtype.dtype();
+    opts.fp8 = dtype.fp8();
     opts.top_k = args.top.max(1);
     opts.threads = args.threads;
     opts.constraints = Constraints::parse(&args.pin).context("--pin")?;

@@ -248,6 +248,78 @@ fn the_numbers_are_those_of_estimate_and_plan_json() {
     assert_eq!(d["iter_time_s"], theirs[0]["estimate"]["iter_time_s"]);
 }
 
+/// `report` prices what `plan` and `estimate` price: the same software profile, bucket size
+/// and fp8, named on the page; and the search it runs ranks the plans `plan` ranks under them.
+#[test]
+fn the_report_is_priced_for_the_stack_and_dtype_given() {
+    let stack = [
+        "--software",
+        "megatron-core,tp_comm_overlap=true",
+        "--bucket-mb",
+        "40",
+        "--dtype",
+        "fp8",
+    ];
+    let common = [
+        "llama3-70b",
+        "--cluster",
+        "dgx-h100:nodes=4",
+        "--batch",
+        "64",
+    ];
+    let pins = "tp=4,pp=4,vpp=5,mbs=1,zero=1,sp=true";
+    let path = out_dir().join("stack.html");
+    let path_text = path.to_str().expect("a UTF-8 path").to_string();
+    let mut args = vec!["report"];
+    args.extend_from_slice(&common);
+    args.extend_from_slice(&stack);
+    args.extend(["--pin", pins, "--top=3", "-o", &path_text]);
+    let o = autopar(&args, "report-stack");
+    assert!(o.ok, "{}", o.stderr);
+    let html = std::fs::read_to_string(&path).expect("the report is written");
+    let d = data(&html);
+    assert_eq!(
+        d["software"],
+        "megatron-core,bucket_mb=40.0,tp_backward_overlap=true,tp_forward_overlap=true",
+        "{}",
+        d["software"]
+    );
+    assert!(html.contains("priced for the <code>megatron-core,"));
+    assert!(
+        d["plan"].as_str().expect("a plan").contains("dtype=fp8"),
+        "{}",
+        d["plan"]
+    );
+
+    let mut args = vec!["plan"];
+    args.extend_from_slice(&common);
+    args.extend_from_slice(&stack);
+    args.extend(["--pin", pins, "--top=3", "--json"]);
+    let o = autopar(&args, "plan-stack");
+    assert!(o.ok, "{}", o.stderr);
+    let plan: Value = serde_json::from_str(&o.stdout).expect("plan JSON");
+    let theirs = &plan["plans"][0];
+    assert_eq!(d["plan"], theirs["plan"]);
+    assert_eq!(d["iter_time_s"], theirs["estimate"]["iter_time_s"]);
+
+    // Without the flags the same plan is priced for this project's own stack in bf16: a
+    // different step.
+    let mut args = vec!["report"];
+    args.extend_from_slice(&common);
+    let given = d["plan"]
+        .as_str()
+        .expect("a plan")
+        .replace("dtype=fp8", "dtype=bf16");
+    let plain = out_dir().join("plain.html");
+    let plain_text = plain.to_str().expect("a UTF-8 path").to_string();
+    args.extend(["--plan", &given, "-o", &plain_text]);
+    let o = autopar(&args, "report-plain");
+    assert!(o.ok, "{}", o.stderr);
+    let p = data(&std::fs::read_to_string(&plain).expect("the report is written"));
+    assert_eq!(p["software"], "autopar");
+    assert_ne!(p["iter_time_s"], d["iter_time_s"]);
+}
+
 #[test]
 fn run_report_puts_the_measured_timeline_beside_the_predicted_one() {
     let dir = out_dir();
