@@ -33,10 +33,10 @@
 //!   weights): 6% in the median, the 8B with Megatron FSDP 14% too slow; held within 7% in
 //!   the median and 15% each. Every run fits the 80 GB, as measured: the interleaved warm-up
 //!   holds each chunk at its own size and fp8 GEMM inputs are kept a byte each.
-//! - Megatron-Bridge's fp8 Qwen3-235B-A22B on 256 H100s (releases 26.02 to 26.04.01; tp=2,
+//! - Megatron-Bridge's fp8 Qwen3-235B-A22B on 256 H100s (releases 25.11 to 26.04.01; tp=2,
 //!   pp=8 with four virtual stages, the experts folded over the tensor-parallel ranks into
 //!   ep=32, the expert all-to-alls overlapped by Megatron-Core's merged forward-backward
-//!   step): 10-16% too fast, held within 15% in the median and 18% each. The all-to-alls
+//!   step): 10-17% too fast, held within 15% in the median and 18% each. The all-to-alls
 //!   across four nodes take more time than the step's compute, so the step is theirs; the
 //!   model prices them at each rank's share of its NICs and hides them under the paired
 //!   sub-blocks, and something (the all-to-alls slowed by the compute beside them, or that
@@ -166,7 +166,7 @@ fn megatron_bridge_fp8_llama_on_h100s_within_7_percent() {
 fn megatron_bridge_fp8_qwen3_moe_on_h100s_within_15_percent() {
     let r = report();
     let t = table(&r, "megatron_bridge_moe_fp8_h100");
-    holds(t, 4, 0.15, 0.18);
+    holds(t, 5, 0.15, 0.18);
     assert!(t.rows.iter().all(|row| row.fits), "{:?}", t.rows);
 }
 
