@@ -47,7 +47,7 @@ pub struct TransformerConfig {
     /// RMSNorm (Llama, Mixtral) instead of LayerNorm (GPT-3, MPT). One fused kernel either
     /// way where the stack fuses; in PyTorch eager mode RMSNorm is a chain of element-wise
     /// kernels in fp32 where LayerNorm is one kernel
-    /// ([`crate::compute::EAGER_RMS_NORM_BYTES`]).
+    /// ([`crate::compute::EAGER_RMS_NORM`]).
     #[serde(default)]
     pub rms_norm: bool,
     /// Width of a MoE layer's shared expert, a dense MLP of the experts' kind every token

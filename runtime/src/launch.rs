@@ -33,7 +33,7 @@ pub trait Launcher {
     fn local_ranks(&self, mesh: &DeviceMesh) -> Result<Vec<usize>, RuntimeError>;
 }
 
-/// One thread per rank of the mesh, communicating through [`InProcessCommunicator`]s.
+/// One thread per rank of the mesh, communicating through [`InProcessCommunicator`](crate::comm::InProcessCommunicator)s.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ThreadLauncher {
     /// Timeout and reduction precision of the communicators.

@@ -1,5 +1,5 @@
 //! The MPI communicator: ranks are processes started by `mpirun`, one mesh rank per process,
-//! running the same algorithms as the in-process communicator ([`super::endpoint`]) over MPI
+//! running the same algorithms as the in-process communicator (`comm::endpoint`) over MPI
 //! point-to-point messages, so that reductions add in the same order and give the same bits.
 //!
 //! A connection ([`MpiConnection`]) makes the communicators of a mesh once, collectively over

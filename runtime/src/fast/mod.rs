@@ -23,7 +23,7 @@
 //! scatter-adds of integers, unary ops and `select` on integers or booleans, casts from
 //! integers to bool, and element-wise ops whose operands are all splats (evaluated on one
 //! element; the result is a splat). Communication ops go to the rank's [`Collectives`]
-//! through one adapter, [`communicate_fast`] (today by conversion to [`Tensor`]; the coming f32
+//! through one adapter, `communicate_fast` (today by conversion to [`Tensor`]; the coming f32
 //! methods of `Collectives` plug in there).
 //!
 //! Loops run compiled for the CPU's widest vector instructions (module `simd`).
