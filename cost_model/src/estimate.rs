@@ -2068,10 +2068,11 @@ impl<'a> Ctx<'a> {
     /// dispatch (after the weight gradients) under the forward's experts, and the forward's
     /// combine under the backward's attention block. Each pair exposes what the computation
     /// does not cover, at the overlap's slowdown ([`CommParams::exposed`]); nothing hides
-    /// with a single micro-batch per pipeline.
+    /// with a single micro-batch per pipeline, nor where Megatron-Core refuses the option
+    /// ([`Plan::overlaps_expert_all_to_alls`]).
     fn overlap_expert_all_to_alls(&self, lf: &mut PassTime, lb: &mut PassTime) {
         if !self.m.software.ep_comm_overlap
-            || self.cfg.experts <= 1
+            || !self.plan.overlaps_expert_all_to_alls(self.cfg)
             || self.plan.micro_batches() < 2
         {
             return;

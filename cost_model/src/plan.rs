@@ -12,6 +12,7 @@ use autopar_ir::{DType, axis};
 
 use crate::error::CostError;
 use crate::layer::LayerPlacement;
+use crate::model::TransformerConfig;
 
 /// Which activations are recomputed in the backward pass.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -596,6 +597,20 @@ impl Plan {
     pub fn ep_over_tp(&self) -> usize {
         let replicas = (self.tp / self.expert_tp()).max(1);
         self.ep.clamp(1, replicas)
+    }
+
+    /// Whether Megatron-Core runs this plan of `cfg` with its expert all-to-alls overlapped
+    /// (`--overlap-moe-expert-parallel-comm`, [`crate::Software::ep_comm_overlap`]): only for
+    /// mixtures of experts with expert parallelism, without full recomputation of whole
+    /// layers, in 16-bit, and under pipeline parallelism only with virtual stages (the
+    /// assertions of `TransformerConfig.__post_init__`, `megatron/core/transformer/
+    /// transformer_config.py`).
+    pub fn overlaps_expert_all_to_alls(&self, cfg: &TransformerConfig) -> bool {
+        cfg.experts > 1
+            && self.ep > 1
+            && self.recompute != Recompute::Full
+            && matches!(self.dtype, DType::BF16 | DType::F16)
+            && (self.pp == 1 || self.schedule == ScheduleKind::Interleaved)
     }
 
     /// The data-parallel ranks of an expert-parallel group: `ep` over [`Plan::ep_over_tp`].

@@ -810,6 +810,22 @@ fn expert_parallelism_folds_over_tensor_parallel_ranks() {
     let slow_end = |m: &CostModel| m.without_overlap().estimate(&qwen3, &folded).unwrap();
     let (a, b) = (slow_end(&overlapping), slow_end(&without));
     assert!((a.iter_time_s - b.iter_time_s).abs() < 1e-9 * b.iter_time_s);
+    // Megatron-Core refuses the overlap with full recomputation and with pipeline stages but
+    // no virtual ones: such plans are priced without it.
+    for refused in [
+        "dp=16,tp=2,pp=8,vpp=4,schedule=interleaved,sp=true,mbs=1,gbs=8192,dtype=fp8,ep=32,etp=1,\
+         recompute=full",
+        "dp=16,tp=2,pp=8,sp=true,mbs=1,gbs=8192,dtype=fp8,ep=32,etp=1",
+    ] {
+        let p = Plan::parse(refused).unwrap();
+        assert!(!p.overlaps_expert_all_to_alls(&qwen3), "{refused}");
+        let (on, off) = (
+            est(&p, "megatron-core,ep_comm_overlap=true"),
+            est(&p, "megatron-core"),
+        );
+        assert_eq!(on.iter_time_s, off.iter_time_s, "{refused}");
+    }
+    assert!(folded.overlaps_expert_all_to_alls(&qwen3));
 
     for (bad, says) in [
         ("ep=32", "does not divide dp=16"),

@@ -185,6 +185,23 @@ pub fn megatron_args(
     }
     // The cost model overlaps the data-parallel reduction with the backward, as this does.
     arg("--overlap-grad-reduce");
+    // The overlaps the profile prices beyond it, where Megatron-Core runs them.
+    // Userbuffer pipelining of the tensor-parallel collectives, which the cost model (as
+    // Megatron-LM) applies under sequence parallelism only.
+    if software.tp_forward_overlap && plan.tp > 1 && plan.sequence_parallel {
+        arg("--tp-comm-overlap");
+    }
+    if software.ep_comm_overlap && cfg.experts > 1 && plan.ep > 1 {
+        match plan.overlaps_expert_all_to_alls(cfg) {
+            true => arg("--overlap-moe-expert-parallel-comm"),
+            false => notes.push(
+                "the profile overlaps expert all-to-alls, which Megatron-Core refuses with \
+                 full recomputation, outside 16-bit, or with pipeline stages but no virtual \
+                 ones: the plan is priced without it"
+                    .into(),
+            ),
+        }
+    }
     arg(&format!("--micro-batch-size {}", plan.micro_batch_size));
     arg(&format!("--global-batch-size {}", plan.global_batch));
     if plan.fp8 {
@@ -514,6 +531,37 @@ mod tests {
             t.contains("[activation_checkpoint]\nmode = \"full\""),
             "{t}"
         );
+    }
+
+    /// The overlaps a profile prices are exported where Megatron-Core runs them: userbuffer
+    /// pipelining under sequence parallelism, the expert all-to-alls beside the other
+    /// micro-batch's compute except where Megatron-Core refuses it (full recomputation, or
+    /// pipeline stages without virtual ones), which the note says and the estimate heeds.
+    #[test]
+    fn overlaps_are_exported_where_megatron_runs_them() {
+        let cfg = TransformerConfig::mixtral_8x7b();
+        let sw = Software::parse("megatron-core,ep_comm_overlap=true").unwrap();
+        let args = |p: &str| megatron_args(&cfg, &Plan::parse(p).unwrap(), &sw).unwrap();
+        let s = args("dp=8,ep=8,tp=2,sp=true,pp=2,vpp=4,schedule=interleaved,gbs=64");
+        assert!(s.contains("--tp-comm-overlap \\"), "{s}");
+        assert!(s.contains("--overlap-moe-expert-parallel-comm \\"), "{s}");
+        assert!(!s.contains("note:"), "{s}");
+        for refused in [
+            "dp=8,ep=8,pp=2,gbs=64",
+            "dp=8,ep=8,pp=2,vpp=4,schedule=interleaved,recompute=full,gbs=64",
+        ] {
+            let s = args(refused);
+            assert!(!s.contains("--overlap-moe-expert-parallel-comm"), "{s}");
+            assert!(s.contains("Megatron-Core refuses"), "{s}");
+            assert!(!s.contains("--tp-comm-overlap"), "{s}");
+        }
+        let plain = megatron_args(
+            &cfg,
+            &Plan::parse("dp=8,ep=8,gbs=64").unwrap(),
+            &Software::parse("megatron-core").unwrap(),
+        )
+        .unwrap();
+        assert!(!plain.contains("--overlap-moe"), "{plain}");
     }
 
     /// fp8 plans export Transformer Engine's hybrid format, with the block-scaling recipe
