@@ -138,12 +138,29 @@ pub fn plan(args: PlanArgs) -> Result<()> {
     let result = result?;
 
     if result.stats.mesh_shapes == 0 {
+        let experts = match cfg.experts > 1 {
+            true => format!(
+                ", ep divide the {} experts and dp (times tp/etp where the experts fold over \
+                 tensor-parallel ranks)",
+                cfg.experts
+            ),
+            false => String::new(),
+        };
         bail!(
             "no mesh shape (dp x tp x pp x cp = {devices}) divides the model, the global batch \
              {} and the pins: tp must divide the heads, the key/value heads, the MLP width and the vocabulary, \
-             dp the global batch, pp be at most the {} layers",
+             dp the global batch, pp be at most the {} layers{experts}",
             args.batch,
             cfg.layers
+        );
+    }
+    if result.stats.candidates == 0 {
+        bail!(
+            "no plan satisfies the pins `{}`: each mesh shape that divides the model and the \
+             batch leaves no combination of the pinned values (an ep that neither divides dp \
+             nor folds over tp/etp tensor-parallel ranks into the experts, an etp without \
+             sequence parallelism, ...)",
+            args.pin
         );
     }
     let Some(best) = result.plans.first() else {

@@ -986,6 +986,34 @@ fn table(dir: &Path) -> Table {
         t.add(&args, needle);
     }
     let others: &[(&[&str], &str)] = &[
+        // Pins the MoE search cannot meet: an ep the 8 experts do not divide, and a folded
+        // ep whose etp lacks the sequence parallelism it needs.
+        (
+            &[
+                "plan",
+                "mixtral-8x7b",
+                "--cluster",
+                "dgx-h100:nodes=2",
+                "--batch",
+                "64",
+                "--pin",
+                "ep=16,etp=1",
+            ],
+            "ep divide the 8 experts",
+        ),
+        (
+            &[
+                "plan",
+                "mixtral-8x7b",
+                "--cluster",
+                "dgx-h100:nodes=2",
+                "--batch",
+                "64",
+                "--pin",
+                "ep=8,etp=1,sp=false,tp=2",
+            ],
+            "no plan satisfies the pins",
+        ),
         (
             &[
                 "estimate",

@@ -689,6 +689,7 @@ pub(crate) fn expert_layouts(
 fn ep_pin_allows(cfg: &TransformerConfig, pin: usize, ep: usize, tp: usize) -> bool {
     pin == ep
         || (cfg.experts > 1
+            && cfg.experts.is_multiple_of(pin)
             && tp > 1
             && pin.is_multiple_of(ep)
             && pin > ep
