@@ -1825,10 +1825,22 @@ const TORCH_DISTRIBUTED_CALL_S: f64 = 32e-6;
 const SWEEP_NOISE: f64 = 0.2;
 
 /// All-reduce bus bandwidth (nccl-tests convention) against the cost model's collective time
-/// for the same payload and GPU count, on the presets' GPUs (H100, H200, B200; the AWS
-/// p6-b200 nodes' 8x 400 Gb/s EFA stand in as the DGX B200 preset's 8x 400 Gb/s NICs).
+/// for the same payload and GPU count, on the presets' GPUs (H100, H200, and B200 on the
+/// `aws-p6-b200` preset the sweep's instances are).
 /// NCCL's NVLink SHARP rows are kept (it is NCCL's default); rows run with
 /// `NCCL_NVLS_ENABLE=0` are estimated without it.
+///
+/// The 4-node P6-B200 rows state no algorithm and are priced as NCCL's ring. On these
+/// instances AWS's tuner plugin chooses by message size and rank count (aws-ofi-nccl
+/// `src/tuner/nccl_ofi_regions.cpp`, `region_init_internal_p6`; at 32 ranks): trees with the
+/// LL and LL128 protocols to 17.5 MiB, a ring with LL128 to 127.5 MiB, NVLink SHARP trees to
+/// 415 MiB and the Simple ring above, where the sweep plateaus; every one of them takes
+/// 0.35-0.6 ms at small sizes on these four EFA nodes. The cost model prices a tree across
+/// nodes at the preset's per-step latency of InfiniBand (5 us, ten steps for 32 ranks),
+/// which would put the small and medium rows 1.5-4.6x too fast; its ring (62 steps) is the
+/// one form it has whose latency is of that order: within 1% on the plateau, 18-39% too fast
+/// from 4 to 256 MiB, where the tuner's other algorithms run. An EFA latency per network
+/// step and the tuner's table are what a closer model needs.
 ///
 /// A row whose measured time is more than [`SWEEP_NOISE`] above the time of a larger
 /// payload in the same sweep (same system, tool, GPU count and NVLS setting) is skipped: an
@@ -1871,6 +1883,8 @@ fn mlengineering_allreduce(rows: &[Line]) -> Vec<Result<Reading, &'static str>> 
                 "hgx-h200"
             } else if system.contains("H100") {
                 "dgx-h100"
+            } else if system.contains("P6-B200") {
+                "aws-p6-b200"
             } else if system.contains("B200") {
                 "dgx-b200"
             } else {
@@ -1894,11 +1908,12 @@ fn mlengineering_allreduce(rows: &[Line]) -> Vec<Result<Reading, &'static str>> 
             let mut model =
                 CostModel::new(Cluster::preset(&preset).map_err(|_| "no cluster preset")?);
             model.comm.nvls = r.get("nvls_enabled") != "False";
-            // Where the row records the algorithm NCCL ran, it is the one estimated.
+            // Where the row records the algorithm NCCL ran, it is the one estimated. Across
+            // P6-B200 nodes the rows state none; they are priced as NCCL's ring (see above).
             let algo = r.get("nccl_algo");
             model.comm.force_algorithm = if algo.starts_with("NVLS") {
                 Some(Algorithm::Nvls)
-            } else if algo.starts_with("Ring") || algo.contains("picked Ring") {
+            } else if algo.starts_with("Ring") || (nodes > 1 && kind == "aws-p6-b200") {
                 Some(Algorithm::Ring)
             } else {
                 None

@@ -351,7 +351,9 @@ impl Cluster {
     }
 
     /// A preset: `dgx-a100:nodes=N`, `dgx-a100-40gb:nodes=N`, `dgx-h100:nodes=N`,
-    /// `hgx-h100-96gb:nodes=N`, `hgx-h200:nodes=N`, `dgx-b200:nodes=N` or `cpu:ranks=N`
+    /// `hgx-h100-96gb:nodes=N`, `hgx-h200:nodes=N`, `dgx-b200:nodes=N`, the AWS instances
+    /// `aws-p4d:nodes=N`, `aws-p4de:nodes=N`, `aws-p5en:nodes=N`, `aws-p6-b200:nodes=N`, or
+    /// `cpu:ranks=N`
     /// (options may be omitted: one node, or one rank). GPU presets whose rated power is
     /// known also take `power=W`, a power limit below it ([`GpuSpec::power_limit_w`]).
     pub fn preset(spec: &str) -> Result<Cluster, CostError> {
@@ -406,11 +408,16 @@ impl Cluster {
             "hgx-h200" => hgx_h200(n),
             "dgx-a100-40gb" => dgx_a100_40gb(n),
             "dgx-b200" => dgx_b200(n),
+            "aws-p4d" => aws_p4d(n),
+            "aws-p4de" => aws_p4de(n),
+            "aws-p5en" => aws_p5en(n),
+            "aws-p6-b200" => aws_p6_b200(n),
             "cpu" => cpu(n),
             other => {
                 return Err(err(format!(
                     "unknown preset `{other}` (expected dgx-a100, dgx-a100-40gb, dgx-h100, \
-                     hgx-h100-96gb, hgx-h200, dgx-b200 or cpu)"
+                     hgx-h100-96gb, hgx-h200, dgx-b200, aws-p4d, aws-p4de, aws-p5en, \
+                     aws-p6-b200 or cpu)"
                 )));
             }
         };
@@ -1020,6 +1027,63 @@ pub fn dgx_b200(nodes: usize) -> Cluster {
         memory_bandwidth_gb_per_s: 716.8,
         ..dgx_h100_host()
     });
+    c
+}
+
+/// AWS p4d.24xlarge: DGX A100 40 GB's GPUs and NVSwitch fabric (8x A100-SXM4-40GB on
+/// NVLink3, AWS's instance page) with four 100 Gb/s Elastic Fabric Adapters (EFA v1, 400 Gb/s
+/// per instance) in place of eight HDR NICs: all-reduce tests reach about 340 Gb/s of them
+/// (ml-engineering `network/README.md`, EFA: "EFA v1 0.4Tbps (effective 340Gbps for
+/// all_reduce tests)"), 10.6 GB/s per adapter, a quarter of a DGX A100's per-node inter-node
+/// bandwidth. Two GPUs share each adapter (`gpu_to_nic` spreads them evenly). Host: the
+/// instance's 1152 GiB, its two Cascade Lake sockets' six DDR4-2933 channels each (2 x 6 x
+/// 2.933 GT/s x 8 B = 281.6 GB/s), PCIe Gen4 as on DGX A100. EFA's per-step latency is priced
+/// as InfiniBand's: the 4-node P6-B200 sweep of `mlengineering_allreduce_busbw.csv` fits it.
+pub fn aws_p4d(nodes: usize) -> Cluster {
+    let mut c = dgx_a100_40gb(nodes);
+    c.name = format!("aws-p4d:nodes={nodes}");
+    c.network.nics_per_node = 4;
+    c.network.nic_bus_bandwidth_gb_per_s = 340.0 / 8.0 / 4.0;
+    c.host = Some(HostSpec {
+        memory_gib: 1152.0,
+        memory_bandwidth_gb_per_s: 281.6,
+        ..dgx_a100_host()
+    });
+    c
+}
+
+/// AWS p4de.24xlarge: [`aws_p4d`] with the 80 GB A100 (DGX A100's GPUs, 2039 GB/s HBM2e).
+pub fn aws_p4de(nodes: usize) -> Cluster {
+    let mut c = aws_p4d(nodes);
+    let gpu = dgx_a100(1).gpu;
+    c.name = format!("aws-p4de:nodes={nodes}");
+    c.gpu = gpu;
+    c
+}
+
+/// AWS p5en.48xlarge: HGX H200 (8x H200 on NVLink4) with sixteen 200 Gb/s EFA v3 adapters,
+/// two per GPU. An adapter sustains 193.7 Gb/s in `ib_write_bw` over SRD (96.9% of line
+/// rate; ml-engineering `network/README.md`, measured on p5en.48xlarge, 2026-08-07): the two
+/// of a GPU are priced as one rail of 2 x 24.2 = 48.4 GB/s, as NCCL drives them. Host: 2 TiB
+/// (AWS's instance page) on Sapphire Rapids sockets, priced as DGX H100's. That source's
+/// 4-node all-reduce (32 ranks, 4 GiB, NCCL's ring: 364.65 GB/s bus bandwidth) is not used
+/// here; `cost_model/tests/comm.rs` checks the preset against it.
+pub fn aws_p5en(nodes: usize) -> Cluster {
+    let mut c = hgx_h200(nodes);
+    c.name = format!("aws-p5en:nodes={nodes}");
+    c.network.nics_per_node = 8;
+    c.network.nic_bus_bandwidth_gb_per_s = 2.0 * 193.72 / 8.0;
+    c
+}
+
+/// AWS p6-b200.48xlarge: DGX B200's GPUs and NVLink5 fabric with eight 400 Gb/s EFA v4
+/// adapters, one per GPU (AWS's instance page; ml-engineering `network/README.md`), priced
+/// at DGX B200's 48 GB/s per NIC: the 4-node all-reduce sweep of
+/// `mlengineering_allreduce_busbw.csv`, run on these instances, plateaus at 381.8 GB/s bus
+/// bandwidth, 47.7 per adapter. Host: 2 TiB, priced as DGX B200's.
+pub fn aws_p6_b200(nodes: usize) -> Cluster {
+    let mut c = dgx_b200(nodes);
+    c.name = format!("aws-p6-b200:nodes={nodes}");
     c
 }
 

@@ -808,6 +808,38 @@ mod tests {
         );
     }
 
+    /// The AWS presets against measurements they were not built from: on four p5en.48xlarge
+    /// nodes (32 H200 ranks, EFA v3) a 4 GiB all-reduce ran NCCL's ring at 364.65 GB/s bus
+    /// bandwidth (ml-engineering `network/README.md`, 2026-08-07, NCCL 2.27.7), where the
+    /// preset takes its adapters' rate from a one-adapter `ib_write_bw` (193.7 Gb/s of 200).
+    /// A p4d node has a quarter of a DGX A100's inter-node bandwidth, and its ring all-reduce
+    /// across nodes is bound by it.
+    #[test]
+    fn aws_presets_against_what_they_were_not_built_from() {
+        let busbw = |c: &Cluster, g: &GroupInfo, bytes: f64| {
+            let mut p = P.clone();
+            p.force_algorithm = Some(Algorithm::Ring);
+            p.bus_bandwidth(Collective::AllReduce, bytes, g, c) / 1e9
+        };
+        let p5en = Cluster::preset("aws-p5en:nodes=4").unwrap();
+        let got = busbw(&p5en, &across(32, 4, 8, 8), 4.0 * (1u64 << 30) as f64);
+        assert!((got / 364.65 - 1.0).abs() < 0.07, "{got}");
+        let p4d = Cluster::preset("aws-p4d:nodes=2").unwrap();
+        let dgx = Cluster::preset("dgx-a100-40gb:nodes=2").unwrap();
+        let (on_p4d, on_dgx) = (
+            busbw(&p4d, &across(16, 2, 8, 4), 8e9),
+            busbw(&dgx, &across(16, 2, 8, 8), 8e9),
+        );
+        assert!(on_p4d < 43.0 && on_p4d > 38.0, "{on_p4d}");
+        assert!(on_dgx > 4.0 * on_p4d * 0.95, "{on_dgx} vs {on_p4d}");
+        // p4de is p4d with the 80 GB part; p6-b200 is DGX B200's node on EFA.
+        let p4de = Cluster::preset("aws-p4de").unwrap();
+        assert_eq!(p4de.gpu.hbm_capacity_gib, 80.0);
+        assert_eq!(p4de.network, p4d.network);
+        let p6 = Cluster::preset("aws-p6-b200:nodes=4").unwrap();
+        assert_eq!(p6.network, cluster::dgx_b200(4).network);
+    }
+
     #[test]
     fn hierarchical_all_reduce_by_hand_and_against_nccl_tests() {
         // 2 nodes x 8 GPUs with 4 HDR NICs per node (nccl_busbw_reference.csv: 86-91 GB/s).
