@@ -2067,7 +2067,9 @@ impl<'a> Ctx<'a> {
     /// the forward's dispatch under the backward's expert data-gradient GEMMs, the backward's
     /// dispatch (after the weight gradients) under the forward's experts, and the forward's
     /// combine under the backward's attention block. Each pair exposes what the computation
-    /// does not cover, at the overlap's slowdown ([`CommParams::exposed`]); nothing hides
+    /// does not cover, and slows the computation beside it: its GEMMs by a second wave where
+    /// they are persistent, the rest at the overlap's slowdown
+    /// ([`CommParams::exposed_beside`]); nothing hides
     /// with a single micro-batch per pipeline, nor where Megatron-Core refuses the option
     /// ([`Plan::overlaps_expert_all_to_alls`]).
     fn overlap_expert_all_to_alls(&self, lf: &mut PassTime, lb: &mut PassTime) {
@@ -2077,22 +2079,36 @@ impl<'a> Ctx<'a> {
         {
             return;
         }
-        let compute = |p: &PassTime| p.total_s() - p.comm_exposed_s;
+        // Each sub-block as (compute seconds, GEMM seconds).
+        let compute = |p: &PassTime| (p.total_s() - p.comm_exposed_s, p.gemm_s);
         let (_, mlp) = self.layer_gemms();
         let f_mlp = compute(&self.mlp_block(&mlp, Pass::Forward).0);
         let b_mlp = compute(&self.mlp_block(&mlp, Pass::Backward).0);
-        let f_attn = (compute(lf) - f_mlp).max(0.0);
-        let b_attn = (compute(lb) - b_mlp).max(0.0);
+        let rest = |whole: (f64, f64), part: (f64, f64)| {
+            ((whole.0 - part.0).max(0.0), (whole.1 - part.1).max(0.0))
+        };
+        let f_attn = rest(compute(lf), f_mlp);
+        let b_attn = rest(compute(lb), b_mlp);
         // Dispatch and combine move the same bytes; the data gradients are half the experts'
         // backward GEMMs.
         let (f_a2a, b_a2a) = (lf.exposed_by.ep_s / 2.0, lb.exposed_by.ep_s / 2.0);
-        let exposed = |a2a: f64, under: f64| self.m.comm.exposed(a2a, under);
-        let f_exposed = exposed(f_a2a, b_mlp / 2.0) + exposed(f_a2a, b_attn);
-        let b_exposed = exposed(b_a2a, f_attn) + exposed(b_a2a, f_mlp);
-        for (p, left) in [(lf, f_exposed), (lb, b_exposed)] {
+        // NCCL's all-to-all kernels take SMs beside the other micro-batch's GEMMs, which on
+        // Hopper and Blackwell are persistent and push their displaced tiles into a second
+        // wave, as under every other NCCL collective the model overlaps with GEMMs
+        // (`nccl_exposed`); Megatron-Core carves out no SMs for them.
+        let exposed = |a2a: f64, (under, gemm): (f64, f64)| {
+            let share = if under > 0.0 { gemm / under } else { 0.0 };
+            self.nccl_exposed(a2a, under, share)
+        };
+        let sum = |a: (f64, f64), b: (f64, f64)| (a.0 + b.0, a.1 + b.1);
+        let half = (b_mlp.0 / 2.0, b_mlp.1 / 2.0);
+        let f_exposed = sum(exposed(f_a2a, half), exposed(f_a2a, b_attn));
+        let b_exposed = sum(exposed(b_a2a, f_attn), exposed(b_a2a, f_mlp));
+        for (p, (left, wave)) in [(lf, f_exposed), (lb, b_exposed)] {
             let hidden = (p.exposed_by.ep_s - left).max(0.0);
             p.comm_exposed_s -= hidden;
             p.exposed_by.ep_s -= hidden;
+            p.second_wave_s += wave.min(p.exposed_by.ep_s);
         }
     }
 

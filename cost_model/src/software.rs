@@ -417,7 +417,9 @@ pub struct Software {
     /// (Megatron-Bridge's `overlap_moe_expert_parallel_comm` / `moe_a2a_overlap`), which
     /// merges the forward of one micro-batch with the backward of another in the steady
     /// 1F1B phase, each all-to-all beside one sub-block of the other pass
-    /// (`Ctx::overlap_expert_all_to_alls` in the estimate says which), on the plans
+    /// (`Ctx::overlap_expert_all_to_alls` in the estimate says which; the NCCL kernels push
+    /// the persistent GEMMs beside them into second waves unless [`Software::sm_carveout`]),
+    /// on the plans
     /// Megatron-Core runs it on ([`crate::Plan::overlaps_expert_all_to_alls`]: not with full
     /// recomputation, nor with pipeline stages but no virtual ones). Off in every profile:
     /// a Megatron-Core option of 2025, which benchmark recipes turn on per model.
