@@ -154,7 +154,7 @@ pub fn plan(args: PlanArgs) -> Result<()> {
             cfg.layers
         );
     }
-    if result.stats.candidates == 0 {
+    if result.stats.candidates == 0 && result.stats.complete {
         bail!(
             "no plan satisfies the pins `{}`: each mesh shape that divides the model and the \
              batch leaves no combination of the pinned values (an ep that neither divides dp \
