@@ -903,6 +903,7 @@ fn table(dir: &Path) -> Table {
     // estimate, plan and report: numbers at their edges and plans that cannot run.
     let est = ["estimate", M, "--cluster", "cpu:ranks=8"];
     let search = ["plan", M, "--cluster", "cpu:ranks=8"];
+    let moe = ["plan", "mixtral-8x7b", "--cluster", "dgx-h100:nodes=2"];
     let numbers: &[(&[&str], &[&str], &str)] = &[
         (&est, &["--batch", "0"], "--batch"),
         (&est, &["--batch", "18446744073709551615"], "--batch"),
@@ -980,40 +981,24 @@ fn table(dir: &Path) -> Table {
             "nodir",
         ),
         (&search, &["--batch", "8", "--threads", "-1"], "-1"),
+        // Pins the MoE search cannot meet: an ep the 8 experts do not divide, and a folded
+        // ep whose etp lacks the sequence parallelism it needs.
+        (
+            &moe,
+            &["--batch", "64", "--pin", "ep=16,etp=1"],
+            "ep divide the 8 experts",
+        ),
+        (
+            &moe,
+            &["--batch", "64", "--pin", "ep=8,etp=1,sp=false,tp=2"],
+            "no plan satisfies the pins",
+        ),
     ];
     for (command, rest, needle) in numbers {
         let args: Vec<&str> = command.iter().chain(rest.iter()).copied().collect();
         t.add(&args, needle);
     }
     let others: &[(&[&str], &str)] = &[
-        // Pins the MoE search cannot meet: an ep the 8 experts do not divide, and a folded
-        // ep whose etp lacks the sequence parallelism it needs.
-        (
-            &[
-                "plan",
-                "mixtral-8x7b",
-                "--cluster",
-                "dgx-h100:nodes=2",
-                "--batch",
-                "64",
-                "--pin",
-                "ep=16,etp=1",
-            ],
-            "ep divide the 8 experts",
-        ),
-        (
-            &[
-                "plan",
-                "mixtral-8x7b",
-                "--cluster",
-                "dgx-h100:nodes=2",
-                "--batch",
-                "64",
-                "--pin",
-                "ep=8,etp=1,sp=false,tp=2",
-            ],
-            "no plan satisfies the pins",
-        ),
         (
             &[
                 "estimate",
