@@ -11,7 +11,8 @@
 //! over `tp` or run on sequence shards, [`autopar_cost_model::LayerPlacement`]) that are valid;
 //! for mixtures of experts every expert tensor-parallel degree dividing `tp`
 //! ([`Plan::etp`]), below `tp` with the experts folded over the tensor-parallel ranks so
-//! that `ep` may exceed `dp` (`space::expert_layouts`); and CPU offload ([`Plan::offload`]) for the base plans whose weights,
+//! that `ep` may exceed `dp` (`space::expert_layouts`); and CPU offload
+//! ([`Plan::offload`]) for the base plans whose weights,
 //! gradients and optimizer state alone do not fit on the GPU (offloading only adds time in
 //! the cost model, so elsewhere it could not rank). Where the stack runs it
 //! ([`autopar_cost_model::Offers::partial_recompute`]) and the policy is not pinned, a plan
