@@ -14,6 +14,18 @@ use autopar_driver::{self as driver, CompileOptions, LossScaling};
 use super::{RunArgs, print_stdout, run_cmd};
 
 /// Reads a plan file: a [`Plan`] as JSON, or an `autopar plan --json` document (its best plan).
+/// The software profile a `plan --json` document says its plans were priced for (its
+/// `software`), or `None` for a plan file without one.
+pub fn read_plan_software(path: &str) -> Result<Option<String>> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read `{path}`"))?;
+    let value: serde_json::Value =
+        serde_json::from_str(&text).with_context(|| format!("`{path}` is not JSON"))?;
+    Ok(value
+        .get("software")
+        .and_then(|s| s.as_str())
+        .map(str::to_string))
+}
+
 pub fn read_plan(path: &str) -> Result<Plan> {
     let text = std::fs::read_to_string(path).with_context(|| format!("cannot read `{path}`"))?;
     let value: serde_json::Value =

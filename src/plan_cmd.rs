@@ -263,6 +263,7 @@ pub fn plan(args: PlanArgs) -> Result<()> {
         let doc = serde_json::json!({
             "model": cfg,
             "cluster": args.cluster,
+            "software": crate::stack_args::stack_text(&model.cluster),
             "devices": devices,
             "global_batch": args.batch,
             "ranked_by": if args.robust { "no_overlap" } else { "overlapped" },

@@ -28,7 +28,8 @@ pub struct ReportArgs {
     /// Report on this plan (keys of `estimate --plan`) instead of searching.
     #[arg(long, conflicts_with = "plan_file")]
     plan: Option<String>,
-    /// Report on the plan of this file (written by `plan --save`, or a `plan --json` document).
+    /// Report on the plan of this file (written by `plan --save`, or a `plan --json` document,
+    /// whose `software` prices it where --software is not given).
     #[arg(long, value_name = "FILE")]
     plan_file: Option<String>,
     #[command(flatten)]
@@ -55,7 +56,12 @@ pub struct ReportArgs {
 
 /// `autopar report`.
 pub fn report(args: ReportArgs) -> Result<()> {
-    let cluster = args.stack.cluster(&args.cluster)?;
+    // A `plan --json` document names the stack its plans were priced for.
+    let from_file = match &args.plan_file {
+        Some(path) => crate::auto_cmd::read_plan_software(path)?,
+        None => None,
+    };
+    let cluster = args.stack.cluster_or(&args.cluster, from_file.as_deref())?;
     let cfg = driver::model_config(&args.model)?;
     let model = CostModel::new(cluster.clone());
     let given = match (&args.plan, &args.plan_file) {

@@ -27,10 +27,35 @@ pub struct StackArgs {
     pub bucket_mb: Option<f64>,
 }
 
+/// The software profile `cluster`'s estimates are priced for, as `--software` takes it
+/// (`megatron-core,tp_backward_overlap=true,...`): the profile and every knob it overrides.
+pub fn stack_text(cluster: &Cluster) -> String {
+    let Some(spec) = &cluster.software else {
+        return autopar_driver::cost_model::Software::default().name;
+    };
+    let mut text = spec.profile.clone();
+    if let Ok(serde_json::Value::Object(knobs)) = serde_json::to_value(spec) {
+        for (key, value) in knobs.iter().filter(|(k, _)| k.as_str() != "profile") {
+            let value = match value {
+                serde_json::Value::String(s) => s.clone(),
+                other => other.to_string(),
+            };
+            text += &format!(",{key}={value}");
+        }
+    }
+    text
+}
+
 impl StackArgs {
     /// The cluster `arg` names, with the stack these flags give.
     pub fn cluster(&self, arg: &str) -> Result<Cluster> {
-        let mut cluster = driver::load_cluster_with(arg, self.software.as_deref())?;
+        self.cluster_or(arg, None)
+    }
+
+    /// [`StackArgs::cluster`], with the profile `fallback` where `--software` gives none.
+    pub fn cluster_or(&self, arg: &str, fallback: Option<&str>) -> Result<Cluster> {
+        let software = self.software.as_deref().or(fallback);
+        let mut cluster = driver::load_cluster_with(arg, software)?;
         if let Some(mb) = self.bucket_mb {
             driver::set_bucket_mb(&mut cluster, mb)?;
         }

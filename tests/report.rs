@@ -301,6 +301,26 @@ fn the_report_is_priced_for_the_stack_and_dtype_given() {
     let theirs = &plan["plans"][0];
     assert_eq!(d["plan"], theirs["plan"]);
     assert_eq!(d["iter_time_s"], theirs["estimate"]["iter_time_s"]);
+    assert_eq!(plan["software"], d["software"]);
+
+    // The `plan --json` document names its stack, so a report of its plan needs no flags.
+    let doc = out_dir().join("stack-plan.json");
+    std::fs::write(&doc, &o.stdout).expect("the plan document is written");
+    let from_doc = out_dir().join("from-doc.html");
+    let from_doc_text = from_doc.to_str().expect("a UTF-8 path").to_string();
+    let mut args = vec!["report"];
+    args.extend_from_slice(&common);
+    args.extend([
+        "--plan-file",
+        doc.to_str().expect("a UTF-8 path"),
+        "-o",
+        &from_doc_text,
+    ]);
+    let o = autopar(&args, "report-from-doc");
+    assert!(o.ok, "{}", o.stderr);
+    let f = data(&std::fs::read_to_string(&from_doc).expect("the report is written"));
+    assert_eq!(f["software"], d["software"]);
+    assert_eq!(f["iter_time_s"], d["iter_time_s"]);
 
     // Without the flags the same plan is priced for this project's own stack in bf16: a
     // different step.

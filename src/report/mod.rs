@@ -110,7 +110,7 @@ pub fn page(input: &PageInput) -> Result<String> {
         esc(&input.cluster.gpu.model),
         input.cluster.num_devices(),
         input.global_batch,
-        esc(&stack(input.cluster)),
+        esc(&crate::stack_args::stack_text(input.cluster)),
         esc(&input.provenance)
     );
     let _ = write!(
@@ -262,7 +262,7 @@ pub fn page(input: &PageInput) -> Result<String> {
         "cluster": input.cluster_arg,
         "devices": input.cluster.num_devices(),
         "global_batch": input.global_batch,
-        "software": stack(input.cluster),
+        "software": crate::stack_args::stack_text(input.cluster),
         "plan": plan.to_string(),
         "config": plan,
         "iter_time_s": est.iter_time_s,
@@ -296,25 +296,6 @@ pub fn page(input: &PageInput) -> Result<String> {
          <script type=\"application/json\" id=\"report-data\">{data}</script></body></html>\n",
         esc(input.model)
     ))
-}
-
-/// The software profile the cluster's estimates are priced for, as `--software` takes it
-/// (`megatron-core,tp_comm_overlap=true`): the profile and every knob it overrides.
-fn stack(cluster: &Cluster) -> String {
-    let Some(spec) = &cluster.software else {
-        return autopar_cost_model::Software::default().name;
-    };
-    let mut text = spec.profile.clone();
-    if let Ok(serde_json::Value::Object(knobs)) = serde_json::to_value(spec) {
-        for (key, value) in knobs.iter().filter(|(k, _)| k.as_str() != "profile") {
-            let value = match value {
-                serde_json::Value::String(s) => s.clone(),
-                other => other.to_string(),
-            };
-            let _ = write!(text, ",{key}={value}");
-        }
-    }
-    text
 }
 
 /// `33.5 GiB`, or `2.0 MiB` below a GiB.

@@ -722,10 +722,12 @@ impl Worker {
         // Per placement and recompute policy: a lower bound on the step time, and whether the
         // plan is known not to fit.
         let mut seen: Vec<Vec<(f64, bool)>> = vec![vec![(0.0, false); n]; layers.len()];
+        let full = f.recomputes.iter().position(|&r| r == Recompute::Full);
         for (li, (layer, beaten_by)) in layers.iter().enumerate() {
             // A lower bound on the step time of this plan under this and every later (heavier)
             // recompute policy.
             let mut floor = 0.0f64;
+            let mut partial_tried = false;
             for (ri, &recompute) in f.recomputes.iter().enumerate() {
                 if sh.out_of_time() {
                     return Ok(false);
@@ -806,7 +808,35 @@ impl Worker {
                     est.timeline = None;
                     self.offer(sh, plan.clone(), est);
                 }
-                if partial && let Some((plan, est)) = self.least_recompute(sh, f, &plan, mapping)? {
+                if partial {
+                    partial_tried = true;
+                    if let Some((plan, est)) = self.least_recompute(sh, f, &plan, mapping)? {
+                        self.offer(sh, plan, est);
+                    }
+                }
+            }
+            // Recomputing only some layers is faster than recomputing all of them, so the
+            // bounds that stopped the loop at full recompute (its own step-time bound, or a
+            // dominating placement's) bound nothing below it: only the plan without
+            // recomputation bounds those plans from below. Where the loop did not reach them,
+            // they are tried here, unless full recompute is known not to fit (then nothing
+            // fewer does).
+            let tries_partial = f.partial
+                && !partial_tried
+                && full.is_some_and(|k| !seen[li][k].1)
+                && seen[li][0].1
+                && !(opts.prune && seen[li][0].0 > sh.threshold());
+            if tries_partial {
+                if sh.out_of_time() {
+                    return Ok(false);
+                }
+                let plan = Plan {
+                    recompute: Recompute::Full,
+                    layer: *layer,
+                    ..base.clone()
+                };
+                let mapping = mapping_of(mapping, &plan, model)?;
+                if let Some((plan, est)) = self.least_recompute(sh, f, &plan, mapping)? {
                     self.offer(sh, plan, est);
                 }
             }
