@@ -224,6 +224,36 @@ fn pruning_never_removes_the_optimum_on_random_configurations() {
     );
 }
 
+/// The same on random configurations under a stack that also recomputes only some layers
+/// (Megatron-Core's, `Plan::recompute_layers`), whose extra plans the bisection adds beyond
+/// the space's count: the rankings are compared directly.
+#[test]
+fn pruning_keeps_the_optimum_with_partial_recompute_on_random_configurations() {
+    use autopar_cost_model::Software;
+    let mut rng = Rng(13);
+    let mut partial = 0;
+    for _ in 0..40 {
+        let mut m = random_model(&mut rng);
+        Software::parse("megatron-core").unwrap().apply(&mut m);
+        let cfg = random_config(&mut rng);
+        let mut opts = SearchOptions::new(rng.pick(&[8, 16, 32]));
+        opts.top_k = rng.pick(&[1, 3, 10]);
+        opts.prune = true;
+        let pruned = run(&m, &cfg, &opts);
+        opts.prune = false;
+        let all = run(&m, &cfg, &opts);
+        assert!(pruned.stats.complete && all.stats.complete);
+        assert_eq!(pruned.plans, all.plans, "{} top {}", cfg.name, opts.top_k);
+        partial += all
+            .plans
+            .iter()
+            .filter(|p| p.plan.recompute_layers.is_some())
+            .count();
+    }
+    // Some of the rankings hold such plans.
+    assert!(partial > 0);
+}
+
 #[test]
 fn bounds_never_exceed_the_estimate() {
     let mut rng = Rng(11);
