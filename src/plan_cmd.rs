@@ -283,7 +283,8 @@ pub fn plan(args: PlanArgs) -> Result<()> {
         );
         return super::print_stdout(&(header + &text));
     }
-    let mut out = header(&args, &cfg, devices, &gpu, &result);
+    let stack = crate::stack_args::stack_text(&model.cluster);
+    let mut out = header(&args, &cfg, (devices, &gpu, &stack), &result);
     out += &table(&result.plans, &ranges);
     out += &format!("\nbest plan: {}\n", best.plan);
     if !comparisons.is_empty() {
@@ -440,13 +441,13 @@ pub fn annotation_constraints(model: &str, path: &str, pin: &str) -> Result<Cons
 fn header(
     args: &PlanArgs,
     cfg: &TransformerConfig,
-    devices: usize,
-    gpu: &str,
+    (devices, gpu, stack): (usize, &str, &str),
     r: &SearchResult,
 ) -> String {
     let s = &r.stats;
     let mut out = format!(
-        "model {} ({} layers, hidden {}, {} heads, seq {}) on {} ({devices} x {gpu}), global batch {}\n",
+        "model {} ({} layers, hidden {}, {} heads, seq {}) on {} ({devices} x {gpu}), global batch {}, \
+         priced for the `{stack}` stack\n",
         args.model, cfg.layers, cfg.hidden, cfg.heads, cfg.seq, args.cluster, args.batch
     );
     out += &format!(

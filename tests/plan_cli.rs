@@ -140,6 +140,13 @@ fn pins_time_limits_and_piped_output() {
     let text = String::from_utf8(out.stdout).expect("UTF-8");
     // No progress bar when stderr is not a terminal.
     assert!(!String::from_utf8_lossy(&out.stderr).contains('\r'));
+    // The header names the stack the plans are priced for.
+    assert!(
+        text.lines()
+            .next()
+            .is_some_and(|l| l.ends_with("priced for the `autopar` stack")),
+        "{text}"
+    );
     let rows: Vec<&str> = text
         .lines()
         .filter(|l| l.trim_start().starts_with(|c: char| c.is_ascii_digit()))
