@@ -1358,15 +1358,8 @@ fn megatron_bridge_moe_fp8_h100(rows: &[Line]) -> Read {
     rows.iter()
         .map(|r| {
             let need = |k: &str| r.int(k).ok_or("a configuration column is missing");
-            let (layers, hidden, heads, kv_heads, head_dim) = (
-                need("layers")?,
-                need("hidden")?,
-                need("heads")?,
-                need("kv_heads")?,
+            let (head_dim, experts, top_k, vocab, seq) = (
                 need("head_dim")?,
-            );
-            let (ffn, experts, top_k, vocab, seq) = (
-                need("moe_ffn")?,
                 need("experts")?,
                 need("top_k")?,
                 need("vocab")?,
@@ -1387,17 +1380,14 @@ fn megatron_bridge_moe_fp8_h100(rows: &[Line]) -> Read {
                 .filter(|t| *t > 0.0)
                 .ok_or("no measured throughput")?;
             let name = r.get("model");
+            // Llama's shape (SwiGLU, RMSNorm, rotary, untied), `ffn` each expert's width.
+            let (dense, words) = row_model(r, (seq, vocab), true, false)?;
+            let layers = dense.layers;
             let cfg = TransformerConfig {
-                kv_heads,
                 head_dim: Some(head_dim),
-                ffn,
                 experts,
                 top_k,
-                gated_mlp: true,
-                tied_embeddings: false,
-                learned_positions: false,
-                rms_norm: true,
-                ..TransformerConfig::gpt(name, layers, hidden, heads, seq, vocab)
+                ..dense
             };
             // The embedding and the loss count as one layer each in the split.
             let chunks = pp * vp;
@@ -1425,9 +1415,7 @@ fn megatron_bridge_moe_fp8_h100(rows: &[Line]) -> Read {
                     r.get("release")
                 ),
                 model: format!(
-                    "{name}: {layers} layers, h {hidden}, {heads} heads ({kv_heads} kv) of \
-                     {head_dim}, {experts} experts of ffn {ffn} (SwiGLU), top-{top_k}, seq \
-                     {seq}, vocab {vocab}, untied, rotary"
+                    "{words}; heads of {head_dim}, {experts} experts of that ffn, top-{top_k}"
                 ),
                 cfg,
                 cluster_spec,
