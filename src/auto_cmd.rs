@@ -14,22 +14,20 @@ use autopar_driver::{self as driver, CompileOptions, LossScaling};
 use super::{RunArgs, print_stdout, run_cmd};
 
 /// Reads a plan file: a [`Plan`] as JSON, or an `autopar plan --json` document (its best plan).
-/// The software profile a `plan --json` document says its plans were priced for (its
-/// `software`), or `None` for a plan file without one.
-pub fn read_plan_software(path: &str) -> Result<Option<String>> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read `{path}`"))?;
-    let value: serde_json::Value =
-        serde_json::from_str(&text).with_context(|| format!("`{path}` is not JSON"))?;
-    Ok(value
-        .get("software")
-        .and_then(|s| s.as_str())
-        .map(str::to_string))
+pub fn read_plan(path: &str) -> Result<Plan> {
+    Ok(read_plan_file(path)?.0)
 }
 
-pub fn read_plan(path: &str) -> Result<Plan> {
+/// [`read_plan`], with the software profile a `plan --json` document says its plans were
+/// priced for (its `software`; `None` for a plan file without one).
+pub fn read_plan_file(path: &str) -> Result<(Plan, Option<String>)> {
     let text = std::fs::read_to_string(path).with_context(|| format!("cannot read `{path}`"))?;
     let value: serde_json::Value =
         serde_json::from_str(&text).with_context(|| format!("`{path}` is not JSON"))?;
+    let software = value
+        .get("software")
+        .and_then(|s| s.as_str())
+        .map(str::to_string);
     let value = match value.get("plans") {
         Some(plans) => plans
             .get(0)
@@ -38,7 +36,8 @@ pub fn read_plan(path: &str) -> Result<Plan> {
             .with_context(|| format!("`{path}` lists no plan"))?,
         None => value,
     };
-    serde_json::from_value(value).with_context(|| format!("`{path}` is not a plan"))
+    let plan = serde_json::from_value(value).with_context(|| format!("`{path}` is not a plan"))?;
+    Ok((plan, software))
 }
 
 /// `run --auto` and `run --plan-file`.

@@ -56,19 +56,18 @@ pub struct ReportArgs {
 
 /// `autopar report`.
 pub fn report(args: ReportArgs) -> Result<()> {
-    // A `plan --json` document names the stack its plans were priced for.
-    let from_file = match &args.plan_file {
-        Some(path) => crate::auto_cmd::read_plan_software(path)?,
-        None => None,
+    // A `plan --json` document also names the stack its plans were priced for.
+    let (given, from_file) = match (&args.plan, &args.plan_file) {
+        (Some(text), _) => (Some(Plan::parse(text).context("--plan")?), None),
+        (None, Some(path)) => {
+            let (plan, software) = crate::auto_cmd::read_plan_file(path)?;
+            (Some(plan), software)
+        }
+        (None, None) => (None, None),
     };
     let cluster = args.stack.cluster_or(&args.cluster, from_file.as_deref())?;
     let cfg = driver::model_config(&args.model)?;
     let model = CostModel::new(cluster.clone());
-    let given = match (&args.plan, &args.plan_file) {
-        (Some(text), _) => Some(Plan::parse(text).context("--plan")?),
-        (None, Some(path)) => Some(crate::auto_cmd::read_plan(path)?),
-        (None, None) => None,
-    };
     let (rows, provenance) = match given {
         Some(mut plan) => {
             plan.global_batch = args.batch;
