@@ -2069,8 +2069,8 @@ impl<'a> Ctx<'a> {
     /// combine under the backward's attention block. Each pair exposes what the computation
     /// does not cover, and slows the computation beside it: its GEMMs by a second wave where
     /// they are persistent, the rest at the overlap's slowdown
-    /// ([`CommParams::exposed_beside`]); nothing hides
-    /// with a single micro-batch per pipeline, nor where Megatron-Core refuses the option
+    /// ([`CommParams::exposed_beside`]). Nothing hides with a single micro-batch per
+    /// pipeline, nor where Megatron-Core refuses the option
     /// ([`Plan::overlaps_expert_all_to_alls`]).
     fn overlap_expert_all_to_alls(&self, lf: &mut PassTime, lb: &mut PassTime) {
         if !self.m.software.ep_comm_overlap
