@@ -1871,7 +1871,7 @@ fn mlengineering_allreduce(rows: &[Line]) -> Vec<Result<Reading, &'static str>> 
                 "hgx-h200"
             } else if system.contains("H100") {
                 "dgx-h100"
-            } else if system.contains("P6-B200") {
+            } else if system.to_ascii_lowercase().contains("p6-b200") {
                 "aws-p6-b200"
             } else if system.contains("B200") {
                 "dgx-b200"

@@ -34,7 +34,8 @@
 //! fabric = "nvswitch"
 //! bus_bandwidth_gb_per_s = 230.0
 //! latency_us = 1.0
-//! nvls_algbw_gb_per_s = 275.0  # optional: NVLink SHARP all-reduce (Hopper NVSwitch)
+//! nvls_algbw_gb_per_s = 291.0  # optional: NVLink SHARP all-reduce (Hopper NVSwitch)
+//! nvls_chunk_kib = 128         # optional: NCCL_NVLS_CHUNKSIZE in KiB (NCCL's default)
 //!
 //! [network]
 //! nics_per_node = 8
@@ -234,6 +235,11 @@ pub struct FabricSpec {
     /// Absent where the switches cannot reduce (NVSwitch before Hopper, PCIe).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nvls_algbw_gb_per_s: Option<f64>,
+    /// The largest chunk, KiB, NCCL moves per NVLink SHARP step (`NCCL_NVLS_CHUNKSIZE`);
+    /// absent, NCCL's default of 128. AWS's EFA plugin sets 512 on its P5 and later
+    /// instances (aws-ofi-nccl `src/platform-aws.cpp`), which NCCL loads with the network.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nvls_chunk_kib: Option<u32>,
 }
 
 /// The NICs of a node and the network behind them (assumed non-blocking, rail-optimised).
@@ -559,6 +565,14 @@ impl Cluster {
         if let Some(v) = self.intra_node.nvls_algbw_gb_per_s {
             positive("intra_node.nvls_algbw_gb_per_s", v)?;
         }
+        if let Some(k) = self.intra_node.nvls_chunk_kib
+            && !(16..=65536).contains(&k)
+        {
+            return bad(
+                "intra_node.nvls_chunk_kib",
+                "must be between 16 and 65536 (KiB)",
+            );
+        }
         if !(self.intra_node.latency_us >= 0.0 && self.intra_node.latency_us.is_finite()) {
             return bad("intra_node.latency_us", "must be at least 0");
         }
@@ -784,6 +798,7 @@ pub fn dgx_a100(nodes: usize) -> Cluster {
             bus_bandwidth_gb_per_s: 230.0,
             latency_us: 1.0,
             nvls_algbw_gb_per_s: None,
+            nvls_chunk_kib: None,
         },
         network: NetworkSpec {
             nics_per_node: 8,
@@ -826,8 +841,10 @@ pub const HOPPER_700W_SUSTAINED: f64 = 0.72;
 ///   protocol overhead): NCCL maintainer in github.com/NVIDIA/nccl-tests/issues/212. NVLink
 ///   SHARP all-reduce reaches ~480; the ring figure is used for every collective.
 /// - 48 GB/s per NDR NIC: NCCL maintainer in github.com/NVIDIA/nccl-tests/issues/267.
-/// - NVLink SHARP all-reduce at ~275 GB/s algorithm bandwidth (busbw ~480 on 8 GPUs): the
-///   same maintainer statement (nccl-tests#212).
+/// - NVLink SHARP all-reduce at ~275 GB/s algorithm bandwidth for large messages (busbw
+///   ~480 on 8 GPUs): the same maintainer statement (nccl-tests#212). NCCL moves them in
+///   128 KiB steps, each paying the step's release (`comm::NVLS_STEP_SYNC_US`), so the
+///   switch's own rate is 291 GB/s.
 /// - Maximum achievable matmul 794.5 TFLOP/s bf16 (80.3%), 1402.6 fp8 (70.9%): the MAMF
 ///   finder table (torch 2.7 / CUDA 12.6), of which a long run sustains
 ///   [`HOPPER_700W_SUSTAINED`].
@@ -862,7 +879,8 @@ pub fn dgx_h100(nodes: usize) -> Cluster {
             fabric: "nvswitch".into(),
             bus_bandwidth_gb_per_s: 370.0,
             latency_us: 1.0,
-            nvls_algbw_gb_per_s: Some(275.0),
+            nvls_algbw_gb_per_s: Some(291.0),
+            nvls_chunk_kib: None,
         },
         network: NetworkSpec {
             nics_per_node: 8,
@@ -989,10 +1007,13 @@ pub fn dgx_a100_40gb(nodes: usize) -> Cluster {
 ///   datasheet (1440 GB of GPU memory over 8 GPUs, 64 TB/s aggregate HBM bandwidth).
 ///   fp32 (75 TFLOP/s non-tensor) is the datasheet's per-GPU figure.
 /// - Maximum achievable matmul 1745 TFLOP/s bf16, 3432.5 fp8: MAMF finder table.
-/// - Ring bus bandwidth 680 GB/s and NVLink SHARP algorithm bandwidth 480 GB/s: the plateaus
+/// - Ring bus bandwidth 680 GB/s and NVLink SHARP algorithm bandwidth 487 GB/s: the plateaus
 ///   of ml-engineering's nccl-tests sweep on 8x B200 (NCCL 2.27.7, 8 GiB: ring 673-682 GB/s
-///   busbw with NVLS off, 838 with NVLS on 8 GPUs = 480 algbw), 76% and 53% of NVLink5's
-///   900 GB/s per direction.
+///   busbw with NVLS off, 838 with NVLS on 8 GPUs = 479 algbw in 512 KiB steps, each
+///   paying its release, `comm::NVLS_STEP_SYNC_US`), 76% and 54% of NVLink5's 900 GB/s per
+///   direction. The sweep ran on AWS instances, whose 512 KiB NVLS chunk
+///   ([`aws_p6_b200`]) this preset does not take: with NCCL's 128 KiB an 8 GiB all-reduce
+///   is priced at 798 GB/s busbw.
 /// - 48 GB/s per 400 Gb/s NIC, as NDR on DGX H100.
 /// - Host: 2 TB of DDR5 (the datasheet's base configuration, which goes to 4 TB) on two Xeon Platinum 8570 sockets of 8 DDR5-5600 channels (2 x 8 x 5.6 GT/s x
 ///   8 B = 716.8 GB/s); PCIe Gen5 as on DGX H100.
@@ -1022,7 +1043,7 @@ pub fn dgx_b200(nodes: usize) -> Cluster {
         power_limit_w: None,
     };
     c.intra_node.bus_bandwidth_gb_per_s = 680.0;
-    c.intra_node.nvls_algbw_gb_per_s = Some(480.0);
+    c.intra_node.nvls_algbw_gb_per_s = Some(487.0);
     c.host = Some(HostSpec {
         memory_bandwidth_gb_per_s: 716.8,
         ..dgx_h100_host()
@@ -1067,10 +1088,13 @@ pub fn aws_p4de(nodes: usize) -> Cluster {
 /// of a GPU are priced as one rail of 2 x 24.2 = 48.4 GB/s, as NCCL drives them. Host: 2 TiB
 /// (AWS's instance page) on Sapphire Rapids sockets, priced as DGX H100's. That source's
 /// 4-node all-reduce (32 ranks, 4 GiB, NCCL's ring: 364.65 GB/s bus bandwidth) is not used
-/// here; `cost_model/tests/comm.rs` checks the preset against it.
+/// here; `cost_model/tests/comm.rs` checks the preset against it. AWS's EFA plugin sets
+/// NCCL's NVLink SHARP chunk to 512 KiB on these instances (aws-ofi-nccl
+/// `src/platform-aws.cpp`, `NCCL_NVLS_CHUNKSIZE`).
 pub fn aws_p5en(nodes: usize) -> Cluster {
     let mut c = hgx_h200(nodes);
     c.name = format!("aws-p5en:nodes={nodes}");
+    c.intra_node.nvls_chunk_kib = Some(AWS_NVLS_CHUNK_KIB);
     c.network.nics_per_node = 8;
     c.network.nic_bus_bandwidth_gb_per_s = 2.0 * 193.72 / 8.0;
     c
@@ -1080,12 +1104,18 @@ pub fn aws_p5en(nodes: usize) -> Cluster {
 /// adapters, one per GPU (AWS's instance page; ml-engineering `network/README.md`), priced
 /// at DGX B200's 48 GB/s per NIC: the 4-node all-reduce sweep of
 /// `mlengineering_allreduce_busbw.csv`, run on these instances, plateaus at 381.8 GB/s bus
-/// bandwidth, 47.7 per adapter. Host: 2 TiB, priced as DGX B200's.
+/// bandwidth, 47.7 per adapter. Host: 2 TiB, priced as DGX B200's. NVLink SHARP steps of
+/// 512 KiB, as AWS's EFA plugin sets them (see [`aws_p5en`]).
 pub fn aws_p6_b200(nodes: usize) -> Cluster {
     let mut c = dgx_b200(nodes);
     c.name = format!("aws-p6-b200:nodes={nodes}");
+    c.intra_node.nvls_chunk_kib = Some(AWS_NVLS_CHUNK_KIB);
     c
 }
+
+/// `NCCL_NVLS_CHUNKSIZE` that aws-ofi-nccl's platform table (`src/platform-aws.cpp`, entries
+/// `p5/p5e`, `p5en/p6-b200` and later) sets when NCCL loads it, KiB.
+const AWS_NVLS_CHUNK_KIB: u32 = 512;
 
 /// The CPU runtime: `ranks` threads of one process, each treated as a device. The numbers
 /// are deliberately modest, for one core per rank: 20 GFLOP/s fp32 (about a tenth of what an
@@ -1122,6 +1152,7 @@ pub fn cpu(ranks: usize) -> Cluster {
             bus_bandwidth_gb_per_s: 5.0,
             latency_us: 10.0,
             nvls_algbw_gb_per_s: None,
+            nvls_chunk_kib: None,
         },
         network: NetworkSpec {
             nics_per_node: 1,
@@ -1205,6 +1236,14 @@ mod tests {
                 .to_string()
                 .contains("network.gpu_to_nic")
         );
+        // An NVLS chunk NCCL would not run is refused; the AWS presets' round-trips.
+        let chunk = text.replace("latency_us = 1.0", "latency_us = 1.0\nnvls_chunk_kib = 4");
+        let e = Cluster::from_toml(&chunk).unwrap_err().to_string();
+        assert!(e.contains("intra_node.nvls_chunk_kib"), "{e}");
+        let p6 = Cluster::preset("aws-p6-b200:nodes=2").unwrap();
+        assert_eq!(p6.intra_node.nvls_chunk_kib, Some(512));
+        assert!(p6.to_toml().contains("nvls_chunk_kib = 512"));
+        assert_eq!(Cluster::from_toml(&p6.to_toml()).unwrap(), p6);
     }
 
     /// A power limit below the rating keeps the cube root of its share of the clock; the

@@ -194,27 +194,38 @@ const LL_MAX_BUSBW_GB_PER_S: f64 = 87.7;
 /// NVLink SHARP's latency inside a node, us (NCCL's `hwLat` for NVLS over NVLink).
 const NVLS_LATENCY_US: f64 = 23.0;
 
+/// What one NVLink SHARP step costs beyond moving its chunk, us: the flags by which each
+/// GPU's CTAs release the chunk they reduced through the switch before taking the next.
+/// This model's reading of the B200 sweep of `mlengineering_allreduce_busbw.csv` (AWS
+/// p6-b200, NCCL 2.27.7, chunks of 512 KiB there, see [`nvls_steps`]): from 1 to 4 GiB,
+/// where NCCL moves 64 KiB per step, the all-reduce holds at 413-423 GB/s of algorithm
+/// bandwidth, and at 8 and 16 GiB, 512 KiB per step, at 479-483; one fixed cost per step
+/// accounts for both (26.9 us of transfer and 3.5 of release per 64 KiB step at 487 GB/s).
+const NVLS_STEP_SYNC_US: f64 = 3.5;
+
 /// Seconds an NVLink SHARP all-reduce of `bytes` inside one node of `n` GPUs spends in its
 /// steps, as NCCL runs it (`src/enqueue.cc`, NCCL 2.27): `nvlsChannels` CTAs per GPU (16 on
 /// Hopper, 24 on a Blackwell node, `src/transport/nvls.cc`), each GPU's CTAs reducing
 /// `n` heads' slices, so `channels x n` operations run side by side, each moving one chunk
-/// per step; the chunk is 128 KiB, halved to 64, 32 and 16 KiB below 64, 8 and 2 buffers of
-/// `channels x n` chunks, so that a medium message still spreads over every operation. A
-/// step costs its chunk at the operation's share of the algorithm bandwidth, and never less
-/// than NCCL's NVLS latency ([`NVLS_LATENCY_US`]), taken as one round trip through the
-/// switch (a multimem reduction of the chunk and the flags that release it). That floor is
-/// this model's reading of the B200 sweep of `mlengineering_allreduce_busbw.csv`, whose 4
-/// MiB to 1 GiB points take 20-35 us per step whether the chunk is 16, 32 or 64 KiB (126
-/// GB/s busbw at 8 MiB, 646 at 256 MiB, 839 at 8 GiB); no NCCL source states it. Small
-/// chunks are latency-bound, so NVLS reaches its large-message rate only above a few
-/// hundred MiB.
+/// per step; the chunk is the fabric's NVLS chunk (128 KiB unless set,
+/// [`crate::cluster::FabricSpec::nvls_chunk_kib`]), cut to 64, 32 and 16 KiB below 64, 8
+/// and 2 buffers of `channels x n` chunks, so that a medium message still spreads over
+/// every operation. A step costs its chunk at the operation's share of the algorithm
+/// bandwidth plus the release of the chunk ([`NVLS_STEP_SYNC_US`]), and never less than
+/// NCCL's NVLS latency ([`NVLS_LATENCY_US`]), taken as one round trip through the switch (a
+/// multimem reduction of the chunk and the flags that release it). That floor is this
+/// model's reading of the same B200 sweep, whose 4 to 64 MiB points take 20-35 us per step
+/// whether the chunk is 16 or 32 KiB (126 GB/s busbw at 8 MiB, 401 at 64 MiB, 839 at 8 GiB);
+/// no NCCL source states it. Small chunks are latency-bound, so NVLS reaches its
+/// large-message rate only above a few hundred MiB, and its full rate only with chunks
+/// large enough to carry their release.
 fn nvls_steps(bytes: f64, algbw_gb_per_s: f64, n: f64, cluster: &Cluster) -> f64 {
     let channels = match cluster.gpu.arch {
         GpuArch::Blackwell => 24.0,
         _ => 16.0,
     };
     let ops = channels * n;
-    let mut chunk = 128.0 * 1024.0;
+    let mut chunk = f64::from(cluster.intra_node.nvls_chunk_kib.unwrap_or(128)) * 1024.0;
     for (buffers, smaller) in [(64.0, 65536.0), (8.0, 32768.0), (2.0, 16384.0)] {
         if bytes < buffers * ops * chunk && chunk > smaller {
             chunk = smaller;
@@ -222,12 +233,13 @@ fn nvls_steps(bytes: f64, algbw_gb_per_s: f64, n: f64, cluster: &Cluster) -> f64
     }
     let op_bw = algbw_gb_per_s * 1e9 / ops;
     let floor = NVLS_LATENCY_US * 1e-6;
+    let sync = NVLS_STEP_SYNC_US * 1e-6;
     let per_step = ops * chunk;
     let full = (bytes / per_step).floor();
     let rest = bytes / ops - full * chunk;
     // Every operation's chunks, the last one short; the first step's round trip is the
     // collective's latency, which the caller adds.
-    let step = |b: f64| (b / op_bw).max(floor);
+    let step = |b: f64| (b / op_bw + sync).max(floor);
     let (first, later) = match full >= 1.0 {
         true => (chunk, (full - 1.0) * step(chunk)),
         false => (rest, 0.0),
@@ -635,10 +647,11 @@ mod tests {
     /// NVLS runs medium messages in small chunks, each step at least a round trip through
     /// the switch: a B200 node reaches a fraction of its large-message bus bandwidth at 8
     /// MiB (the sweep measured 126 of 839 GB/s), more with every doubling, all of it at 8
-    /// GiB; a message within one step costs the latency and its bytes only.
+    /// GiB, where AWS's 512 KiB chunks carry their release better than NCCL's default 128
+    /// KiB; a message within one step costs the latency and its bytes only.
     #[test]
     fn nvls_medium_messages_are_bound_by_their_steps() {
-        let b = cluster::dgx_b200(1);
+        let b = Cluster::preset("aws-p6-b200").unwrap();
         let g = intra(8);
         let busbw = |bytes: f64| P.bus_bandwidth(Collective::AllReduce, bytes, &g, &b) / 1e9;
         let mib = (1u64 << 20) as f64;
@@ -647,6 +660,16 @@ mod tests {
         assert!(bw.windows(2).all(|w| w[0] < w[1]), "{bw:?}");
         assert!(bw[0] < 0.25 * bw[3], "{bw:?}");
         assert!((820.0..850.0).contains(&bw[3]), "{bw:?}");
+        // 1 GiB runs in 64 KiB steps whatever the chunk setting, 8 GiB in the chunk set.
+        let dgx = cluster::dgx_b200(1);
+        let on_dgx = |bytes: f64| P.bus_bandwidth(Collective::AllReduce, bytes, &g, &dgx) / 1e9;
+        close(on_dgx(1024.0 * mib), bw[2]);
+        let default_chunk = on_dgx(8192.0 * mib);
+        assert!(
+            default_chunk < 0.97 * bw[3] && default_chunk > 0.9 * bw[3],
+            "{default_chunk} vs {}",
+            bw[3]
+        );
         let algbw = b.intra_node.nvls_algbw_gb_per_s.unwrap() * 1e9;
         let small = 64.0 * 1024.0;
         let nvls = CommParams {

@@ -199,6 +199,21 @@ fn every_table_holds_its_bounds() {
         .find(|s| s.reason.contains("larger payload"))
         .map_or(0, |s| s.rows);
     assert_eq!(out_of_order, 3, "{:?}", sweep.skipped);
+    // Inside one node (NVLink rings, NVLink SHARP in chunked steps) every row is within 15%;
+    // the 4-node EFA rows run algorithms the model does not price (see
+    // `calibrate::mlengineering_allreduce`).
+    for row in sweep
+        .rows
+        .iter()
+        .filter(|r| r.label.contains("on 1 node(s)"))
+    {
+        assert!(
+            row.error.abs() <= 0.15,
+            "{}: {:.1}%",
+            row.label,
+            100.0 * row.error
+        );
+    }
     // The MAMF GEMMs of every NVIDIA part with a description (A100 SXM and PCIe, H100, H200,
     // GH200, B200), bf16 and fp8.
     assert_eq!(table(&r, "mlengineering_mamf_gemm").rows.len(), 9);
