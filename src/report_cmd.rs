@@ -38,7 +38,7 @@ pub struct ReportArgs {
     #[arg(long, value_enum)]
     dtype: Option<ComputeDtype>,
     /// How many plans the search ranks (the table of runner-ups).
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, default_value_t = 5, value_parser = crate::plan_cmd::parse_top)]
     top: usize,
     /// Pin values of the search, as in `plan --pin`.
     #[arg(long, default_value = "")]
@@ -123,7 +123,7 @@ fn search(
     let dtype = args.dtype.unwrap_or(ComputeDtype::Bf16);
     opts.dtype = dtype.dtype();
     opts.fp8 = dtype.fp8();
-    opts.top_k = args.top.max(1);
+    opts.top_k = args.top;
     opts.threads = args.threads;
     opts.constraints = Constraints::parse(&args.pin).context("--pin")?;
     opts.max_time = args.max_seconds;

@@ -963,6 +963,7 @@ fn table(dir: &Path) -> Table {
         ),
         (&search, &["--batch", "8", "--top", "0"], "top"),
         (&search, &["--batch", "8", "--top", "-1"], "-1"),
+        (&search, &["--batch", "8", "--top", "100000"], "--top"),
         (&search, &["--batch", "0"], "--batch"),
         (&search, &["--batch", "18446744073709551615"], "--batch"),
         (&search, &["--batch", "8", "--pin", "tp=2,tp=4"], "tp"),
