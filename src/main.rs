@@ -926,6 +926,13 @@ fn topo(arg: &str, toml: bool) -> Result<()> {
         "intra-node {}: {} GB/s bus bandwidth, {} us per step\n",
         c.intra_node.fabric, c.intra_node.bus_bandwidth_gb_per_s, c.intra_node.latency_us
     );
+    if let Some(algbw) = c.intra_node.nvls_algbw_gb_per_s {
+        out += &format!(
+            "           NVLink SHARP all-reduce: {algbw} GB/s algorithm bandwidth, chunks of up \
+             to {} KiB\n",
+            c.intra_node.nvls_chunk_kib.unwrap_or(128)
+        );
+    }
     let n = &c.network;
     out += &format!(
         "inter-node {} NIC(s) per node, {} GB/s bus bandwidth each ({} GB/s per node), {} us per step\n",

@@ -394,6 +394,13 @@ fn topo_describes_presets_and_reads_its_own_toml() {
     );
     let err = autopar_err(&["topo", "dgx-z100:nodes=2"]);
     assert!(err.contains("dgx-z100"), "{err}");
+    // NVLink SHARP, where the switches reduce, with the chunk NCCL runs it in.
+    assert!(!text.contains("NVLink SHARP"), "{text}");
+    let p6 = autopar_ok(&["topo", "aws-p6-b200"]);
+    assert!(
+        p6.contains("NVLink SHARP all-reduce: 487 GB/s") && p6.contains("512 KiB"),
+        "{p6}"
+    );
     // A power limit below the rating is shown with the clock it leaves.
     let capped = autopar_ok(&["topo", "hgx-h100-96gb:nodes=2,power=600"]);
     assert!(

@@ -200,7 +200,8 @@ const NVLS_LATENCY_US: f64 = 23.0;
 /// p6-b200, NCCL 2.27.7, chunks of 512 KiB there, see [`nvls_steps`]): from 1 to 4 GiB,
 /// where NCCL moves 64 KiB per step, the all-reduce holds at 413-423 GB/s of algorithm
 /// bandwidth, and at 8 and 16 GiB, 512 KiB per step, at 479-483; one fixed cost per step
-/// accounts for both (26.9 us of transfer and 3.5 of release per 64 KiB step at 487 GB/s).
+/// accounts for both (a 64 KiB step of 192 operations: 25.8 us of transfer at 487 GB/s
+/// and 3.5 of release).
 const NVLS_STEP_SYNC_US: f64 = 3.5;
 
 /// Seconds an NVLink SHARP all-reduce of `bytes` inside one node of `n` GPUs spends in its
