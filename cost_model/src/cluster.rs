@@ -358,7 +358,8 @@ impl Cluster {
 
     /// A preset: `dgx-a100:nodes=N`, `dgx-a100-40gb:nodes=N`, `dgx-h100:nodes=N`,
     /// `hgx-h100-96gb:nodes=N`, `hgx-h200:nodes=N`, `dgx-b200:nodes=N`, the AWS instances
-    /// `aws-p4d:nodes=N`, `aws-p4de:nodes=N`, `aws-p5en:nodes=N`, `aws-p6-b200:nodes=N`, or
+    /// `aws-p4d:nodes=N`, `aws-p4de:nodes=N`, `aws-p5:nodes=N`, `aws-p5e:nodes=N`,
+    /// `aws-p5en:nodes=N`, `aws-p6-b200:nodes=N`, or
     /// `cpu:ranks=N`
     /// (options may be omitted: one node, or one rank). GPU presets whose rated power is
     /// known also take `power=W`, a power limit below it ([`GpuSpec::power_limit_w`]).
@@ -416,14 +417,16 @@ impl Cluster {
             "dgx-b200" => dgx_b200(n),
             "aws-p4d" => aws_p4d(n),
             "aws-p4de" => aws_p4de(n),
+            "aws-p5" => aws_p5(n),
+            "aws-p5e" => aws_p5e(n),
             "aws-p5en" => aws_p5en(n),
             "aws-p6-b200" => aws_p6_b200(n),
             "cpu" => cpu(n),
             other => {
                 return Err(err(format!(
                     "unknown preset `{other}` (expected dgx-a100, dgx-a100-40gb, dgx-h100, \
-                     hgx-h100-96gb, hgx-h200, dgx-b200, aws-p4d, aws-p4de, aws-p5en, \
-                     aws-p6-b200 or cpu)"
+                     hgx-h100-96gb, hgx-h200, dgx-b200, aws-p4d, aws-p4de, aws-p5, \
+                     aws-p5e, aws-p5en, aws-p6-b200 or cpu)"
                 )));
             }
         };
@@ -1079,6 +1082,41 @@ pub fn aws_p4de(nodes: usize) -> Cluster {
     let gpu = dgx_a100(1).gpu;
     c.name = format!("aws-p4de:nodes={nodes}");
     c.gpu = gpu;
+    c
+}
+
+/// AWS p5.48xlarge: DGX H100's GPUs and NVLink4 fabric (8x H100-SXM5-80GB) with thirty-two
+/// 100 Gb/s EFA v2 adapters, four per GPU (AWS's instance page; ml-engineering
+/// `network/README.md`: "EFA v2 3.2Tbps ... 32 100GbE (4x28G) NICs"), priced as one rail per
+/// GPU at 44.6 GB/s: NCCL's ring all-reduce across four of these nodes plateaus at 357.0 GB/s
+/// bus bandwidth at 8 GiB (nccl-tests, 1000 iterations: github.com/crazyguitar/
+/// aws-gpu-communication-benchmark `data/nccl_all_reduce.csv` at 4fdb5a4f), 89% of the
+/// adapters' line rate where EFA v3 on p5en reaches 91%; the same sweep's 8, 16 and 32 nodes
+/// are not used here (`cost_model/tests/comm.rs` checks the preset against them). Host: 2 TiB
+/// (AWS's instance page) on two third-generation EPYC (7R13) sockets of eight DDR4-3200
+/// channels each (2 x 8 x 3.2 GT/s x 8 B = 409.6 GB/s), PCIe Gen5 as on DGX H100. NVLink
+/// SHARP steps of 512 KiB, as AWS's EFA plugin sets them on p5 and p5e (aws-ofi-nccl
+/// `src/platform-aws.cpp`).
+pub fn aws_p5(nodes: usize) -> Cluster {
+    let mut c = dgx_h100(nodes);
+    c.name = format!("aws-p5:nodes={nodes}");
+    c.intra_node.nvls_chunk_kib = Some(AWS_NVLS_CHUNK_KIB);
+    c.network.nics_per_node = 8;
+    c.network.nic_bus_bandwidth_gb_per_s = 357.0 / 8.0;
+    c.host = Some(HostSpec {
+        memory_gib: 2048.0,
+        memory_bandwidth_gb_per_s: 409.6,
+        ..dgx_h100_host()
+    });
+    c
+}
+
+/// AWS p5e.48xlarge: [`aws_p5`] with HGX H200's GPUs (141 GB, 4.8 TB/s; AWS's instance page
+/// lists the same EFA v2 adapters and host).
+pub fn aws_p5e(nodes: usize) -> Cluster {
+    let mut c = aws_p5(nodes);
+    c.name = format!("aws-p5e:nodes={nodes}");
+    c.gpu = hgx_h200(1).gpu;
     c
 }
 

@@ -862,6 +862,22 @@ mod tests {
         assert_eq!(p4de.network, p4d.network);
         let p6 = Cluster::preset("aws-p6-b200:nodes=4").unwrap();
         assert_eq!(p6.network, cluster::dgx_b200(4).network);
+        // p5, built from nccl-tests' 4-node ring at 8 GiB, against the same sweep's 8, 16
+        // and 32 nodes (355.4, 356.3 and 321.1 GB/s; crazyguitar/aws-gpu-communication-
+        // benchmark `data/nccl_all_reduce.csv`). Its 2-node point, 478 GB/s, is NCCL's NVLS
+        // tree, which the model does not price across nodes.
+        let gib8 = 8.0 * (1u64 << 30) as f64;
+        for (nodes, measured) in [(8, 355.36), (16, 356.27), (32, 321.10)] {
+            let c = Cluster::preset(&format!("aws-p5:nodes={nodes}")).unwrap();
+            let got = busbw(&c, &across(8 * nodes, nodes, 8, 8), gib8);
+            assert!((got / measured - 1.0).abs() < 0.07, "{nodes} nodes: {got}");
+        }
+        let p5e = Cluster::preset("aws-p5e:nodes=2").unwrap();
+        assert_eq!(p5e.gpu, cluster::hgx_h200(1).gpu);
+        assert_eq!(
+            p5e.network,
+            Cluster::preset("aws-p5:nodes=2").unwrap().network
+        );
     }
 
     #[test]
