@@ -22,7 +22,10 @@
 //! reduce-scatter inside nodes, all-reduce across nodes on each node's NICs, all-gather
 //! inside nodes; NVLink SHARP all-reduce inside a node moves
 //! each byte once to the switch and once back (`2 a + S/B_nvls`, `B_nvls` the algorithm
-//! bandwidth). The cheapest of ring, tree and NVLS is chosen, as NCCL's tuner does. Inside a
+//! bandwidth), and across nodes (NCCL's NVLS tree) reduces in each node's switch and
+//! exchanges the node's sum over its NICs once, at 5/6 of the slower of the two (half the
+//! NICs beyond two nodes). The cheapest of ring, tree and the NVLS forms is chosen, as
+//! NCCL's tuner does. Inside a
 //! GPU node `a` and the share of `B` are those of the cheapest of NCCL's protocols
 //! ([`Protocol`]: LL, LL128, Simple), so small messages pay microseconds of latency at a
 //! fraction of the bandwidth and large ones the full bandwidth after tens of microseconds.
@@ -83,6 +86,8 @@ pub enum Algorithm {
     Direct,
     /// NVLink SHARP: the NVSwitch reduces, each rank sends and receives its buffer once.
     Nvls,
+    /// NVLink SHARP inside each node and a tree between the nodes (NCCL's `NVLS_TREE`).
+    NvlsTree,
 }
 
 /// Tunable parameters of the communication model.
@@ -193,6 +198,10 @@ const LL128_SHARE: f64 = 0.92;
 const LL_MAX_BUSBW_GB_PER_S: f64 = 87.7;
 /// NVLink SHARP's latency inside a node, us (NCCL's `hwLat` for NVLS over NVLink).
 const NVLS_LATENCY_US: f64 = 23.0;
+/// The algorithm bandwidth an NVLink SHARP tree across nodes reaches of its bottleneck's
+/// rate: NCCL's model converts the bus bandwidth of its NVLS algorithms by 5/6
+/// (`ncclTopoTuneModel`, `src/graph/tuning.cc`, NCCL 2.27).
+const NVLS_TREE_SHARE: f64 = 5.0 / 6.0;
 
 /// What one NVLink SHARP step costs beyond moving its chunk, us: the flags by which each
 /// GPU's CTAs release the chunk they reduced through the switch before taking the next.
@@ -451,6 +460,37 @@ impl CommParams {
                 best = CommCost {
                     time_s: achieved,
                     algorithm: Algorithm::Nvls,
+                };
+            }
+        }
+        // NVLink SHARP trees across nodes: each node reduces through its switch, the nodes
+        // exchange the node's sum over their NICs in a tree, and the switch broadcasts the
+        // result. NCCL prices the network part at the NICs' rate on two nodes and half of it
+        // beyond (an inner node of the tree forwards to two children), never above the
+        // switch's (`ncclTopoTuneModel`); a node needs two members for its switch to reduce.
+        // Beyond two nodes the plain tree is as fast, so this pays on two nodes: a ring there
+        // crosses the NICs 2(n-1)/n times per byte, the NVLS tree once.
+        if let (true, Collective::AllReduce, false, true, Some(algbw)) = (
+            self.nvls,
+            coll,
+            group.intra_node(),
+            group.members_per_node > 1,
+            cluster.intra_node.nvls_algbw_gb_per_s,
+        ) {
+            let net = group.inter_node_bandwidth(cluster)
+                / if group.nodes_spanned <= 2 { 1.0 } else { 2.0 };
+            let bw = NVLS_TREE_SHARE * (algbw * 1e9).min(net);
+            let switch = if nccl {
+                NVLS_LATENCY_US * 1e-6
+            } else {
+                2.0 * a_intra
+            };
+            let levels = (group.nodes_spanned as f64).log2().ceil();
+            let t = self.launch_overhead_s + switch + 2.0 * levels * a_inter + bytes / bw;
+            if better(t, Algorithm::NvlsTree, &best) {
+                best = CommCost {
+                    time_s: t,
+                    algorithm: Algorithm::NvlsTree,
                 };
             }
         }
@@ -877,6 +917,52 @@ mod tests {
         assert_eq!(
             p5e.network,
             Cluster::preset("aws-p5:nodes=2").unwrap().network
+        );
+    }
+
+    /// NVLink SHARP trees across nodes, against nccl-tests on p5.48xlarge (crazyguitar/
+    /// aws-gpu-communication-benchmark `data/nccl_all_reduce.csv`): on two nodes NCCL's
+    /// choice moves 477.7 GB/s at 8 GiB where a ring is bound by the NICs (357); on four and
+    /// eight nodes its plateau below the ring's (280.3 at 1 GiB, 278.2 at 2 GiB) is the NVLS
+    /// tree at half the NICs' rate. A node with one member has nothing for its switch to
+    /// reduce, and A100's switches reduce nothing.
+    #[test]
+    fn nvls_trees_across_nodes_against_nccl_tests() {
+        let gib = (1u64 << 30) as f64;
+        let busbw = |p: &CommParams, nodes: usize, per_node: usize, bytes: f64| {
+            let c = Cluster::preset(&format!("aws-p5:nodes={nodes}")).unwrap();
+            let g = across(nodes * per_node, nodes, per_node, per_node);
+            let t = p.collective(Collective::AllReduce, bytes, &g, &c);
+            (
+                p.bus_bandwidth(Collective::AllReduce, bytes, &g, &c) / 1e9,
+                t.algorithm,
+            )
+        };
+        let (two, algo) = busbw(&P, 2, 8, 8.0 * gib);
+        assert_eq!(algo, Algorithm::NvlsTree);
+        assert!((two / 477.71 - 1.0).abs() < 0.06, "{two}");
+        let ring = CommParams {
+            force_algorithm: Some(Algorithm::Ring),
+            ..P
+        };
+        assert!(busbw(&ring, 2, 8, 8.0 * gib).0 < 0.8 * two);
+        let tree = CommParams {
+            force_algorithm: Some(Algorithm::NvlsTree),
+            ..P
+        };
+        for (nodes, bytes, measured) in [(4, gib, 280.30), (8, 2.0 * gib, 278.15)] {
+            let (got, algo) = busbw(&tree, nodes, 8, bytes);
+            assert_eq!(algo, Algorithm::NvlsTree);
+            assert!((got / measured - 1.0).abs() < 0.06, "{nodes} nodes: {got}");
+        }
+        // One member per node, or a switch that cannot reduce: no NVLS tree.
+        assert_ne!(busbw(&P, 2, 1, 8.0 * gib).1, Algorithm::NvlsTree);
+        let a100 = cluster::dgx_a100(2);
+        let g = across(16, 2, 8, 8);
+        assert_ne!(
+            P.collective(Collective::AllReduce, 8.0 * gib, &g, &a100)
+                .algorithm,
+            Algorithm::NvlsTree
         );
     }
 
