@@ -1034,6 +1034,15 @@ fn parse_batch(s: &str) -> Result<usize, String> {
     }
 }
 
+/// `--top`: how many plans `plan` and `report` rank, 1 to 10000 (the search keeps that many
+/// in memory).
+fn parse_top(s: &str) -> Result<usize, String> {
+    match s.trim().parse::<usize>() {
+        Ok(n) if (1..=10_000).contains(&n) => Ok(n),
+        _ => Err(format!("`{s}` is not a number of plans from 1 to 10000")),
+    }
+}
+
 /// Writes to stdout; a closed pipe (`autopar dump ... | head`) ends the program, successfully.
 fn print_stdout(s: &str) -> Result<()> {
     if launch_cmd::stdout_is_quiet() {

@@ -35,7 +35,7 @@ pub struct PlanArgs {
     #[arg(long, value_enum, default_value_t = ComputeDtype::Bf16)]
     dtype: ComputeDtype,
     /// How many plans to rank.
-    #[arg(long, default_value_t = 10, value_parser = parse_top)]
+    #[arg(long, default_value_t = 10, value_parser = crate::parse_top)]
     top: usize,
     /// Print JSON.
     #[arg(long)]
@@ -544,12 +544,4 @@ fn table(plans: &[RankedPlan], ranges: &[Range]) -> String {
         }
     }
     out
-}
-
-/// `--top`: how many plans to rank, at least one (the search keeps that many in memory).
-pub(crate) fn parse_top(text: &str) -> Result<usize, String> {
-    match text.parse::<usize>() {
-        Ok(n) if (1..=10_000).contains(&n) => Ok(n),
-        _ => Err(format!("`{text}` is not a number of plans from 1 to 10000")),
-    }
 }

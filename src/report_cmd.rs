@@ -38,7 +38,7 @@ pub struct ReportArgs {
     #[arg(long, value_enum)]
     dtype: Option<ComputeDtype>,
     /// How many plans the search ranks (the table of runner-ups).
-    #[arg(long, default_value_t = 5, value_parser = crate::plan_cmd::parse_top)]
+    #[arg(long, default_value_t = 5, value_parser = crate::parse_top)]
     top: usize,
     /// Pin values of the search, as in `plan --pin`.
     #[arg(long, default_value = "")]

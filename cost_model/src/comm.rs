@@ -436,24 +436,27 @@ impl CommParams {
                 };
             }
         }
+        // An NVLink SHARP pass through a node's switch: one multimem store to it and one load
+        // of the reduced buffer.
+        let switch_latency = if nccl {
+            NVLS_LATENCY_US * 1e-6
+        } else {
+            2.0 * a_intra
+        };
         if let (true, Collective::AllReduce, true, Some(algbw)) = (
             self.nvls,
             coll,
             group.intra_node(),
             cluster.intra_node.nvls_algbw_gb_per_s,
         ) {
-            // One multimem store to the switch and one load of the reduced buffer.
-            let latency = if nccl {
-                NVLS_LATENCY_US * 1e-6
-            } else {
-                2.0 * a_intra
-            };
-            let t = self.launch_overhead_s + latency + bytes / (algbw * 1e9);
+            let t = self.launch_overhead_s + switch_latency + bytes / (algbw * 1e9);
             if better(t, Algorithm::Nvls, &best) {
                 // NCCL's tuner chose it by the figure above; what it takes is its chunks'.
                 let achieved = match nccl {
                     true => {
-                        self.launch_overhead_s + latency + nvls_steps(bytes, algbw, nf, cluster)
+                        self.launch_overhead_s
+                            + switch_latency
+                            + nvls_steps(bytes, algbw, nf, cluster)
                     }
                     false => t,
                 };
@@ -480,13 +483,8 @@ impl CommParams {
             let net = group.inter_node_bandwidth(cluster)
                 / if group.nodes_spanned <= 2 { 1.0 } else { 2.0 };
             let bw = NVLS_TREE_SHARE * (algbw * 1e9).min(net);
-            let switch = if nccl {
-                NVLS_LATENCY_US * 1e-6
-            } else {
-                2.0 * a_intra
-            };
             let levels = (group.nodes_spanned as f64).log2().ceil();
-            let t = self.launch_overhead_s + switch + 2.0 * levels * a_inter + bytes / bw;
+            let t = self.launch_overhead_s + switch_latency + 2.0 * levels * a_inter + bytes / bw;
             if better(t, Algorithm::NvlsTree, &best) {
                 best = CommCost {
                     time_s: t,
