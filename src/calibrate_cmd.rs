@@ -1,15 +1,18 @@
 //! `autopar calibrate`: the calibration report on the command line. Reads every table of the
-//! reference directory (`../shared/reference` by default), has the cost model estimate each
-//! row it can express (`autopar_cost_model::calibrate`), and prints per-table and overall
-//! errors against the measurements, as text or JSON; `--published` adds the published runs
-//! outside the reference tables that the crate embeds.
+//! reference directory (`../shared/reference` by default), or one table file, has the cost
+//! model estimate each row it can express (`autopar_cost_model::calibrate`), and prints
+//! per-table and overall errors against the measurements, as text or JSON; `--published` adds
+//! the published runs outside the reference tables that the crate embeds. A table of one's own
+//! runs (`calibrate::RUN_COLUMNS`) has its model and cluster arguments resolved here, as
+//! `autopar estimate` resolves them.
 
 use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
 
-use autopar_cost_model::calibrate;
-use autopar_cost_model::calibrate::published_tables;
+use autopar_cost_model::calibrate::{Resolver, calibrate, calibrate_with, published_tables};
+use autopar_cost_model::{Cluster, TransformerConfig};
+use autopar_driver as driver;
 
 /// Arguments of `autopar calibrate`.
 #[derive(clap::Args)]
@@ -20,8 +23,12 @@ pub struct CalibrateArgs {
     /// Only this table (its file name, with or without `.csv`).
     #[arg(long, value_name = "NAME")]
     table: Option<String>,
-    /// The directory of reference tables.
-    #[arg(long, value_name = "DIR", default_value = "../shared/reference")]
+    /// The directory of reference tables, or one table file. Besides the reference tables
+    /// this reads tables of one's own runs, whatever their name: CSV with the columns
+    /// `model`, `cluster`, `plan` (as `autopar estimate` takes them, the global batch as
+    /// `gbs=` in the plan or in a `batch` column), optionally `software` and `label`, and one
+    /// measurement per row: `step_s`, `tokens_per_s_per_gpu` or `tokens_per_s`.
+    #[arg(long, value_name = "DIR|FILE", default_value = "../shared/reference")]
     reference: PathBuf,
     /// Print every estimated row under its table.
     #[arg(long)]
@@ -34,11 +41,34 @@ pub struct CalibrateArgs {
     published: bool,
 }
 
+/// Resolves a table of runs' model and cluster arguments as `autopar estimate` does: zoo
+/// models, specs and graph files; presets and cluster files (paths relative to the current
+/// directory).
+struct ZooAndFiles;
+
+impl Resolver for ZooAndFiles {
+    fn model(&self, spec: &str) -> Result<TransformerConfig, String> {
+        driver::model_config(spec).map_err(|e| e.to_string())
+    }
+
+    fn cluster(&self, spec: &str) -> Result<Cluster, String> {
+        driver::load_cluster(spec).map_err(|e| e.to_string())
+    }
+}
+
 /// Runs `autopar calibrate`.
 pub fn calibrate_cmd(args: CalibrateArgs) -> Result<()> {
     let dir = &args.reference;
     let mut tables = Vec::new();
-    if dir.is_dir() {
+    if dir.is_file() {
+        let name = dir
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let text = std::fs::read_to_string(dir)
+            .with_context(|| format!("cannot read `{}`", dir.display()))?;
+        tables.push((name, text));
+    } else if dir.is_dir() {
         for entry in
             std::fs::read_dir(dir).with_context(|| format!("cannot read `{}`", dir.display()))?
         {
@@ -89,7 +119,7 @@ pub fn calibrate_cmd(args: CalibrateArgs) -> Result<()> {
     }
     // The reference tables and the published runs are summarised apart: the first are what
     // the model is calibrated on, the second a check beyond them.
-    let report = (!tables.is_empty()).then(|| calibrate(&tables));
+    let report = (!tables.is_empty()).then(|| calibrate_with(&tables, &ZooAndFiles));
     let beyond = (!published.is_empty()).then(|| calibrate(&published));
     if args.json {
         let value = match (&report, &beyond, args.published) {

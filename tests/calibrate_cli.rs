@@ -140,3 +140,78 @@ fn published_runs_are_reported_without_the_reference_directory() {
     ]);
     assert!(e.contains("or among the published runs"), "{e}");
 }
+
+/// A table of one's own runs, whatever its name, given as the reference file: each row is
+/// priced as `autopar estimate` prices the same arguments (a zoo model on a preset under a
+/// profile; a `gpt:` spec on a cluster file with its own `[software]` table), and a row that
+/// cannot be read is reported by its line.
+#[test]
+fn a_table_of_ones_own_runs_is_priced_as_estimate_prices_it() {
+    let dir = common::scratch("calibrate_own_runs");
+    let toml = std::fs::read_to_string("cost_model/clusters/dgx-a100.toml").expect("example");
+    let cluster = dir.join("a100.toml");
+    std::fs::write(
+        &cluster,
+        format!("{toml}\n[software]\nprofile = \"megatron-core\"\n"),
+    )
+    .expect("write");
+    let cluster = cluster.to_str().expect("UTF-8 path");
+    let iter_time = |model: &str, cluster: &str, plan: &str, software: Option<&str>| {
+        let mut args = vec![
+            "estimate",
+            model,
+            "--cluster",
+            cluster,
+            "--batch",
+            "32",
+            "--plan",
+            plan,
+            "--json",
+        ];
+        if let Some(s) = software {
+            args.extend(["--software", s]);
+        }
+        let est: serde_json::Value =
+            serde_json::from_str(&autopar_ok(&args)).expect("estimate --json");
+        est["iter_time_s"].as_f64().expect("a step time")
+    };
+    let spec = "gpt:layers=4,hidden=2048,heads=16,seq=2048,vocab=50304";
+    let zoo = iter_time(
+        "llama3-8b",
+        "dgx-h100:nodes=2",
+        "dp=8,tp=2,mbs=1,zero=1",
+        Some("fsdp"),
+    );
+    let file = iter_time(spec, cluster, "dp=8,mbs=2", None);
+    // Measured: 10% slower than predicted; as tokens/s/GPU, 1.25x faster.
+    let tokens = 32.0 * 2048.0;
+    let table = format!(
+        "label,model,cluster,plan,batch,software,step_s,tokens_per_s_per_gpu\n\
+         zoo,llama3-8b,dgx-h100:nodes=2,\"dp=8,tp=2,mbs=1,zero=1\",32,fsdp,{},\n\
+         file,\"{spec}\",{cluster},\"dp=8,mbs=2,gbs=32\",,,,{}\n\
+         bad,llama3-8b,dgx-h100:nodes=2,\"dp=8,tp=2\",,fsdp,1.0,\n",
+        zoo * 1.1,
+        tokens / (file / 1.25) / 8.0,
+    );
+    let path = dir.join("cluster_b_runs.csv");
+    std::fs::write(&path, table).expect("write");
+    let path = path.to_str().expect("UTF-8 path");
+    let r = json(&["calibrate", "--reference", path, "--json"]);
+    let t = &r["tables"][0];
+    assert_eq!(t["table"], "cluster_b_runs");
+    let rows = t["rows"].as_array().expect("rows");
+    assert_eq!(rows.len(), 2, "{t}");
+    assert_eq!(rows[0]["predicted"].as_f64(), Some(zoo));
+    assert!((rows[0]["error"].as_f64().expect("error") - (1.0 / 1.1 - 1.0)).abs() < 1e-9);
+    assert_eq!(rows[0]["software"], "fsdp");
+    assert_eq!(rows[1]["predicted"].as_f64(), Some(file));
+    assert!((rows[1]["error"].as_f64().expect("error") - 0.25).abs() < 1e-9);
+    assert_eq!(rows[1]["software"], "megatron-core");
+    let skipped = t["skipped"].to_string();
+    assert!(skipped.contains("line 4: no global batch"), "{skipped}");
+    let text = autopar_ok(&["calibrate", "--reference", path, "--rows"]);
+    assert!(
+        text.contains("line 2: zoo") && text.contains("line 3: file"),
+        "{text}"
+    );
+}

@@ -14,6 +14,7 @@
 //! choice unstated, the reader says what it assumes. There is no correction factor, per row
 //! or per table: every number the estimate uses is the cost model's own.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
@@ -117,8 +118,9 @@ struct Case {
     cluster_spec: String,
     cluster: Cluster,
     plan: Plan,
-    /// The software profile, as `--software` takes it.
-    software: &'static str,
+    /// The software profile, as `--software` takes it; empty for the cluster's own (a runs
+    /// table's row that names none).
+    software: Cow<'static, str>,
     figure: Figure,
     measured: f64,
     /// Measured over a few iterations of a micro-benchmark rather than in a training run:
@@ -241,11 +243,18 @@ pub struct CalibrationReport {
 
 /// Estimates every expressible row of `tables`, each a file name (`korthikanti2022_....csv`)
 /// and its text, and summarises the errors. A table without a reader, or with no expressible
-/// row, is listed with the reason.
+/// row, is listed with the reason. Tables of one's own runs ([`RUN_COLUMNS`]) name their
+/// clusters by preset only: [`calibrate_with`] resolves model arguments and cluster files.
 pub fn calibrate(tables: &[(String, String)]) -> CalibrationReport {
+    calibrate_with(tables, &PresetsOnly)
+}
+
+/// [`calibrate`], with the model and cluster arguments of tables of runs resolved by
+/// `resolver` (as `autopar estimate` resolves its own).
+pub fn calibrate_with(tables: &[(String, String)], resolver: &dyn Resolver) -> CalibrationReport {
     let reports: Vec<TableReport> = tables
         .iter()
-        .map(|(name, text)| table_report(name, text))
+        .map(|(name, text)| table_report(name, text, resolver))
         .collect();
     let all: Vec<&RowResult> = reports.iter().flat_map(|t| &t.rows).collect();
     let skipped = reports.iter().map(|t| t.summary.skipped).sum();
@@ -307,33 +316,56 @@ pub fn published_tables() -> Vec<(String, String)> {
     .collect()
 }
 
-fn table_report(file: &str, text: &str) -> TableReport {
+/// The rows of a table this crate knows by its file name (`table`, without `.csv`): a source
+/// whose reader knows its stack, layout conventions and caveats; `None` for any other name.
+fn reference_table(
+    table: &str,
+    rows: &[Line],
+) -> Option<Result<Vec<Result<Reading, &'static str>>, &'static str>> {
+    Some(match table {
+        "megatron_sc21_table1_weak_scaling_a100" => Ok(steps(sc21_table1(rows))),
+        "megatron_sc21_table2_zero3_vs_ptdp" => Ok(steps(sc21_table2(rows))),
+        "korthikanti2022_tables3_5_seqpar_selective" => Ok(steps(korthikanti_table5(rows))),
+        "korthikanti2022_table4_per_layer_22B" => Ok(steps(korthikanti_table4(rows))),
+        "megatron_core_h100_weak_scaling_readme" => Ok(steps(megatron_core_h100(rows))),
+        "llmfoundry_mpt_benchmarks" => Ok(steps(llm_foundry(rows))),
+        "hardware_specs" => Err("datasheet figures, no measurement"),
+        "megatron_moe_layer_perf_baseline_h100" => Ok(steps(megatron_moe_layer(rows))),
+        "mlengineering_mamf_gemm" => Ok(mamf_gemm(rows)),
+        "mlengineering_allreduce_busbw" => Ok(mlengineering_allreduce(rows)),
+        "nccl_busbw_reference" => Ok(nccl_reference(rows)),
+        "nccl_issue_reference_busbw" => Ok(nccl_issues(rows)),
+        "nemo_24_07_fp8_h100" => Ok(steps(nemo_fp8_h100(rows, false))),
+        "nemo_24_05_fp8_h100" => Ok(steps(nemo_fp8_h100(rows, true))),
+        "nemo_24_03_long_sequence_h100" => Ok(steps(nemo_long_sequence_h100(rows))),
+        "megatron_bridge_fp8_h100" => Ok(steps(megatron_bridge_fp8_h100(rows))),
+        "megatron_bridge_moe_fp8_h100" => Ok(steps(megatron_bridge_moe_fp8_h100(rows))),
+        "megatron_core_strong_scaling_h100" => Ok(steps(megatron_core_strong_scaling(rows))),
+        "megatron_deepspeed_a100" => Ok(steps(megatron_deepspeed_a100(rows))),
+        "llama3_405b_h100" => Ok(steps(llama3_405b(rows))),
+        "torchtitan_llama3_h100" => Ok(steps(torchtitan_llama3_h100(rows))),
+        "megatron_lm_llama3_fp8_h100" => Ok(steps(megatron_lm_llama3_fp8_h100(rows))),
+        _ => return None,
+    })
+}
+
+fn table_report(file: &str, text: &str, resolver: &dyn Resolver) -> TableReport {
     let table = file.strip_suffix(".csv").unwrap_or(file).to_string();
     let rows = csv(text);
-    let read = match table.as_str() {
-        "megatron_sc21_table1_weak_scaling_a100" => Ok(steps(sc21_table1(&rows))),
-        "megatron_sc21_table2_zero3_vs_ptdp" => Ok(steps(sc21_table2(&rows))),
-        "korthikanti2022_tables3_5_seqpar_selective" => Ok(steps(korthikanti_table5(&rows))),
-        "korthikanti2022_table4_per_layer_22B" => Ok(steps(korthikanti_table4(&rows))),
-        "megatron_core_h100_weak_scaling_readme" => Ok(steps(megatron_core_h100(&rows))),
-        "llmfoundry_mpt_benchmarks" => Ok(steps(llm_foundry(&rows))),
-        "hardware_specs" => Err("datasheet figures, no measurement"),
-        "megatron_moe_layer_perf_baseline_h100" => Ok(steps(megatron_moe_layer(&rows))),
-        "mlengineering_mamf_gemm" => Ok(mamf_gemm(&rows)),
-        "mlengineering_allreduce_busbw" => Ok(mlengineering_allreduce(&rows)),
-        "nccl_busbw_reference" => Ok(nccl_reference(&rows)),
-        "nccl_issue_reference_busbw" => Ok(nccl_issues(&rows)),
-        "nemo_24_07_fp8_h100" => Ok(steps(nemo_fp8_h100(&rows, false))),
-        "nemo_24_05_fp8_h100" => Ok(steps(nemo_fp8_h100(&rows, true))),
-        "nemo_24_03_long_sequence_h100" => Ok(steps(nemo_long_sequence_h100(&rows))),
-        "megatron_bridge_fp8_h100" => Ok(steps(megatron_bridge_fp8_h100(&rows))),
-        "megatron_bridge_moe_fp8_h100" => Ok(steps(megatron_bridge_moe_fp8_h100(&rows))),
-        "megatron_core_strong_scaling_h100" => Ok(steps(megatron_core_strong_scaling(&rows))),
-        "megatron_deepspeed_a100" => Ok(steps(megatron_deepspeed_a100(&rows))),
-        "llama3_405b_h100" => Ok(steps(llama3_405b(&rows))),
-        "torchtitan_llama3_h100" => Ok(steps(torchtitan_llama3_h100(&rows))),
-        "megatron_lm_llama3_fp8_h100" => Ok(steps(megatron_lm_llama3_fp8_h100(&rows))),
-        _ => Err("no reader for this table"),
+    // A table of one's own runs reports each row it cannot estimate apart, by its line; a
+    // reference table counts its rows by reason.
+    let (read, own_runs) = match reference_table(&table, &rows) {
+        Some(read) => (
+            read.map(|cases| {
+                cases
+                    .into_iter()
+                    .map(|c| c.map_err(String::from))
+                    .collect::<Vec<_>>()
+            }),
+            false,
+        ),
+        None if is_runs_table(text) => (Ok(runs(&rows, resolver)), true),
+        None => (Err("no reader for this table"), false),
     };
     let cases = match read {
         Ok(c) => c,
@@ -353,13 +385,15 @@ fn table_report(file: &str, text: &str) -> TableReport {
         }
     };
     let mut results = Vec::new();
-    let mut skipped: BTreeMap<String, usize> = BTreeMap::new();
+    // Reasons in the order their first row comes.
+    let mut skipped: Vec<Skipped> = Vec::new();
     let mut figures: Vec<String> = Vec::new();
     for case in cases {
-        match case.map_err(String::from).and_then(|c| match c {
-            Reading::Step(c) => {
-                estimate_case(&c).map_err(|e| format!("the cost model refuses it: {e}"))
-            }
+        match case.and_then(|c| match c {
+            Reading::Step(c) => estimate_case(&c).map_err(|e| match own_runs {
+                true => format!("{}: the cost model refuses it: {e}", c.label),
+                false => format!("the cost model refuses it: {e}"),
+            }),
             Reading::Done(r) => Ok(*r),
         }) {
             Ok(r) => {
@@ -368,13 +402,12 @@ fn table_report(file: &str, text: &str) -> TableReport {
                 }
                 results.push(r);
             }
-            Err(why) => *skipped.entry(why).or_default() += 1,
+            Err(reason) => match skipped.iter_mut().find(|s| s.reason == reason) {
+                Some(s) => s.rows += 1,
+                None => skipped.push(Skipped { reason, rows: 1 }),
+            },
         }
     }
-    let skipped: Vec<Skipped> = skipped
-        .into_iter()
-        .map(|(reason, rows)| Skipped { reason, rows })
-        .collect();
     let n_skipped = skipped.iter().map(|s| s.rows).sum();
     let refs: Vec<&RowResult> = results.iter().collect();
     TableReport {
@@ -414,7 +447,10 @@ fn figure_note(table: &str, figures: &[String]) -> String {
 }
 
 fn estimate_case(c: &Case) -> Result<RowResult, CostError> {
-    let mut model = with_software(c.cluster.clone(), c.software)?;
+    let mut model = match c.software.is_empty() {
+        true => CostModel::new(c.cluster.clone()),
+        false => with_software(c.cluster.clone(), &c.software)?,
+    };
     if c.short_run {
         model.compute.benchmark_clock = true;
     }
@@ -463,7 +499,10 @@ fn estimate_case(c: &Case) -> Result<RowResult, CostError> {
         model: c.model.clone(),
         cluster: c.cluster_spec.clone(),
         plan: plan.to_string(),
-        software: c.software.to_string(),
+        software: match c.software.is_empty() {
+            true => model.software.name.clone(),
+            false => c.software.to_string(),
+        },
         figure: figure.to_string(),
         measured: c.measured,
         predicted,
@@ -609,6 +648,174 @@ fn steps(read: Read) -> Vec<Result<Reading, &'static str>> {
         .collect()
 }
 
+/// Resolves the model and cluster arguments of a table of runs ([`RUN_COLUMNS`]) the way
+/// `autopar estimate` resolves its own. Model arguments name zoo models or graph files, which
+/// only the driver can build; this crate alone resolves cluster presets ([`calibrate`]).
+/// Errors name the argument they refuse.
+pub trait Resolver {
+    /// The transformer a model argument describes (`llama3-70b`, `gpt:layers=...`, a graph
+    /// file).
+    fn model(&self, spec: &str) -> Result<TransformerConfig, String>;
+    /// The cluster a cluster argument describes (a preset such as `dgx-h100:nodes=4`, or a
+    /// cluster file), with its own `[software]` table if it has one.
+    fn cluster(&self, spec: &str) -> Result<Cluster, String>;
+}
+
+/// What [`calibrate`] resolves by itself: cluster presets, no model arguments.
+struct PresetsOnly;
+
+impl Resolver for PresetsOnly {
+    fn model(&self, spec: &str) -> Result<TransformerConfig, String> {
+        Err(format!(
+            "model `{spec}` needs the model zoo to be read: run the table through `autopar \
+             calibrate`"
+        ))
+    }
+
+    fn cluster(&self, spec: &str) -> Result<Cluster, String> {
+        Cluster::preset(spec).map_err(|e| e.to_string())
+    }
+}
+
+/// The columns of a table of one's own training runs, which the report reads whatever the
+/// file is called (a file of the reference directory with no reader of its own, or one given
+/// with `autopar calibrate --reference FILE`): each row is an `autopar estimate` invocation
+/// and what the run measured.
+///
+/// - `model`, `cluster`, `plan` (required): as `autopar estimate` takes its model argument,
+///   `--cluster` and `--plan` (with the global batch as `gbs=` or in `batch`, and the dtype as
+///   `dtype=`, `fp8` included);
+/// - `batch`: the global batch in sequences, where the plan does not give it;
+/// - `software`: as `--software` takes it; empty or absent, the cluster file's `[software]`
+///   table or the `autopar` profile;
+/// - `label` (or `run`): what the row is called in the report;
+/// - the measurement, exactly one of `step_s` (seconds per optimizer step),
+///   `tokens_per_s_per_gpu` or `tokens_per_s` (over the plan's GPUs), the tokens of a step
+///   being the global batch times the model's sequence length.
+///
+/// Other columns are ignored. A row that cannot be read is skipped with its line and the
+/// reason; a plan the cost model refuses is skipped with the model's error.
+pub const RUN_COLUMNS: [&str; 3] = ["model", "cluster", "plan"];
+
+/// The measured figures a table of runs may give, one per row ([`RUN_COLUMNS`]).
+const RUN_FIGURES: [&str; 3] = ["step_s", "tokens_per_s_per_gpu", "tokens_per_s"];
+
+/// The header of a CSV text: its first line that is neither a `#` note nor blank.
+fn header(text: &str) -> Vec<String> {
+    text.lines()
+        .find(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .map(|l| {
+            split_csv_line(l)
+                .into_iter()
+                .map(|c| c.trim().to_string())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Whether a table's header is that of a table of runs: [`RUN_COLUMNS`] and a measured
+/// figure among [`RUN_FIGURES`].
+fn is_runs_table(text: &str) -> bool {
+    let h = header(text);
+    let has = |c: &str| h.iter().any(|x| x == c);
+    RUN_COLUMNS.iter().all(|c| has(c)) && RUN_FIGURES.iter().any(|c| has(c))
+}
+
+/// The rows of a table of runs ([`RUN_COLUMNS`]), each a step to estimate or why it cannot
+/// be, with its line.
+fn runs(rows: &[Line], resolver: &dyn Resolver) -> Vec<Result<Reading, String>> {
+    rows.iter()
+        .map(|r| {
+            run_case(r, resolver)
+                .map(|c| Reading::Step(Box::new(c)))
+                .map_err(|why| format!("line {}: {why}", r.number))
+        })
+        .collect()
+}
+
+fn run_case(r: &Line, resolver: &dyn Resolver) -> Result<Case, String> {
+    let required = |k: &str| match r.get(k) {
+        "" => Err(format!("no `{k}`")),
+        v => Ok(v),
+    };
+    let (model, cluster_spec, plan_text) =
+        (required("model")?, required("cluster")?, required("plan")?);
+    let cfg = resolver.model(model)?;
+    let mut cluster = resolver.cluster(cluster_spec)?;
+    let software = r.get("software");
+    if !software.is_empty() {
+        // Checked here, so that a misspelt knob names its row rather than failing the estimate.
+        Software::parse(software).map_err(|e| format!("software `{software}`: {e}"))?;
+        cluster.software = None;
+    }
+    let mut plan = Plan::parse(plan_text).map_err(|e| format!("plan `{plan_text}`: {e}"))?;
+    let plan_gives_batch = crate::plan::key_values(plan_text)
+        .map_err(|e| format!("plan `{plan_text}`: {e}"))?
+        .iter()
+        .any(|(k, _)| matches!(*k, "gbs" | "batch" | "global_batch"));
+    match (r.get("batch"), plan_gives_batch) {
+        ("", true) => {}
+        ("", false) => return Err("no global batch: give `batch` or `gbs=` in the plan".into()),
+        (b, given) => {
+            let batch = r
+                .int("batch")
+                .filter(|b| *b > 0)
+                .ok_or_else(|| format!("`batch` is `{b}`, not a positive whole number"))?;
+            if given && batch != plan.global_batch {
+                return Err(format!(
+                    "the plan gives a global batch of {}, `batch` {batch}: give it once",
+                    plan.global_batch
+                ));
+            }
+            plan.global_batch = batch;
+        }
+    }
+    plan.check()
+        .map_err(|e| format!("plan `{plan_text}`: {e}"))?;
+    let given: Vec<&str> = RUN_FIGURES
+        .into_iter()
+        .filter(|k| !r.get(k).is_empty())
+        .collect();
+    let [figure] = given[..] else {
+        return Err(format!(
+            "give exactly one measurement of {} (this row gives {})",
+            RUN_FIGURES.join(", "),
+            match given.is_empty() {
+                true => "none".to_string(),
+                false => given.join(" and "),
+            }
+        ));
+    };
+    let value = r
+        .num(figure)
+        .filter(|v| v.is_finite() && *v > 0.0)
+        .ok_or_else(|| format!("`{figure}` is `{}`, not a positive number", r.get(figure)))?;
+    let tokens = (plan.global_batch * cfg.seq) as f64;
+    let measured = match figure {
+        "step_s" => value,
+        "tokens_per_s_per_gpu" => tokens / (value * plan.world_size() as f64),
+        _ => tokens / value,
+    };
+    let name = [r.get("label"), r.get("run")]
+        .into_iter()
+        .find(|l| !l.is_empty())
+        .map(str::to_string)
+        .unwrap_or_else(|| format!("{model} on {cluster_spec}"));
+    Ok(Case {
+        label: format!("line {}: {name}", r.number),
+        model: model.to_string(),
+        cfg,
+        cluster_spec: cluster_spec.to_string(),
+        cluster,
+        plan,
+        software: software.to_string().into(),
+        figure: Figure::StepTime,
+        measured,
+        short_run: false,
+        tuned: false,
+    })
+}
+
 /// A row's GPT shape columns: `(layers, hidden, heads, seq, vocab)`.
 fn gpt_shape(r: &Line) -> Result<(usize, usize, usize, usize, usize), &'static str> {
     let need = |k: &str| r.int(k).ok_or("a configuration column is missing");
@@ -708,7 +915,7 @@ fn sc21_table1(rows: &[Line]) -> Read {
                 cluster_spec,
                 cluster,
                 plan,
-                software,
+                software: software.into(),
                 figure: Figure::StepTime,
                 measured: flops / (gpus as f64 * tflops * 1e12),
                 short_run: false,
@@ -770,7 +977,7 @@ fn sc21_table2(rows: &[Line]) -> Read {
                 cluster_spec,
                 cluster,
                 plan: plan(&text)?,
-                software,
+                software: software.into(),
                 figure: Figure::StepTime,
                 measured: flops / (gpus as f64 * tflops * 1e12),
                 short_run: false,
@@ -818,7 +1025,7 @@ fn korthikanti_table5(rows: &[Line]) -> Read {
                 plan: plan(&format!(
                     "dp={dp},tp={tp},pp={pp},mbs={mbs},gbs={gbs},schedule={schedule},{opts}"
                 ))?,
-                software: MEGATRON_2022,
+                software: MEGATRON_2022.into(),
                 figure: Figure::StepTime,
                 measured,
                 short_run: false,
@@ -866,7 +1073,7 @@ fn korthikanti_table4(rows: &[Line]) -> Read {
                     cluster_spec,
                     cluster,
                     plan: plan(&format!("tp=8,mbs=4,gbs=4,{opts}"))?,
-                    software: MEGATRON_2022,
+                    software: MEGATRON_2022.into(),
                     figure,
                     measured,
                     short_run: false,
@@ -979,7 +1186,8 @@ fn megatron_moe_layer(rows: &[Line]) -> Read {
                     software: match dtype {
                         "fp8" => MEGATRON_CORE_BLOCKWISE_FP8,
                         _ => MEGATRON_CORE,
-                    },
+                    }
+                    .into(),
                     figure,
                     measured,
                     short_run: true,
@@ -1107,7 +1315,7 @@ fn llm_foundry(rows: &[Line]) -> Read {
                 cluster_spec,
                 cluster,
                 plan,
-                software,
+                software: software.into(),
                 figure: Figure::StepTime,
                 measured: tokens / rate,
                 short_run: false,
@@ -1235,7 +1443,7 @@ fn megatron_core_case(
         cluster_spec,
         cluster,
         plan,
-        software: MEGATRON_CORE,
+        software: MEGATRON_CORE.into(),
         figure: Figure::StepTime,
         measured: flops / (gpus as f64 * rate),
         short_run: false,
@@ -1421,7 +1629,7 @@ fn megatron_bridge_moe_fp8_h100(rows: &[Line]) -> Read {
                 cluster_spec,
                 cluster,
                 plan,
-                software: "nemo,fp8_params=true,tp_comm_overlap=false,ep_comm_overlap=true",
+                software: "nemo,fp8_params=true,tp_comm_overlap=false,ep_comm_overlap=true".into(),
                 figure: Figure::StepTime,
                 measured: (gbs * seq) as f64 / (gpus as f64 * tokens),
                 short_run: false,
@@ -1550,7 +1758,7 @@ fn nemo_layout_case(r: &Line, software: &'static str, zero: usize) -> Result<Cas
         cluster_spec,
         cluster,
         plan,
-        software,
+        software: software.into(),
         figure: Figure::StepTime,
         measured,
         short_run: false,
@@ -1627,7 +1835,7 @@ fn torchtitan_llama3_h100(rows: &[Line]) -> Read {
                 cluster_spec,
                 cluster,
                 plan,
-                software,
+                software: software.into(),
                 figure: Figure::StepTime,
                 measured: (gbs * seq) as f64 / (gpus as f64 * tokens),
                 short_run: false,
@@ -1703,7 +1911,7 @@ fn megatron_deepspeed_a100(rows: &[Line]) -> Read {
                     "dp={dp},tp={tp},pp={pp},mbs={mbs},gbs={gbs},zero=1,recompute=full,\
                      dtype={dtype}"
                 ))?,
-                software: DEEPSPEED_2021,
+                software: DEEPSPEED_2021.into(),
                 figure: Figure::StepTime,
                 measured: step,
                 short_run: false,
@@ -1793,7 +2001,7 @@ fn llama3_405b(rows: &[Line]) -> Read {
                 cluster_spec,
                 cluster,
                 plan,
-                software: LLAMA3,
+                software: LLAMA3.into(),
                 figure: Figure::ModelTflops,
                 measured,
                 short_run: false,
@@ -2332,6 +2540,127 @@ mod tests {
         assert_eq!(r.overall.expressed, 0);
         assert_eq!(r.overall.skipped, 1);
         assert!(r.overall.median_abs_error.is_none());
+    }
+
+    /// Resolves one model, `gpt-2l` (a 2-layer GPT), and the cluster presets.
+    struct TwoLayers;
+
+    impl Resolver for TwoLayers {
+        fn model(&self, spec: &str) -> Result<TransformerConfig, String> {
+            match spec {
+                "gpt-2l" => Ok(gpt(2, 1024, 16, 2048, 50304).1),
+                _ => Err(format!("unknown model `{spec}`")),
+            }
+        }
+
+        fn cluster(&self, spec: &str) -> Result<Cluster, String> {
+            Cluster::preset(spec).map_err(|e| e.to_string())
+        }
+    }
+
+    fn step(spec: &str, plan: &str, software: Option<&str>) -> f64 {
+        let cluster = Cluster::preset(spec).unwrap();
+        let model = match software {
+            Some(s) => with_software(cluster, s).unwrap(),
+            None => CostModel::new(cluster),
+        };
+        let cfg = TwoLayers.model("gpt-2l").unwrap();
+        model
+            .estimate(&cfg, &Plan::parse(plan).unwrap())
+            .unwrap()
+            .iter_time_s
+    }
+
+    #[test]
+    fn a_table_of_runs_is_read_whatever_its_name() {
+        let autopar = step("dgx-h100:nodes=1", "dp=8,mbs=2,gbs=64", None);
+        let mcore = step(
+            "dgx-h100:nodes=1",
+            "dp=4,tp=2,mbs=2,gbs=64",
+            Some("megatron-core"),
+        );
+        assert!((autopar - mcore).abs() > 1e-9 * autopar);
+        // Measured 10% slower and 1.2x faster than predicted, and as tokens per second per GPU
+        // (on the plan's 8 of 16 GPUs) and over all.
+        let tokens = 64.0 * 2048.0;
+        let text = format!(
+            "# my runs\n\
+             label,model,cluster,plan,batch,software,step_s,tokens_per_s_per_gpu,tokens_per_s\n\
+             a,gpt-2l,dgx-h100:nodes=1,\"dp=8,mbs=2\",64,,{},,\n\
+             ,gpt-2l,dgx-h100:nodes=1,\"dp=4,tp=2,mbs=2,gbs=64\",,megatron-core,{},,\n\
+             c,gpt-2l,dgx-h100:nodes=2,\"dp=8,mbs=2,gbs=64\",,,,{},\n\
+             d,gpt-2l,dgx-h100:nodes=1,\"dp=8,mbs=2,gbs=64\",64,,,,{}\n",
+            autopar * 1.1,
+            mcore / 1.2,
+            tokens / (autopar * 8.0),
+            tokens / autopar,
+        );
+        let r = calibrate_with(&[("whatever.csv".into(), text)], &TwoLayers);
+        let t = &r.tables[0];
+        assert!(t.skipped.is_empty(), "{:?}", t.skipped);
+        let errors: Vec<f64> = t.rows.iter().map(|r| r.error).collect();
+        let want = [1.0 / 1.1 - 1.0, 0.2, 0.0, 0.0];
+        for (e, w) in errors.iter().zip(want) {
+            assert!((e - w).abs() < 1e-9, "{errors:?}");
+        }
+        assert_eq!(t.rows[0].label, "line 3: a");
+        assert_eq!(t.rows[1].label, "line 4: gpt-2l on dgx-h100:nodes=1");
+        assert_eq!(t.rows[0].software, "autopar");
+        assert_eq!(t.rows[1].software, "megatron-core");
+        assert!(t.rows[0].too_fast && !t.rows[1].too_fast);
+        assert_eq!(t.figure, "step time s");
+    }
+
+    #[test]
+    fn a_run_that_cannot_be_read_is_skipped_with_its_line_and_why() {
+        let text = "model,cluster,plan,batch,software,step_s,tokens_per_s\n\
+                    gpt-2l,dgx-h100:nodes=1,\"dp=8,foo=1\",64,,1,\n\
+                    gpt-2l,dgx-h100:nodes=1,dp=8,,,1,\n\
+                    gpt-2l,dgx-h100:nodes=1,dp=8,64,,1,5\n\
+                    gpt-2l,dgx-h100:nodes=1,dp=8,64,,-1,\n\
+                    gpt-9l,dgx-h100:nodes=1,dp=8,64,,1,\n\
+                    gpt-2l,dgx-h900,dp=8,64,,1,\n\
+                    gpt-2l,dgx-h100:nodes=1,\"dp=8,gbs=32\",64,,1,\n\
+                    gpt-2l,dgx-h100:nodes=1,dp=8,64,\"fsdp,foo=1\",1,\n\
+                    gpt-2l,dgx-h100:nodes=1,dp=16,64,,1,\n\
+                    ,dgx-h100:nodes=1,dp=8,64,,1,\n";
+        let r = calibrate_with(&[("mine.csv".into(), text.into())], &TwoLayers);
+        let t = &r.tables[0];
+        assert!(t.rows.is_empty());
+        let why: Vec<&str> = t.skipped.iter().map(|s| s.reason.as_str()).collect();
+        for (line, says) in [
+            (2, "unknown key"),
+            (3, "no global batch"),
+            (4, "exactly one measurement"),
+            (5, "not a positive number"),
+            (6, "unknown model `gpt-9l`"),
+            (7, "preset `dgx-h900`"),
+            (8, "give it once"),
+            (9, "software `fsdp,foo=1`"),
+            (10, "the cost model refuses it"),
+            (11, "no `model`"),
+        ] {
+            assert!(
+                why.iter()
+                    .any(|w| w.contains(&format!("line {line}:")) && w.contains(says)),
+                "line {line} should say {says}: {why:#?}"
+            );
+        }
+        assert_eq!(r.overall.skipped, 10);
+    }
+
+    #[test]
+    fn a_runs_table_needs_its_columns_and_a_measurement() {
+        assert!(is_runs_table("# note\nmodel,cluster,plan,step_s\n"));
+        assert!(is_runs_table("label, model ,cluster,plan,tokens_per_s\n"));
+        assert!(!is_runs_table("model,cluster,plan\n"));
+        assert!(!is_runs_table("model,plan,step_s\n"));
+        // The crate alone resolves presets, not model arguments.
+        let r = calibrate(&[(
+            "mine.csv".into(),
+            "model,cluster,plan,step_s\ngpt-2l,dgx-h100:nodes=1,\"dp=8,gbs=8\",1\n".into(),
+        )]);
+        assert!(r.tables[0].skipped[0].reason.contains("autopar calibrate"));
     }
 
     #[test]
