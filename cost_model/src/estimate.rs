@@ -133,11 +133,22 @@ enum CommKind {
 }
 
 impl PassTime {
-    /// The GEMMs' share of the pass's computation (0 for a pass without any).
+    /// The window a collective overlapping the whole pass hides under: the time on the
+    /// critical path ([`PassTime::total_s`]) but the second waves already counted (GEMM
+    /// time, which the estimate counts once per GEMM).
+    pub fn overlap_window_s(&self) -> f64 {
+        self.total_s() - self.second_wave_s
+    }
+
+    /// The GEMMs' share of [`PassTime::overlap_window_s`] (0 for an empty pass): what a
+    /// collective overlapping the whole pass finds beside it. The exposed communication is
+    /// part of the window and runs no GEMM, so a persistent GEMM's second wave
+    /// ([`crate::comm::CommParams::exposed_beside`]) never costs more than the GEMMs
+    /// themselves.
     pub fn gemm_share(&self) -> f64 {
-        let compute = self.gemm_s + self.attention_s + self.memory_s;
-        if compute > 0.0 {
-            self.gemm_s / compute
+        let window = self.overlap_window_s();
+        if window > 0.0 {
+            (self.gemm_s / window).min(1.0)
         } else {
             0.0
         }
@@ -492,12 +503,13 @@ impl CostModel {
 
     /// `plan` as the software runs it: under pipeline parallelism a stack that holds a
     /// stage's gathered weights over the step ([`crate::Software::pp_holds_gathered_weights`])
-    /// runs ZeRO-3 as ZeRO-1 does, the weights gathered once and the gradients reduced once,
-    /// after the last micro-batch, with the full weights and gradients held meanwhile.
+    /// runs ZeRO-3, and ZeRO-2 alike, as ZeRO-1 does, the weights gathered once and the
+    /// gradients reduced once, after the last micro-batch, with the full weights and
+    /// gradients held meanwhile.
     fn as_run<'p>(&self, plan: &'p Plan) -> std::borrow::Cow<'p, Plan> {
         match self.software.pp_holds_gathered_weights
             && plan.pp > 1
-            && plan.zero_stage == 3
+            && plan.zero_stage >= 2
             && plan.offload == Offload::None
         {
             true => std::borrow::Cow::Owned(Plan {
@@ -1556,6 +1568,17 @@ impl<'a> Ctx<'a> {
         (exposed, exposed - c.exposed(comm, under))
     }
 
+    /// A collective's `(exposed, second wave)` beside a pass `p` whose other collectives
+    /// already cost `p.second_wave_s` of second waves: a persistent GEMM spills its
+    /// displaced tiles into one second wave however many collectives take its SMs, so the
+    /// waves of a pass stay within its GEMMs' time (times
+    /// [`CommParams::persistent_gemm_slowdown`]), and what would exceed that is not exposed.
+    fn within_wave_budget(&self, p: &PassTime, (exposed, wave): (f64, f64)) -> (f64, f64) {
+        let budget = self.m.comm.persistent_gemm_slowdown * p.gemm_s - p.second_wave_s;
+        let cut = (wave - budget.max(0.0)).max(0.0);
+        (exposed - cut, wave - cut)
+    }
+
     /// Host-device copy of `bytes` over this rank's share of its PCIe link (CPU offload);
     /// zero without a `[host]`, which [`CostModel::check_plan`] refuses for offloading plans.
     fn pcie(&self, bytes: f64) -> f64 {
@@ -1715,10 +1738,20 @@ impl<'a> Ctx<'a> {
         (p, grads, flops)
     }
 
-    /// Whether a forward tensor-parallel collective is pipelined with its GEMM
-    /// (`--tp-comm-overlap`, or torch's async TP).
-    fn fprop_pipelined(&self, c: &TpCollective) -> bool {
-        matches!(c.overlap, Overlap::PipelinedFprop(_)) && self.m.comm.overlap_tp_forward
+    /// Whether the software's split GEMMs carry the tensor-parallel collectives of a block
+    /// of the layer (Transformer Engine's userbuffers under `--tp-comm-overlap`, or torch's
+    /// async TP): those of the attention block and of a dense MLP. A mixture of experts'
+    /// grouped GEMMs cannot be split for them (Transformer Engine's `GroupedLinear` takes no
+    /// userbuffers options and clears every one in its context), so the gathers and
+    /// reductions of an MoE block stay NCCL's, as without the overlap.
+    fn userbuffers(&self, mlp_block: bool) -> bool {
+        self.m.comm.overlap_tp_forward && !(mlp_block && self.cfg.experts > 1)
+    }
+
+    /// Whether a forward tensor-parallel collective of the attention (`mlp_block` false)
+    /// or MLP block is pipelined with its GEMM ([`Ctx::userbuffers`]).
+    fn fprop_pipelined(&self, c: &TpCollective, mlp_block: bool) -> bool {
+        matches!(c.overlap, Overlap::PipelinedFprop(_)) && self.userbuffers(mlp_block)
     }
 
     /// One forward tensor-parallel collective of the layer: its time and the part of it
@@ -1732,7 +1765,7 @@ impl<'a> Ctx<'a> {
     ) -> (f64, f64) {
         let t = self.layer_tp_collective(c, mlp_block);
         let gemm = match c.overlap {
-            Overlap::PipelinedFprop(op) if self.fprop_pipelined(c) => {
+            Overlap::PipelinedFprop(op) if self.fprop_pipelined(c, mlp_block) => {
                 shapes.iter().find(|g| g.0 == Some(op)).map(|g| (g.1, g.2))
             }
             _ => None,
@@ -1765,7 +1798,7 @@ impl<'a> Ctx<'a> {
         let reduction = match self.layer_tp_collectives(Pass::Forward).last() {
             Some((c, true)) if c.kind != Collective::AllGather => {
                 self.forward_tp_collective(c, true, &shapes).1
-                    + self.tp_relayout(c, true, self.fprop_pipelined(c))
+                    + self.tp_relayout(c, true, self.fprop_pipelined(c, true))
             }
             _ => 0.0,
         };
@@ -1801,15 +1834,16 @@ impl<'a> Ctx<'a> {
         for (c, mlp_block) in self.layer_tp_collectives(Pass::Forward) {
             let (t, exposed) = self.forward_tp_collective(&c, mlp_block, &shapes);
             p.overlapped(CommKind::Tensor, t, exposed);
-            p.memory_s += self.tp_relayout(&c, mlp_block, self.fprop_pipelined(&c));
+            p.memory_s += self.tp_relayout(&c, mlp_block, self.fprop_pipelined(&c, mlp_block));
         }
         p.memory_s += self.ring_merge(false);
         let (cp, cp_exposed) = self.cp_exchange(false, t_attn);
         p.overlapped(CommKind::Context, cp, cp_exposed);
         // Offloaded parameters are copied up before their gather: one chain, prefetched alike.
         let z3 = self.zero3_gather_pass() + self.offloaded_param_copy();
-        let hidden_under = p.total_s();
-        let (exposed, second_wave) = self.zero3_exposed(z3, hidden_under, p.gemm_share());
+        let hidden_under = p.overlap_window_s();
+        let exposed = self.zero3_exposed(z3, hidden_under, p.gemm_share());
+        let (exposed, second_wave) = self.within_wave_budget(&p, exposed);
         p.overlapped(CommKind::Zero, z3, exposed);
         p.second_wave_s += second_wave;
         (p, flops)
@@ -1869,7 +1903,7 @@ impl<'a> Ctx<'a> {
         // pipelined with its input-gradient GEMM.
         for (c, mlp_block) in self.layer_tp_collectives(Pass::Backward) {
             let t = self.layer_tp_collective(&c, mlp_block);
-            let pipelined = match (c.overlap, comm.overlap_tp_forward) {
+            let pipelined = match (c.overlap, self.userbuffers(mlp_block)) {
                 (Overlap::PipelinedDgrad(op), true) => dgrad_shape(op),
                 _ => None,
             };
@@ -1882,7 +1916,7 @@ impl<'a> Ctx<'a> {
                 // Transformer Engine's userbuffers (`--tp-comm-overlap`) run these under
                 // the GEMM on SMs the GEMM leaves them; otherwise they are NCCL's.
                 Some(gemm) if comm.overlap_tp_backward => {
-                    let pipelined = comm.overlap_tp_forward
+                    let pipelined = self.userbuffers(mlp_block)
                         && (c.kind != Collective::ReduceScatter
                             || self.m.software.tp_pipelined_backward_reduce_scatter);
                     let (exposed, second_wave) = match pipelined {
@@ -1942,18 +1976,22 @@ impl<'a> Ctx<'a> {
                 _ => 0.0,
             };
         if z3 + rs > 0.0 {
-            let under = p.total_s();
+            let under = p.overlap_window_s();
             let share = p.gemm_share();
             // The gradient reduce-scatter is issued after the layer's backward (it overlaps
             // as the gradient reduction does); the gathers follow the profile.
             let (rs_exposed, rs_wave) = match self.m.comm.overlap_grad_reduce {
-                true => self.nccl_exposed(rs, (under - z3).max(0.0), share),
+                true => {
+                    self.within_wave_budget(&p, self.nccl_exposed(rs, (under - z3).max(0.0), share))
+                }
                 false => (rs, 0.0),
             };
-            let (z3_exposed, z3_wave) = self.zero3_exposed(z3, under, share);
+            p.second_wave_s += rs_wave;
+            let (z3_exposed, z3_wave) =
+                self.within_wave_budget(&p, self.zero3_exposed(z3, under, share));
             let exposed = z3_exposed + rs_exposed;
             p.overlapped(CommKind::Zero, z3 + rs, exposed.min(z3 + rs));
-            p.second_wave_s += rs_wave + z3_wave;
+            p.second_wave_s += z3_wave;
         }
         p
     }

@@ -387,7 +387,9 @@ pub struct Software {
     /// gathering and reducing for every micro-batch: torchtitan's FSDP2 under PP
     /// (`reshard_after_forward=False` "to avoid per-microbatch all-gathers",
     /// `parallelize_llama.py`, and PyTorch's pipelining stage, which defers FSDP's reshard
-    /// and gradient sync to the last backward). Its traffic and memory are ZeRO-1's.
+    /// and gradient sync to the last backward). Its traffic and memory are ZeRO-1's, and so
+    /// are ZeRO-2's (FSDP2 without resharding after the forward), whose gradient
+    /// reduction the stage defers alike.
     #[serde(default)]
     pub pp_holds_gathered_weights: bool,
     /// Under bf16 with ZeRO-0/1, every micro-batch's backward is followed by a pass that
