@@ -484,7 +484,17 @@ impl CommParams {
                 / if group.nodes_spanned <= 2 { 1.0 } else { 2.0 };
             let bw = NVLS_TREE_SHARE * (algbw * 1e9).min(net);
             let levels = (group.nodes_spanned as f64).log2().ceil();
-            let t = self.launch_overhead_s + switch_latency + 2.0 * levels * a_inter + bytes / bw;
+            // Each node's bytes still pass its switch in NVLS chunks, as a node's own NVLS
+            // all-reduce moves them: the tree is never faster than that plus its network
+            // levels.
+            let switch = match nccl {
+                true => nvls_steps(bytes, algbw, group.members_per_node as f64, cluster),
+                false => 0.0,
+            };
+            let t = self.launch_overhead_s
+                + switch_latency
+                + 2.0 * levels * a_inter
+                + (bytes / bw).max(switch);
             if better(t, Algorithm::NvlsTree, &best) {
                 best = CommCost {
                     time_s: t,
@@ -952,6 +962,19 @@ mod tests {
             let (got, algo) = busbw(&tree, nodes, 8, bytes);
             assert_eq!(algo, Algorithm::NvlsTree);
             assert!((got / measured - 1.0).abs() < 0.06, "{nodes} nodes: {got}");
+        }
+        // Each node's bytes pass its switch in NVLS chunks: the tree over two nodes is never
+        // faster than one node's own NVLS all-reduce of the same bytes (at 4-25 MiB, where
+        // those steps are latency-bound, it was, priced at the tree's rate alone).
+        let (one, two) = (
+            Cluster::preset("dgx-h100:nodes=1").unwrap(),
+            Cluster::preset("dgx-h100:nodes=2").unwrap(),
+        );
+        for mib in [1.0, 4.0, 16.0, 25.0, 64.0, 256.0, 1024.0] {
+            let bytes = mib * 1048576.0;
+            let node = P.collective(Collective::AllReduce, bytes, &intra(8), &one);
+            let pair = tree.collective(Collective::AllReduce, bytes, &across(16, 2, 8, 8), &two);
+            assert!(pair.time_s >= node.time_s, "{mib} MiB: {pair:?} < {node:?}");
         }
         // One member per node, or a switch that cannot reduce: no NVLS tree.
         assert_ne!(busbw(&P, 2, 1, 8.0 * gib).1, Algorithm::NvlsTree);
