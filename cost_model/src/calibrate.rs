@@ -1536,7 +1536,8 @@ fn megatron_lm_llama3_fp8_h100(rows: &[Line]) -> Read {
 /// Megatron-Bridge's fp8 (current scaling) pretraining rows on DGX H100
 /// (`published/megatron_bridge_fp8_h100.csv`): each run's layout ([`nemo_layout_case`]),
 /// Megatron-Core's FSDP (ZeRO-3) where the row gives an FSDP size and the distributed
-/// optimizer otherwise, no recomputation (not stated), under the `nemo` profile with the
+/// optimizer otherwise, the whole of the first `recompute_layers` layers recomputed where
+/// the release's recipe says so (none otherwise), under the `nemo` profile with the
 /// weights in fp8 as its benchmarks keep them (`fp8_params`; gradients in bf16, the
 /// profile's default).
 fn megatron_bridge_fp8_h100(rows: &[Line]) -> Read {
@@ -1547,7 +1548,12 @@ fn megatron_bridge_fp8_h100(rows: &[Line]) -> Read {
                 Some(_) => 3,
                 None => return Err("the FSDP size is missing"),
             };
-            nemo_layout_case(r, "nemo,fp8_params=true", zero)
+            let mut case = nemo_layout_case(r, "nemo,fp8_params=true", zero)?;
+            if let Some(layers) = r.int("recompute_layers").filter(|n| *n > 0) {
+                case.plan.recompute = Recompute::Full;
+                case.plan.recompute_layers = Some(layers);
+            }
+            Ok(case)
         })
         .collect()
 }
