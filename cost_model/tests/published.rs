@@ -154,9 +154,9 @@ fn megatron_core_177b_on_96_h100s_within_7_percent() {
 }
 
 /// The 25.11 8B run (Megatron FSDP on 8 GPUs, 5 layers recomputed as its recipe says) is
-/// the worst, 19% too slow: it ran with NCCL user buffers and NCCL's efficiency CTA policy,
-/// which the model does not price, and the second waves its ZeRO-3 gathers push the
-/// persistent GEMMs into are 1.3 ms of each layer's 18.6 (without them it would be 3% off).
+/// the worst, 19% too slow: it ran with NCCL user buffers, which the model does not price,
+/// and the second waves its ZeRO-3 gathers push the persistent GEMMs into are 1.3 ms of each
+/// layer's 18.6 (without them it would be 3% off).
 #[test]
 fn megatron_bridge_fp8_llama_on_h100s_within_7_percent() {
     let r = report();
