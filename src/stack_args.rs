@@ -16,7 +16,7 @@ pub struct StackArgs {
     /// overridden as `NAME,knob=value` (attention=flash|flash1|fused|unfused,
     /// overlap_grad_reduce, tp_backward_overlap, tp_forward_overlap, tp_comm_overlap,
     /// overlap_param_gather, param_gather=layer|tensor, fusion=fused|eager,
-    /// reduce_dtype=bf16|fp32, bucket_mb=MIB, p2p_blocking, sm_carveout, loss=fused|megatron|torch, fp8_recipe=tensor|blockwise, fp8_weight_cache, fp8_params, zero_over_cp, selective=attention|op, cp_attention=ring|eager_ring|all_gather, fp32_grad_accumulation, recompute_early_stop, ep_comm_overlap, tp_relayout_copies, fp8_tp_gather, tp_pipelined_backward_reduce_scatter).
+    /// reduce_dtype=bf16|fp32, bucket_mb=MIB, p2p_blocking, sm_carveout, loss=fused|megatron|torch, fp8_recipe=tensor|blockwise, fp8_weight_cache, fp8_params, zero_over_cp, selective=attention|op, cp_attention=ring|eager_ring|all_gather, fp32_grad_accumulation, recompute_early_stop, ep_comm_overlap, tp_relayout_copies, fp8_tp_gather, tp_pipelined_backward_reduce_scatter, dropout).
     /// Replaces a cluster file's `[software]` table.
     #[arg(long, value_name = "PROFILE")]
     pub software: Option<String>,

@@ -58,10 +58,11 @@ const DEEPSPEED_2021: &str = "deepspeed";
 const MEGATRON_CORE: &str = "megatron-core";
 
 /// Meta's Llama 3 stack, with Megatron-Core's profile standing in, the keys and values
-/// all-gathered for context parallelism (Dubey et al. 2024, Sec. 3.3.2), and FlashAttention 2
+/// all-gathered for context parallelism (Dubey et al. 2024, Sec. 3.3.2), no dropout (Llama
+/// has none), and FlashAttention 2
 /// (assumed: PyTorch's attention kernel when Llama 3 was pre-trained, in the first half of
 /// 2024; FlashAttention 3 came out in July).
-const LLAMA3: &str = "megatron-core,cp_attention=all_gather,attention=flash";
+const LLAMA3: &str = "megatron-core,cp_attention=all_gather,attention=flash,dropout=false";
 
 /// Megatron-Core with Transformer Engine's block-scaling fp8 recipe (`--fp8-recipe
 /// blockwise`), as the MoE-layer baselines' FP8 rows run ("FP8 blockwise").
@@ -1477,11 +1478,16 @@ fn nemo_fp8_h100(rows: &[Line], launcher_attention: bool) -> Read {
         .map(|r| {
             let model = r.get("model");
             let reduce_fp32 = model.starts_with("Nemotron") && model != "Nemotron-340B";
-            let software = match (reduce_fp32, launcher_attention) {
-                (true, false) => "nemo,reduce_dtype=fp32",
-                (false, false) => "nemo",
-                (true, true) => "nemo,reduce_dtype=fp32,attention=flash",
-                (false, true) => NEMO_LAUNCHER,
+            // NeMo-Framework-Launcher's GPT-3 configurations train with dropout 0.1
+            // (`conf/training/gpt3/*.yaml`), its Llama and Nemotron ones without.
+            let gpt3 = model.starts_with("GPT3");
+            let software = match (reduce_fp32, launcher_attention, gpt3) {
+                (true, false, _) => "nemo,reduce_dtype=fp32",
+                (false, false, false) => "nemo",
+                (false, false, true) => "nemo,dropout=true",
+                (true, true, _) => "nemo,reduce_dtype=fp32,attention=flash",
+                (false, true, false) => NEMO_LAUNCHER,
+                (false, true, true) => "nemo,attention=flash,dropout=true",
             };
             nemo_layout_case(r, software, 1)
         })

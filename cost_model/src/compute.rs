@@ -737,6 +737,7 @@ impl ComputeParams {
             + (b * s * hq * dv) as f64 * elem;
         match self.attention {
             AttentionKernel::Unfused => {
+                // The IR's attention has no dropout.
                 let t_score = self.unfused_attention_forward(
                     AttentionShape {
                         heads: b * hq,
@@ -747,6 +748,7 @@ impl ComputeParams {
                     },
                     q.dtype,
                     cluster,
+                    false,
                 );
                 let flops = GemmShape::new(b * hq, s, t, d).flops()
                     + GemmShape::new(b * hq, s, dv, t).flops();
@@ -836,13 +838,14 @@ impl ComputeParams {
     }
 
     /// Forward of unfused attention for `heads` (batch x heads) score matrices of `s x t`:
-    /// `q k^T`, fused scale-mask-softmax (read and write the scores), dropout (read scores,
-    /// write scores and a one-byte mask), then `p v`.
+    /// `q k^T`, fused scale-mask-softmax (read and write the scores), with `dropout` a
+    /// dropout (read scores, write scores and a one-byte mask), then `p v`.
     pub fn unfused_attention_forward(
         &self,
         shape: AttentionShape,
         dtype: DType,
         cluster: &Cluster,
+        dropout: bool,
     ) -> f64 {
         let AttentionShape { heads, s, t, d, dv } = shape;
         let e = dtype.size_bytes() as f64;
@@ -853,7 +856,10 @@ impl ComputeParams {
         let pv_bytes = scores * e + ((heads * t * dv) + (heads * s * dv)) as f64 * e;
         self.gemm_time(qk, dtype, qk_bytes, cluster)
             + self.score_memory_time(scores * 2.0 * e, cluster)
-            + self.score_memory_time(scores * (2.0 * e + 1.0), cluster)
+            + match dropout {
+                true => self.score_memory_time(scores * (2.0 * e + 1.0), cluster),
+                false => 0.0,
+            }
             + self.gemm_time(pv, dtype, pv_bytes, cluster)
     }
 }

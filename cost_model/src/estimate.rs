@@ -645,7 +645,10 @@ impl CostModel {
         let e = plan.dtype.size_bytes() as f64;
         for recompute in [Recompute::None, Recompute::Selective, Recompute::Full] {
             let kernel = self.compute.attention;
-            out.push(activation_bytes_per_layer(cfg, &p, recompute, kernel));
+            let dropout = self.software.dropout;
+            out.push(activation_bytes_per_layer(
+                cfg, &p, recompute, kernel, dropout,
+            ));
             out.push(runtime_activation_bytes_per_layer(cfg, &p, recompute, e));
         }
         out.push(runtime_attention_bytes_per_layer(cfg, &p, e));
@@ -1243,6 +1246,7 @@ impl<'a> Ctx<'a> {
                     },
                     self.plan.dtype,
                     self.cl(),
+                    self.m.software.dropout,
                 ),
                 full,
             ),
@@ -1274,10 +1278,14 @@ impl<'a> Ctx<'a> {
                     + self.gemm(GemmShape::new(heads, t, d, s), true)
                     + self.gemm(GemmShape::new(heads, s, t, d), true)
                     + self.gemm(GemmShape::new(heads, t, d, s), true)
-                    + self
-                        .m
-                        .compute
-                        .score_memory_time(scores * (2.0 * self.e + 1.0), self.cl())
+                    // The dropout's backward (with dropout), then the softmax's.
+                    + match self.m.software.dropout {
+                        true => self
+                            .m
+                            .compute
+                            .score_memory_time(scores * (2.0 * self.e + 1.0), self.cl()),
+                        false => 0.0,
+                    }
                     + self
                         .m
                         .compute
@@ -1579,6 +1587,12 @@ impl<'a> Ctx<'a> {
         (exposed - cut, wave - cut)
     }
 
+    /// The one-byte mask a dropout writes per element in the forward and its backward reads
+    /// ([`crate::Software::dropout`]); none without dropout.
+    fn dropout_mask_bytes(&self) -> f64 {
+        f64::from(self.m.software.dropout)
+    }
+
     /// Host-device copy of `bytes` over this rank's share of its PCIe link (CPU offload);
     /// zero without a `[host]`, which [`CostModel::check_plan`] refuses for offloading plans.
     fn pcie(&self, bytes: f64) -> f64 {
@@ -1793,7 +1807,7 @@ impl<'a> Ctx<'a> {
             return (0.0, 0.0);
         };
         let gemm = self.layer_gemm(out.1, out.2);
-        let residual = self.mem(self.act_sp() * (3.0 * self.e + 1.0));
+        let residual = self.mem(self.act_sp() * (3.0 * self.e + self.dropout_mask_bytes()));
         let shapes: Vec<_> = attn.iter().chain(mlp.iter()).collect();
         let reduction = match self.layer_tp_collectives(Pass::Forward).last() {
             Some((c, true)) if c.kind != Collective::AllGather => {
@@ -1813,7 +1827,7 @@ impl<'a> Ctx<'a> {
         // Two layer norms, two bias-dropout-residual adds, rotary positions; the MLP
         // block's own work.
         p.memory_s += 2.0 * self.mem(act_sp * 2.0 * e)
-            + 2.0 * self.mem(act_sp * (3.0 * e + 1.0))
+            + 2.0 * self.mem(act_sp * (3.0 * e + self.dropout_mask_bytes()))
             + self.rotary()
             + self.eager_overhead(false);
         let mut flops = 0.0;
@@ -1861,7 +1875,7 @@ impl<'a> Ctx<'a> {
         let act_sp = self.act_sp();
         let e = self.e;
         p.memory_s += 2.0 * self.mem(act_sp * 4.0 * e)
-            + 2.0 * self.mem(act_sp * (3.0 * e + 1.0))
+            + 2.0 * self.mem(act_sp * (3.0 * e + self.dropout_mask_bytes()))
             + self.rotary()
             + self.eager_overhead(true)
             + self.fp32_grad_accumulation(self.layer_params_per_rank());
@@ -2001,9 +2015,10 @@ impl<'a> Ctx<'a> {
         let (mut f, mut b) = (PassTime::default(), PassTime::default());
         let act = self.act();
         let e = self.e;
-        f.memory_s += self.mem(act * 2.0 * e) + self.mem(self.act_sp() * (3.0 * e + 1.0));
+        f.memory_s += self.mem(act * 2.0 * e)
+            + self.mem(self.act_sp() * (3.0 * e + self.dropout_mask_bytes()));
         b.memory_s += self.mem(act * 3.0 * e)
-            + self.mem(self.act_sp() * (2.0 * e + 1.0))
+            + self.mem(self.act_sp() * (2.0 * e + self.dropout_mask_bytes()))
             + self.fp32_grad_accumulation(self.embedding_params_per_rank());
         if self.plan.tp > 1 {
             f.exposed(CommKind::Tensor, self.tp_comm());
@@ -2590,10 +2605,21 @@ impl<'a> Ctx<'a> {
             (Recompute::Selective, SelectiveRecompute::Op) => {
                 op_policy_activation_bytes_per_layer(cfg, plan)
             }
-            _ => activation_bytes_per_layer(cfg, plan, plan.recompute, self.m.compute.attention),
+            _ => activation_bytes_per_layer(
+                cfg,
+                plan,
+                plan.recompute,
+                self.m.compute.attention,
+                self.m.software.dropout,
+            ),
         };
-        let full_layer_act =
-            activation_bytes_per_layer(cfg, plan, Recompute::None, self.m.compute.attention);
+        let full_layer_act = activation_bytes_per_layer(
+            cfg,
+            plan,
+            Recompute::None,
+            self.m.compute.attention,
+            self.m.software.dropout,
+        );
         // What a chunk of `l` layers stores per micro-batch: the layers under the policy what
         // it keeps, those `recompute_layers` leaves out everything.
         let chunk_act = |l: usize| {

@@ -299,7 +299,9 @@ pub fn op_policy_activation_bytes_per_layer(cfg: &TransformerConfig, plan: &Plan
 /// Activation bytes stored per layer per micro-batch, following Korthikanti et al. 2022
 /// Sec. 4 (16-bit activations, one-byte dropout masks), generalised to grouped-query
 /// attention, any MLP width, gated MLPs and a head dim of the model's own (the attention's
-/// tensors `a d / h` times as wide).
+/// tensors `a d / h` times as wide), and to training without dropout (`dropout` false,
+/// [`crate::Software::dropout`]): no masks, `2sbh` less, and unfused attention keeps the
+/// softmax output alone (2 bytes per score instead of 5).
 ///
 /// With `s` tokens, micro-batch `b`, hidden `h`, `a` heads and tensor parallelism `t`, a GPT
 /// layer without recompute stores `sbh (10 + 24/t + 5as/(ht))` bytes, or `sbh/t (34 + 5as/h)`
@@ -319,6 +321,7 @@ pub fn activation_bytes_per_layer(
     plan: &Plan,
     recompute: Recompute,
     attention: AttentionKernel,
+    dropout: bool,
 ) -> f64 {
     let t = plan.tp as f64;
     let sp = plan.sequence_parallel && plan.tp > 1;
@@ -339,7 +342,9 @@ pub fn activation_bytes_per_layer(
     let kept = if plan.fp8 { 1.0 } else { 2.0 };
     // Replicated (or sequence-sharded) terms: layer-norm inputs 4, QKV input 2, attention
     // dropout-add mask 1, MLP input 2, MLP dropout mask 1.
-    let replicated = 6.0 * rep + kept * (gemm_input(LayerOp::Qkv) + gemm_input(LayerOp::MlpIn));
+    let masks = if dropout { 2.0 } else { 0.0 };
+    let replicated =
+        (4.0 + masks) * rep + kept * (gemm_input(LayerOp::Qkv) + gemm_input(LayerOp::MlpIn));
     // Tensor-sharded terms (split by heads or by queries alike): Q 2, K and V 2 each (scaled
     // by kv/a; whole when the core gathers them for its local queries), projection input 2,
     // MLP activation input 2f/h per gate and its output 2f/h; experts see top_k copies, and a
@@ -359,7 +364,9 @@ pub fn activation_bytes_per_layer(
     let scores = match (recompute, attention) {
         (Recompute::None, AttentionKernel::Unfused) => {
             // softmax output 2, dropout mask 1, dropout output 2 bytes per score.
-            5.0 * cfg.heads as f64 * (cfg.seq / plan.cp) as f64 * cfg.seq as f64 / plan.cp as f64
+            let per_score = if dropout { 5.0 } else { 2.0 };
+            per_score * cfg.heads as f64 * (cfg.seq / plan.cp) as f64 * cfg.seq as f64
+                / plan.cp as f64
                 * plan.micro_batch_size as f64
                 / t
         }
@@ -501,31 +508,31 @@ mod tests {
         let u = AttentionKernel::Unfused;
         let close = |x: f64, y: f64| assert!((x - y).abs() < 1e-6 * y, "{x} vs {y}");
         close(
-            activation_bytes_per_layer(&cfg, &plan(1, false), Recompute::None, u),
+            activation_bytes_per_layer(&cfg, &plan(1, false), Recompute::None, u, true),
             sbh * (34.0 + 5.0 * a * s / h),
         );
         close(
-            activation_bytes_per_layer(&cfg, &plan(8, false), Recompute::None, u),
+            activation_bytes_per_layer(&cfg, &plan(8, false), Recompute::None, u, true),
             sbh * (10.0 + 24.0 / 8.0 + 5.0 * a * s / (h * 8.0)),
         );
         close(
-            activation_bytes_per_layer(&cfg, &plan(8, true), Recompute::None, u),
+            activation_bytes_per_layer(&cfg, &plan(8, true), Recompute::None, u, true),
             sbh / 8.0 * (34.0 + 5.0 * a * s / h),
         );
         close(
-            activation_bytes_per_layer(&cfg, &plan(8, true), Recompute::Selective, u),
+            activation_bytes_per_layer(&cfg, &plan(8, true), Recompute::Selective, u, true),
             sbh / 8.0 * 34.0,
         );
         close(
-            activation_bytes_per_layer(&cfg, &plan(8, false), Recompute::Selective, u),
+            activation_bytes_per_layer(&cfg, &plan(8, false), Recompute::Selective, u, true),
             sbh * (10.0 + 24.0 / 8.0),
         );
         close(
-            activation_bytes_per_layer(&cfg, &plan(8, false), Recompute::Full, u),
+            activation_bytes_per_layer(&cfg, &plan(8, false), Recompute::Full, u, true),
             2.0 * sbh,
         );
         close(
-            activation_bytes_per_layer(&cfg, &plan(8, true), Recompute::Full, u),
+            activation_bytes_per_layer(&cfg, &plan(8, true), Recompute::Full, u, true),
             2.0 * sbh / 8.0,
         );
         // Flash attention stores no scores.
@@ -535,8 +542,26 @@ mod tests {
                 &plan(8, true),
                 Recompute::None,
                 AttentionKernel::Flash,
+                true,
             ),
             sbh / 8.0 * 34.0,
+        );
+        // Without dropout: no masks (34 - 2), and unfused attention keeps its softmax output
+        // alone (2 bytes per score instead of 5).
+        close(
+            activation_bytes_per_layer(
+                &cfg,
+                &plan(8, true),
+                Recompute::None,
+                AttentionKernel::Flash,
+                false,
+            ),
+            sbh / 8.0 * 32.0,
+        );
+        close(
+            activation_bytes_per_layer(&cfg, &plan(8, true), Recompute::None, u, false)
+                - activation_bytes_per_layer(&cfg, &plan(8, true), Recompute::Selective, u, false),
+            2.0 * a * s * s * b / 8.0,
         );
         // fp8: the QKV and MLP inputs (1 + 1 instead of 2 + 2) and the second MLP GEMM's
         // input (4 instead of 8) kept a byte each, the projection's fp8 input on top of the
@@ -546,11 +571,11 @@ mod tests {
             ..plan(8, true)
         };
         close(
-            activation_bytes_per_layer(&cfg, &fp8, Recompute::None, AttentionKernel::Flash),
+            activation_bytes_per_layer(&cfg, &fp8, Recompute::None, AttentionKernel::Flash, true),
             sbh / 8.0 * 29.0,
         );
         close(
-            activation_bytes_per_layer(&cfg, &fp8, Recompute::Full, AttentionKernel::Flash),
+            activation_bytes_per_layer(&cfg, &fp8, Recompute::Full, AttentionKernel::Flash, true),
             2.0 * sbh / 8.0,
         );
     }

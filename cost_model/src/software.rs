@@ -456,6 +456,17 @@ pub struct Software {
     /// reduce-scatters run as plain NCCL collectives beside the weight-gradient GEMMs.
     #[serde(default = "crate::comm::yes")]
     pub tp_pipelined_backward_reduce_scatter: bool,
+    /// The model trains with dropout on the hidden states and the attention scores, which
+    /// keeps a one-byte mask per element it drops from for the backward and writes it in the
+    /// forward (Korthikanti et al. 2022 count the two hidden-state masks, and the scores'
+    /// with unfused attention): Megatron-LM's and Megatron-Core's defaults
+    /// (`hidden_dropout` and `attention_dropout` 0.1, `TransformerConfig`), so the
+    /// `megatron-*` and `deepspeed` profiles. Modern recipes train without it: NeMo's and
+    /// Megatron-Bridge's Llama, Nemotron and Qwen configurations (0.0; NeMo-Framework-Launcher
+    /// keeps 0.1 for GPT-3 only), llm-foundry's MPT (`resid_pdrop`, `attn_pdrop` 0.0), Meta's
+    /// and torchtitan's Llama, and this project's own training step.
+    #[serde(default)]
+    pub dropout: bool,
 }
 
 /// What a training stack can run, along the dimensions the plan search explores
@@ -527,6 +538,7 @@ impl Default for Software {
             tp_relayout_copies: false,
             fp8_tp_gather: false,
             tp_pipelined_backward_reduce_scatter: true,
+            dropout: false,
         }
     }
 }
@@ -595,6 +607,7 @@ impl Software {
         let megatron = Software {
             loss: LossKernel::Megatron,
             grad_buffer_bytes: Some(4.0),
+            dropout: true,
             ..by_layer.clone()
         };
         let s = match name {
@@ -892,6 +905,9 @@ pub struct SoftwareSpec {
     /// See [`Software::tp_pipelined_backward_reduce_scatter`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tp_pipelined_backward_reduce_scatter: Option<bool>,
+    /// See [`Software::dropout`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dropout: Option<bool>,
 }
 
 /// The value of the software option `key` named `value` among `options`, or an error that
@@ -1039,6 +1055,7 @@ impl SoftwareSpec {
                     .tp_pipelined_backward_reduce_scatter
                     .replace(flag()?)
                     .is_none(),
+                "dropout" => out.dropout.replace(flag()?).is_none(),
                 other => {
                     return Err(bad(format!(
                         "unknown software option `{other}` (attention, overlap_grad_reduce, \
@@ -1047,7 +1064,8 @@ impl SoftwareSpec {
                          p2p_blocking, sm_carveout, cpu_optimizer, loss, fp8_recipe, fp8_weight_cache, \
                          zero_over_cp, fp8_params, selective, cp_attention, \
                          fp32_grad_accumulation, recompute_early_stop, ep_comm_overlap, \
-                         tp_relayout_copies, fp8_tp_gather, tp_pipelined_backward_reduce_scatter)"
+                         tp_relayout_copies, fp8_tp_gather, tp_pipelined_backward_reduce_scatter, \
+                         dropout)"
                     )));
                 }
             };
@@ -1152,6 +1170,9 @@ impl SoftwareSpec {
         }
         if let Some(v) = self.tp_pipelined_backward_reduce_scatter {
             s.tp_pipelined_backward_reduce_scatter = v;
+        }
+        if let Some(v) = self.dropout {
+            s.dropout = v;
         }
         if let Some(v) = self.selective {
             s.selective = v;

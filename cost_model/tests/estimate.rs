@@ -1513,3 +1513,36 @@ fn pytorch_context_parallelism_gathers_query_wide_keys_under_one_step() {
     assert!(eb.exposed_by.cp_s > rb.exposed_by.cp_s, "{eb:?} {rb:?}");
     assert!(eb.exposed_by.cp_s <= cp(eb, ab) + 1e-12);
 }
+
+/// Dropout is the recipe's: Megatron's profiles keep its one-byte masks (Korthikanti's
+/// 34 bytes per token and hidden unit without recomputation), the others train without it
+/// (32), and `dropout=` overrides either; the masks cost memory-bound time as well.
+#[test]
+fn dropout_masks_are_the_recipes() {
+    use autopar_cost_model::software::Software;
+    let cfg = TransformerConfig::gpt("1.3b", 24, 2048, 16, 2048, 51200);
+    let plan = Plan::parse("dp=8,mbs=4,gbs=32,recompute=none").unwrap();
+    let under = |spec: &str| {
+        let mut m = a100(1);
+        Software::parse(spec).unwrap().apply(&mut m);
+        m.estimate(&cfg, &plan).unwrap()
+    };
+    let sbh = 2048.0 * 4.0 * 2048.0;
+    for (spec, bytes) in [
+        ("megatron-core", 34.0),
+        ("megatron-core,dropout=false", 32.0),
+        ("nemo", 32.0),
+        ("nemo,dropout=true", 34.0),
+        ("fsdp", 32.0),
+    ] {
+        let e = under(spec);
+        let per_layer = e.memory.activations / (cfg.layers as f64 * e.memory.in_flight as f64);
+        assert!(
+            (per_layer / (bytes * sbh) - 1.0).abs() < 1e-9,
+            "{spec}: {per_layer}"
+        );
+    }
+    let (with, without) = (under("megatron-core"), under("megatron-core,dropout=false"));
+    assert!(with.time.layer_forward.memory_s > without.time.layer_forward.memory_s);
+    assert!(with.iter_time_s > without.iter_time_s);
+}

@@ -77,7 +77,13 @@ pub fn memory_lower_bound(
         Offload::Params => 0.0,
     };
     let act = match in_flight {
-        Some(_) => activation_bytes_per_layer(cfg, plan, plan.recompute, model.compute.attention),
+        Some(_) => activation_bytes_per_layer(
+            cfg,
+            plan,
+            plan.recompute,
+            model.compute.attention,
+            model.software.dropout,
+        ),
         None => 0.0,
     };
     let worst = (0..pp)
