@@ -593,8 +593,9 @@ impl Line {
     }
 }
 
-/// Splits a CSV text into data rows keyed by the header: `#` lines are the source notes,
-/// the first other line is the header, fields may be double-quoted (with `""` for a quote).
+/// Splits a CSV text into data rows keyed by the header (its names trimmed): `#` lines are
+/// the source notes, the first other line is the header, fields may be double-quoted (with
+/// `""` for a quote).
 fn csv(text: &str) -> Vec<Line> {
     let mut header: Option<Vec<String>> = None;
     let mut rows = Vec::new();
@@ -604,7 +605,7 @@ fn csv(text: &str) -> Vec<Line> {
         }
         let fields = split_csv_line(line);
         match &header {
-            None => header = Some(fields),
+            None => header = Some(fields.into_iter().map(|f| f.trim().to_string()).collect()),
             Some(h) => rows.push(Line {
                 number: i + 1,
                 fields: h.iter().cloned().zip(fields).collect(),
@@ -2665,6 +2666,9 @@ mod tests {
     fn a_runs_table_needs_its_columns_and_a_measurement() {
         assert!(is_runs_table("# note\nmodel,cluster,plan,step_s\n"));
         assert!(is_runs_table("label, model ,cluster,plan,tokens_per_s\n"));
+        // Header names are trimmed when the rows are keyed, too.
+        let rows = csv("label, model ,cluster\nx,gpt-2l,dgx-h100:nodes=1\n");
+        assert_eq!(rows[0].get("model"), "gpt-2l");
         assert!(!is_runs_table("model,cluster,plan\n"));
         assert!(!is_runs_table("model,plan,step_s\n"));
         // The crate alone resolves presets, not model arguments.

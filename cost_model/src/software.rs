@@ -461,7 +461,9 @@ pub struct Software {
     /// forward (Korthikanti et al. 2022 count the two hidden-state masks, and the scores'
     /// with unfused attention): Megatron-LM's and Megatron-Core's defaults
     /// (`hidden_dropout` and `attention_dropout` 0.1, `TransformerConfig`), so the
-    /// `megatron-*` and `deepspeed` profiles. Modern recipes train without it: NeMo's and
+    /// `megatron-*` and `deepspeed` profiles (BLOOM's run kept them: "The default
+    /// Megatron-LM dropout settings are inherited", bigscience `train/tr11-176B-ml/README.md`).
+    /// Modern recipes train without it: NeMo's and
     /// Megatron-Bridge's Llama, Nemotron and Qwen configurations (0.0; NeMo-Framework-Launcher
     /// keeps 0.1 for GPT-3 only), llm-foundry's MPT (`resid_pdrop`, `attn_pdrop` 0.0), Meta's
     /// and torchtitan's Llama, and this project's own training step.
