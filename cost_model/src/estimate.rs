@@ -1152,8 +1152,9 @@ impl<'a> Ctx<'a> {
             let f_e = c.ffn as u64 / etp;
             let routed = self.n * c.top_k as u64 * etp / t;
             let per_expert = routed.div_ceil(local);
+            // The router's GEMM is priced by `mlp_block` itself: it runs on the rank's
+            // sequence shard, or replicated over `tp`.
             let mut gemms = vec![
-                (None, GemmShape::new(1, self.n, c.experts as u64, h), false),
                 (
                     Some(LayerOp::MlpIn),
                     GemmShape::new(local, per_expert, gate * f_e, h),
@@ -1708,6 +1709,28 @@ impl<'a> Ctx<'a> {
         let mut p = PassTime::default();
         let mut grads = Vec::new();
         let mut flops = 0.0;
+        if self.cfg.experts > 1 {
+            // The router: the block's input onto the experts' logits. Under sequence
+            // parallelism Megatron-Core routes the rank's sequence shard; otherwise every
+            // tensor-parallel rank routes all its tokens, the same work `tp` times, which the
+            // model's FLOPs count once.
+            let t = self.plan.tp as u64;
+            let (tokens, copies) = match self.sp {
+                true => (self.n / t, 1.0),
+                false => (self.n, t as f64),
+            };
+            let router = GemmShape::new(1, tokens, self.cfg.experts as u64, self.cfg.hidden as u64);
+            match pass {
+                Pass::Forward => {
+                    p.gemm_s += self.layer_gemm(router, false);
+                    flops += router.flops() / copies;
+                }
+                Pass::Backward => {
+                    let (dgrad, wgrad) = self.gemm_grads(&router, false);
+                    p.gemm_s += dgrad + wgrad;
+                }
+            }
+        }
         for (op, s, batched) in mlp {
             match pass {
                 Pass::Forward => {

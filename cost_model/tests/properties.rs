@@ -347,3 +347,41 @@ fn memory_trades_keep_their_direction_over_drawn_configurations() {
         "only {checked} drawn configurations were estimated"
     );
 }
+
+/// A model's FLOPs per sequence are the model's, whatever the layout: every drawn plan
+/// counts what pure data parallelism of the same model counts (work an op repeats on every
+/// tensor-parallel rank, such as a MoE router without sequence parallelism, counted once).
+#[test]
+fn model_flops_do_not_depend_on_the_layout() {
+    let mut d = Draw(0xf10b5);
+    let mut checked = 0;
+    for _ in 0..3000 {
+        let Some(case) = draw(&mut d) else { continue };
+        let m = case.model(case.cluster.clone());
+        let per_sequence = |p: &Plan| {
+            m.estimate(&case.cfg, p).ok().map(|e| {
+                e.model_tflops_per_gpu * 1e12 * e.iter_time_s * e.num_gpus as f64
+                    / p.global_batch as f64
+            })
+        };
+        let n = case.cluster.num_devices();
+        let flat = Plan::parse(&format!(
+            "dp={n},mbs=1,gbs={n},dtype={}",
+            if case.plan.fp8 { "fp8" } else { "bf16" }
+        ))
+        .expect("a plan");
+        let (Some(a), Some(b)) = (per_sequence(&case.plan), per_sequence(&flat)) else {
+            continue;
+        };
+        checked += 1;
+        assert!(
+            (a / b - 1.0).abs() < ROUNDING,
+            "{}: {a} FLOPs per sequence against {b} under pure data parallelism",
+            case.name()
+        );
+    }
+    assert!(
+        checked > 1000,
+        "only {checked} drawn configurations were estimated"
+    );
+}
