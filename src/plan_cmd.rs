@@ -70,7 +70,8 @@ pub struct PlanArgs {
     threads: usize,
     /// Rank plans by the pessimistic end of their predicted range: the step with none of the
     /// software profile's overlap (gradient reduction, tensor-parallel collectives, ZeRO
-    /// gathers and stage transfers all exposed).
+    /// gathers and stage transfers all exposed), or the profile's own where its split GEMMs
+    /// make that the slower.
     #[arg(long)]
     robust: bool,
     /// Also say how much of the best plan's lead over the runner-up depends on overlap, and
@@ -96,9 +97,10 @@ pub fn plan(args: PlanArgs) -> Result<()> {
     let gpu = cluster.gpu.model.clone();
     let model = CostModel::new(cluster);
     let no_overlap = model.without_overlap();
-    // The model the search ranks with: the profile's, or with --robust the one without
-    // overlap.
-    let ranking = if args.robust { &no_overlap } else { &model };
+    let pessimistic = model.pessimistic();
+    // The model the search ranks with: the profile's, or with --robust the pessimistic end
+    // of each plan's range (the slower of the step without overlap and with the profile's).
+    let ranking = if args.robust { &pessimistic } else { &model };
     let cfg = driver::model_config(&args.model)?;
     let mut opts = SearchOptions::new(args.batch);
     opts.fp8 = args.dtype.fp8();
@@ -313,8 +315,9 @@ struct Range {
 }
 
 impl Range {
-    /// The range of `p`, which the search estimated under the no-overlap model when
-    /// `robust`, under the profile's otherwise.
+    /// The range of `p`, which the search estimated under the pessimistic model
+    /// ([`CostModel::pessimistic`]: the slower end) when `robust`, under the profile's
+    /// otherwise; both ends are the two models' own.
     fn of(
         model: &CostModel,
         no_overlap: &CostModel,
@@ -322,19 +325,15 @@ impl Range {
         p: &RankedPlan,
         robust: bool,
     ) -> Result<Range> {
-        let (other_model, what) = if robust {
-            (model, "with the profile's overlap")
-        } else {
-            (no_overlap, "without overlap")
+        let estimate = |m: &CostModel, what: &str| {
+            m.estimate(cfg, &p.plan)
+                .with_context(|| format!("estimating {} {what}", p.plan))
         };
-        let other = other_model
-            .estimate(cfg, &p.plan)
-            .with_context(|| format!("estimating {} {what}", p.plan))?;
-        let (overlapped, none) = if robust {
-            (&other, &p.estimate)
-        } else {
-            (&p.estimate, &other)
+        let overlapped = match robust {
+            true => estimate(model, "with the profile's overlap")?,
+            false => p.estimate.clone(),
         };
+        let none = estimate(no_overlap, "without overlap")?;
         Ok(Range {
             overlapped_s: overlapped.iter_time_s,
             no_overlap_s: none.iter_time_s,

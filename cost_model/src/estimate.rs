@@ -67,6 +67,10 @@ pub struct CostModel {
     /// The training stack's behaviour (already written into `compute` and `comm`, and
     /// read directly for how ZeRO-3 gathers weights).
     pub software: Software,
+    /// Where set, every estimate is the slower of this model's and this other model's
+    /// ([`CostModel::pessimistic`]).
+    #[serde(skip)]
+    pub slower_of: Option<Box<CostModel>>,
 }
 
 impl OpCostModel for CostModel {
@@ -304,6 +308,7 @@ impl CostModel {
             comm: CommParams::default(),
             memory,
             software: Software::default(),
+            slower_of: None,
         };
         if let Some(spec) = software {
             // A cluster's software table was checked when the cluster was read.
@@ -319,7 +324,25 @@ impl CostModel {
     /// under it (`plan --robust`) ranks plans by that end.
     pub fn without_overlap(&self) -> CostModel {
         let mut m = self.clone();
+        m.slower_of = None;
         self.software.without_overlap().apply(&mut m);
+        m
+    }
+
+    /// The pessimistic end of a plan's range as a model: each estimate the slower of the
+    /// step without any overlap ([`CostModel::without_overlap`]) and the step with the
+    /// profile's. The second is usually the faster, but where the profile splits GEMMs to
+    /// pipeline the tensor-parallel collectives (Transformer Engine's userbuffers) small
+    /// GEMMs can lose more to the split than the collectives cost. A search under it
+    /// (`plan --robust`) stays exact: a step-time bound of the no-overlap model bounds the
+    /// slower of the two, each model's step grows with recomputation, and one layer
+    /// placement beats another only where it does under both models
+    /// ([`CostModel::layer_profile`] is both profiles).
+    pub fn pessimistic(&self) -> CostModel {
+        let mut profile = self.clone();
+        profile.slower_of = None;
+        let mut m = profile.without_overlap();
+        m.slower_of = Some(Box::new(profile));
         m
     }
 
@@ -496,9 +519,19 @@ impl CostModel {
             )));
         }
         check_mapping(plan, mapping)?;
-        let plan = self.as_run(plan);
-        let ctx = Ctx::new(self, cfg, &plan, mapping)?;
-        Ok(ctx.run(schedule))
+        let run = self.as_run(plan);
+        let ctx = Ctx::new(self, cfg, &run, mapping)?;
+        let mine = ctx.run(schedule);
+        match &self.slower_of {
+            Some(other) => {
+                let theirs = other.estimate_with_mapping(cfg, plan, schedule, mapping)?;
+                Ok(match theirs.iter_time_s > mine.iter_time_s {
+                    true => theirs,
+                    false => mine,
+                })
+            }
+            None => Ok(mine),
+        }
     }
 
     /// `plan` as the software runs it: under pipeline parallelism a stack that holds a
@@ -655,6 +688,11 @@ impl CostModel {
         out.push(layer_params_per_rank(cfg, &p));
         out.push(optimizer_params_per_layer(cfg, &p));
         out.push(tp_replicated_params_per_layer(cfg, &p));
+        // Under a pessimistic model, the other model's profile too: a placement beats
+        // another only where it does under both.
+        if let Some(other) = &self.slower_of {
+            out.extend(other.layer_profile(cfg, plan, mapping)?);
+        }
         Ok(out)
     }
 

@@ -1546,3 +1546,36 @@ fn dropout_masks_are_the_recipes() {
     assert!(with.time.layer_forward.memory_s > without.time.layer_forward.memory_s);
     assert!(with.iter_time_s > without.iter_time_s);
 }
+
+/// The pessimistic end of a plan's range is the slower of the step without overlap and the
+/// profile's: usually the first, but the profile's own where its split GEMMs (Transformer
+/// Engine's userbuffers under `--tp-comm-overlap`) lose more than the collectives cost.
+#[test]
+fn the_pessimistic_end_is_the_slower_of_no_overlap_and_the_profile() {
+    use autopar_cost_model::software::Software;
+    let under = |spec: &str, nodes: usize| {
+        let mut m =
+            CostModel::new(Cluster::preset(&format!("dgx-a100-40gb:nodes={nodes}")).unwrap());
+        Software::parse(spec).unwrap().apply(&mut m);
+        m
+    };
+    let step = |m: &CostModel, cfg: &TransformerConfig, plan: &str| {
+        m.estimate(cfg, &Plan::parse(plan).unwrap())
+            .unwrap()
+            .iter_time_s
+    };
+    // A wide layer on few tokens, split over 8 ranks: the GEMMs TE splits are small.
+    let cfg = TransformerConfig::gpt("wide", 32, 8192, 64, 1024, 32000);
+    let plan = "dp=1,tp=8,pp=2,mbs=1,gbs=16,zero=3,recompute=full,sp=true";
+    let m = under("nemo", 2);
+    let (profile, none) = (step(&m, &cfg, plan), step(&m.without_overlap(), &cfg, plan));
+    assert!(profile > none, "{profile} {none}");
+    assert_eq!(step(&m.pessimistic(), &cfg, plan), profile);
+    // Without split GEMMs the step without overlap is the slower end.
+    let m = under("nemo,tp_comm_overlap=false", 2);
+    let (profile, none) = (step(&m, &cfg, plan), step(&m.without_overlap(), &cfg, plan));
+    assert!(none > profile);
+    assert_eq!(step(&m.pessimistic(), &cfg, plan), none);
+    // The pessimistic model's own no-overlap view has nothing slower behind it.
+    assert!(m.pessimistic().without_overlap().slower_of.is_none());
+}

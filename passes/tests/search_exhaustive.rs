@@ -504,3 +504,29 @@ fn the_fewest_recomputed_layers_that_fit_are_ranked() {
         assert!(Constraints::parse(bad).is_err(), "{bad}");
     }
 }
+
+/// `plan --robust` searches under the pessimistic model (each estimate the slower of the
+/// step without overlap and the profile's), whose bounds are the no-overlap model's and
+/// whose layer profiles are both models': the rankings equal an exhaustive enumeration's,
+/// under a profile whose split GEMMs can make its own step the slower.
+#[test]
+fn pruning_keeps_the_optimum_under_the_pessimistic_model() {
+    use autopar_cost_model::Software;
+    let mut rng = Rng(29);
+    for _ in 0..24 {
+        let mut m = random_model(&mut rng);
+        Software::parse(rng.pick(&["megatron-core", "nemo", "fsdp"]))
+            .unwrap()
+            .apply(&mut m);
+        let m = m.pessimistic();
+        let cfg = random_config(&mut rng);
+        let mut opts = SearchOptions::new(rng.pick(&[8, 16, 32]));
+        opts.top_k = rng.pick(&[1, 3, 10]);
+        opts.prune = true;
+        let pruned = run(&m, &cfg, &opts);
+        opts.prune = false;
+        let all = run(&m, &cfg, &opts);
+        assert!(pruned.stats.complete && all.stats.complete);
+        assert_eq!(pruned.plans, all.plans, "{} top {}", cfg.name, opts.top_k);
+    }
+}
