@@ -3,8 +3,10 @@
 //! software profile): a step is finite and positive; better hardware (twice the NIC,
 //! NVLink, HBM or tensor-core rate, half the latencies) never makes it slower; and where no
 //! collective is pipelined with a split GEMM, the step with none of the profile's overlap is
-//! never faster than the predicted one (the slow end of `plan`'s range) and no pass exposes
-//! more communication than it issues. The search ranks plans by these numbers, so
+//! never faster than the predicted one and no pass exposes more communication than it
+//! issues; the pessimistic end of `plan`'s range is the slower of the two steps, at the same
+//! memory; recomputing more or sharding deeper never buys time or costs memory; and a
+//! model's FLOPs per sequence do not depend on the layout. The search ranks plans by these numbers, so
 //! a plan must never win by a cost model that rewards slower hardware or prices a
 //! collective's overlap above the collective.
 //!
@@ -208,6 +210,18 @@ fn estimates_keep_their_properties_over_drawn_configurations() {
                 faster.iter_time_s
             );
         }
+        // The pessimistic end is the slower of the two steps, and overlap moves no memory,
+        // so the search's memory bound (the no-overlap model's) holds for it.
+        let none = base
+            .without_overlap()
+            .estimate(&case.cfg, &case.plan)
+            .expect("the same plan");
+        let worst = base
+            .pessimistic()
+            .estimate(&case.cfg, &case.plan)
+            .expect("the same plan");
+        assert_eq!(worst.iter_time_s, t.max(none.iter_time_s), "{name}");
+        assert_eq!(none.peak_memory_gib, e.peak_memory_gib, "{name}");
         // GEMMs split to pipeline the tensor-parallel collectives (Transformer Engine's
         // userbuffers) may cost more than the collectives they hide; a collective beside
         // unsplit work never exposes more than itself, nor is any overlap slower than none.
