@@ -1,8 +1,9 @@
 //! Properties every estimate keeps, checked over a few thousand drawn configurations (GPU
-//! presets, dense and MoE shapes, every parallelism, ZeRO stage, recompute mode, dtype and
-//! software profile): a step is finite and positive; better hardware (twice the NIC,
-//! NVLink, HBM or tensor-core rate, half the latencies) never makes it slower; and where no
-//! collective is pipelined with a split GEMM, the step with none of the profile's overlap is
+//! presets and the CPU runtime, dense and MoE shapes, every parallelism, ZeRO stage,
+//! recompute mode, dtype and software profile): a step is finite and positive; better
+//! hardware (twice the NIC, NVLink, HBM or tensor-core rate, half the latencies) never makes
+//! it slower; where no collective is pipelined with a split GEMM, the step with none of the
+//! profile's overlap is
 //! never faster than the predicted one and no pass exposes more communication than it
 //! issues; the pessimistic end of `plan`'s range is the slower of the two steps, at the same
 //! memory; recomputing more or sharding deeper never buys time or costs memory; and a
@@ -75,9 +76,15 @@ fn draw(d: &mut Draw) -> Option<Case> {
         "hgx-h200",
         "dgx-b200",
         "aws-p5",
+        "cpu",
     ]);
     let nodes = d.pick(&[1usize, 2, 4, 8, 16]);
-    let cluster = Cluster::preset(&format!("{preset}:nodes={nodes}")).expect("preset");
+    // The CPU runtime's ranks (threads of one process), eight for each node drawn.
+    let spec = match preset {
+        "cpu" => format!("cpu:ranks={}", 8 * nodes),
+        _ => format!("{preset}:nodes={nodes}"),
+    };
+    let cluster = Cluster::preset(&spec).expect("preset");
     let hidden = d.pick(&[1024usize, 2048, 4096, 8192]);
     let heads = hidden / 128;
     let mut cfg = TransformerConfig::gpt(
