@@ -3,13 +3,12 @@
 //! recompute mode, dtype and software profile): a step is finite and positive; better
 //! hardware (twice the NIC, NVLink, HBM or tensor-core rate, half the latencies) never makes
 //! it slower; where no collective is pipelined with a split GEMM, the step with none of the
-//! profile's overlap is
-//! never faster than the predicted one and no pass exposes more communication than it
-//! issues; the pessimistic end of `plan`'s range is the slower of the two steps, at the same
-//! memory; recomputing more or sharding deeper never buys time or costs memory; and a
-//! model's FLOPs per sequence do not depend on the layout. The search ranks plans by these
-//! numbers, so a plan must never win by a cost model that rewards slower hardware or prices
-//! a collective's overlap above the collective.
+//! profile's overlap is never faster than the predicted one and no pass exposes more
+//! communication than it issues; the pessimistic end of `plan`'s range is the slower of the
+//! two steps, at the same memory; recomputing more or sharding deeper never buys time or
+//! costs memory; and a model's FLOPs per sequence do not depend on the layout. The search
+//! ranks plans by these numbers, so a plan must never win by a cost model that rewards
+//! slower hardware or prices a collective's overlap above the collective.
 //!
 //! The draws come from a fixed seed: a failure names the configuration, which reproduces.
 
