@@ -56,18 +56,23 @@ impl Resolver for ZooAndFiles {
     }
 }
 
+/// A table file as `calibrate` takes it: its file name and its text.
+fn read_table(path: &std::path::Path) -> Result<(String, String)> {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read `{}`", path.display()))?;
+    Ok((name, text))
+}
+
 /// Runs `autopar calibrate`.
 pub fn calibrate_cmd(args: CalibrateArgs) -> Result<()> {
     let dir = &args.reference;
     let mut tables = Vec::new();
     if dir.is_file() {
-        let name = dir
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        let text = std::fs::read_to_string(dir)
-            .with_context(|| format!("cannot read `{}`", dir.display()))?;
-        tables.push((name, text));
+        tables.push(read_table(dir)?);
     } else if dir.is_dir() {
         for entry in
             std::fs::read_dir(dir).with_context(|| format!("cannot read `{}`", dir.display()))?
@@ -76,13 +81,7 @@ pub fn calibrate_cmd(args: CalibrateArgs) -> Result<()> {
             if path.extension().is_none_or(|e| e != "csv") {
                 continue;
             }
-            let name = path
-                .file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_default();
-            let text = std::fs::read_to_string(&path)
-                .with_context(|| format!("cannot read `{}`", path.display()))?;
-            tables.push((name, text));
+            tables.push(read_table(&path)?);
         }
     } else if !args.published {
         bail!(
