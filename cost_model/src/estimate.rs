@@ -1880,7 +1880,16 @@ impl<'a> Ctx<'a> {
         (gemm + residual + reduction, out.1.flops())
     }
 
+    /// One layer's forward with its ZeRO traffic ([`Ctx::layer_forward_work`] and
+    /// [`Ctx::add_forward_zero`]).
     fn layer_forward(&self) -> (PassTime, f64) {
+        let (mut p, flops) = self.layer_forward_work();
+        self.add_forward_zero(&mut p);
+        (p, flops)
+    }
+
+    /// One layer's forward but its ZeRO traffic, and its FLOPs.
+    fn layer_forward_work(&self) -> (PassTime, f64) {
         let mut p = PassTime::default();
         let (attn, mlp) = self.layer_gemms();
         let act_sp = self.act_sp();
@@ -1914,14 +1923,20 @@ impl<'a> Ctx<'a> {
         p.memory_s += self.ring_merge(false);
         let (cp, cp_exposed) = self.cp_exchange(false, t_attn);
         p.overlapped(CommKind::Context, cp, cp_exposed);
+        (p, flops)
+    }
+
+    /// Adds a layer forward's ZeRO-3 gathers to its pass `p`, hidden under what is on the
+    /// pass's critical path (the other collectives' exposed time included: they run on
+    /// other communicators).
+    fn add_forward_zero(&self, p: &mut PassTime) {
         // Offloaded parameters are copied up before their gather: one chain, prefetched alike.
         let z3 = self.zero3_gather_pass() + self.offloaded_param_copy();
         let hidden_under = p.overlap_window_s();
         let exposed = self.zero3_exposed(z3, hidden_under, p.gemm_share());
-        let (exposed, second_wave) = self.within_wave_budget(&p, exposed);
+        let (exposed, second_wave) = self.within_wave_budget(p, exposed);
         p.overlapped(CommKind::Zero, z3, exposed);
         p.second_wave_s += second_wave;
-        (p, flops)
     }
 
     fn layer_backward(&self) -> PassTime {
@@ -1931,6 +1946,13 @@ impl<'a> Ctx<'a> {
     /// The backward of one layer that recomputes under `recompute` (a layer that
     /// [`Plan::recompute_layers`] leaves out runs under [`Recompute::None`]).
     fn layer_backward_under(&self, recompute: Recompute) -> PassTime {
+        let mut p = self.layer_backward_work(recompute);
+        self.add_backward_zero(&mut p);
+        p
+    }
+
+    /// [`Ctx::layer_backward_under`] but its ZeRO traffic.
+    fn layer_backward_work(&self, recompute: Recompute) -> PassTime {
         let mut p = PassTime::default();
         let (attn, mlp) = self.layer_gemms();
         let act_sp = self.act_sp();
@@ -2028,14 +2050,28 @@ impl<'a> Ctx<'a> {
                 }
             },
             Recompute::Full => {
-                let f = self.layer_forward().0;
-                let replayed = match self.m.software.param_gather.regathers_for_recompute() {
-                    true => f.total_s(),
-                    false => f.total_s() - f.exposed_by.zero_s,
-                };
+                let (replayed, _) = self.replayed_forward();
                 p.recompute_s += (replayed - self.early_stop_skips().0).max(0.0);
             }
         }
+        p
+    }
+
+    /// The layer forward a full recompute replays inside the backward, and the exposed
+    /// communication in it: with its ZeRO-3 gather only where the profile gathers per
+    /// module (`GatherUnit::regathers_for_recompute`).
+    fn replayed_forward(&self) -> (f64, f64) {
+        let f = self.layer_forward().0;
+        let zero = match self.m.software.param_gather.regathers_for_recompute() {
+            true => 0.0,
+            false => f.exposed_by.zero_s,
+        };
+        (f.total_s() - zero, f.comm_exposed_s - zero)
+    }
+
+    /// Adds a layer backward's ZeRO traffic to its pass `p`, hidden as
+    /// [`Ctx::add_forward_zero`] hides the forward's.
+    fn add_backward_zero(&self, p: &mut PassTime) {
         // ZeRO-3 re-gathers the weights. ZeRO-2 and -3 hold only a 1/dp shard of the
         // gradients (that is what their memory is charged for), so there is no full-size
         // buffer to accumulate micro-batches into: each micro-batch's gradients are
@@ -2057,18 +2093,17 @@ impl<'a> Ctx<'a> {
             // as the gradient reduction does); the gathers follow the profile.
             let (rs_exposed, rs_wave) = match self.m.comm.overlap_grad_reduce {
                 true => {
-                    self.within_wave_budget(&p, self.nccl_exposed(rs, (under - z3).max(0.0), share))
+                    self.within_wave_budget(p, self.nccl_exposed(rs, (under - z3).max(0.0), share))
                 }
                 false => (rs, 0.0),
             };
             p.second_wave_s += rs_wave;
             let (z3_exposed, z3_wave) =
-                self.within_wave_budget(&p, self.zero3_exposed(z3, under, share));
+                self.within_wave_budget(p, self.zero3_exposed(z3, under, share));
             let exposed = z3_exposed + rs_exposed;
             p.overlapped(CommKind::Zero, z3 + rs, exposed.min(z3 + rs));
             p.second_wave_s += z3_wave;
         }
-        p
     }
 
     /// Embedding forward and backward (first virtual stage).
@@ -2183,7 +2218,9 @@ impl<'a> Ctx<'a> {
     /// combine under the backward's attention block. Each pair exposes what the computation
     /// does not cover, and slows the computation beside it: its GEMMs by a second wave where
     /// they are persistent, the rest at the overlap's slowdown
-    /// ([`CommParams::exposed_beside`]). Nothing hides with a single micro-batch per
+    /// ([`CommParams::exposed_beside`]); the waves beside each pass stay within its GEMMs
+    /// with those its ZeRO collectives already cost ([`Ctx::within_wave_budget`]). Nothing
+    /// hides with a single micro-batch per
     /// pipeline, nor where Megatron-Core refuses the option
     /// ([`Plan::overlaps_expert_all_to_alls`]).
     fn overlap_expert_all_to_alls(&self, lf: &mut PassTime, lb: &mut PassTime) {
@@ -2193,7 +2230,12 @@ impl<'a> Ctx<'a> {
         {
             return;
         }
-        // Each sub-block as (compute seconds, GEMM seconds).
+        // Each sub-block as (compute seconds, GEMM seconds). A full recompute's replayed
+        // forward is computation but for the communication it waits on.
+        let replay_comm = match self.plan.recompute {
+            Recompute::Full => self.replayed_forward().1,
+            _ => 0.0,
+        };
         let compute = |p: &PassTime| (p.total_s() - p.comm_exposed_s, p.gemm_s);
         let (_, mlp) = self.layer_gemms();
         let f_mlp = compute(&self.mlp_block(&mlp, Pass::Forward).0);
@@ -2201,8 +2243,23 @@ impl<'a> Ctx<'a> {
         let rest = |whole: (f64, f64), part: (f64, f64)| {
             ((whole.0 - part.0).max(0.0), (whole.1 - part.1).max(0.0))
         };
-        let f_attn = rest(compute(lf), f_mlp);
-        let b_attn = rest(compute(lb), b_mlp);
+        let (lf_compute, lb_compute) = (compute(lf), compute(lb));
+        let lb_compute = ((lb_compute.0 - replay_comm).max(0.0), lb_compute.1);
+        // What of a pass's computation already hides its own collectives (context and
+        // tensor parallelism's) is not free for the other pass's all-to-alls as well: they
+        // queue behind each other there, so every sub-block offers its share of the rest.
+        let free = |p: &PassTime, (busy, _): (f64, f64)| {
+            let hidden = (p.comm_total_s - (p.comm_exposed_s - p.second_wave_s)).max(0.0);
+            match busy > 0.0 {
+                true => ((busy - hidden) / busy).clamp(0.0, 1.0),
+                false => 0.0,
+            }
+        };
+        let (f_free, b_free) = (free(lf, lf_compute), free(lb, lb_compute));
+        let scale = |(t, g): (f64, f64), k: f64| (t * k, g * k);
+        let f_attn = scale(rest(lf_compute, f_mlp), f_free);
+        let b_attn = scale(rest(lb_compute, b_mlp), b_free);
+        let (f_mlp, b_mlp) = (scale(f_mlp, f_free), scale(b_mlp, b_free));
         // Dispatch and combine move the same bytes; the data gradients are half the experts'
         // backward GEMMs.
         let (f_a2a, b_a2a) = (lf.exposed_by.ep_s / 2.0, lb.exposed_by.ep_s / 2.0);
@@ -2216,13 +2273,23 @@ impl<'a> Ctx<'a> {
         };
         let sum = |a: (f64, f64), b: (f64, f64)| (a.0 + b.0, a.1 + b.1);
         let half = (b_mlp.0 / 2.0, b_mlp.1 / 2.0);
-        let f_exposed = sum(exposed(f_a2a, half), exposed(f_a2a, b_attn));
-        let b_exposed = sum(exposed(b_a2a, f_attn), exposed(b_a2a, f_mlp));
-        for (p, (left, wave)) in [(lf, f_exposed), (lb, b_exposed)] {
-            let hidden = (p.exposed_by.ep_s - left).max(0.0);
-            p.comm_exposed_s -= hidden;
-            p.exposed_by.ep_s -= hidden;
-            p.second_wave_s += wave.min(p.exposed_by.ep_s);
+        // The forward's all-to-alls displace the backward's GEMMs and the other way round;
+        // each pass's GEMMs take one second wave at most, whatever collectives share them.
+        let (f_left, f_wave) =
+            self.within_wave_budget(lb, sum(exposed(f_a2a, half), exposed(f_a2a, b_attn)));
+        let (b_left, b_wave) =
+            self.within_wave_budget(lf, sum(exposed(b_a2a, f_attn), exposed(b_a2a, f_mlp)));
+        // A pass keeps what of its own all-to-alls the other does not cover, and its GEMMs
+        // run the second waves the other pass's all-to-alls push into them.
+        for (p, left, wave, pushed_in) in [
+            (&mut *lf, f_left, f_wave, b_wave),
+            (&mut *lb, b_left, b_wave, f_wave),
+        ] {
+            let stays = (left - wave).clamp(0.0, p.exposed_by.ep_s);
+            let change = pushed_in - (p.exposed_by.ep_s - stays);
+            p.comm_exposed_s += change;
+            p.exposed_by.ep_s += change;
+            p.second_wave_s += pushed_in;
         }
     }
 
@@ -2231,9 +2298,13 @@ impl<'a> Ctx<'a> {
     fn stages(&self) -> Stages {
         let v = self.plan.pp * self.plan.vpp;
         let layers = stage_layers(self.cfg, self.plan);
-        let (mut lf, layer_flops) = self.layer_forward();
-        let mut lb = self.layer_backward();
+        // The expert all-to-alls hide first: the ZeRO traffic then hides under what of
+        // them stays on the critical path, not under what the other micro-batch covers.
+        let (mut lf, layer_flops) = self.layer_forward_work();
+        let mut lb = self.layer_backward_work(self.plan.recompute);
         self.overlap_expert_all_to_alls(&mut lf, &mut lb);
+        self.add_forward_zero(&mut lf);
+        self.add_backward_zero(&mut lb);
         // The layers `recompute_layers` leaves out of full recompute keep their activations.
         let kept = match self.plan.recompute_layers {
             Some(_) => self.layer_backward_under(Recompute::None).total_s(),
