@@ -2621,8 +2621,10 @@ impl<'a> Ctx<'a> {
         let host_per_node = memory.iter().map(|m| m.host).fold(0.0, f64::max)
             * self.cl().gpus_per_node.min(plan.world_size()) as f64;
         let host_capacity = self.cl().host_memory_bytes().unwrap_or(f64::INFINITY);
-        if host_per_node > host_capacity {
-            let mut e = self.infeasible(&format!(
+        // A plan that overflows the host's memory is priced all the same, as one that
+        // overflows the GPU's is: it does not fit, and the reason says where.
+        let host_reason = (host_per_node > host_capacity).then(|| {
+            format!(
                 "offload={}: the ranks of a node keep {:.1} GiB in host memory (master \
                  weights, optimizer moments and gradients of their shards), but a node of `{}` \
                  has {:.1} GiB",
@@ -2630,14 +2632,9 @@ impl<'a> Ctx<'a> {
                 host_per_node / GIB,
                 self.cl().name,
                 host_capacity / GIB
-            ));
-            e.memory = worst;
-            e.peak_memory_gib = e.memory.total / GIB;
-            e.memory_per_pipeline_rank = memory;
-            return e;
-        }
-        let fits = worst.total <= capacity;
-        let fits_reason = (!fits).then(|| {
+            )
+        });
+        let gpu_reason = (worst.total > capacity).then(|| {
             format!(
                 "pipeline rank {} needs {:.1} GiB (weights {:.1}, gradients {:.1}, optimizer {:.1}, \
                  activations {:.1} for {} in-flight chunks, working {:.1}, buffers {:.1}, reserved {:.1}) \
@@ -2656,6 +2653,11 @@ impl<'a> Ctx<'a> {
                 capacity / GIB
             )
         });
+        let fits = gpu_reason.is_none() && host_reason.is_none();
+        let fits_reason = match (gpu_reason, host_reason) {
+            (Some(gpu), Some(host)) => Some(format!("{gpu}; {host}")),
+            (gpu, host) => gpu.or(host),
+        };
         Estimate {
             iter_time_s: iter,
             tokens_per_s: plan.global_batch as f64 * cfg.seq as f64 / iter,

@@ -122,13 +122,23 @@ fn draw(d: &mut Draw) -> Option<Case> {
     let mbs = d.pick(&[1usize, 2]);
     let plan = format!(
         "dp={dp},tp={tp},pp={pp},cp={cp},ep={ep},vpp={},mbs={mbs},gbs={},zero={},recompute={},\
-         dtype={},sp={}",
+         dtype={},sp={}{}",
         if pp > 1 { d.pick(&[1, 2]) } else { 1 },
         dp * mbs * d.pick(&[1, 4, 16]),
         d.pick(&[0, 1, 2, 3]),
         d.pick(&["none", "selective", "full"]),
         d.pick(&["bf16", "fp8"]),
         tp > 1 && d.pick(&[false, true]),
+        // Rarer keys (a plan they do not fit is refused, and then not a case).
+        d.pick(&[
+            "",
+            "",
+            "",
+            ",offload=optimizer",
+            ",offload=params",
+            ",etp=1",
+            ",recompute_layers=2",
+        ]),
     );
     let plan = Plan::parse(&plan).ok()?;
     let software = d.pick(&[
@@ -136,9 +146,14 @@ fn draw(d: &mut Draw) -> Option<Case> {
         "megatron-core",
         "megatron-core,ep_comm_overlap=true",
         "nemo",
+        "nemo,tp_comm_overlap=true",
+        "megatron-core,cp_attention=all_gather,selective=op",
+        "megatron-core,fp8_params=true,overlap_param_gather=false",
         "fsdp",
+        "fsdp,param_gather=tensor,fusion=eager",
         "torchtitan",
         "deepspeed",
+        "deepspeed,overlap_param_gather=true",
         "megatron-lm-2021",
     ]);
     Some(Case {
