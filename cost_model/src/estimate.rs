@@ -617,6 +617,8 @@ struct Stages {
     layer_flops: f64,
     head_flops: f64,
     fwd: Vec<f64>,
+    /// Of `fwd`, the GEMMs' seconds.
+    fwd_gemm: Vec<f64>,
     bwd: Vec<f64>,
 }
 
@@ -1880,16 +1882,7 @@ impl<'a> Ctx<'a> {
         (gemm + residual + reduction, out.1.flops())
     }
 
-    /// One layer's forward with its ZeRO traffic ([`Ctx::layer_forward_work`] and
-    /// [`Ctx::add_forward_zero`]).
     fn layer_forward(&self) -> (PassTime, f64) {
-        let (mut p, flops) = self.layer_forward_work();
-        self.add_forward_zero(&mut p);
-        (p, flops)
-    }
-
-    /// One layer's forward but its ZeRO traffic, and its FLOPs.
-    fn layer_forward_work(&self) -> (PassTime, f64) {
         let mut p = PassTime::default();
         let (attn, mlp) = self.layer_gemms();
         let act_sp = self.act_sp();
@@ -1923,20 +1916,33 @@ impl<'a> Ctx<'a> {
         p.memory_s += self.ring_merge(false);
         let (cp, cp_exposed) = self.cp_exchange(false, t_attn);
         p.overlapped(CommKind::Context, cp, cp_exposed);
+        // Offloaded parameters are copied up before their gather: one chain, prefetched alike.
+        let z3 = self.zero3_gather_pass() + self.offloaded_param_copy();
+        let hidden_under = self.zero_window(&p);
+        let exposed = self.zero3_exposed(z3, hidden_under, p.gemm_share());
+        let (exposed, second_wave) = self.within_wave_budget(&p, exposed);
+        p.overlapped(CommKind::Zero, z3, exposed);
+        p.second_wave_s += second_wave;
         (p, flops)
     }
 
-    /// Adds a layer forward's ZeRO-3 gathers to its pass `p`, hidden under what is on the
-    /// pass's critical path (the other collectives' exposed time included: they run on
-    /// other communicators).
-    fn add_forward_zero(&self, p: &mut PassTime) {
-        // Offloaded parameters are copied up before their gather: one chain, prefetched alike.
-        let z3 = self.zero3_gather_pass() + self.offloaded_param_copy();
-        let hidden_under = p.overlap_window_s();
-        let exposed = self.zero3_exposed(z3, hidden_under, p.gemm_share());
-        let (exposed, second_wave) = self.within_wave_budget(p, exposed);
-        p.overlapped(CommKind::Zero, z3, exposed);
-        p.second_wave_s += second_wave;
+    /// The window a layer pass's ZeRO traffic hides under ([`PassTime::overlap_window_s`]):
+    /// the pass's critical path, less its expert all-to-alls where they will hide under the
+    /// other micro-batch's work ([`Ctx::overlap_expert_all_to_alls`]), which then takes them
+    /// off this pass.
+    fn zero_window(&self, p: &PassTime) -> f64 {
+        match self.hides_expert_all_to_alls() {
+            true => (p.overlap_window_s() - p.exposed_by.ep_s).max(0.0),
+            false => p.overlap_window_s(),
+        }
+    }
+
+    /// Whether the expert all-to-alls hide under the other micro-batch's work (see
+    /// [`Ctx::overlap_expert_all_to_alls`]).
+    fn hides_expert_all_to_alls(&self) -> bool {
+        self.m.software.ep_comm_overlap
+            && self.plan.overlaps_expert_all_to_alls(self.cfg)
+            && self.plan.micro_batches() >= 2
     }
 
     fn layer_backward(&self) -> PassTime {
@@ -1946,13 +1952,6 @@ impl<'a> Ctx<'a> {
     /// The backward of one layer that recomputes under `recompute` (a layer that
     /// [`Plan::recompute_layers`] leaves out runs under [`Recompute::None`]).
     fn layer_backward_under(&self, recompute: Recompute) -> PassTime {
-        let mut p = self.layer_backward_work(recompute);
-        self.add_backward_zero(&mut p);
-        p
-    }
-
-    /// [`Ctx::layer_backward_under`] but its ZeRO traffic.
-    fn layer_backward_work(&self, recompute: Recompute) -> PassTime {
         let mut p = PassTime::default();
         let (attn, mlp) = self.layer_gemms();
         let act_sp = self.act_sp();
@@ -2050,27 +2049,19 @@ impl<'a> Ctx<'a> {
                 }
             },
             Recompute::Full => {
-                let (replayed, _) = self.replayed_forward();
+                let f = self.layer_forward().0;
+                let replayed = match self.m.software.param_gather.regathers_for_recompute() {
+                    true => f.total_s(),
+                    false => f.total_s() - f.exposed_by.zero_s,
+                };
                 p.recompute_s += (replayed - self.early_stop_skips().0).max(0.0);
             }
         }
+        self.add_backward_zero(&mut p);
         p
     }
 
-    /// The layer forward a full recompute replays inside the backward, and the exposed
-    /// communication in it: with its ZeRO-3 gather only where the profile gathers per
-    /// module (`GatherUnit::regathers_for_recompute`).
-    fn replayed_forward(&self) -> (f64, f64) {
-        let f = self.layer_forward().0;
-        let zero = match self.m.software.param_gather.regathers_for_recompute() {
-            true => 0.0,
-            false => f.exposed_by.zero_s,
-        };
-        (f.total_s() - zero, f.comm_exposed_s - zero)
-    }
-
-    /// Adds a layer backward's ZeRO traffic to its pass `p`, hidden as
-    /// [`Ctx::add_forward_zero`] hides the forward's.
+    /// Adds a layer backward's ZeRO traffic to its pass `p`, hidden as the forward's is.
     fn add_backward_zero(&self, p: &mut PassTime) {
         // ZeRO-3 re-gathers the weights. ZeRO-2 and -3 hold only a 1/dp shard of the
         // gradients (that is what their memory is charged for), so there is no full-size
@@ -2087,7 +2078,7 @@ impl<'a> Ctx<'a> {
                 _ => 0.0,
             };
         if z3 + rs > 0.0 {
-            let under = p.overlap_window_s();
+            let under = self.zero_window(p);
             let share = p.gemm_share();
             // The gradient reduce-scatter is issued after the layer's backward (it overlaps
             // as the gradient reduction does); the gathers follow the profile.
@@ -2215,27 +2206,21 @@ impl<'a> Ctx<'a> {
     /// the backward's combine under the forward's attention block (attention, norm, router),
     /// the forward's dispatch under the backward's expert data-gradient GEMMs, the backward's
     /// dispatch (after the weight gradients) under the forward's experts, and the forward's
-    /// combine under the backward's attention block. Each pair exposes what the computation
-    /// does not cover, and slows the computation beside it: its GEMMs by a second wave where
-    /// they are persistent, the rest at the overlap's slowdown
-    /// ([`CommParams::exposed_beside`]); the waves beside each pass stay within its GEMMs
-    /// with those its ZeRO collectives already cost ([`Ctx::within_wave_budget`]). Nothing
-    /// hides with a single micro-batch per
+    /// combine under the backward's attention block. Each sub-block offers its share of what
+    /// the pass's critical path leaves free: its computation and the waits on its own exposed
+    /// collectives, less the collectives it issues itself (tensor, context and ZeRO traffic,
+    /// which the all-to-alls queue behind). Each pair exposes what that cover does not take,
+    /// and slows the computation beside it: its GEMMs by a second wave where they are
+    /// persistent, the rest at the overlap's slowdown ([`CommParams::exposed_beside`]); the
+    /// waves stay within the GEMMs they displace, with those the pass's ZeRO collectives
+    /// already cost ([`Ctx::within_wave_budget`]). Nothing hides with a single micro-batch per
     /// pipeline, nor where Megatron-Core refuses the option
     /// ([`Plan::overlaps_expert_all_to_alls`]).
     fn overlap_expert_all_to_alls(&self, lf: &mut PassTime, lb: &mut PassTime) {
-        if !self.m.software.ep_comm_overlap
-            || !self.plan.overlaps_expert_all_to_alls(self.cfg)
-            || self.plan.micro_batches() < 2
-        {
+        if !self.hides_expert_all_to_alls() {
             return;
         }
-        // Each sub-block as (compute seconds, GEMM seconds). A full recompute's replayed
-        // forward is computation but for the communication it waits on.
-        let replay_comm = match self.plan.recompute {
-            Recompute::Full => self.replayed_forward().1,
-            _ => 0.0,
-        };
+        // Each sub-block as (compute seconds, GEMM seconds).
         let compute = |p: &PassTime| (p.total_s() - p.comm_exposed_s, p.gemm_s);
         let (_, mlp) = self.layer_gemms();
         let f_mlp = compute(&self.mlp_block(&mlp, Pass::Forward).0);
@@ -2244,14 +2229,13 @@ impl<'a> Ctx<'a> {
             ((whole.0 - part.0).max(0.0), (whole.1 - part.1).max(0.0))
         };
         let (lf_compute, lb_compute) = (compute(lf), compute(lb));
-        let lb_compute = ((lb_compute.0 - replay_comm).max(0.0), lb_compute.1);
-        // What of a pass's computation already hides its own collectives (context and
-        // tensor parallelism's) is not free for the other pass's all-to-alls as well: they
-        // queue behind each other there, so every sub-block offers its share of the rest.
+        // What of the critical path the pass's own issued collectives leave free, as a
+        // multiple of its computation.
         let free = |p: &PassTime, (busy, _): (f64, f64)| {
-            let hidden = (p.comm_total_s - (p.comm_exposed_s - p.second_wave_s)).max(0.0);
+            let own_issued = p.comm_total_s - p.exposed_by.ep_s;
+            let path = p.overlap_window_s() - p.exposed_by.ep_s;
             match busy > 0.0 {
-                true => ((busy - hidden) / busy).clamp(0.0, 1.0),
+                true => ((path - own_issued) / busy).max(0.0),
                 false => 0.0,
             }
         };
@@ -2298,13 +2282,9 @@ impl<'a> Ctx<'a> {
     fn stages(&self) -> Stages {
         let v = self.plan.pp * self.plan.vpp;
         let layers = stage_layers(self.cfg, self.plan);
-        // The expert all-to-alls hide first: the ZeRO traffic then hides under what of
-        // them stays on the critical path, not under what the other micro-batch covers.
-        let (mut lf, layer_flops) = self.layer_forward_work();
-        let mut lb = self.layer_backward_work(self.plan.recompute);
+        let (mut lf, layer_flops) = self.layer_forward();
+        let mut lb = self.layer_backward();
         self.overlap_expert_all_to_alls(&mut lf, &mut lb);
-        self.add_forward_zero(&mut lf);
-        self.add_backward_zero(&mut lb);
         // The layers `recompute_layers` leaves out of full recompute keep their activations.
         let kept = match self.plan.recompute_layers {
             Some(_) => self.layer_backward_under(Recompute::None).total_s(),
@@ -2313,17 +2293,21 @@ impl<'a> Ctx<'a> {
         let (ef, eb) = self.embedding();
         let (hf, hb, head_flops) = self.head();
         let mut fwd = vec![0.0; v];
+        let mut fwd_gemm = vec![0.0; v];
         let mut bwd = vec![0.0; v];
         for vs in 0..v {
             let (under, whole) = self.plan.recompute_split(layers[vs]);
             fwd[vs] = layers[vs] as f64 * lf.total_s();
+            fwd_gemm[vs] = layers[vs] as f64 * lf.gemm_s;
             bwd[vs] = under as f64 * lb.total_s() + whole as f64 * kept;
             if vs == 0 {
                 fwd[vs] += ef.total_s();
+                fwd_gemm[vs] += ef.gemm_s;
                 bwd[vs] += eb.total_s();
             }
             if vs == v - 1 {
                 fwd[vs] += hf.total_s();
+                fwd_gemm[vs] += hf.gemm_s;
                 bwd[vs] += hb.total_s();
             }
         }
@@ -2334,6 +2318,7 @@ impl<'a> Ctx<'a> {
             layer_flops,
             head_flops,
             fwd,
+            fwd_gemm,
             bwd,
         }
     }
@@ -2349,6 +2334,7 @@ impl<'a> Ctx<'a> {
             layer_flops,
             head_flops,
             fwd,
+            fwd_gemm,
             bwd,
         } = self.stages();
         let pp = plan.pp;
@@ -2567,12 +2553,17 @@ impl<'a> Ctx<'a> {
             }
         }
         // Megatron's `--overlap-param-gather`: the updated weights are gathered bucket by
-        // bucket under the next step's first forward pass.
+        // bucket under the next step's first forward pass (the first pipeline rank's
+        // chunks, the embedding's and, without a pipeline, the head's GEMMs among them).
         let param_gather_exposed = match self.m.software.overlap_param_gather {
             true => {
                 let first_forward: f64 = (0..plan.vpp).map(|c| fwd[c * pp]).sum();
-                self.nccl_exposed(param_gather, first_forward, lf.gemm_share())
-                    .0
+                let gemm: f64 = (0..plan.vpp).map(|c| fwd_gemm[c * pp]).sum();
+                let share = match first_forward > 0.0 {
+                    true => (gemm / first_forward).min(1.0),
+                    false => 0.0,
+                };
+                self.nccl_exposed(param_gather, first_forward, share).0
             }
             false => param_gather,
         };

@@ -78,9 +78,18 @@ fn draw(d: &mut Draw) -> Option<Case> {
         "cpu",
     ]);
     let nodes = d.pick(&[1usize, 2, 4, 8, 16]);
-    // The CPU runtime's ranks (threads of one process), eight for each node drawn.
+    // The CPU runtime's ranks (threads of one process), eight for each node drawn; now and
+    // then another instance of the same GPU, or a power limit.
+    let preset = match (preset, d.pick(&[0, 0, 1, 2])) {
+        ("dgx-a100", 1) => "aws-p4d",
+        ("dgx-h100", 1) => "aws-p5en",
+        ("dgx-h100", 2) => "hgx-h100-96gb",
+        ("dgx-b200", 1) => "aws-p6-b200",
+        (p, _) => p,
+    };
     let spec = match preset {
         "cpu" => format!("cpu:ranks={}", 8 * nodes),
+        "dgx-h100" if d.pick(&[false, false, true]) => format!("{preset}:nodes={nodes},power=500"),
         _ => format!("{preset}:nodes={nodes}"),
     };
     let cluster = Cluster::preset(&spec).expect("preset");
@@ -104,6 +113,11 @@ fn draw(d: &mut Draw) -> Option<Case> {
     if d.pick(&[false, false, true]) {
         cfg.experts = d.pick(&[8, 16]);
         cfg.top_k = 2;
+        // A DeepSeekMoE-style shared expert beside the routed ones, now and then.
+        cfg.shared_ffn = d.pick(&[0, 0, cfg.ffn / 4]);
+    } else if d.pick(&[false, false, false, true]) {
+        // Heads narrower than hidden / heads (Qwen3's, Gemma's shapes).
+        cfg.head_dim = Some(64);
     }
     let (tp, pp, cp) = (
         d.pick(&[1usize, 2, 4, 8]),
@@ -221,13 +235,24 @@ fn estimates_keep_their_properties_over_drawn_configurations() {
             e.peak_memory_gib.is_finite() && e.peak_memory_gib > 0.0,
             "{name}"
         );
+        // Megatron-Core's merged step pairs each expert all-to-all with a sub-block of the
+        // other micro-batch, and the model splits what a pass leaves free between its
+        // sub-blocks by their computation: faster GEMMs can move a little of that cover from
+        // the block a dispatch hides under to the other (0.0013% of a step at most in the
+        // drawn cases); nothing else may slow a step.
+        let slack = match base.software.ep_comm_overlap
+            && case.plan.overlaps_expert_all_to_alls(&case.cfg)
+        {
+            true => 1e-4,
+            false => ROUNDING,
+        };
         for (what, cluster) in better_hardware(&case.cluster) {
             let faster = case
                 .model(cluster)
                 .estimate(&case.cfg, &case.plan)
                 .unwrap_or_else(|err| panic!("{what} refuses {name}: {err}"));
             assert!(
-                faster.iter_time_s <= t * (1.0 + ROUNDING),
+                faster.iter_time_s <= t * (1.0 + slack),
                 "{what} slows {name}: {t} s -> {} s",
                 faster.iter_time_s
             );
