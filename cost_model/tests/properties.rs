@@ -136,7 +136,7 @@ fn draw(d: &mut Draw) -> Option<Case> {
     let mbs = d.pick(&[1usize, 2]);
     let plan = format!(
         "dp={dp},tp={tp},pp={pp},cp={cp},ep={ep},vpp={},mbs={mbs},gbs={},zero={},recompute={},\
-         dtype={},sp={}{}",
+         dtype={},sp={}{}{}",
         if pp > 1 { d.pick(&[1, 2]) } else { 1 },
         dp * mbs * d.pick(&[1, 4, 16]),
         d.pick(&[0, 1, 2, 3]),
@@ -152,6 +152,18 @@ fn draw(d: &mut Draw) -> Option<Case> {
             ",offload=params",
             ",etp=1",
             ",recompute_layers=2",
+        ]),
+        // Layer placements other than Megatron-LM's, other mesh orders, other schedules.
+        d.pick(&[
+            "",
+            "",
+            "",
+            ",attn=seq",
+            ",attn=ulysses,mlp=seq",
+            ",attn=tts",
+            ",order=pp-dp-ep-tp-cp",
+            ",order=dp-pp-ep-cp-tp",
+            ",schedule=gpipe",
         ]),
     );
     let plan = Plan::parse(&plan).ok()?;
@@ -440,7 +452,7 @@ fn memory_trades_keep_their_direction_over_drawn_configurations() {
 fn model_flops_do_not_depend_on_the_layout() {
     let mut d = Draw(0xf10b5);
     let mut checked = 0;
-    for _ in 0..3000 {
+    for _ in 0..4000 {
         let Some(case) = draw(&mut d) else { continue };
         let m = case.model(case.cluster.clone());
         let per_sequence = |p: &Plan| {
