@@ -610,6 +610,12 @@ pub struct StageTimes {
     pub backward_s: Vec<f64>,
 }
 
+/// Elements of a GEMM's weight operand (one per expert where the weights are batched).
+fn gemm_weights(s: GemmShape, weights_batched: bool) -> f64 {
+    let wb = if weights_batched { s.batch } else { 1 };
+    (wb * s.k * s.n) as f64
+}
+
 struct Stages {
     layers: Vec<usize>,
     lf: PassTime,
@@ -946,17 +952,37 @@ impl<'a> Ctx<'a> {
     /// The forward GEMM of a transformer layer: in fp8 under `dtype=fp8` (Transformer
     /// Engine's linear layers, which cast the layer's input and weight for it), otherwise
     /// as [`Ctx::gemm`]. Where the stack keeps the weights' fp8 copies over a step
-    /// ([`crate::Software::fp8_weight_cache`]), only the first micro-batch casts them; that
-    /// cost is spread here over the step's micro-batches.
+    /// ([`crate::Software::fp8_weight_cache`]), only the first micro-batch casts them: the
+    /// step pays that once ([`Ctx::layer_weight_cast`]), not every micro-batch.
     fn layer_gemm(&self, s: GemmShape, weights_batched: bool) -> f64 {
-        let wb = if weights_batched { s.batch } else { 1 };
-        let weights = (wb * s.k * s.n) as f64;
         let weight_casts = match self.m.software.fp8_weight_cache {
-            true => weights / self.plan.micro_batches().max(1) as f64,
-            false => weights,
+            true => 0.0,
+            false => gemm_weights(s, weights_batched),
         };
         let cast = (s.batch * s.m * s.k) as f64 + weight_casts;
         self.layer_gemm_casting(s, weights_batched, cast)
+    }
+
+    /// What casting one layer's GEMM weights to fp8 takes where the stack keeps the copies
+    /// over a step ([`crate::Software::fp8_weight_cache`]): the first micro-batch's forward
+    /// of each layer pays it, and that micro-batch passes through every virtual stage in
+    /// turn before the pipeline fills, so the step pays it once per layer of the model (a
+    /// rank's own layers as its work, the others' as a wait). Zero otherwise.
+    fn layer_weight_cast(&self) -> f64 {
+        if !self.plan.fp8 || !self.m.software.fp8_weight_cache {
+            return 0.0;
+        }
+        let (attn, mlp) = self.layer_gemms();
+        let c = &self.m.compute;
+        attn.iter()
+            .chain(mlp.iter())
+            .map(|(_, s, batched)| {
+                c.memory_time(
+                    gemm_weights(*s, *batched) * c.fp8_cast_bytes_per_element,
+                    self.cl(),
+                )
+            })
+            .sum()
     }
 
     /// A GEMM of a transformer layer that first casts `cast` elements to fp8 under
@@ -2425,6 +2451,9 @@ impl<'a> Ctx<'a> {
         let mut grad_exposed = 0.0f64;
         let mut busiest = 0.0f64;
         let mut pipeline_end = 0.0f64;
+        // The first micro-batch's weight casts (`fp8_weight_cache`): each rank's own are its
+        // work; the whole chain delays every rank's schedule.
+        let weight_cast = self.layer_weight_cast();
         for rank in 0..pp {
             let list = &schedule.per_rank[rank];
             let spans = &timeline.spans[rank];
@@ -2438,7 +2467,11 @@ impl<'a> Ctx<'a> {
             }
             pipeline_end = pipeline_end.max(end);
             let work: f64 = (0..plan.vpp)
-                .map(|c| (fwd[c * pp + rank] + bwd[c * pp + rank]) * plan.micro_batches() as f64)
+                .map(|c| {
+                    let vs = c * pp + rank;
+                    (fwd[vs] + bwd[vs]) * plan.micro_batches() as f64
+                        + layers[vs] as f64 * weight_cast
+                })
                 .sum();
             busiest = busiest.max(work);
             // Buckets, one per layer (and the embedding or head), ready as the last backward
@@ -2494,6 +2527,9 @@ impl<'a> Ctx<'a> {
             grad_exposed = grad_exposed.max(exposed);
             iter_end = iter_end.max(end + exposed);
         }
+        let cast_chain = cfg.layers as f64 * weight_cast;
+        pipeline_end += cast_chain;
+        iter_end += cast_chain;
         // Tied embeddings: the first and last stage add their gradients.
         let embedding_sync = if pp > 1 && cfg.tied_embeddings {
             let pair = self
