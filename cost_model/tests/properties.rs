@@ -8,7 +8,9 @@
 //! profile's overlap is never faster than the predicted one and no pass exposes more
 //! communication than it issues; the pessimistic end of `plan`'s range is the slower of the
 //! two steps, at the same memory; recomputing more or sharding deeper never buys time or
-//! costs memory; and a model's FLOPs per sequence do not depend on the layout. The search
+//! costs memory; twice the batch or one more layer per stage never shortens a step nor
+//! needs less memory, nor does a larger micro-batch need less; and a model's FLOPs per
+//! sequence do not depend on the layout. The search
 //! ranks plans by these numbers, so a plan must never win by a cost model that rewards
 //! slower hardware or prices a collective's overlap above the collective.
 //!
@@ -407,6 +409,38 @@ fn memory_trades_keep_their_direction_over_drawn_configurations() {
             .map(|z| with(&|p: &mut Plan| p.zero_stage = z))
             .collect();
         let name = case.name();
+        // A deeper model (one more layer on every virtual stage) is more work and more bytes:
+        // never a shorter step nor less memory. A larger micro-batch never needs less memory
+        // (its step may be shorter: fewer, larger GEMMs).
+        let deeper = {
+            let mut cfg = case.cfg.clone();
+            cfg.layers += case.plan.pp * case.plan.vpp;
+            m.estimate(&cfg, &case.plan).ok()
+        };
+        if let (Some(one), Some(more)) = (with(&|_: &mut Plan| ()), deeper) {
+            assert!(
+                more.iter_time_s >= one.iter_time_s * (1.0 - ROUNDING),
+                "a deeper model is faster for {name}: {} s -> {} s",
+                one.iter_time_s,
+                more.iter_time_s
+            );
+            assert!(
+                more.peak_memory_gib >= one.peak_memory_gib * (1.0 - ROUNDING),
+                "a deeper model needs less memory for {name}"
+            );
+        }
+        if let (Some(one), Some(wide)) = (
+            with(&|_: &mut Plan| ()),
+            with(&|p: &mut Plan| {
+                p.micro_batch_size *= 2;
+                p.global_batch *= 2;
+            }),
+        ) {
+            assert!(
+                wide.peak_memory_gib >= one.peak_memory_gib * (1.0 - ROUNDING),
+                "twice the micro-batch needs less memory for {name}"
+            );
+        }
         // Twice the global batch is more micro-batches of the same work: never a shorter
         // step, never fewer bytes.
         if let (Some(one), Some(two)) = (
