@@ -2900,11 +2900,14 @@ impl<'a> Ctx<'a> {
                     // Two layers' gathered weights (current and prefetched).
                     working += 2.0 * self.layer_params_per_rank() * self.e;
                 }
+                if plan.zero_stage >= 2 {
+                    // A layer's unsharded gradients before their reduce-scatter, which ZeRO-2
+                    // and -3 run after each micro-batch's backward of the layer.
+                    working += self.layer_params_per_rank() * self.m.software.reduce_bytes;
+                }
                 if offload == Offload::Params {
-                    // A layer's unsharded gradients before their reduce-scatter, and the
-                    // fp32 shards copied up for the next gathers.
-                    working += self.layer_params_per_rank()
-                        * (self.m.software.reduce_bytes + 2.0 * 4.0 / z.dense.max(1.0));
+                    // The fp32 shards copied up for the next gathers.
+                    working += self.layer_params_per_rank() * 2.0 * 4.0 / z.dense.max(1.0);
                 }
                 let comm_buffers = 2.0 * msg
                     + if self.sp { self.act() * self.e } else { 0.0 }

@@ -226,6 +226,20 @@ fn better_hardware(c: &Cluster) -> Vec<(&'static str, Cluster)> {
         }
     }
     out.push(("twice the tensor-core rate", x));
+    if let Some(host) = &c.host {
+        let mut x = c.clone();
+        x.host = Some(autopar_cost_model::cluster::HostSpec {
+            pcie_gb_per_s: 2.0 * host.pcie_gb_per_s,
+            memory_bandwidth_gb_per_s: 2.0 * host.memory_bandwidth_gb_per_s,
+            ..host.clone()
+        });
+        out.push(("twice the PCIe and host memory rates", x));
+    }
+    if c.gpu.power_limit_w.is_some() {
+        let mut x = c.clone();
+        x.gpu.power_limit_w = None;
+        out.push(("no power limit", x));
+    }
     out
 }
 
@@ -390,7 +404,7 @@ fn found_by_the_drawn_configurations() {
 /// gradients and optimizer state larger.
 #[test]
 fn memory_trades_keep_their_direction_over_drawn_configurations() {
-    use autopar_cost_model::{Estimate, Recompute};
+    use autopar_cost_model::{Estimate, Offload, Recompute};
     let mut d = Draw(0x0dd_ba11);
     let mut checked = 0;
     for _ in 0..3000 {
@@ -429,8 +443,36 @@ fn memory_trades_keep_their_direction_over_drawn_configurations() {
                 "a deeper model needs less memory for {name}"
             );
         }
+        // Sequence parallelism shards what tensor parallelism replicates, and offloading the
+        // optimizer moves state off the GPU: neither ever needs more of it.
+        let base = with(&|_: &mut Plan| ());
+        if case.plan.tp > 1
+            && let (Some(sp), Some(no_sp)) = (
+                with(&|p: &mut Plan| p.sequence_parallel = true),
+                with(&|p: &mut Plan| p.sequence_parallel = false),
+            )
+        {
+            assert!(
+                sp.memory.activations <= no_sp.memory.activations * (1.0 + ROUNDING),
+                "sequence parallelism keeps more activations for {name}"
+            );
+        }
+        // (Not so the parameters: their fp32 shards are copied up, two layers ahead, which
+        // with few layers per rank or few data-parallel ranks outweighs the 16-bit shards
+        // they stop keeping.)
+        if let (Some(kept), Some(offloaded)) = (
+            with(&|p: &mut Plan| p.offload = Offload::None),
+            with(&|p: &mut Plan| p.offload = Offload::Optimizer),
+        ) {
+            assert!(
+                offloaded.memory.total <= kept.memory.total * (1.0 + ROUNDING),
+                "offloading the optimizer needs more GPU memory for {name}: {} -> {} bytes",
+                kept.memory.total,
+                offloaded.memory.total
+            );
+        }
         if let (Some(one), Some(wide)) = (
-            with(&|_: &mut Plan| ()),
+            base.clone(),
             with(&|p: &mut Plan| {
                 p.micro_batch_size *= 2;
                 p.global_batch *= 2;
