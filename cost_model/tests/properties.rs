@@ -3,8 +3,9 @@
 //! shapes to 32K tokens; every parallelism, ZeRO stage, offload, recompute mode, dtype, layer
 //! placement, mesh order and schedule; the software profiles and knob variants of them): a
 //! step is finite and positive; a layer's second waves stay within its GEMMs; better
-//! hardware (twice the NIC, NVLink, HBM or tensor-core rate, half the latencies) never makes
-//! it slower; where no collective is pipelined with a split GEMM, the step with none of the
+//! hardware (twice the NIC, NVLink, HBM, tensor-core, PCIe or host memory rate, half the
+//! latencies, no power limit, not half the NICs) never makes it slower; moving the mesh's
+//! single-rank axes in the order changes nothing; where no collective is pipelined with a split GEMM, the step with none of the
 //! profile's overlap is never faster than the predicted one and no pass exposes more
 //! communication than it issues; the pessimistic end of `plan`'s range is the slower of the
 //! two steps, at the same memory; recomputing more or sharding deeper never buys time or
@@ -287,6 +288,37 @@ fn estimates_keep_their_properties_over_drawn_configurations() {
                 faster.iter_time_s
             );
         }
+        // Half the NICs of a node (each left carrying two GPUs' traffic) never speed a step.
+        if case.cluster.network.nics_per_node >= 2 && case.cluster.nodes > 1 {
+            let mut fewer = case.cluster.clone();
+            fewer.network.nics_per_node /= 2;
+            let slower = case
+                .model(fewer)
+                .estimate(&case.cfg, &case.plan)
+                .unwrap_or_else(|err| panic!("half the NICs refuse {name}: {err}"));
+            assert!(
+                slower.iter_time_s >= t * (1.0 - slack),
+                "half the NICs speed {name}: {t} s -> {} s",
+                slower.iter_time_s
+            );
+        }
+        // Where an axis of the mesh sits in the order matters only if it has more than one
+        // rank: moving the single-rank axes outermost changes no group, so no number.
+        let mut reordered = case.plan.clone();
+        let (single, many): (Vec<_>, Vec<_>) = case
+            .plan
+            .mesh_axes()
+            .into_iter()
+            .partition(|(_, n)| *n == 1);
+        reordered.axis_order = single.into_iter().chain(many).map(|(a, _)| a).collect();
+        let r = base
+            .estimate(&case.cfg, &reordered)
+            .expect("the same plan in another order");
+        assert!(
+            (r.iter_time_s / t - 1.0).abs() < ROUNDING && r.memory.total == e.memory.total,
+            "single-rank axes moved outermost change {name}: {t} s -> {} s",
+            r.iter_time_s
+        );
         // The pessimistic end is the slower of the two steps, and overlap moves no memory,
         // so the search's memory bound (the no-overlap model's) holds for it.
         let none = base
