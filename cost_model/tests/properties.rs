@@ -455,29 +455,46 @@ fn memory_trades_keep_their_direction_over_drawn_configurations() {
             .map(|z| with(&|p: &mut Plan| p.zero_stage = z))
             .collect();
         let name = case.name();
-        // A deeper model (one more layer on every virtual stage) is more work and more bytes:
-        // never a shorter step nor less memory. A larger micro-batch never needs less memory
-        // (its step may be shorter: fewer, larger GEMMs).
+        let base = with(&|_: &mut Plan| ());
+        // More work is never a shorter step nor fewer bytes: a deeper model (one more layer
+        // on every virtual stage), twice the global batch (more micro-batches of the same
+        // work). A larger micro-batch never needs less memory (its step may be shorter:
+        // fewer, larger GEMMs).
+        let no_less = |what: &str, more: Option<Estimate>, time: bool| {
+            if let (Some(one), Some(more)) = (&base, more) {
+                assert!(
+                    !time || more.iter_time_s >= one.iter_time_s * (1.0 - ROUNDING),
+                    "{what} is faster for {name}: {} s -> {} s",
+                    one.iter_time_s,
+                    more.iter_time_s
+                );
+                assert!(
+                    more.peak_memory_gib >= one.peak_memory_gib * (1.0 - ROUNDING),
+                    "{what} needs less memory for {name}"
+                );
+            }
+        };
         let deeper = {
             let mut cfg = case.cfg.clone();
             cfg.layers += case.plan.pp * case.plan.vpp;
             m.estimate(&cfg, &case.plan).ok()
         };
-        if let (Some(one), Some(more)) = (with(&|_: &mut Plan| ()), deeper) {
-            assert!(
-                more.iter_time_s >= one.iter_time_s * (1.0 - ROUNDING),
-                "a deeper model is faster for {name}: {} s -> {} s",
-                one.iter_time_s,
-                more.iter_time_s
-            );
-            assert!(
-                more.peak_memory_gib >= one.peak_memory_gib * (1.0 - ROUNDING),
-                "a deeper model needs less memory for {name}"
-            );
-        }
+        no_less("a deeper model", deeper, true);
+        no_less(
+            "twice the batch",
+            with(&|p: &mut Plan| p.global_batch *= 2),
+            true,
+        );
+        no_less(
+            "twice the micro-batch",
+            with(&|p: &mut Plan| {
+                p.micro_batch_size *= 2;
+                p.global_batch *= 2;
+            }),
+            false,
+        );
         // Sequence parallelism shards what tensor parallelism replicates, and offloading the
         // optimizer moves state off the GPU: neither ever needs more of it.
-        let base = with(&|_: &mut Plan| ());
         if case.plan.tp > 1
             && let (Some(sp), Some(no_sp)) = (
                 with(&|p: &mut Plan| p.sequence_parallel = true),
@@ -501,35 +518,6 @@ fn memory_trades_keep_their_direction_over_drawn_configurations() {
                 "offloading the optimizer needs more GPU memory for {name}: {} -> {} bytes",
                 kept.memory.total,
                 offloaded.memory.total
-            );
-        }
-        if let (Some(one), Some(wide)) = (
-            base.clone(),
-            with(&|p: &mut Plan| {
-                p.micro_batch_size *= 2;
-                p.global_batch *= 2;
-            }),
-        ) {
-            assert!(
-                wide.peak_memory_gib >= one.peak_memory_gib * (1.0 - ROUNDING),
-                "twice the micro-batch needs less memory for {name}"
-            );
-        }
-        // Twice the global batch is more micro-batches of the same work: never a shorter
-        // step, never fewer bytes.
-        if let (Some(one), Some(two)) = (
-            with(&|_: &mut Plan| ()),
-            with(&|p: &mut Plan| p.global_batch *= 2),
-        ) {
-            assert!(
-                two.iter_time_s >= one.iter_time_s * (1.0 - ROUNDING),
-                "twice the batch is faster for {name}: {} s -> {} s",
-                one.iter_time_s,
-                two.iter_time_s
-            );
-            assert!(
-                two.peak_memory_gib >= one.peak_memory_gib * (1.0 - ROUNDING),
-                "twice the batch needs less memory for {name}"
             );
         }
         if let [Some(none), Some(sel), Some(full)] = &by_recompute[..] {
