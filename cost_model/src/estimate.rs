@@ -953,9 +953,11 @@ impl<'a> Ctx<'a> {
     /// Engine's linear layers, which cast the layer's input and weight for it), otherwise
     /// as [`Ctx::gemm`]. Where the stack keeps the weights' fp8 copies over a step
     /// ([`crate::Software::fp8_weight_cache`]), only the first micro-batch casts them: the
-    /// step pays that once ([`Ctx::layer_weight_cast`]), not every micro-batch.
+    /// step pays that once ([`Ctx::layer_weight_cast`]), not every micro-batch; where the
+    /// weights are fp8 already ([`crate::Software::fp8_params`]), none does.
     fn layer_gemm(&self, s: GemmShape, weights_batched: bool) -> f64 {
-        let weight_casts = match self.m.software.fp8_weight_cache {
+        let sw = &self.m.software;
+        let weight_casts = match sw.fp8_weight_cache || sw.fp8_params {
             true => 0.0,
             false => gemm_weights(s, weights_batched),
         };
@@ -967,9 +969,12 @@ impl<'a> Ctx<'a> {
     /// over a step ([`crate::Software::fp8_weight_cache`]): the first micro-batch's forward
     /// of each layer pays it, and that micro-batch passes through every virtual stage in
     /// turn before the pipeline fills, so the step pays it once per layer of the model (a
-    /// rank's own layers as its work, the others' as a wait). Zero otherwise.
+    /// rank's own layers as its work, the others' as a wait). Zero otherwise, and where the
+    /// weights live in fp8 ([`crate::Software::fp8_params`]: the optimizer step writes them
+    /// so, and no forward casts them).
     fn layer_weight_cast(&self) -> f64 {
-        if !self.plan.fp8 || !self.m.software.fp8_weight_cache {
+        let sw = &self.m.software;
+        if !self.plan.fp8 || !sw.fp8_weight_cache || sw.fp8_params {
             return 0.0;
         }
         let (attn, mlp) = self.layer_gemms();
