@@ -393,6 +393,18 @@ impl CostModel {
                     self.cluster.name
                 )));
             }
+            if self.software.pp_holds_gathered_weights && plan.pp > 1 {
+                return Err(CostError::PlanMismatch(format!(
+                    "offload={} with pp={} under `{}`: its pipeline stages hold their layers' \
+                     gathered weights and unsharded gradients over the step (PyTorch's \
+                     pipelining stage defers FSDP's reshard and gradient reduction), which \
+                     offloading the shards does not free; not modelled (use pp=1 or \
+                     offload=none)",
+                    plan.offload.name(),
+                    plan.pp,
+                    self.software.name
+                )));
+            }
         }
         if plan.fp8 && plan.dtype != DType::BF16 {
             return Err(CostError::PlanMismatch(

@@ -687,6 +687,22 @@ fn cpu_offload_moves_state_to_the_host_and_costs_pcie_time() {
     assert!(why.contains("host memory") && why.contains("GiB"), "{why}");
 }
 
+/// torchtitan's pipeline stages hold their gathered weights and unsharded gradients over
+/// the step, which offloading the FSDP shards does not free: refused, not mispriced.
+#[test]
+fn offload_under_torchtitan_pipelines_is_refused() {
+    let mut m = CostModel::new(Cluster::preset("dgx-h100:nodes=2").unwrap());
+    autopar_cost_model::Software::parse("torchtitan")
+        .unwrap()
+        .apply(&mut m);
+    let cfg = TransformerConfig::gpt("small", 8, 1024, 16, 1024, 51200);
+    let piped = Plan::parse("dp=4,pp=4,zero=3,gbs=16,offload=optimizer").unwrap();
+    let err = m.estimate(&cfg, &piped).unwrap_err().to_string();
+    assert!(err.contains("pp=4") && err.contains("torchtitan"), "{err}");
+    let flat = Plan::parse("dp=16,zero=3,gbs=16,offload=optimizer").unwrap();
+    assert!(m.estimate(&cfg, &flat).is_ok());
+}
+
 #[test]
 fn offload_needs_a_described_host() {
     let mut c = Cluster::preset("dgx-h100:nodes=1").unwrap();

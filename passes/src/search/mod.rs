@@ -80,7 +80,8 @@ use serde::{Deserialize, Serialize};
 use autopar_cost_model::cluster::Runtime;
 use autopar_cost_model::estimate::stage_layers;
 use autopar_cost_model::{
-    CostModel, Estimate, LayerPlacement, MeshMapping, Offers, Plan, Recompute, TransformerConfig,
+    CostModel, Estimate, LayerPlacement, MeshMapping, Offers, Offload, Plan, Recompute,
+    TransformerConfig,
 };
 use autopar_ir::DType;
 use autopar_ir::schedule::{Schedule, ScheduleKind};
@@ -554,7 +555,11 @@ impl Worker {
         // Offload and experts over fewer ranks than tp are the GPU stack's: the CPU runtime
         // (and a search for what it runs) has neither, nor offload a cluster without a host.
         let gpu_stack = model.cluster.runtime == Runtime::MixedPrecisionGpu && !c.cpu_executable;
-        let can_offload = gpu_stack && model.cluster.host.is_some();
+        // Pipeline stages that hold their gathered weights over the step (torchtitan's)
+        // free nothing by offloading the shards; the estimate refuses it.
+        let can_offload = gpu_stack
+            && model.cluster.host.is_some()
+            && !(model.software.pp_holds_gathered_weights && s.pp > 1);
         let layouts = if gpu_stack || c.etp.is_some() {
             space::expert_layouts(cfg, &s, c)
         } else {
@@ -609,7 +614,10 @@ impl Worker {
                         };
                         memory_lower_bound(model, cfg, &p, None) <= capacity
                     };
-                    for offload in space::offloads(zero, fits, c) {
+                    let offloads = space::offloads(zero, fits, c)
+                        .into_iter()
+                        .filter(|&o| o == Offload::None || can_offload);
+                    for offload in offloads {
                         let base = Plan {
                             recompute: Recompute::None,
                             sequence_parallel: false,
