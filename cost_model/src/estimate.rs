@@ -144,6 +144,13 @@ impl PassTime {
         self.total_s() - self.second_wave_s
     }
 
+    /// [`PassTime::overlap_window_s`] without the pass's exposed expert all-to-alls: what it
+    /// offers beside them when the other micro-batch's work hides them
+    /// (`Ctx::overlap_expert_all_to_alls`).
+    fn window_beside_all_to_alls_s(&self) -> f64 {
+        (self.overlap_window_s() - self.exposed_by.ep_s).max(0.0)
+    }
+
     /// The GEMMs' share of [`PassTime::overlap_window_s`] (0 for an empty pass): what a
     /// collective overlapping the whole pass finds beside it. The exposed communication is
     /// part of the window and runs no GEMM, so a persistent GEMM's second wave
@@ -1975,7 +1982,7 @@ impl<'a> Ctx<'a> {
     /// off this pass.
     fn zero_window(&self, p: &PassTime) -> f64 {
         match self.hides_expert_all_to_alls() {
-            true => (p.overlap_window_s() - p.exposed_by.ep_s).max(0.0),
+            true => p.window_beside_all_to_alls_s(),
             false => p.overlap_window_s(),
         }
     }
@@ -2276,9 +2283,8 @@ impl<'a> Ctx<'a> {
         // multiple of its computation.
         let free = |p: &PassTime, (busy, _): (f64, f64)| {
             let own_issued = p.comm_total_s - p.exposed_by.ep_s;
-            let path = p.overlap_window_s() - p.exposed_by.ep_s;
             match busy > 0.0 {
-                true => ((path - own_issued) / busy).max(0.0),
+                true => ((p.window_beside_all_to_alls_s() - own_issued) / busy).max(0.0),
                 false => 0.0,
             }
         };

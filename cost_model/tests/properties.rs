@@ -72,6 +72,12 @@ impl Case {
     }
 }
 
+/// The configurations of `draws` draws from `seed` (a draw that makes no case, none).
+fn drawn(seed: u64, draws: usize) -> impl Iterator<Item = Case> {
+    let mut d = Draw(seed);
+    (0..draws).filter_map(move |_| draw(&mut d))
+}
+
 fn draw(d: &mut Draw) -> Option<Case> {
     let preset = d.pick(&[
         "dgx-a100",
@@ -249,10 +255,8 @@ const ROUNDING: f64 = 1e-6;
 
 #[test]
 fn estimates_keep_their_properties_over_drawn_configurations() {
-    let mut d = Draw(0x5eed_a070_9a12);
     let mut checked = 0;
-    for _ in 0..8000 {
-        let Some(case) = draw(&mut d) else { continue };
+    for case in drawn(0x5eed_a070_9a12, 8000) {
         let base = case.model(case.cluster.clone());
         // A plan the model refuses (it does not divide the model) is not a case.
         let Ok(e) = base.estimate(&case.cfg, &case.plan) else {
@@ -437,10 +441,8 @@ fn found_by_the_drawn_configurations() {
 #[test]
 fn memory_trades_keep_their_direction_over_drawn_configurations() {
     use autopar_cost_model::{Estimate, Offload, Recompute};
-    let mut d = Draw(0x0dd_ba11);
     let mut checked = 0;
-    for _ in 0..3000 {
-        let Some(case) = draw(&mut d) else { continue };
+    for case in drawn(0x0dd_ba11, 3000) {
         let m = case.model(case.cluster.clone());
         let with = |f: &dyn Fn(&mut Plan)| {
             let mut p = case.plan.clone();
@@ -581,10 +583,8 @@ fn memory_trades_keep_their_direction_over_drawn_configurations() {
 /// tensor-parallel rank, such as a MoE router without sequence parallelism, counted once).
 #[test]
 fn model_flops_do_not_depend_on_the_layout() {
-    let mut d = Draw(0xf10b5);
     let mut checked = 0;
-    for _ in 0..5500 {
-        let Some(case) = draw(&mut d) else { continue };
+    for case in drawn(0xf10b5, 5500) {
         let m = case.model(case.cluster.clone());
         let per_sequence = |p: &Plan| {
             m.estimate(&case.cfg, p).ok().map(|e| {
