@@ -52,7 +52,10 @@ pub fn gradient_buckets(spans: &[GradientSpan], cap_bytes: f64) -> Vec<Bucket> {
     for span in spans {
         let n = span.tensor_bytes.len();
         for (k, &each) in span.tensor_bytes.iter().enumerate() {
-            let ready = span.start + (span.end - span.start) * (k + 1) as f64 / n as f64;
+            let ready = match k + 1 == n {
+                true => span.end,
+                false => span.start + (span.end - span.start) * (k + 1) as f64 / n as f64,
+            };
             if let Some(b) = open
                 && b.bytes + each > cap_bytes
             {

@@ -186,6 +186,27 @@ impl PassTime {
         a.zero_s += b.zero_s;
     }
 
+    /// These times less `o`'s, each at least zero: a pass that skips `o`'s part of this one.
+    fn without(&self, o: &PassTime) -> PassTime {
+        let less = |a: f64, b: f64| (a - b).max(0.0);
+        let (a, b) = (&self.exposed_by, &o.exposed_by);
+        PassTime {
+            gemm_s: less(self.gemm_s, o.gemm_s),
+            attention_s: less(self.attention_s, o.attention_s),
+            memory_s: less(self.memory_s, o.memory_s),
+            comm_exposed_s: less(self.comm_exposed_s, o.comm_exposed_s),
+            comm_total_s: less(self.comm_total_s, o.comm_total_s),
+            recompute_s: less(self.recompute_s, o.recompute_s),
+            exposed_by: ExposedComm {
+                tp_s: less(a.tp_s, b.tp_s),
+                cp_s: less(a.cp_s, b.cp_s),
+                ep_s: less(a.ep_s, b.ep_s),
+                zero_s: less(a.zero_s, b.zero_s),
+            },
+            second_wave_s: less(self.second_wave_s, o.second_wave_s),
+        }
+    }
+
     /// Communication nothing hides.
     fn exposed(&mut self, kind: CommKind, t: f64) {
         self.overlapped(kind, t, t);
@@ -1908,31 +1929,42 @@ impl<'a> Ctx<'a> {
 
     /// What a full recomputation that stops early ([`Software::recompute_early_stop`]) does
     /// not run again of a dense layer's forward: the MLP's output GEMM, the reduction of
-    /// its partial sums over `tp` where one follows it, and the residual add, as (seconds,
-    /// the GEMM's FLOPs); nothing for an MoE layer or a profile that replays the whole
-    /// forward.
-    fn early_stop_skips(&self) -> (f64, f64) {
+    /// its partial sums over `tp` where one follows it, and the residual add, as (their
+    /// times, the GEMM's FLOPs, its weights' share of the layer's on the rank); nothing for
+    /// an MoE layer or a profile that replays the whole forward.
+    fn early_stop_skips(&self) -> (PassTime, f64, f64) {
+        let mut p = PassTime::default();
         if !self.m.software.recompute_early_stop || self.cfg.experts > 1 {
-            return (0.0, 0.0);
+            return (p, 0.0, 0.0);
         }
         let (attn, mlp) = self.layer_gemms();
         let Some(out) = mlp.iter().find(|g| g.0 == Some(LayerOp::MlpOut)) else {
-            return (0.0, 0.0);
+            return (p, 0.0, 0.0);
         };
-        let gemm = self.layer_gemm(out.1, out.2);
-        let residual = self.mem(self.act_sp() * (3.0 * self.e + self.dropout_mask_bytes()));
+        let weights = (out.1.batch * out.1.n * out.1.k) as f64;
+        let weight_share = (weights / self.layer_params_per_rank().max(1.0)).min(1.0);
+        p.gemm_s += self.layer_gemm(out.1, out.2);
+        p.memory_s += self.mem(self.act_sp() * (3.0 * self.e + self.dropout_mask_bytes()));
         let shapes: Vec<_> = attn.iter().chain(mlp.iter()).collect();
-        let reduction = match self.layer_tp_collectives(Pass::Forward).last() {
-            Some((c, true)) if c.kind != Collective::AllGather => {
-                self.forward_tp_collective(c, true, &shapes).1
-                    + self.tp_relayout(c, true, self.fprop_pipelined(c, true))
-            }
-            _ => 0.0,
-        };
-        (gemm + residual + reduction, out.1.flops())
+        if let Some((c, true)) = self.layer_tp_collectives(Pass::Forward).last()
+            && c.kind != Collective::AllGather
+        {
+            let (t, exposed) = self.forward_tp_collective(c, true, &shapes);
+            p.overlapped(CommKind::Tensor, t, exposed);
+            p.memory_s += self.tp_relayout(c, true, self.fprop_pipelined(c, true));
+        }
+        (p, out.1.flops(), weight_share)
     }
 
+    /// A layer's forward for one micro-batch, its ZeRO-3 gather included, and its FLOPs.
     fn layer_forward(&self) -> (PassTime, f64) {
+        let (mut p, flops) = self.layer_forward_work();
+        self.add_forward_zero(&mut p, 1.0);
+        (p, flops)
+    }
+
+    /// A layer's forward but its ZeRO-3 gather, and its FLOPs.
+    fn layer_forward_work(&self) -> (PassTime, f64) {
         let mut p = PassTime::default();
         let (attn, mlp) = self.layer_gemms();
         let act_sp = self.act_sp();
@@ -1966,14 +1998,19 @@ impl<'a> Ctx<'a> {
         p.memory_s += self.ring_merge(false);
         let (cp, cp_exposed) = self.cp_exchange(false, t_attn);
         p.overlapped(CommKind::Context, cp, cp_exposed);
+        (p, flops)
+    }
+
+    /// Adds a layer forward's ZeRO-3 gather of `share` of the layer's weights to its pass
+    /// `p`, hidden under `p`.
+    fn add_forward_zero(&self, p: &mut PassTime, share: f64) {
         // Offloaded parameters are copied up before their gather: one chain, prefetched alike.
-        let z3 = self.zero3_gather_pass() + self.offloaded_param_copy();
-        let hidden_under = self.zero_window(&p);
+        let z3 = share * (self.zero3_gather_pass() + self.offloaded_param_copy());
+        let hidden_under = self.zero_window(p);
         let exposed = self.zero3_exposed(z3, hidden_under, p.gemm_share());
-        let (exposed, second_wave) = self.within_wave_budget(&p, exposed);
+        let (exposed, second_wave) = self.within_wave_budget(p, exposed);
         p.overlapped(CommKind::Zero, z3, exposed);
         p.second_wave_s += second_wave;
-        (p, flops)
     }
 
     /// The window a layer pass's ZeRO traffic hides under ([`PassTime::overlap_window_s`]):
@@ -2099,12 +2136,14 @@ impl<'a> Ctx<'a> {
                 }
             },
             Recompute::Full => {
-                let f = self.layer_forward().0;
-                let replayed = match self.m.software.param_gather.regathers_for_recompute() {
-                    true => f.total_s(),
-                    false => f.total_s() - f.exposed_by.zero_s,
-                };
-                p.recompute_s += (replayed - self.early_stop_skips().0).max(0.0);
+                // The replay stops where the profile stops it; a gather it runs again fetches
+                // the weights of the modules it replays, hidden under them.
+                let (skipped, _, skipped_weights) = self.early_stop_skips();
+                let mut replay = self.layer_forward_work().0.without(&skipped);
+                if self.m.software.param_gather.regathers_for_recompute() {
+                    self.add_forward_zero(&mut replay, 1.0 - skipped_weights);
+                }
+                p.recompute_s += replay.total_s();
             }
         }
         self.add_backward_zero(&mut p);
@@ -2506,7 +2545,12 @@ impl<'a> Ctx<'a> {
                 let vs = c * pp + rank;
                 let nl = layers[vs].max(1);
                 for j in 0..layers[vs] {
-                    let at = |k: usize| s + (e - s) * k as f64 / nl as f64;
+                    // The last layer ends exactly with its chunk, so that the embedding's
+                    // gradient (ready at `e`) stays after it whatever the rounding.
+                    let at = |k: usize| match k == nl {
+                        true => e,
+                        false => s + (e - s) * k as f64 / nl as f64,
+                    };
                     buckets.push((at(j + 1), layer_reduce));
                     layer_ends.push(at(j + 1));
                     spans.push(GradientSpan {
