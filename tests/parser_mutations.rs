@@ -5,7 +5,8 @@
 //! answer `Ok` or `Err` without panicking; whatever it accepts must satisfy the same
 //! round-trip property as its fuzz target (one definition, `fuzz/properties.rs`, serves
 //! both). `cargo fuzz` explores further (see `fuzz/README.md`); this keeps every target's
-//! property under test in CI, for a bounded time.
+//! property under test in CI, for a bounded time. `AUTOPAR_PROPERTY_SEED=N` (decimal) mixes
+//! `N` into every salt to draw other mutations.
 
 use autopar_cost_model::{Cluster, Plan};
 use autopar_ir::json::to_json;
@@ -90,7 +91,11 @@ fn mutate(rng: &mut Lcg, seed: &str) -> String {
 /// input. Every seed must be accepted, and some mutations accepted and some refused: a
 /// mutator that only ever broke (or never broke) its inputs would test nothing.
 fn each_mutation(seeds: &[String], salt: u64, mut check: impl FnMut(&str) -> bool) {
-    let mut rng = Lcg(salt);
+    let swept = std::env::var("AUTOPAR_PROPERTY_SEED").map_or(0, |v| {
+        v.parse()
+            .unwrap_or_else(|_| panic!("AUTOPAR_PROPERTY_SEED={v} is not a decimal number"))
+    });
+    let mut rng = Lcg(salt ^ swept);
     let (mut accepted, mut refused) = (0, 0);
     for seed in seeds {
         assert!(check(seed), "a seed is refused: {seed}");

@@ -16,7 +16,7 @@
 //! slower hardware or prices a collective's overlap above the collective.
 //!
 //! The draws come from a fixed seed: a failure names the configuration, which reproduces.
-//! `AUTOPAR_PROPERTY_SEED=N` (decimal or `0x` hex) mixes `N` into every test's seed to draw
+//! `AUTOPAR_PROPERTY_SEED=N` (decimal) mixes `N` into every test's seed to draw
 //! other configurations, for sweeping by hand; a failure then names the seed with the case.
 
 use autopar_cost_model::software::Software;
@@ -60,7 +60,7 @@ impl Case {
         let c = &self.cfg;
         let swept = match swept_seed() {
             0 => String::new(),
-            s => format!(" [AUTOPAR_PROPERTY_SEED={s:#x}]"),
+            s => format!(" [AUTOPAR_PROPERTY_SEED={s}]"),
         };
         format!(
             "{} on {} under {}: layers {} hidden {} heads {} (kv {}) seq {} ffn {} experts {}{swept}",
@@ -90,11 +90,8 @@ fn swept_seed() -> u64 {
     let Ok(v) = std::env::var("AUTOPAR_PROPERTY_SEED") else {
         return 0;
     };
-    let parsed = match v.strip_prefix("0x") {
-        Some(hex) => u64::from_str_radix(&hex.replace('_', ""), 16),
-        None => v.replace('_', "").parse(),
-    };
-    parsed.unwrap_or_else(|_| panic!("AUTOPAR_PROPERTY_SEED={v} is not a decimal or 0x number"))
+    v.parse()
+        .unwrap_or_else(|_| panic!("AUTOPAR_PROPERTY_SEED={v} is not a decimal number"))
 }
 
 fn draw(d: &mut Draw) -> Option<Case> {

@@ -2,7 +2,8 @@
 //! model: equal rankings on small spaces (dense, MoE, unfused attention, tight memory, random
 //! configurations, full recompute of the fewest layers that fit), bounds that never exceed
 //! what the estimate predicts, determinism across thread counts, constraints respected, and
-//! the time limit honoured.
+//! the time limit honoured. The random configurations come from fixed seeds;
+//! `AUTOPAR_PROPERTY_SEED=N` draws others, as in the cost model's property tests.
 
 use std::time::Duration;
 
@@ -151,10 +152,15 @@ fn equals_exhaustive_with_uneven_interleaved_stages() {
     );
 }
 
-/// A small deterministic generator (SplitMix64), so the random cases are the same each run.
+/// A small deterministic generator (SplitMix64), so the random cases are the same each run;
+/// `AUTOPAR_PROPERTY_SEED=N` (decimal) mixes `N` into every seed to draw other cases.
 struct Rng(u64);
 
 impl Rng {
+    fn seeded(seed: u64) -> Rng {
+        Rng(seed ^ swept_seed())
+    }
+
     fn next(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
         let mut z = self.0;
@@ -166,6 +172,14 @@ impl Rng {
     fn pick<T: Copy>(&mut self, xs: &[T]) -> T {
         xs[(self.next() % xs.len() as u64) as usize]
     }
+}
+
+/// `AUTOPAR_PROPERTY_SEED`, or 0 (the committed cases) where it is unset.
+fn swept_seed() -> u64 {
+    std::env::var("AUTOPAR_PROPERTY_SEED").map_or(0, |v| {
+        v.parse()
+            .unwrap_or_else(|_| panic!("AUTOPAR_PROPERTY_SEED={v} is not a decimal number"))
+    })
 }
 
 fn random_config(rng: &mut Rng) -> TransformerConfig {
@@ -205,7 +219,7 @@ fn random_model(rng: &mut Rng) -> CostModel {
 
 #[test]
 fn pruning_never_removes_the_optimum_on_random_configurations() {
-    let mut rng = Rng(7);
+    let mut rng = Rng::seeded(7);
     let (mut by_memory, mut by_time, mut ranked) = (0, 0, 0);
     for _ in 0..12 {
         let m = random_model(&mut rng);
@@ -217,9 +231,9 @@ fn pruning_never_removes_the_optimum_on_random_configurations() {
         by_time += r.stats.pruned_by_time;
         ranked += r.plans.len();
     }
-    // The cases exercise both bounds and rank plans.
+    // The committed cases exercise both bounds and rank plans (other seeds' may not).
     assert!(
-        by_memory > 0 && by_time > 0 && ranked > 12,
+        swept_seed() != 0 || (by_memory > 0 && by_time > 0 && ranked > 12),
         "{by_memory} {by_time} {ranked}"
     );
 }
@@ -246,7 +260,7 @@ fn assert_same_ranking(m: &CostModel, cfg: &TransformerConfig, rng: &mut Rng) ->
 #[test]
 fn pruning_keeps_the_optimum_with_partial_recompute_on_random_configurations() {
     use autopar_cost_model::Software;
-    let mut rng = Rng(13);
+    let mut rng = Rng::seeded(13);
     let mut partial = 0;
     for _ in 0..40 {
         let mut m = random_model(&mut rng);
@@ -259,13 +273,13 @@ fn pruning_keeps_the_optimum_with_partial_recompute_on_random_configurations() {
             .filter(|p| p.plan.recompute_layers.is_some())
             .count();
     }
-    // Some of the rankings hold such plans.
-    assert!(partial > 0);
+    // Some of the committed rankings hold such plans.
+    assert!(swept_seed() != 0 || partial > 0);
 }
 
 #[test]
 fn bounds_never_exceed_the_estimate() {
-    let mut rng = Rng(11);
+    let mut rng = Rng::seeded(11);
     let mut checked = 0;
     while checked < 300 {
         let m = random_model(&mut rng);
@@ -521,7 +535,7 @@ fn the_fewest_recomputed_layers_that_fit_are_ranked() {
 #[test]
 fn pruning_keeps_the_optimum_under_the_pessimistic_model() {
     use autopar_cost_model::Software;
-    let mut rng = Rng(29);
+    let mut rng = Rng::seeded(29);
     for _ in 0..24 {
         let mut m = random_model(&mut rng);
         Software::parse(rng.pick(&["megatron-core", "nemo", "fsdp"]))
