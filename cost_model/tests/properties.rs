@@ -63,7 +63,8 @@ impl Case {
             s => format!(" [AUTOPAR_PROPERTY_SEED={s}]"),
         };
         format!(
-            "{} on {} under {}: layers {} hidden {} heads {} (kv {}) seq {} ffn {} experts {}{swept}",
+            "{} on {} under {}: layers {} hidden {} heads {} (kv {}, dim {}) seq {} vocab {} \
+             ffn {}{} experts {} (shared ffn {}){swept}",
             self.plan,
             self.cluster.name,
             self.software,
@@ -71,9 +72,13 @@ impl Case {
             c.hidden,
             c.heads,
             c.kv_heads,
+            c.head_dim(),
             c.seq,
+            c.vocab,
             c.ffn,
+            if c.gated_mlp { " gated" } else { "" },
             c.experts,
+            c.shared_ffn,
         )
     }
 }
