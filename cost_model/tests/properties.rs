@@ -447,12 +447,7 @@ fn found_by_the_drawn_configurations() {
     let mut fast = cluster;
     fast.gpu.hbm_bandwidth_gb_per_s *= 2.0;
     let f = CostModel::new(fast).estimate(&cfg, &plan).unwrap();
-    assert!(
-        f.iter_time_s <= e.iter_time_s,
-        "{} -> {}",
-        e.iter_time_s,
-        f.iter_time_s
-    );
+    no_slower(e.iter_time_s, f.iter_time_s);
     // The gradient buckets follow the order the backward produces the gradients in: the
     // first stage's embedding after its first layer, whatever the rounding of the layer's
     // end (half the latencies ended the layer an ulp after the embedding, which moved the
@@ -465,16 +460,8 @@ fn found_by_the_drawn_configurations() {
     let mut low = cluster.clone();
     low.network.latency_us *= 0.5;
     low.intra_node.latency_us *= 0.5;
-    let (a, b) = (
-        CostModel::new(cluster).estimate(&moe, &plan).unwrap(),
-        CostModel::new(low).estimate(&moe, &plan).unwrap(),
-    );
-    assert!(
-        b.iter_time_s <= a.iter_time_s,
-        "{} -> {}",
-        a.iter_time_s,
-        b.iter_time_s
-    );
+    let step = |c: Cluster| CostModel::new(c).estimate(&moe, &plan).unwrap().iter_time_s;
+    no_slower(step(cluster), step(low));
     // A replay that stops before the MLP's output GEMM (PyTorch's early stop) under a
     // profile that gathers weights module by module: it gathers the weights of what it
     // replays, hidden under what it replays, not under the skipped tail. Hiding it under the
@@ -494,8 +481,12 @@ fn found_by_the_drawn_configurations() {
             .apply(&mut m);
         m.estimate(&cfg, &plan).unwrap().iter_time_s
     };
-    let (a, b) = (step(cluster), step(wide));
-    assert!(b <= a, "{a} -> {b}");
+    no_slower(step(cluster), step(wide));
+}
+
+/// Asserts that better hardware's step (`after`) is no slower than the step `before`.
+fn no_slower(before: f64, after: f64) {
+    assert!(after <= before, "{before} s -> {after} s");
 }
 
 /// What the search trades time for memory with keeps its direction on every drawn
