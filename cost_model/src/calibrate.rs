@@ -93,6 +93,12 @@ const LLM_FOUNDRY: &str = "fsdp,attention=flash1";
 /// between the two the same 13B and 7B layouts with activation checkpointing gained 4-8%
 /// MFU on A100-80GB, those without it 1-2%.
 const LLM_FOUNDRY_PURE: &str = "fsdp,attention=flash1,reduce_dtype=bf16,recompute_early_stop=false";
+/// [`LLM_FOUNDRY`] with FlashAttention 2, for the large-scale H100 table (128-512 GPUs): the
+/// commit that added it (5e85bd62, January 2024) also switched the benchmark's install to
+/// `.[gpu-flash2]` (`flash-attn==2.4.2`, `submit_benchmarks.py`) and ran these models with
+/// `--attn_impl flash` (`scripts/train/benchmarking/sweep.py` of the same commit), which
+/// llm-foundry runs as FlashAttention 2 when version 2 is installed.
+const LLM_FOUNDRY_FLASH2: &str = "fsdp,attention=flash";
 
 /// The cost model of `cluster` under the software profile `spec` (as `--software` takes it).
 fn with_software(cluster: Cluster, spec: &str) -> Result<CostModel, CostError> {
@@ -1243,7 +1249,8 @@ fn megatron_core_h100(rows: &[Line]) -> Read {
 }
 
 /// llm-foundry's MPT benchmarks: PyTorch FSDP data parallelism (FULL_SHARD as ZeRO-3,
-/// SHARD_GRAD_OP as ZeRO-2), FlashAttention ([`LLM_FOUNDRY`]), gradients reduced in fp32
+/// SHARD_GRAD_OP as ZeRO-2), FlashAttention ([`LLM_FOUNDRY`]; version 2 for the large-scale
+/// H100 table, [`LLM_FOUNDRY_FLASH2`]), gradients reduced in fp32
 /// or, under `PURE` mixed precision, bf16 ([`LLM_FOUNDRY_PURE`]), bf16 or Transformer Engine
 /// fp8 (`amp_fp8`: `dtype=fp8`), activation checkpointing as full recomputation; measured
 /// step time = tokens per step / tokens per second. MPT is a GPT with tied embeddings and
@@ -1283,9 +1290,11 @@ fn llm_foundry(rows: &[Line]) -> Read {
             if gbs != mbs * gpus * need("grad_accum")? {
                 return Err("batch columns disagree");
             }
-            let software = match r.get("mp_mode") {
-                "DEFAULT" => LLM_FOUNDRY,
-                "PURE" => LLM_FOUNDRY_PURE,
+            let large_scale = r.get("table_section").contains("Large Scale");
+            let software = match (r.get("mp_mode"), large_scale) {
+                ("DEFAULT", false) => LLM_FOUNDRY,
+                ("DEFAULT", true) => LLM_FOUNDRY_FLASH2,
+                ("PURE", _) => LLM_FOUNDRY_PURE,
                 _ => return Err("mixed-precision mode not understood"),
             };
             let zero = match r.get("fsdp_sharding_strategy") {
