@@ -277,7 +277,7 @@ const ROUNDING: f64 = 1e-6;
 #[test]
 fn estimates_keep_their_properties_over_drawn_configurations() {
     let mut checked = 0;
-    for case in drawn(0x5eed_a070_9a12, 8000) {
+    for case in drawn(0x5eed_a070_9a12, 24000) {
         let base = case.model(case.cluster.clone());
         // A plan the model refuses (it does not divide the model) is not a case.
         let Ok(e) = base.estimate(&case.cfg, &case.plan) else {
@@ -497,7 +497,7 @@ fn no_slower(before: f64, after: f64) {
 fn memory_trades_keep_their_direction_over_drawn_configurations() {
     use autopar_cost_model::{Estimate, Offload, Recompute};
     let mut checked = 0;
-    for case in drawn(0x0dd_ba11, 3000) {
+    for case in drawn(0x0dd_ba11, 9000) {
         let m = case.model(case.cluster.clone());
         let with = |f: &dyn Fn(&mut Plan)| {
             let mut p = case.plan.clone();
@@ -639,7 +639,7 @@ fn memory_trades_keep_their_direction_over_drawn_configurations() {
 #[test]
 fn model_flops_do_not_depend_on_the_layout() {
     let mut checked = 0;
-    for case in drawn(0xf10b5, 5500) {
+    for case in drawn(0xf10b5, 16000) {
         let m = case.model(case.cluster.clone());
         let per_sequence = |p: &Plan| {
             m.estimate(&case.cfg, p).ok().map(|e| {
