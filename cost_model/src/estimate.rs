@@ -421,7 +421,7 @@ impl CostModel {
                     self.cluster.name
                 )));
             }
-            if self.software.pp_holds_gathered_weights && plan.pp > 1 {
+            if self.software.holds_stage_weights(plan.pp) {
                 return Err(CostError::PlanMismatch(format!(
                     "offload={} with pp={} under `{}`: its pipeline stages hold their layers' \
                      gathered weights and unsharded gradients over the step (PyTorch's \
@@ -578,13 +578,9 @@ impl CostModel {
     /// stage's gathered weights over the step ([`crate::Software::pp_holds_gathered_weights`])
     /// runs ZeRO-3, and ZeRO-2 alike, as ZeRO-1 does, the weights gathered once and the
     /// gradients reduced once, after the last micro-batch, with the full weights and
-    /// gradients held meanwhile.
+    /// gradients held meanwhile (such a plan cannot offload, [`CostModel::check_plan`]).
     fn as_run<'p>(&self, plan: &'p Plan) -> std::borrow::Cow<'p, Plan> {
-        match self.software.pp_holds_gathered_weights
-            && plan.pp > 1
-            && plan.zero_stage >= 2
-            && plan.offload == Offload::None
-        {
+        match self.software.holds_stage_weights(plan.pp) && plan.zero_stage >= 2 {
             true => std::borrow::Cow::Owned(Plan {
                 zero_stage: 1,
                 ..plan.clone()

@@ -550,6 +550,12 @@ impl Default for Software {
 pub const DEFAULT_BUCKET_MB: f64 = 25.0;
 
 impl Software {
+    /// Whether a plan of `pp` pipeline stages holds each stage's gathered weights over the
+    /// step ([`Software::pp_holds_gathered_weights`] under pipeline parallelism).
+    pub fn holds_stage_weights(&self, pp: usize) -> bool {
+        self.pp_holds_gathered_weights && pp > 1
+    }
+
     /// A built-in profile by name:
     ///
     /// - `autopar` (the default): this project's GPU stack as designed: FlashAttention-style

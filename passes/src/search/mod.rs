@@ -557,9 +557,8 @@ impl Worker {
         let gpu_stack = model.cluster.runtime == Runtime::MixedPrecisionGpu && !c.cpu_executable;
         // Pipeline stages that hold their gathered weights over the step (torchtitan's)
         // free nothing by offloading the shards; the estimate refuses it.
-        let can_offload = gpu_stack
-            && model.cluster.host.is_some()
-            && !(model.software.pp_holds_gathered_weights && s.pp > 1);
+        let can_offload =
+            gpu_stack && model.cluster.host.is_some() && !model.software.holds_stage_weights(s.pp);
         let layouts = if gpu_stack || c.etp.is_some() {
             space::expert_layouts(cfg, &s, c)
         } else {
